@@ -1,0 +1,1 @@
+"""Fleet files, transports (local / SSH / ADB), device facts and the emulated fleet."""

@@ -1,0 +1,1 @@
+"""Model zoo, sub-model algebra, FLOPs counting and ONNX Runtime training artifacts."""

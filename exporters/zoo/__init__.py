@@ -1,0 +1,163 @@
+"""The model zoo: every model of the five papers, width-scalable.
+
+Each paper has one module here (``cfd``, ``fjord``, ``heterofl``, ``feddrop``,
+``fluid``) exposing ``MODELS``: a mapping from zoo name to a zero-argument
+factory returning a `ZooModel`. A `ZooModel` couples a model's neuron groups
+with a builder and the per-parameter layouts that `exporters.arch.extract`
+needs, so one generic algebra serves every model.
+
+Conventions shared by every model:
+
+* ``build(widths)`` returns a ``torch.nn.Module`` whose ``forward(x)`` returns
+  logits of shape ``(N, num_classes)``; the loss is cross-entropy against int64
+  labels of shape ``(N,)``.
+* parameter names are those of ``module.named_parameters()`` and are identical
+  for every width; buffers are not parameters and there are none that training
+  must update (BatchNorm is static: batch statistics in train and eval).
+* the input of one example has shape ``input_shape`` and dtype ``input_dtype``
+  (``float32`` images in NCHW, ``int64`` character ids for text models).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+import torch
+from torch import nn
+
+from exporters.arch import Arch, ParamLayout, SubModel, arch_for_rate, extract, static_submodel
+from exporters.errors import InputError
+
+#: Widths every model is listed and exported at by default.
+DEFAULT_WIDTHS = (0.25, 0.5, 0.75, 1.0)
+
+#: The model the quickstart and the demo use.
+DEFAULT_MODEL = "fjord-cnn"
+
+_PAPER_MODULES = ("cfd", "fjord", "heterofl", "feddrop", "fluid")
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A width-scalable model: its neuron groups, builder and parameter layouts.
+
+    Attributes
+    ----------
+    name : str
+        Zoo name, e.g. ``"fjord-cnn"``.
+    paper : str
+        Which paper (and table) the model comes from.
+    groups : tuple of (str, int)
+        Prunable neuron groups in order: name and full size ``K``.
+    builder : callable
+        Maps ``{group name: width}`` to a ``torch.nn.Module``.
+    layouts : mapping of str to ParamLayout
+        Layout of every parameter of the built module.
+    input_shape : tuple of int
+        Shape of one example (no batch dimension).
+    input_dtype : str
+        ``"float32"`` or ``"int64"``.
+    num_classes : int
+        Number of output logits.
+    paper_widths : tuple of float
+        Widths the paper itself reports (listed by ``fleetbench models``).
+    """
+
+    name: str
+    paper: str
+    groups: tuple[tuple[str, int], ...]
+    builder: Callable[[Mapping[str, int]], nn.Module]
+    layouts: Mapping[str, ParamLayout]
+    input_shape: tuple[int, ...]
+    input_dtype: str
+    num_classes: int
+    paper_widths: tuple[float, ...] = field(default=())
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        """Names of the neuron groups, in order."""
+        return tuple(name for name, _ in self.groups)
+
+    @property
+    def group_sizes(self) -> tuple[int, ...]:
+        """Full size of every neuron group, in order."""
+        return tuple(size for _, size in self.groups)
+
+    def full_arch(self) -> Arch:
+        """Return the full-width `Arch`."""
+        return Arch(self.name, self.group_sizes)
+
+    def arch(self, rate: float) -> Arch:
+        """Return the `Arch` keeping ``ceil(rate * K)`` neurons of every group."""
+        return arch_for_rate(self.name, self.group_sizes, rate)
+
+    def build(self, arch: Arch | None = None) -> nn.Module:
+        """Build the torch module for ``arch`` (full width when ``None``)."""
+        arch = arch or self.full_arch()
+        self._check(arch)
+        return self.builder(dict(zip(self.group_names, arch.widths)))
+
+    def extract(self, global_state: Mapping[str, np.ndarray], submodel: SubModel) -> dict[str, np.ndarray]:
+        """Slice full-width parameters to ``submodel``'s (see `exporters.arch.extract`)."""
+        self._check(submodel.arch)
+        return extract(global_state, submodel, self.layouts, self.group_names, self.group_sizes)
+
+    def static(self, rate: float) -> SubModel:
+        """Return the prefix sub-model at ``rate`` (HeteroFL static / FjORD ordered)."""
+        return static_submodel(self.arch(rate))
+
+    def example_batch(self, batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return a deterministic ``(inputs, labels)`` batch of random data."""
+        gen = torch.Generator().manual_seed(seed)
+        shape = (batch, *self.input_shape)
+        if self.input_dtype == "int64":
+            x = torch.randint(0, self._vocab(), shape, generator=gen, dtype=torch.int64)
+        else:
+            x = torch.randn(shape, generator=gen, dtype=torch.float32)
+        y = torch.randint(0, self.num_classes, (batch,), generator=gen, dtype=torch.int64)
+        return x, y
+
+    def _vocab(self) -> int:
+        return self.num_classes
+
+    def _check(self, arch: Arch) -> None:
+        if arch.model != self.name:
+            raise InputError(f"arch is for {arch.model!r}, not {self.name!r}")
+        if len(arch.widths) != len(self.groups):
+            raise InputError(f"{self.name}: arch has {len(arch.widths)} widths, model {len(self.groups)} groups")
+        for width, (group, size) in zip(arch.widths, self.groups):
+            if not 1 <= width <= size:
+                raise InputError(f"{self.name}: width {width} of {group!r} outside [1, {size}]")
+
+
+@cache
+def _factories() -> dict[str, Callable[[], ZooModel]]:
+    found: dict[str, Callable[[], ZooModel]] = {}
+    for module_name in _PAPER_MODULES:
+        module = importlib.import_module(f"exporters.zoo.{module_name}")
+        found.update(module.MODELS)
+    return found
+
+
+def model_names() -> tuple[str, ...]:
+    """Return every zoo model name, sorted."""
+    return tuple(sorted(_factories()))
+
+
+@cache
+def get_model(name: str) -> ZooModel:
+    """Return the zoo model called ``name``.
+
+    Raises
+    ------
+    InputError
+        If no model has that name (the message lists the known names).
+    """
+    factories = _factories()
+    if name not in factories:
+        raise InputError(f"unknown model {name!r}; known models: {', '.join(sorted(factories))}")
+    return factories[name]()

@@ -1,0 +1,9 @@
+"""Models of the heterofl paper (filled in by the zoo work)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from exporters.zoo import ZooModel
+
+MODELS: dict[str, Callable[[], ZooModel]] = {}

@@ -1,0 +1,1 @@
+"""Federated learning with sub-models: strategies, scheduling, executors, server loop."""

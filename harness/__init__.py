@@ -1,0 +1,1 @@
+"""On-device runner, deployment, profiling campaigns, profile store and the CLI."""

@@ -1,0 +1,1 @@
+"""Tables, plots and HTML reports built from stored records."""
