@@ -1,0 +1,1 @@
+"""Benchmarks (not collected by pytest): run with ``python -m tests.bench``."""
