@@ -181,7 +181,7 @@ def make_submodel(arch: Arch, group_sizes: Sequence[int], indices: Sequence[Sequ
             f"{arch.model}: expected {len(group_sizes)} index sets, got {len(indices)}"
         )
     kept = []
-    for g, (idx, size, width) in enumerate(zip(indices, group_sizes, arch.widths)):
+    for g, (idx, size, width) in enumerate(zip(indices, group_sizes, arch.widths, strict=True)):
         arr = np.unique(np.asarray(idx, dtype=np.int64))
         if arr.size != len(idx) or arr.size != width:
             raise InputError(

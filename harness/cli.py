@@ -120,7 +120,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         counts = count(model, arch)
         rows.append((width, arch, counts, result, seconds))
     print(f"{model.name}: batch {args.batch}, optimizer {args.optimizer}, artifacts under {out_dir}")
-    print(f"{'width':>6} {'layer widths':<24} {'params':>11} {'MACs':>13} {'train FLOPs':>14} {'export':>10}  directory")
+    header = f"{'width':>6} {'layer widths':<24} {'params':>11} {'MACs':>13} {'train FLOPs':>14} {'export':>10}"
+    print(f"{header}  directory")
     for width, arch, counts, result, seconds in rows:
         status = "cached" if result.cached else f"{seconds:.1f} s"
         layer_widths = ",".join(str(w) for w in arch.widths)

@@ -99,7 +99,7 @@ class ZooModel:
         """Build the torch module for ``arch`` (full width when ``None``)."""
         arch = arch or self.full_arch()
         self._check(arch)
-        return self.builder(dict(zip(self.group_names, arch.widths)))
+        return self.builder(dict(zip(self.group_names, arch.widths, strict=True)))
 
     def extract(self, global_state: Mapping[str, np.ndarray], submodel: SubModel) -> dict[str, np.ndarray]:
         """Slice full-width parameters to ``submodel``'s (see `exporters.arch.extract`)."""
@@ -129,7 +129,7 @@ class ZooModel:
             raise InputError(f"arch is for {arch.model!r}, not {self.name!r}")
         if len(arch.widths) != len(self.groups):
             raise InputError(f"{self.name}: arch has {len(arch.widths)} widths, model {len(self.groups)} groups")
-        for width, (group, size) in zip(arch.widths, self.groups):
+        for width, (group, size) in zip(arch.widths, self.groups, strict=True):
             if not 1 <= width <= size:
                 raise InputError(f"{self.name}: width {width} of {group!r} outside [1, {size}]")
 

@@ -45,6 +45,7 @@ class CodedCNN(nn.Module):
         self.pool = nn.MaxPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return logits (N, classes) for images (N, 1, 28, 28)."""
         x = self.pool(torch.relu(self.conv1(x)))  # (N, c1, 14, 14)
         x = self.pool(torch.relu(self.conv2(x)))  # (N, c2, 7, 7)
         x = torch.relu(self.fc1(torch.flatten(x, 1)))  # NCHW flatten: (N, c2 * 49)

@@ -45,10 +45,23 @@ def bench_export(models: list[str], widths: tuple[float, ...], batch: int) -> No
         print(f"{name:<20} {times[0]:>8.2f} {times[1]:>9.3f} {times[0] / times[1]:>11.0f}x", flush=True)
 
 
-def run_worker(backend: str, name: str, width: float, artifact_dir: Path, data_dir: Path, args: argparse.Namespace) -> list[float]:
+def run_worker(
+    backend: str, name: str, width: float, artifact_dir: Path, data_dir: Path, args: argparse.Namespace
+) -> list[float]:
     """Run one timing process and return its per-step seconds."""
-    argv = [sys.executable, "-m", "tests.bench.worker", backend, name, str(width), str(artifact_dir), str(data_dir),
-            str(args.steps), str(args.warmup), str(args.threads)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.bench.worker",
+        backend,
+        name,
+        str(width),
+        str(artifact_dir),
+        str(data_dir),
+        str(args.steps),
+        str(args.warmup),
+        str(args.threads),
+    ]
     done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{backend} worker failed for {name} at {width}: {done.stderr.strip()[-2000:]}")
@@ -57,8 +70,10 @@ def run_worker(backend: str, name: str, width: float, artifact_dir: Path, data_d
 
 def bench_training(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
     """Print per-image training time of ORT and PyTorch and their ratio per model and width."""
-    print(f"\n== Training step, per image, batch {args.batch}, AdamW, {args.threads} threads, "
-          f"median of {args.steps} steps after {args.warmup} warm-up, {args.pairs} alternated process pairs ==")
+    print(
+        f"\n== Training step, per image, batch {args.batch}, AdamW, {args.threads} threads, "
+        f"median of {args.steps} steps after {args.warmup} warm-up, {args.pairs} alternated process pairs =="
+    )
     print(f"{'model':<20} {'width':>6} {'ORT us':>10} {'PyTorch us':>11} {'ORT/PyTorch':>12} {'pair ratios':>30}")
     for name in models:
         model = get_model(name)
@@ -71,14 +86,18 @@ def bench_training(models: list[str], widths: tuple[float, ...], args: argparse.
                 np.save(Path(data_dir) / "y.npy", y.numpy(), allow_pickle=False)
                 ort_medians, torch_medians = [], []
                 for _ in range(args.pairs):
-                    ort_medians.append(statistics.median(run_worker("ort", name, width, result.directory, Path(data_dir), args)))
-                    torch_medians.append(statistics.median(run_worker("torch", name, width, result.directory, Path(data_dir), args)))
-            ratios = [o / t for o, t in zip(ort_medians, torch_medians)]
+                    ort_medians.append(
+                        statistics.median(run_worker("ort", name, width, result.directory, Path(data_dir), args))
+                    )
+                    torch_medians.append(
+                        statistics.median(run_worker("torch", name, width, result.directory, Path(data_dir), args))
+                    )
+            ratios = [o / t for o, t in zip(ort_medians, torch_medians, strict=True)]
             ort_us = statistics.median(ort_medians) / args.batch * 1e6
             torch_us = statistics.median(torch_medians) / args.batch * 1e6
             shown = " ".join(f"{r:.2f}" for r in ratios)
-            print(f"{name:<20} {width:>6.2f} {ort_us:>10.1f} {torch_us:>11.1f} {statistics.median(ratios):>11.2f}x {shown:>30}",
-                  flush=True)
+            ratio = statistics.median(ratios)
+            print(f"{name:<20} {width:>6.2f} {ort_us:>10.1f} {torch_us:>11.1f} {ratio:>11.2f}x {shown:>30}", flush=True)
 
 
 def main() -> None:

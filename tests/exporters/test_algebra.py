@@ -87,11 +87,13 @@ def test_extracted_submodel_equals_zeroed_global_model(zoo_model: ZooModel) -> N
 
 def test_static_submodel_is_a_prefix(zoo_model: ZooModel) -> None:
     sub = zoo_model.static(0.5)
-    for idx, size in zip(sub.indices, zoo_model.group_sizes):
+    for idx, size in zip(sub.indices, zoo_model.group_sizes, strict=True):
         assert idx.tolist() == list(range(width_for_rate(0.5, size)))
 
 
-@pytest.mark.parametrize(("rate", "size", "width"), [(0.6, 5, 3), (0.2, 5, 1), (0.01, 10, 1), (1.0, 7, 7), (0.25, 64, 16), (0.3, 10, 3)])
+@pytest.mark.parametrize(
+    ("rate", "size", "width"), [(0.6, 5, 3), (0.2, 5, 1), (0.01, 10, 1), (1.0, 7, 7), (0.25, 64, 16), (0.3, 10, 3)]
+)
 def test_width_for_rate_is_ceil_without_float_noise(rate: float, size: int, width: int) -> None:
     assert width_for_rate(rate, size) == width
 
