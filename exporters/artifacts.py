@@ -1,0 +1,1049 @@
+"""ONNX Runtime training artifacts, one content-addressed directory per width.
+
+Export path (see DESIGN.md, "Known facts about the stack"): the zoo module is
+exported with ``torch.onnx.export(..., training=TrainingMode.TRAINING,
+do_constant_folding=False, dynamo=False)`` with the loss *outside* the graph and
+a fixed batch dimension, then `onnxruntime.training.artifacts.generate_artifacts`
+adds the cross-entropy loss, the gradient graph and the optimizer graph. Every
+parameter is trainable; nothing is frozen (BatchNorm in the zoo is static).
+
+One artifact set is a directory holding::
+
+    training_model.onnx  eval_model.onnx  optimizer_model.onnx  checkpoint  manifest.json
+
+named ``<model>-w<width>-b<batch>-<optimizer>-<key[:12]>``. ``manifest.json`` is
+written last and records the parameter names and shapes **in the order of ORT's
+flat parameter buffer** (`Module.get_contiguous_parameters` /
+`copy_buffer_to_parameters`). That order is the order of the parameter inputs of
+the training graph; it is *not* the order in which `CheckpointState.parameters`
+iterates (which is sorted by name), so the export verifies it by writing a known
+buffer through ORT and reading every parameter back by name.
+
+Cache: the key is the sha256 of a canonical JSON document of everything that
+determines the artifacts (`cache_key_inputs`). An existing directory whose
+manifest carries the same key and whose files all match their recorded sha256 is
+returned as is (``cached=True``) and nothing is written. Otherwise the set is
+exported into a hidden temporary directory inside ``out_dir`` and renamed into
+place, so a crash never leaves a directory that looks valid.
+
+Exports are reproducible byte for byte: weights are seeded from the arch key
+(`seed_for`) without touching the caller's RNG, and onnxblock's process-wide name
+counter is restarted for every export.
+
+Eval model: ORT derives it from the same training-mode graph, switching
+``training_mode`` off on BatchNormalization/Dropout nodes. Two consequences:
+
+* static BatchNorm exports with the batch statistics as its mean/variance inputs,
+  so the eval model still normalises with batch statistics (as PyTorch does with
+  ``track_running_stats=False``); its unread running-statistics outputs are
+  removed here, else ORT refuses to load the eval model (`_fix_eval_batchnorm`);
+* Python branches on ``module.training`` are frozen in their training state: the
+  HeteroFL ``Scaler`` (``x / rate`` while training) stays in the eval model. Every
+  Scaler there feeds a static BatchNorm, which cancels the scale up to its
+  epsilon (measured: eval loss within 3e-6 relative of PyTorch's at width 0.25).
+
+Optimizers are ORT's defaults: AdamW in Hugging Face mode (``adam_mode=1``,
+bias correction folded into the learning rate, ``betas=(0.9, 0.999)`` held as
+float32, ``eps=1e-6``, ``weight_decay=0``) and plain SGD, both at ORT's initial
+learning rate 1e-3. `OrtAdamW` is the same update in PyTorch, for executors that
+must train exactly as the devices do (``torch.optim.AdamW`` differs: it scales
+``eps`` by ``sqrt(1 - beta2**t)``, and forms ``1 - beta`` in double precision).
+
+`OrtTrainer` trains a set with ``onnxruntime.training.api`` (train steps, eval
+loss, gradients, flat parameters in and out); note that ORT 1.19's
+``Module.copy_buffer_to_parameters`` wrapper passes its argument straight to C++
+and so needs the raw ``OrtValue._ortvalue``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import io
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from exporters.arch import Arch
+from exporters.errors import InputError
+from exporters.zoo import ZooModel
+
+#: Bumped whenever the export procedure changes what it writes; part of the cache key.
+EXPORT_FORMAT_VERSION = 1
+
+#: ONNX opset of the exported forward graph.
+OPSET = 17
+
+#: Optimizers that can be exported (CLI names).
+OPTIMIZERS = ("adamw", "sgd")
+
+#: The only loss exported: mean cross-entropy of logits ``(N, C)`` against int64 labels ``(N,)``.
+LOSS = "cross_entropy"
+
+#: Hyper-parameters ORT 1.19 bakes into its default optimizer graphs (``onnxblock.optim``)
+#: and its initial learning rate; recorded in the manifest, matched by `OrtAdamW`.
+OPTIMIZER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "adamw": {
+        "lr": 1e-3,
+        "betas": [0.9, 0.999],
+        "eps": 1e-6,
+        "weight_decay": 0.0,
+        "bias_correction": True,
+        "mode": "huggingface",
+    },
+    "sgd": {"lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0},
+}
+
+MANIFEST = "manifest.json"
+TRAINING_MODEL = "training_model.onnx"
+EVAL_MODEL = "eval_model.onnx"
+OPTIMIZER_MODEL = "optimizer_model.onnx"
+CHECKPOINT = "checkpoint"
+#: Every file of a set except the manifest, in the order the manifest lists them.
+ARTIFACT_FILES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
+
+#: Name of the model input in the exported graph; ORT's loss block adds ``labels``.
+INPUT_NAME = "input"
+OUTPUT_NAME = "logits"
+LABELS_NAME = "labels"
+
+_ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 11: "float64"}
+
+
+class ExportError(RuntimeError):
+    """The toolchain produced artifacts that break the contract (a bug, not bad input)."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where one artifact set lives and whether it came from the cache.
+
+    Attributes
+    ----------
+    directory : pathlib.Path
+        The artifact set directory.
+    cached : bool
+        True when an identical, intact set already existed and nothing was written.
+    manifest : dict
+        The parsed ``manifest.json``.
+    """
+
+    directory: Path
+    cached: bool
+    manifest: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def check_writable(out_dir: Path) -> Path:
+    """Create ``out_dir`` if needed and check that files can be written in it.
+
+    Parameters
+    ----------
+    out_dir : pathlib.Path
+        Artifact root directory.
+
+    Returns
+    -------
+    pathlib.Path
+        ``out_dir``.
+
+    Raises
+    ------
+    InputError
+        With one line naming the directory and the reason, if it cannot be
+        created or written (a path under a regular file, a read-only file system,
+        missing permissions).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"cannot write artifacts to {out_dir}: it exists and is not a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot write artifacts to {out_dir}: {exc.strerror or type(exc).__name__}") from None
+    # access(2), not a probe file: a cache hit must leave even out_dir's mtime alone.
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write artifacts to {out_dir}: permission denied or read-only file system")
+    return out_dir
+
+
+def set_name(model: ZooModel, arch: Arch, batch: int, optimizer: str, key: str) -> str:
+    """Return the readable directory name of an artifact set.
+
+    Parameters
+    ----------
+    model : ZooModel
+    arch : Arch
+    batch : int
+    optimizer : str
+    key : str
+        The cache key (hex); its first 12 characters end the name.
+
+    Returns
+    -------
+    str
+        ``"<model>-w<rate>-b<batch>-<optimizer>-<key[:12]>"`` where ``<rate>`` is
+        the uniform width (e.g. ``0.25``) when ``arch == model.arch(rate)``, else
+        the per-group widths joined by ``.`` (shortened when long).
+    """
+    return f"{model.name}-w{_width_label(model, arch)}-b{batch}-{optimizer}-{key[:12]}"
+
+
+def _width_label(model: ZooModel, arch: Arch) -> str:
+    total = sum(arch.widths) / sum(model.group_sizes)
+    for digits in (2, 3, 4):
+        rate = round(total, digits)
+        if 0.0 < rate <= 1.0 and model.arch(rate) == arch:
+            return f"{rate:g}"
+    label = ".".join(str(w) for w in arch.widths)
+    return label if len(label) <= 40 else label[:40] + "_"
+
+
+# --------------------------------------------------------------------------- cache key
+
+
+def seed_for(arch: Arch) -> int:
+    """Return the deterministic weight seed of ``arch``: 63 bits of sha256(arch key).
+
+    Parameters
+    ----------
+    arch : Arch
+
+    Returns
+    -------
+    int
+    """
+    digest = hashlib.sha256(arch.key().encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def build_seeded(model: ZooModel, arch: Arch) -> nn.Module:
+    """Build ``arch``'s torch module with weights seeded by `seed_for`.
+
+    The global torch RNG state is left as it was.
+
+    Parameters
+    ----------
+    model : ZooModel
+    arch : Arch
+
+    Returns
+    -------
+    torch.nn.Module
+        The module in training mode.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_for(arch))
+        net = model.build(arch)
+    return net.train()
+
+
+def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str, net: nn.Module) -> dict[str, Any]:
+    """Return the JSON-able description of everything that determines an artifact set.
+
+    Parameters
+    ----------
+    model : ZooModel
+    arch : Arch
+    batch : int
+    optimizer : str
+    net : torch.nn.Module
+        The module built for ``arch`` (its structure and source files are hashed).
+
+    Returns
+    -------
+    dict
+        Model name, groups, layouts, input shape and dtype, classes, the module's
+        ``repr``, parameter names and shapes, sha256 of the source files of every
+        non-torch module class in it, the arch widths, seed, batch, optimizer and
+        its hyper-parameters, loss, opset, tool versions, `EXPORT_FORMAT_VERSION`
+        and the sha256 of this file (so a changed export procedure never reuses
+        a stale set).
+    """
+    import onnx
+    import onnxruntime
+
+    sources = sorted({_source_digest(type(m)) for m in net.modules()} - {""})
+    return {
+        "format_version": EXPORT_FORMAT_VERSION,
+        "exporter": _sha256_file(Path(__file__)),
+        "model": model.name,
+        "groups": [[name, size] for name, size in model.groups],
+        "layouts": {name: _layout_json(layout) for name, layout in sorted(model.layouts.items())},
+        "input_shape": list(model.input_shape),
+        "input_dtype": model.input_dtype,
+        "num_classes": model.num_classes,
+        "module": repr(net),
+        "parameters": [[name, list(p.shape)] for name, p in net.named_parameters()],
+        "sources": sources,
+        "widths": list(arch.widths),
+        "seed": seed_for(arch),
+        "batch": batch,
+        "optimizer": optimizer,
+        "optimizer_defaults": OPTIMIZER_DEFAULTS[optimizer],
+        "loss": LOSS,
+        "opset": OPSET,
+        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+    }
+
+
+def cache_key(inputs: Mapping[str, Any]) -> str:
+    """Return the sha256 hex digest of the canonical JSON of ``inputs``.
+
+    Parameters
+    ----------
+    inputs : mapping
+        As returned by `cache_key_inputs`.
+
+    Returns
+    -------
+    str
+    """
+    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _layout_json(layout: Iterable[Any]) -> list[Any]:
+    return [None if d is None else [d.group, d.blocks, d.inner] for d in layout]
+
+
+def _source_digest(cls: type) -> str:
+    module = getattr(cls, "__module__", "") or ""
+    if module.split(".")[0] in ("torch", "builtins"):
+        return ""
+    try:
+        path = inspect.getsourcefile(cls)
+    except (TypeError, OSError):
+        return f"{module}.{cls.__qualname__}"
+    if path is None:
+        return f"{module}.{cls.__qualname__}"
+    return f"{module}:{_sha256_file(Path(path))}"
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str, out_dir: Path) -> ExportResult:
+    """Export (or find in the cache) the ORT training artifact set of one width.
+
+    Parameters
+    ----------
+    model : ZooModel
+        The zoo model.
+    arch : Arch
+        The width to export; must belong to ``model``.
+    batch : int
+        Training batch size, exported as a fixed dimension (>= 1).
+    optimizer : {"adamw", "sgd"}
+        ORT optimizer graph to generate (ORT defaults, see `OPTIMIZER_DEFAULTS`).
+    out_dir : pathlib.Path
+        Artifact root; created if missing. The set lands in
+        ``out_dir / set_name(...)``.
+
+    Returns
+    -------
+    ExportResult
+
+    Raises
+    ------
+    InputError
+        On a bad batch, optimizer, arch or an unwritable ``out_dir``.
+    ExportError
+        If the exported graphs break the artifact contract.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InputError(f"batch {batch!r} must be an integer of at least 1")
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    out_dir = check_writable(Path(out_dir))
+    net = build_seeded(model, arch)  # validates arch against the model
+    key_inputs = cache_key_inputs(model, arch, batch=batch, optimizer=optimizer, net=net)
+    key = cache_key(key_inputs)
+    target = out_dir / set_name(model, arch, batch, optimizer, key)
+
+    manifest = load_valid_manifest(target, key)
+    if manifest is not None:
+        return ExportResult(target, True, manifest)
+
+    _remove_abandoned(out_dir, target.name)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-{target.name}-"))
+    except OSError as exc:
+        raise InputError(f"cannot write artifacts to {out_dir}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone (model builds draw from it)
+            manifest = _export_into(tmp, model, arch, net, batch=batch, optimizer=optimizer)
+        manifest["cache_key"] = key
+        manifest["cache_key_inputs"] = key_inputs
+        _write_json(tmp / MANIFEST, manifest)
+        _move_into_place(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    final = load_valid_manifest(target, key)
+    if final is None:  # pragma: no cover - only if another process wrote garbage at once
+        raise ExportError(f"{target}: artifact set did not verify after writing")
+    return ExportResult(target, False, final)
+
+
+#: A temporary directory of a killed export is removed after this many seconds.
+ABANDONED_AFTER_S = 3600.0
+
+
+def _remove_abandoned(out_dir: Path, name: str) -> None:
+    """Remove hidden work directories of ``name`` left by exports that were killed."""
+    now = time.time()
+    for prefix in (".tmp-", ".stale-"):
+        for path in out_dir.glob(f"{prefix}{name}-*"):
+            try:
+                if now - path.stat().st_mtime > ABANDONED_AFTER_S:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                continue
+
+
+def _export_into(
+    directory: Path, model: ZooModel, arch: Arch, net: nn.Module, *, batch: int, optimizer: str
+) -> dict[str, Any]:
+    import onnx
+    import onnxruntime
+    from onnxruntime.training import artifacts
+
+    from exporters.flops import count
+
+    x, _ = model.example_batch(batch)
+    param_names = [name for name, _ in net.named_parameters()]
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        # Deprecation notices of the legacy exporter, and TracerWarnings from nn.LSTM internals;
+        # correctness is checked by the ORT-vs-PyTorch parity tests, not by these.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            net,
+            (x,),
+            cast(Any, buffer),  # file-like objects work; the stubs only name paths
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            opset_version=OPSET,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            dynamo=False,
+        )
+    forward = onnx.load_from_string(buffer.getvalue())
+    initializers = {init.name for init in forward.graph.initializer}
+    missing = [name for name in param_names if name not in initializers]
+    if missing:
+        raise ExportError(
+            f"{arch.key()}: parameters {missing} are not initializers of the exported graph "
+            "(unused in forward, or renamed by the exporter)"
+        )
+
+    optim = artifacts.OptimType.AdamW if optimizer == "adamw" else artifacts.OptimType.SGD
+    with _onnxblock_quiet_and_reproducible():
+        artifacts.generate_artifacts(
+            forward,
+            requires_grad=param_names,
+            frozen_params=[],
+            loss=artifacts.LossType.CrossEntropyLoss,
+            optimizer=optim,
+            artifact_directory=directory,
+        )
+
+    _fix_eval_batchnorm(directory / EVAL_MODEL)
+    training = onnx.load(str(directory / TRAINING_MODEL), load_external_data=False)
+    shapes = {name: list(p.shape) for name, p in net.named_parameters()}
+    order = [i.name for i in training.graph.input if i.name in shapes]
+    if sorted(order) != sorted(param_names):
+        raise ExportError(f"{arch.key()}: training graph parameter inputs {order} != module parameters")
+    user_inputs = [i for i in training.graph.input if i.name not in shapes and i.name in (INPUT_NAME, LABELS_NAME)]
+    inputs = [_value_info_json(i) for i in user_inputs]
+    if [i["name"] for i in inputs] != [INPUT_NAME, LABELS_NAME]:
+        raise ExportError(f"{arch.key()}: training graph inputs {[i['name'] for i in inputs]} lack input/labels")
+    labels = inputs[1]
+    if labels["dtype"] != "int64" or labels["shape"] != [batch]:
+        raise ExportError(f"{arch.key()}: labels input is {labels}, expected int64 [{batch}]")
+    outputs = [_value_info_json(o) for o in training.graph.output]
+
+    parameters = []
+    offset = 0
+    for name in order:
+        size = int(np.prod(shapes[name], dtype=np.int64))
+        parameters.append({"name": name, "shape": shapes[name], "offset": offset, "size": size})
+        offset += size
+    _verify_flat_order(directory, parameters, offset)
+
+    counts = count(model, arch)
+    counts_json = dataclasses.asdict(counts) if dataclasses.is_dataclass(counts) else dict(vars(counts))
+    return {
+        "format_version": EXPORT_FORMAT_VERSION,
+        "model": model.name,
+        "paper": model.paper,
+        "arch": {
+            "key": arch.key(),
+            "widths": list(arch.widths),
+            "groups": list(model.group_names),
+            "group_sizes": list(model.group_sizes),
+        },
+        "batch": batch,
+        "optimizer": optimizer,
+        "optimizer_defaults": OPTIMIZER_DEFAULTS[optimizer],
+        "loss": LOSS,
+        "seed": seed_for(arch),
+        "opset": OPSET,
+        "num_parameters": offset,
+        "parameters": parameters,
+        "inputs": inputs,
+        "outputs": outputs,
+        "counts": {k: _json_number(v) for k, v in counts_json.items()},
+        "counts_unit": "per example",
+        "files": {name: _file_entry(directory / name) for name in ARTIFACT_FILES},
+        "versions": {
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
+@contextlib.contextmanager
+def _onnxblock_quiet_and_reproducible() -> Iterator[None]:
+    """Run `generate_artifacts` silently and with reproducible graph names.
+
+    * ``onnxblock._training_graph_utils`` builds the gradient graph with a fresh
+      ``SessionOptions()`` whose default severity prints one INFO line per graph
+      transformer (hundreds per model); ``set_default_logger_severity`` does not
+      reach it, the options' own ``log_severity_level`` does.
+    * ``onnxblock._graph_utils`` numbers generated names (``onnx::loss::2``) with a
+      process-wide counter, so the second export in a process would differ byte
+      for byte from the first; the counter restarts at 0 for every export.
+    """
+    import onnxruntime
+    from onnxruntime.training.onnxblock import _graph_utils as names
+    from onnxruntime.training.onnxblock import _training_graph_utils as utils
+
+    token = getattr(names, "_GRAPH_TOKEN", None)
+    if isinstance(token, int):
+        names._GRAPH_TOKEN = 0
+    original = getattr(utils, "SessionOptions", None)
+    if original is None:  # pragma: no cover - a different onnxruntime layout
+        yield
+        return
+
+    def quiet() -> Any:
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        return options
+
+    utils.SessionOptions = quiet
+    try:
+        yield
+    finally:
+        utils.SessionOptions = original
+
+
+def _fix_eval_batchnorm(path: Path) -> None:
+    """Drop the unused running-statistics outputs of inference-mode BatchNormalization.
+
+    The zoo's static BatchNorm (``track_running_stats=False``) exports as a
+    training-mode ``BatchNormalization`` whose mean and variance inputs are the
+    batch statistics (``ReduceMean`` nodes) and whose running-statistics outputs
+    nobody reads. `generate_artifacts` switches the eval copy to
+    ``training_mode=0`` (normalising with those inputs, i.e. still with batch
+    statistics) but keeps three outputs, which ONNX shape inference rejects in
+    inference mode ("This number of op outputs should be 1 when Training_mode =
+    False"). Removing the unread outputs makes the eval model load and compute
+    what PyTorch computes.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    consumed = {name for node in model.graph.node for name in node.input}
+    consumed |= {out.name for out in model.graph.output}
+    changed = False
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or len(node.output) <= 1:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("training_mode", 0) != 0:
+            continue
+        extra = [name for name in node.output[1:] if name]
+        if any(name in consumed for name in extra):
+            raise ExportError(f"{path.name}: {node.name} running statistics are read by the graph")
+        del node.output[1:]
+        changed = True
+    if changed:
+        onnx.save(model, str(path))
+
+
+def _verify_flat_order(directory: Path, parameters: list[dict[str, Any]], total: int) -> None:
+    """Load the set in ORT, write a known flat buffer and read every parameter back by name."""
+    from onnxruntime import OrtValue
+    from onnxruntime.training.api import CheckpointState, Module
+
+    state = CheckpointState.load_checkpoint(str(directory / CHECKPOINT))
+    module = Module(
+        str(directory / TRAINING_MODEL), state, str(directory / EVAL_MODEL), session_options=session_options(1)
+    )
+    size = module.get_parameters_size(trainable_only=True)
+    if size != total:
+        raise ExportError(f"{directory.name}: ORT holds {size} trainable values, the module {total}")
+    probe = np.arange(total, dtype=np.float32) % 65521  # exact in float32, distinct within any window
+    module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(probe)._ortvalue, trainable_only=True)
+    for p in parameters:
+        got = np.asarray(state.parameters[p["name"]].data).reshape(-1)
+        want = probe[p["offset"] : p["offset"] + p["size"]]
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise ExportError(f"{directory.name}: ORT flat buffer order disagrees at {p['name']!r}")
+
+
+def _value_info_json(info: Any) -> dict[str, Any]:
+    tensor = info.type.tensor_type
+    dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor.shape.dim]
+    return {"name": info.name, "shape": dims, "dtype": _ONNX_DTYPES.get(tensor.elem_type, str(tensor.elem_type))}
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    return value
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``; an existing (invalid) ``target`` is replaced."""
+    stale: Path | None = None
+    if target.exists() or target.is_symlink():
+        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".stale-{target.name}-"))
+        os.replace(target, stale / "old")
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        # Another process put a set there first; keep theirs if it verifies (checked by the caller).
+        if not target.exists():
+            raise
+    finally:
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Read ``manifest.json`` of an artifact set.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+
+    Returns
+    -------
+    dict
+
+    Raises
+    ------
+    InputError
+        If the directory holds no readable manifest.
+    """
+    path = Path(directory) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{directory}: no readable {MANIFEST} ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return data
+
+
+def load_valid_manifest(directory: Path, key: str | None = None) -> dict[str, Any] | None:
+    """Return the manifest if the set is complete and intact, else ``None``.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+    key : str, optional
+        Expected cache key; any key is accepted when ``None``.
+
+    Returns
+    -------
+    dict or None
+        The manifest when it parses, carries ``key`` and every listed file
+        matches its recorded sha256 and size.
+    """
+    try:
+        manifest = read_manifest(directory)
+    except InputError:
+        return None
+    if key is not None and manifest.get("cache_key") != key:
+        return None
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(ARTIFACT_FILES):
+        return None
+    for name, entry in files.items():
+        path = Path(directory) / name
+        try:
+            if path.stat().st_size != entry["bytes"] or _sha256_file(path) != entry["sha256"]:
+                return None
+        except (OSError, KeyError, TypeError):
+            return None
+    return manifest
+
+
+def _file_entry(path: Path) -> dict[str, Any]:
+    return {"sha256": _sha256_file(path), "bytes": path.stat().st_size}
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# --------------------------------------------------------------------------- ORT training
+
+
+def session_options(threads: int = 1) -> Any:
+    """Return ORT session options for on-device style training.
+
+    Parameters
+    ----------
+    threads : int
+        Intra-op threads (>= 1); inter-op parallelism is off (sequential execution).
+
+    Returns
+    -------
+    onnxruntime.SessionOptions
+    """
+    import onnxruntime
+
+    if threads < 1:
+        raise InputError(f"threads {threads} must be at least 1")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    return options
+
+
+class OrtTrainer:
+    """Train one artifact set with ``onnxruntime.training.api``.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        An artifact set written by `export_artifacts`.
+    threads : int
+        Intra-op threads.
+    lr : float, optional
+        Learning rate; ORT's initial 1e-3 when ``None``.
+
+    Attributes
+    ----------
+    manifest : dict
+        The set's manifest.
+    state, module, optimizer
+        The ORT ``CheckpointState``, ``Module`` and ``Optimizer``.
+    """
+
+    def __init__(self, directory: Path, *, threads: int = 1, lr: float | None = None) -> None:
+        from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+        directory = Path(directory)
+        self.directory = directory
+        self.manifest = read_manifest(directory)
+        self.state = CheckpointState.load_checkpoint(str(directory / CHECKPOINT))
+        self.module = Module(
+            str(directory / TRAINING_MODEL),
+            self.state,
+            str(directory / EVAL_MODEL),
+            session_options=session_options(threads),
+        )
+        self.optimizer = Optimizer(str(directory / OPTIMIZER_MODEL), self.module)
+        if lr is not None:
+            self.optimizer.set_learning_rate(lr)
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of trainable float32 values (length of the flat buffer)."""
+        return int(self.manifest["num_parameters"])
+
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Run forward, backward and one optimizer step on a batch; return the loss.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Inputs of the manifest's input shape and dtype.
+        y : numpy.ndarray
+            int64 labels of shape ``(batch,)``.
+
+        Returns
+        -------
+        float
+            The loss before the step.
+        """
+        loss = self.forward_backward(x, y)
+        self.step()
+        return loss
+
+    def forward_backward(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Compute the loss and accumulate gradients, without updating parameters.
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray
+            As for `train_step`.
+
+        Returns
+        -------
+        float
+            The loss.
+        """
+        self.module.train()
+        return float(np.asarray(self.module(*self._feed(x, y))))
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        """Return copies of the accumulated gradients by name, in manifest order."""
+        params = self.state.parameters
+        return {p["name"]: np.array(params[p["name"]].grad, copy=True) for p in self.manifest["parameters"]}
+
+    def step(self) -> None:
+        """Apply the optimizer to the accumulated gradients, then clear them (lazily)."""
+        self.optimizer.step()
+        self.module.lazy_reset_grad()
+
+    def eval_loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Return the loss of the eval graph on a batch (no update).
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray
+            As for `train_step`.
+
+        Returns
+        -------
+        float
+        """
+        self.module.eval()
+        try:
+            return float(np.asarray(self.module(*self._feed(x, y))))
+        finally:
+            self.module.train()
+
+    def get_flat(self) -> np.ndarray:
+        """Return a copy of all parameters as one float32 vector in manifest order."""
+        return np.array(self.module.get_contiguous_parameters(trainable_only=True).numpy(), copy=True)
+
+    def set_flat(self, flat: np.ndarray) -> None:
+        """Load all parameters from one float32 vector in manifest order.
+
+        Parameters
+        ----------
+        flat : numpy.ndarray
+            Length `num_parameters`.
+
+        Raises
+        ------
+        InputError
+            If the length is wrong.
+        """
+        from onnxruntime import OrtValue
+
+        arr = np.ascontiguousarray(flat, dtype=np.float32).reshape(-1)
+        if arr.size != self.num_parameters:
+            raise InputError(f"flat parameters have {arr.size} values, the set needs {self.num_parameters}")
+        self.module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(arr)._ortvalue, trainable_only=True)
+
+    def get_parameters(self) -> dict[str, np.ndarray]:
+        """Return every parameter by name, shaped, in manifest order."""
+        return unflatten(self.manifest, self.get_flat())
+
+    def set_parameters(self, params: Mapping[str, np.ndarray]) -> None:
+        """Load parameters by name (every manifest parameter must be given).
+
+        Parameters
+        ----------
+        params : mapping of str to numpy.ndarray
+        """
+        self.set_flat(flatten(self.manifest, params))
+
+    def _feed(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        spec = self.manifest["inputs"][0]
+        return (
+            np.ascontiguousarray(x, dtype=spec["dtype"]),
+            np.ascontiguousarray(y, dtype=np.int64),
+        )
+
+
+def flatten(manifest: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Concatenate named parameters into the flat float32 buffer of a manifest.
+
+    Parameters
+    ----------
+    manifest : mapping
+    params : mapping of str to numpy.ndarray
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Raises
+    ------
+    InputError
+        If a parameter is missing or has the wrong shape.
+    """
+    parts = []
+    for p in manifest["parameters"]:
+        if p["name"] not in params:
+            raise InputError(f"parameter {p['name']!r} missing")
+        arr = np.asarray(params[p["name"]], dtype=np.float32)
+        if list(arr.shape) != list(p["shape"]):
+            raise InputError(f"parameter {p['name']!r} has shape {list(arr.shape)}, expected {p['shape']}")
+        parts.append(arr.reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+def unflatten(manifest: Mapping[str, Any], flat: np.ndarray) -> dict[str, np.ndarray]:
+    """Split a flat buffer into named, shaped parameters (copies).
+
+    Parameters
+    ----------
+    manifest : mapping
+    flat : numpy.ndarray
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+    """
+    return {
+        p["name"]: np.array(flat[p["offset"] : p["offset"] + p["size"]], dtype=np.float32).reshape(p["shape"])
+        for p in manifest["parameters"]
+    }
+
+
+# --------------------------------------------------------------------------- PyTorch twin
+
+
+class OrtAdamW(torch.optim.Optimizer):
+    """PyTorch AdamW that updates exactly like ORT's default AdamW graph.
+
+    ORT's ``AdamWOptimizer`` kernel in ``adam_mode=1`` (Hugging Face): with
+    ``m, v`` the moment estimates at step ``t``,
+    ``p -= lr * sqrt(1 - b2**t) / (1 - b1**t) * m / (sqrt(v) + eps)``, then
+    ``p -= lr * weight_decay * p``.
+
+    Parameters
+    ----------
+    params : iterable
+        Parameters or parameter groups.
+    lr : float
+    betas : tuple of float
+    eps : float
+    weight_decay : float
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = OPTIMIZER_DEFAULTS["adamw"]["lr"],
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = OPTIMIZER_DEFAULTS["adamw"]["eps"],
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Apply one update to every parameter that has a gradient.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss.
+
+        Returns
+        -------
+        float or None
+            The closure's loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            # The kernel holds the betas as float32 attributes and forms 1 - beta in float32
+            # (1 - 0.999f = 0.00099998713, not 0.001): a 6e-6 relative difference in the step.
+            b1, b2 = (np.float32(b) for b in group["betas"])
+            one = np.float32(1.0)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["m"] = torch.zeros_like(p)
+                    state["v"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["m"], state["v"]
+                m.mul_(float(b1)).add_(p.grad, alpha=float(one - b1))
+                v.mul_(float(b2)).addcmul_(p.grad, p.grad, value=float(one - b2))
+                # As the kernel: float32 corrections from a double power of the float32 betas.
+                bc1 = float(one - np.float32(float(b1) ** t))
+                bc2 = float(one - np.float32(float(b2) ** t))
+                step_size = group["lr"] * (bc2**0.5) / bc1
+                p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-step_size)
+                if group["weight_decay"]:
+                    p.mul_(1.0 - group["lr"] * group["weight_decay"])
+        return loss
+
+
+def torch_optimizer(optimizer: str, params: Iterable[Any], lr: float | None = None) -> torch.optim.Optimizer:
+    """Return the PyTorch optimizer that trains like the exported ORT optimizer.
+
+    Parameters
+    ----------
+    optimizer : {"adamw", "sgd"}
+    params : iterable
+        Module parameters.
+    lr : float, optional
+        Learning rate; ORT's default when ``None``.
+
+    Returns
+    -------
+    torch.optim.Optimizer
+    """
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    rate = OPTIMIZER_DEFAULTS[optimizer]["lr"] if lr is None else lr
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=rate)
+    return OrtAdamW(params, lr=rate)
