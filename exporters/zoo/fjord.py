@@ -34,8 +34,8 @@ rounds to the printed precision, "26K", "456K", "2M"):
   20K, 26K) and 42K, 110K, 205K, 325K, 472K conv + linear MACs (table 47K, 120K,
   218K, 342K, 491K: 4 to 11 % fewer).
 
-BatchNorm in the ResNet is static (`StaticBatchNorm2d`: batch statistics in train
-and eval, as ``nn.BatchNorm2d(track_running_stats=False)``), so that ONNX Runtime
+BatchNorm in the ResNet is static (``nn.BatchNorm2d(track_running_stats=False)``:
+batch statistics in train and eval), so that ONNX Runtime
 training has no running-statistics buffers to update. FjORD itself keeps separate
 running statistics per width with shared affine parameters; that bookkeeping belongs
 to the FL layer (it can recompute them per width on the server), not to this builder.
@@ -179,40 +179,14 @@ def block_plan(sizes: ResNetSizes) -> list[tuple[str, str, str, int]]:
     return plan
 
 
-class StaticBatchNorm2d(nn.BatchNorm2d):
-    """Affine BatchNorm with batch statistics in train and eval, written out in plain ops.
+def static_bn(channels: int) -> nn.BatchNorm2d:
+    """Return an affine BatchNorm with batch statistics in train and eval (no buffers).
 
-    Computes exactly what ``nn.BatchNorm2d(track_running_stats=False)`` computes
-    (biased batch variance), without buffers. The forward is spelled out because the
-    TorchScript ONNX exporter turns the built-in into a ``BatchNormalization`` node
-    that needs a static batch size, and whose eval copy made by
-    ``onnxruntime.training.artifacts.generate_artifacts`` fails ONNX shape inference
-    (three outputs with ``training_mode = 0``). Plain ReduceMean / Sub / Mul / Sqrt
-    ops export with a dynamic batch and train in ONNX Runtime.
-
-    Parameters
-    ----------
-    channels : int
-        Number of channels ``C`` of the ``(N, C, H, W)`` input.
-    eps : float
-        Added to the variance.
+    The artifacts are exported with a fixed batch size, which the exporter's
+    ``BatchNormalization`` node needs; `exporters.artifacts` removes the unused
+    running-statistics outputs from the eval model ORT generates.
     """
-
-    def __init__(self, channels: int, eps: float = 1e-5) -> None:
-        super().__init__(channels, eps=eps, affine=True, track_running_stats=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise ``(N, C, H, W)`` per channel over N, H and W, then scale and shift."""
-        mean = x.mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
-        centred = x - mean
-        var = (centred * centred).mean(dim=(0, 2, 3), keepdim=True)  # biased, (1, C, 1, 1)
-        scale = self.weight.view(1, -1, 1, 1) / torch.sqrt(var + self.eps)
-        return centred * scale + self.bias.view(1, -1, 1, 1)
-
-
-def static_bn(channels: int) -> StaticBatchNorm2d:
-    """Return an affine BatchNorm with batch statistics in train and eval (no buffers)."""
-    return StaticBatchNorm2d(channels)
+    return nn.BatchNorm2d(channels, track_running_stats=False)
 
 
 class BasicBlock(nn.Module):
