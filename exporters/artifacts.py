@@ -199,18 +199,18 @@ def set_name(model: ZooModel, arch: Arch, batch: int, optimizer: str, key: str) 
     -------
     str
         ``"<model>-w<rate>-b<batch>-<optimizer>-<key[:12]>"`` where ``<rate>`` is
-        the uniform width (e.g. ``0.25``) when ``arch == model.arch(rate)``, else
-        the per-group widths joined by ``.`` (shortened when long).
+        the largest two-decimal width with ``model.arch(rate) == arch`` (e.g.
+        ``0.25``), else the per-group widths joined by ``.`` (shortened when long).
     """
     return f"{model.name}-w{_width_label(model, arch)}-b{batch}-{optimizer}-{key[:12]}"
 
 
 def _width_label(model: ZooModel, arch: Arch) -> str:
-    total = sum(arch.widths) / sum(model.group_sizes)
-    for digits in (2, 3, 4):
-        rate = round(total, digits)
-        if 0.0 < rate <= 1.0 and model.arch(rate) == arch:
-            return f"{rate:g}"
+    # Several rates round to the same widths (ceil(r*K)); the largest two-decimal one
+    # is the one a user asked for (0.25 gives (5, 4) of (20, 15), and so do 0.21..0.24).
+    for hundredths in range(100, 0, -1):
+        if model.arch(hundredths / 100) == arch:
+            return f"{hundredths / 100:g}"
     label = ".".join(str(w) for w in arch.widths)
     return label if len(label) <= 40 else label[:40] + "_"
 

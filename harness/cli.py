@@ -113,7 +113,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     rows = []
     for i, width in enumerate(widths, 1):
         arch = model.arch(width)
-        print(f"[{i}/{len(widths)}] {model.name} width {width:g} {arch.widths} ...", file=sys.stderr, flush=True)
+        print(f"[{i}/{len(widths)}] {model.name} width {width:.2f} {arch.widths} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         result = export_artifacts(model, arch, batch=args.batch, optimizer=args.optimizer, out_dir=out_dir)
         seconds = time.perf_counter() - start
@@ -123,7 +123,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     header = f"{'width':>6} {'layer widths':<24} {'params':>11} {'MACs':>13} {'train FLOPs':>14} {'export':>10}"
     print(f"{header}  directory")
     for width, arch, counts, result, seconds in rows:
-        status = "cached" if result.cached else f"{seconds:.1f} s"
+        status = "cached" if result.cached else f"{seconds:.2f} s"
         layer_widths = ",".join(str(w) for w in arch.widths)
         print(
             f"{width:>6.2f} {layer_widths:<24} {counts.params:>11,} {counts.macs:>13,} "

@@ -409,3 +409,19 @@ def test_export_rejects_bad_requests(tmp_path: Path) -> None:
         with pytest.raises(InputError):
             export_artifacts(get_model(other[0]), arch, batch=2, optimizer="adamw", out_dir=tmp_path)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.5, 0.75, 1.0])
+def test_set_name_shows_the_requested_width_even_when_ceil_is_uneven(rate: float) -> None:
+    from exporters.artifacts import set_name
+
+    model = get_model("fjord-cnn")  # groups of 20 and 15: 0.25 keeps (5, 4), not a uniform fraction
+    assert set_name(model, model.arch(rate), 20, "adamw", "ab" * 32).startswith(f"fjord-cnn-w{rate:g}-b20-adamw-abab")
+
+
+def test_set_name_lists_layer_widths_of_a_non_uniform_arch() -> None:
+    from exporters.arch import Arch
+    from exporters.artifacts import set_name
+
+    model = get_model("fjord-cnn")
+    assert set_name(model, Arch("fjord-cnn", (1, 15)), 4, "sgd", "0" * 64) == "fjord-cnn-w1.15-b4-sgd-000000000000"
