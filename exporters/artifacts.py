@@ -1,7 +1,8 @@
 """ONNX Runtime training artifacts, one content-addressed directory per width.
 
 Export path (see DESIGN.md, "Known facts about the stack"): the zoo module is
-exported with ``torch.onnx.export(..., training=TrainingMode.TRAINING,
+exported (in its `exporters.export_forms.export_form`: LSTMs unrolled, same
+parameters) with ``torch.onnx.export(..., training=TrainingMode.TRAINING,
 do_constant_folding=False, dynamo=False)`` with the loss *outside* the graph and
 a fixed batch dimension, then `onnxruntime.training.artifacts.generate_artifacts`
 adds the cross-entropy loss, the gradient graph and the optimizer graph. Every
@@ -80,6 +81,7 @@ from torch import nn
 
 from exporters.arch import Arch
 from exporters.errors import InputError
+from exporters.export_forms import export_form
 from exporters.zoo import ZooModel
 
 #: Bumped whenever the export procedure changes what it writes; part of the cache key.
@@ -279,7 +281,8 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     import onnx
     import onnxruntime
 
-    sources = sorted({_source_digest(type(m)) for m in net.modules()} - {""})
+    exported = export_form(net)
+    sources = sorted({_source_digest(type(m)) for m in (*net.modules(), *exported.modules())} - {""})
     return {
         "format_version": EXPORT_FORMAT_VERSION,
         "exporter": _sha256_file(Path(__file__)),
@@ -435,7 +438,7 @@ def _export_into(
         # correctness is checked by the ORT-vs-PyTorch parity tests, not by these.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            net,
+            export_form(net),
             (x,),
             cast(Any, buffer),  # file-like objects work; the stubs only name paths
             input_names=[INPUT_NAME],

@@ -10,12 +10,14 @@ because their thread pools contend.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +70,18 @@ def run_worker(
     return list(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
+@contextlib.contextmanager
+def prepared(name: str, width: float, batch: int, artifact_root: Path) -> Iterator[tuple[Path, Path]]:
+    """Export (or reuse) one width's artifacts and save a batch; yield both directories."""
+    model = get_model(name)
+    result = export_artifacts(model, model.arch(width), batch=batch, optimizer="adamw", out_dir=artifact_root)
+    with tempfile.TemporaryDirectory() as data_dir:
+        x, y = model.example_batch(batch, seed=0)
+        np.save(Path(data_dir) / "x.npy", x.numpy(), allow_pickle=False)
+        np.save(Path(data_dir) / "y.npy", y.numpy(), allow_pickle=False)
+        yield result.directory, Path(data_dir)
+
+
 def bench_training(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
     """Print per-image training time of ORT and PyTorch and their ratio per model and width."""
     print(
@@ -76,28 +90,51 @@ def bench_training(models: list[str], widths: tuple[float, ...], args: argparse.
     )
     print(f"{'model':<20} {'width':>6} {'ORT us':>10} {'PyTorch us':>11} {'ORT/PyTorch':>12} {'pair ratios':>30}")
     for name in models:
-        model = get_model(name)
         for width in widths:
-            arch = model.arch(width)
-            result = export_artifacts(model, arch, batch=args.batch, optimizer="adamw", out_dir=artifact_root)
-            with tempfile.TemporaryDirectory() as data_dir:
-                x, y = model.example_batch(args.batch, seed=0)
-                np.save(Path(data_dir) / "x.npy", x.numpy(), allow_pickle=False)
-                np.save(Path(data_dir) / "y.npy", y.numpy(), allow_pickle=False)
+            with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
                 ort_medians, torch_medians = [], []
-                for _ in range(args.pairs):
-                    ort_medians.append(
-                        statistics.median(run_worker("ort", name, width, result.directory, Path(data_dir), args))
-                    )
-                    torch_medians.append(
-                        statistics.median(run_worker("torch", name, width, result.directory, Path(data_dir), args))
-                    )
+                for _ in range(args.pairs):  # alternated: ORT, PyTorch, ORT, PyTorch, ...
+                    for backend, medians in (("ort", ort_medians), ("torch", torch_medians)):
+                        seconds = run_worker(backend, name, width, artifact_dir, data_dir, args)
+                        medians.append(statistics.median(seconds))
             ratios = [o / t for o, t in zip(ort_medians, torch_medians, strict=True)]
             ort_us = statistics.median(ort_medians) / args.batch * 1e6
             torch_us = statistics.median(torch_medians) / args.batch * 1e6
             shown = " ".join(f"{r:.2f}" for r in ratios)
             ratio = statistics.median(ratios)
             print(f"{name:<20} {width:>6.2f} {ort_us:>10.1f} {torch_us:>11.1f} {ratio:>11.2f}x {shown:>30}", flush=True)
+
+
+def read_trace_events(directory: Path) -> list[dict]:
+    """Return every event of the ORT profiler traces (JSON arrays) in ``directory``."""
+    events: list[dict] = []
+    for path in sorted(directory.glob("ort*.json")):
+        events.extend(e for e in json.loads(path.read_text()) if isinstance(e, dict))
+    return events
+
+
+def kernel_time_by_op(events: list[dict]) -> dict[str, float]:
+    """Sum the kernel microseconds of profiler events per ONNX op type."""
+    totals: dict[str, float] = {}
+    for event in events:
+        if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
+            op = event.get("args", {}).get("op_name", "?")
+            totals[op] = totals.get(op, 0.0) + float(event.get("dur", 0))
+    return totals
+
+
+def bench_profile(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
+    """Print where ORT's training step spends its kernel time, per model and width."""
+    print(f"\n== Where ORT's training time goes (kernel time share per op type, batch {args.batch}) ==")
+    for name in models:
+        for width in widths:
+            with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
+                run_worker("ort-profile", name, width, artifact_dir, data_dir, args)
+                totals = kernel_time_by_op(read_trace_events(data_dir))
+            whole = sum(totals.values()) or 1.0
+            top = sorted(totals.items(), key=lambda item: -item[1])[:6]
+            shares = ", ".join(f"{op} {100 * us / whole:.0f}%" for op, us in top)
+            print(f"{name:<20} {width:>5.2f}  {shares}", flush=True)
 
 
 def main() -> None:
@@ -110,7 +147,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per process (never timed)")
     parser.add_argument("--pairs", type=int, default=5, help="alternated ORT / PyTorch process pairs")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--only", choices=("export", "training"), help="run one benchmark only")
+    parser.add_argument(
+        "--only", choices=("export", "training", "profile"), help="run one benchmark only (profile runs only so)"
+    )
     parser.add_argument("--artifacts", default=None, help="artifact cache directory (default: a temporary one)")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
@@ -118,9 +157,11 @@ def main() -> None:
     print(f"fleetbench benchmarks on {sys.platform}, python {sys.version.split()[0]}")
     if args.only in (None, "export"):
         bench_export(models, widths, args.batch)
-    if args.only in (None, "training"):
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "training"):
             bench_training(models, widths, args, Path(args.artifacts or tmp))
+        if args.only == "profile":
+            bench_profile(models, widths, args, Path(args.artifacts or tmp))
 
 
 if __name__ == "__main__":
