@@ -1,0 +1,60 @@
+"""Export forms compute exactly what the zoo modules compute, with the same parameters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from exporters.errors import InputError
+from exporters.export_forms import UnrolledLSTM, export_form
+from exporters.zoo import get_model, model_names
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_unrolled_lstm_matches_nn_lstm_outputs_states_and_gradients(batch_first: bool, layers: int) -> None:
+    torch.manual_seed(0)
+    lstm = nn.LSTM(5, 7, num_layers=layers, batch_first=batch_first)
+    unrolled = UnrolledLSTM(lstm)
+    x = torch.randn((3, 6, 5) if batch_first else (6, 3, 5))
+    out, (h, c) = lstm(x)
+    out_u, (h_u, c_u) = unrolled(x)
+    torch.testing.assert_close(out_u, out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h_u, h, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c_u, c, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(out.square().sum(), list(lstm.parameters()))
+    grads_u = torch.autograd.grad(out_u.square().sum(), list(unrolled.parameters()))
+    for g, g_u in zip(grads, grads_u, strict=True):
+        torch.testing.assert_close(g_u, g, rtol=1e-4, atol=1e-6)
+
+
+def test_unrolled_lstm_shares_parameters_rather_than_copying() -> None:
+    lstm = nn.LSTM(4, 3)
+    unrolled = UnrolledLSTM(lstm)
+    assert [n for n, _ in unrolled.named_parameters()] == [n for n, _ in lstm.named_parameters()]
+    assert all(a is b for a, b in zip(unrolled.parameters(), lstm.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kwargs", [{"bidirectional": True}, {"proj_size": 2}, {"bias": False}])
+def test_unrolled_lstm_refuses_features_it_does_not_implement(kwargs: dict) -> None:
+    with pytest.raises(InputError):
+        UnrolledLSTM(nn.LSTM(4, 3, **kwargs))
+
+
+@pytest.mark.parametrize("name", [n for n in model_names() if "lstm" in n or "rnn" in n])
+def test_export_form_of_text_models_keeps_names_values_and_outputs(name: str) -> None:
+    model = get_model(name)
+    net = model.build(model.arch(0.5)).eval()
+    form = export_form(net)
+    assert form is not net
+    assert not any(isinstance(m, nn.LSTM) for m in form.modules())
+    assert [(n, p.shape) for n, p in form.named_parameters()] == [(n, p.shape) for n, p in net.named_parameters()]
+    x, _ = model.example_batch(4)
+    with torch.no_grad():
+        torch.testing.assert_close(form(x), net(x), rtol=1e-5, atol=1e-6)
+
+
+def test_export_form_of_a_model_without_lstm_is_the_module_itself() -> None:
+    net = get_model("cfd-cnn").build()
+    assert export_form(net) is net
