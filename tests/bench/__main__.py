@@ -137,6 +137,28 @@ def bench_profile(models: list[str], widths: tuple[float, ...], args: argparse.N
             print(f"{name:<20} {width:>5.2f}  {shares}", flush=True)
 
 
+def bench_knobs(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
+    """Print ORT's training step time under each session variant, relative to the default."""
+    from tests.bench.worker import ORT_VARIANTS
+
+    print(
+        f"\n== ORT session variants: median step time relative to the default (batch {args.batch}, "
+        f"{args.pairs} rounds, variants alternated within a round) =="
+    )
+    print(f"{'model':<20} {'width':>6} {'default ms':>11}  " + " ".join(f"{v:>13}" for v in ORT_VARIANTS[1:]))
+    for name in models:
+        for width in widths:
+            with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
+                medians: dict[str, list[float]] = {v: [] for v in ORT_VARIANTS}
+                for _ in range(args.pairs):
+                    for variant in ORT_VARIANTS:
+                        seconds = run_worker(f"ort:{variant}", name, width, artifact_dir, data_dir, args)
+                        medians[variant].append(statistics.median(seconds))
+            base = statistics.median(medians["default"])
+            shown = " ".join(f"{statistics.median(medians[v]) / base:>12.2f}x" for v in ORT_VARIANTS[1:])
+            print(f"{name:<20} {width:>6.2f} {base * 1e3:>11.2f}  {shown}", flush=True)
+
+
 def main() -> None:
     """Parse arguments and run the selected benchmarks."""
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
@@ -148,7 +170,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5, help="alternated ORT / PyTorch process pairs")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--only", choices=("export", "training", "profile"), help="run one benchmark only (profile runs only so)"
+        "--only",
+        choices=("export", "training", "profile", "knobs"),
+        help="run one benchmark only (profile and knobs run only when named)",
     )
     parser.add_argument("--artifacts", default=None, help="artifact cache directory (default: a temporary one)")
     args = parser.parse_args()
@@ -162,6 +186,8 @@ def main() -> None:
             bench_training(models, widths, args, Path(args.artifacts or tmp))
         if args.only == "profile":
             bench_profile(models, widths, args, Path(args.artifacts or tmp))
+        if args.only == "knobs":
+            bench_knobs(models, widths, args, Path(args.artifacts or tmp))
 
 
 if __name__ == "__main__":

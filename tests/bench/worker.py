@@ -1,6 +1,7 @@
 """Time training steps of one backend in a process of its own.
 
-Usage: ``python -m tests.bench.worker ort|ort-profile|torch MODEL WIDTH ARTIFACT_DIR DATA_DIR STEPS WARMUP THREADS``
+Usage: ``python -m tests.bench.worker BACKEND MODEL WIDTH ARTIFACT_DIR DATA_DIR STEPS WARMUP THREADS``
+with BACKEND one of ``ort``, ``ort:VARIANT`` (see `ORT_VARIANTS`), ``ort-profile`` and ``torch``,
 where DATA_DIR holds the batch as ``x.npy`` and ``y.npy``.
 Prints one JSON document: ``{"backend", "seconds": [per timed step], "loss": last loss}``.
 Only one runtime is imported per process: two runtimes in one process contend for threads.
@@ -13,30 +14,64 @@ import sys
 import time
 from pathlib import Path
 
+#: ORT session variants the knob benchmark compares with the default settings.
+ORT_VARIANTS = (
+    "default",
+    "numpy-inputs",
+    "no-spinning",
+    "opt-disabled",
+    "opt-basic",
+    "opt-extended",
+    "opt-all",
+    "one-thread",
+)
+
+
+def ort_session_options(threads: int, variant: str, profile_dir: Path | None):
+    """Return the session options of one ORT variant (see `ORT_VARIANTS`)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1 if variant == "one-thread" else threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if variant == "no-spinning":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    levels = {
+        "opt-disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "opt-basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "opt-extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "opt-all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    if variant in levels:
+        options.graph_optimization_level = levels[variant]
+    if profile_dir is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_dir / "ort")
+    return options
+
 
 def time_ort(
-    artifact_dir: Path, x, y, steps: int, warmup: int, threads: int, profile_dir: Path | None = None
+    artifact_dir: Path, x, y, steps: int, warmup: int, threads: int, variant: str, profile_dir: Path | None = None
 ) -> tuple[list[float], float]:
     """Time ``steps`` ORT training steps (forward, backward, optimizer step) after ``warmup``.
 
-    With ``profile_dir``, ORT's profiler writes its per-kernel trace there (timings then
-    include the profiler's overhead, so use them for shares, not for the ratio).
+    Inputs are bound once as OrtValues (except in the ``numpy-inputs`` variant). With
+    ``profile_dir``, ORT's profiler writes its per-kernel trace there (timings then include
+    the profiler's overhead, so use them for shares, not for the ratio).
     """
     import onnxruntime as ort
     from onnxruntime.training import api
 
-    options = ort.SessionOptions()
-    if profile_dir is not None:
-        options.enable_profiling = True
-        options.profile_file_prefix = str(profile_dir / "ort")
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options = ort_session_options(threads, variant, profile_dir)
     state = api.CheckpointState.load_checkpoint(str(artifact_dir / "checkpoint"))
     module = api.Module(str(artifact_dir / "training_model.onnx"), state, session_options=options)
     optimizer = api.Optimizer(str(artifact_dir / "optimizer_model.onnx"), module)
     module.train()
-    inputs = (ort.OrtValue.ortvalue_from_numpy(x), ort.OrtValue.ortvalue_from_numpy(y))
+    if variant == "numpy-inputs":
+        inputs = (x, y)
+    else:
+        inputs = (ort.OrtValue.ortvalue_from_numpy(x), ort.OrtValue.ortvalue_from_numpy(y))
     seconds: list[float] = []
     loss = float("nan")
     for step in range(warmup + steps):
@@ -93,9 +128,11 @@ def main(argv: list[str]) -> None:
 
     x = np.load(Path(data_dir) / "x.npy", allow_pickle=False)
     y = np.load(Path(data_dir) / "y.npy", allow_pickle=False)
-    if backend in ("ort", "ort-profile"):
+    if backend.startswith("ort"):
+        # "ort", "ort-profile" or "ort:VARIANT"
+        variant = backend.partition(":")[2] or "default"
         profile_dir = Path(data_dir) if backend == "ort-profile" else None
-        seconds, loss = time_ort(Path(artifact_dir), x, y, int(steps), int(warmup), int(threads), profile_dir)
+        seconds, loss = time_ort(Path(artifact_dir), x, y, int(steps), int(warmup), int(threads), variant, profile_dir)
     else:
         seconds, loss = time_torch(model_name, float(width_text), x, y, int(steps), int(warmup), int(threads))
     print(json.dumps({"backend": backend, "seconds": seconds, "loss": loss}))
