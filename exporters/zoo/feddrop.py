@@ -52,6 +52,7 @@ from torch import nn
 from exporters.arch import Dim
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
+from exporters.zoo.common import chain_layouts, layer_layouts, lstm_layouts, vgg_groups_and_layouts
 
 #: Widths for FLOPs budget ratios r = 0.25, 0.5, 1.0 (Table 10): the uniform keep probability p
 #: with g(p) = 0 under Appendix B eq. 10 when every neuron group is kept at the same ratio
@@ -160,18 +161,9 @@ class LeNet(nn.Module):
 
 def _lenet(name: str, paper: str, sizes: LeNetSizes, paper_widths: tuple[float, ...]) -> ZooModel:
     hw = sizes.pooled**2
-    layouts = {
-        "conv1.weight": (Dim("conv1"), None, None, None),
-        "conv1.bias": (Dim("conv1"),),
-        "conv2.weight": (Dim("conv2"), Dim("conv1"), None, None),
-        "conv2.bias": (Dim("conv2"),),
-        "conv3.weight": (Dim("conv3"), Dim("conv2"), None, None),
-        "conv3.bias": (Dim("conv3"),),
-        "fc1.weight": (Dim("fc1"), Dim("conv3", inner=hw)),
-        "fc1.bias": (Dim("fc1"),),
-        "fc2.weight": (None, Dim("fc1")),
-        "fc2.bias": (None,),
-    }
+    layouts = chain_layouts(
+        [("conv1", "conv1"), ("conv2", "conv2"), ("conv3", "conv3")], [("fc1", "fc1"), ("fc2", None)], hw
+    )
     return ZooModel(
         name=name,
         paper=paper,
@@ -253,27 +245,12 @@ class FedDropVGG9(nn.Module):
 
 def feddrop_vgg9(sizes: VGG9Sizes = VGG9Sizes()) -> ZooModel:
     """Return the FedDrop CIFAR-10 VGG-9 (Table 8) as a `ZooModel`."""
-    names = [f"conv{i + 1}" for i in range(len(sizes.convs))]
-    layouts: dict[str, tuple[Dim | None, ...]] = {}
-    previous: Dim | None = None
-    for i, name in enumerate(names):
-        layouts[f"convs.{i}.weight"] = (Dim(name), previous, None, None)
-        layouts[f"convs.{i}.bias"] = (Dim(name),)
-        previous = Dim(name)
-    layouts.update(
-        {
-            "fc1.weight": (Dim("fc1"), Dim(names[-1])),
-            "fc1.bias": (Dim("fc1"),),
-            "fc2.weight": (Dim("fc2"), Dim("fc1")),
-            "fc2.bias": (Dim("fc2"),),
-            "fc3.weight": (None, Dim("fc2")),
-            "fc3.bias": (None,),
-        }
-    )
+    # The last conv map is average-pooled to 1x1 before the flatten (Table 8).
+    groups, layouts = vgg_groups_and_layouts(sizes.convs, sizes.hidden, 1)
     return ZooModel(
         name="feddrop-vgg9",
         paper="FedDrop, Table 8 (CIFAR-10 VGG-9)",
-        groups=(*zip(names, sizes.convs, strict=True), ("fc1", sizes.hidden[0]), ("fc2", sizes.hidden[1])),
+        groups=groups,
         builder=lambda widths: FedDropVGG9(sizes, widths),
         layouts=layouts,
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
@@ -323,15 +300,10 @@ class CharLSTM(nn.Module):
 
 def feddrop_lstm(sizes: CharLSTMSizes = CharLSTMSizes()) -> ZooModel:
     """Return the FedDrop Shakespeare LSTM (Table 9) as a `ZooModel`."""
-    gates = Dim("lstm", blocks=4)
     layouts = {
         "encoder.weight": (None, None),
-        "lstm.weight_ih_l0": (gates, None),
-        "lstm.weight_hh_l0": (gates, Dim("lstm")),
-        "lstm.bias_ih_l0": (gates,),
-        "lstm.bias_hh_l0": (gates,),
-        "decoder.weight": (None, Dim("lstm")),
-        "decoder.bias": (None,),
+        **lstm_layouts("lstm", "lstm", None),
+        **layer_layouts("decoder", None, Dim("lstm"), conv=False),
     }
     return ZooModel(
         name="feddrop-lstm",

@@ -51,6 +51,7 @@ from torch import nn
 
 from exporters.arch import Dim, ParamLayout
 from exporters.zoo import ZooModel
+from exporters.zoo.common import chain_layouts, layer_layouts, lstm_layouts
 
 #: FjORD's uniform-5 widths, as listed in Table 1b.
 FJORD_WIDTHS = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -102,14 +103,7 @@ class FjordCNN(nn.Module):
 def fjord_cnn(sizes: FjordCNNSizes = FjordCNNSizes()) -> ZooModel:
     """Return FjORD's FEMNIST CNN as a `ZooModel`."""
     hw = sizes.pooled**2
-    layouts: dict[str, ParamLayout] = {
-        "conv1.weight": (Dim("conv1"), None, None, None),
-        "conv1.bias": (Dim("conv1"),),
-        "conv2.weight": (Dim("conv2"), Dim("conv1"), None, None),
-        "conv2.bias": (Dim("conv2"),),
-        "fc.weight": (None, Dim("conv2", inner=hw)),
-        "fc.bias": (None,),
-    }
+    layouts = chain_layouts([("conv1", "conv1"), ("conv2", "conv2")], [("fc", None)], hw)
     return ZooModel(
         name="fjord-cnn",
         paper="FjORD, Table 1b (FEMNIST CNN)",
@@ -327,38 +321,14 @@ class FjordRNN(nn.Module):
         return self.fc(out[:, -1])  # last time step: (N, h2)
 
 
-def lstm_layouts(prefix: str, group: str, input_dim: Dim | None) -> dict[str, ParamLayout]:
-    """Return the layouts of one single-layer ``nn.LSTM`` whose hidden units are ``group``.
-
-    Parameters
-    ----------
-    prefix : str
-        Module name, e.g. ``"lstm1"``.
-    group : str
-        Neuron group of its hidden units; the i, f, g, o row blocks move together.
-    input_dim : Dim or None
-        How its input features are indexed (``None``: kept whole).
-
-    Returns
-    -------
-    dict of str to ParamLayout
-    """
-    gates = Dim(group, blocks=4)
-    return {
-        f"{prefix}.weight_ih_l0": (gates, input_dim),
-        f"{prefix}.weight_hh_l0": (gates, Dim(group)),
-        f"{prefix}.bias_ih_l0": (gates,),
-        f"{prefix}.bias_hh_l0": (gates,),
-    }
-
-
 def fjord_rnn(sizes: FjordRNNSizes = FjordRNNSizes()) -> ZooModel:
     """Return FjORD's Shakespeare RNN as a `ZooModel` (input: int64 ids ``(N, seq_len)``)."""
-    layouts: dict[str, ParamLayout] = {"embed.weight": (None, None)}
-    layouts.update(lstm_layouts("lstm1", "lstm1", None))
-    layouts.update(lstm_layouts("lstm2", "lstm2", Dim("lstm1")))
-    layouts["fc.weight"] = (None, Dim("lstm2"))
-    layouts["fc.bias"] = (None,)
+    layouts: dict[str, ParamLayout] = {
+        "embed.weight": (None, None),
+        **lstm_layouts("lstm1", "lstm1", None),
+        **lstm_layouts("lstm2", "lstm2", Dim("lstm1")),
+        **layer_layouts("fc", None, Dim("lstm2"), conv=False),
+    }
     return ZooModel(
         name="fjord-rnn",
         paper="FjORD, Table 1b (Shakespeare RNN)",

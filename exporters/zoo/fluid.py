@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from exporters.arch import Dim
 from exporters.zoo import ZooModel
+from exporters.zoo.common import TwoConvCNNSizes, layer_layouts, lstm_layouts, two_conv_cnn, vgg_groups_and_layouts
 
 #: Sub-model sizes of Table 2 (all three models) plus full width.
 PAPER_WIDTHS = (0.5, 0.65, 0.75, 0.85, 0.95, 1.0)
@@ -41,81 +42,13 @@ PAPER_WIDTHS = (0.5, 0.65, 0.75, 0.85, 0.95, 1.0)
 FEMNIST_PAPER_WIDTHS = (0.4, *PAPER_WIDTHS)
 
 
-@dataclass(frozen=True)
-class FemnistCNNSizes:
-    """Full-width sizes of the FLuID FEMNIST CNN.
-
-    Attributes
-    ----------
-    image : int
-        Input height and width.
-    in_channels : int
-        Input channels.
-    conv1, conv2 : int
-        Output channels of the two 5x5 'same' convs.
-    hidden : int
-        Units of the hidden dense layer.
-    classes : int
-        Number of output logits.
-    kernel : int
-        Conv kernel size.
-
-    """
-
-    image: int = 28
-    in_channels: int = 1
-    conv1: int = 16
-    conv2: int = 64
-    hidden: int = 120
-    classes: int = 62
-    kernel: int = 5
+#: The FEMNIST CNN of section 6: 5x5 'same' convs with 16 and 64 filters, dense 120.
+FEMNIST_CNN_SIZES = TwoConvCNNSizes(conv1=16, conv2=64, hidden=120, classes=62)
 
 
-class FemnistCNN(nn.Module):
-    """The FLuID FEMNIST CNN at the given widths."""
-
-    def __init__(self, sizes: FemnistCNNSizes, widths: Mapping[str, int]) -> None:
-        super().__init__()
-        pad = sizes.kernel // 2
-        self.conv1 = nn.Conv2d(sizes.in_channels, widths["conv1"], sizes.kernel, padding=pad)
-        self.conv2 = nn.Conv2d(widths["conv1"], widths["conv2"], sizes.kernel, padding=pad)
-        pooled = sizes.image // 4
-        self.fc1 = nn.Linear(widths["conv2"] * pooled * pooled, widths["fc1"])
-        self.fc2 = nn.Linear(widths["fc1"], sizes.classes)
-        self.pool = nn.MaxPool2d(2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Map images ``(N, 1, 28, 28)`` to logits ``(N, classes)``."""
-        x = self.pool(torch.relu(self.conv1(x)))  # (N, c1, 14, 14)
-        x = self.pool(torch.relu(self.conv2(x)))  # (N, c2, 7, 7)
-        x = torch.relu(self.fc1(torch.flatten(x, 1)))  # NCHW flatten: (N, c2 * 49)
-        return self.fc2(x)
-
-
-def fluid_cnn(sizes: FemnistCNNSizes = FemnistCNNSizes()) -> ZooModel:
+def fluid_cnn(sizes: TwoConvCNNSizes = FEMNIST_CNN_SIZES) -> ZooModel:
     """Return the FLuID FEMNIST CNN as a `ZooModel`."""
-    hw = (sizes.image // 4) ** 2
-    layouts = {
-        "conv1.weight": (Dim("conv1"), None, None, None),
-        "conv1.bias": (Dim("conv1"),),
-        "conv2.weight": (Dim("conv2"), Dim("conv1"), None, None),
-        "conv2.bias": (Dim("conv2"),),
-        "fc1.weight": (Dim("fc1"), Dim("conv2", inner=hw)),
-        "fc1.bias": (Dim("fc1"),),
-        "fc2.weight": (None, Dim("fc1")),
-        "fc2.bias": (None,),
-    }
-    return ZooModel(
-        name="fluid-cnn",
-        paper="FLuID, section 6 (FEMNIST CNN)",
-        groups=(("conv1", sizes.conv1), ("conv2", sizes.conv2), ("fc1", sizes.hidden)),
-        builder=lambda widths: FemnistCNN(sizes, widths),
-        layouts=layouts,
-        input_shape=(sizes.in_channels, sizes.image, sizes.image),
-        input_dtype="float32",
-        num_classes=sizes.classes,
-        paper_widths=FEMNIST_PAPER_WIDTHS,
-    )
+    return two_conv_cnn("fluid-cnn", "FLuID, section 6 (FEMNIST CNN)", sizes, FEMNIST_PAPER_WIDTHS)
 
 
 @dataclass(frozen=True)
@@ -174,27 +107,11 @@ class FluidVGG9(nn.Module):
 
 def fluid_vgg9(sizes: FluidVGG9Sizes = FluidVGG9Sizes()) -> ZooModel:
     """Return the FLuID CIFAR-10 VGG-9 as a `ZooModel`."""
-    names = [f"conv{i + 1}" for i in range(len(sizes.convs))]
-    layouts: dict[str, tuple[Dim | None, ...]] = {}
-    previous: Dim | None = None
-    for i, name in enumerate(names):
-        layouts[f"convs.{i}.weight"] = (Dim(name), previous, None, None)
-        layouts[f"convs.{i}.bias"] = (Dim(name),)
-        previous = Dim(name)
-    layouts.update(
-        {
-            "fc1.weight": (Dim("fc1"), Dim(names[-1], inner=sizes.pooled**2)),
-            "fc1.bias": (Dim("fc1"),),
-            "fc2.weight": (Dim("fc2"), Dim("fc1")),
-            "fc2.bias": (Dim("fc2"),),
-            "fc3.weight": (None, Dim("fc2")),
-            "fc3.bias": (None,),
-        }
-    )
+    groups, layouts = vgg_groups_and_layouts(sizes.convs, sizes.hidden, sizes.pooled**2)
     return ZooModel(
         name="fluid-vgg9",
         paper="FLuID, section 6 (CIFAR-10 VGG-9)",
-        groups=(*zip(names, sizes.convs, strict=True), ("fc1", sizes.hidden[0]), ("fc2", sizes.hidden[1])),
+        groups=groups,
         builder=lambda widths: FluidVGG9(sizes, widths),
         layouts=layouts,
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
@@ -247,18 +164,10 @@ class FluidLSTM(nn.Module):
 
 def fluid_lstm(sizes: FluidLSTMSizes = FluidLSTMSizes()) -> ZooModel:
     """Return the FLuID Shakespeare LSTM as a `ZooModel`."""
-    g1, g2 = Dim("lstm1", blocks=4), Dim("lstm2", blocks=4)
     layouts = {
-        "lstm1.weight_ih_l0": (g1, None),
-        "lstm1.weight_hh_l0": (g1, Dim("lstm1")),
-        "lstm1.bias_ih_l0": (g1,),
-        "lstm1.bias_hh_l0": (g1,),
-        "lstm2.weight_ih_l0": (g2, Dim("lstm1")),
-        "lstm2.weight_hh_l0": (g2, Dim("lstm2")),
-        "lstm2.bias_ih_l0": (g2,),
-        "lstm2.bias_hh_l0": (g2,),
-        "fc.weight": (None, Dim("lstm2")),
-        "fc.bias": (None,),
+        **lstm_layouts("lstm1", "lstm1", None),
+        **lstm_layouts("lstm2", "lstm2", Dim("lstm1")),
+        **layer_layouts("fc", None, Dim("lstm2"), conv=False),
     }
     return ZooModel(
         name="fluid-lstm",

@@ -16,6 +16,7 @@ from torch import nn
 from exporters.errors import InputError
 from exporters.zoo import get_model
 from exporters.zoo.feddrop import adaptive_avg_pool
+from tests.exporters.zoo_checks import check_half_width_shapes
 
 FEDDROP_MODELS = ("feddrop-lenet", "feddrop-svhn", "feddrop-vgg9", "feddrop-lstm")
 
@@ -195,18 +196,7 @@ HALF_WIDTH_SHAPES = {
 
 @pytest.mark.parametrize("name", FEDDROP_MODELS)
 def test_half_width_shapes(name: str) -> None:
-    model = get_model(name)
-    torch.manual_seed(0)
-    full = model.build()
-    sub = model.static(0.5)
-    module = model.build(sub.arch)
-    shapes = {k: tuple(v.shape) for k, v in module.named_parameters()}
-    for pname, shape in HALF_WIDTH_SHAPES[name].items():
-        assert shapes[pname] == shape, pname
-    extracted = model.extract({k: v.detach().numpy() for k, v in full.named_parameters()}, sub)
-    assert {k: v.shape for k, v in extracted.items()} == shapes
-    x, _ = model.example_batch(3)
-    assert tuple(module(x).shape) == (3, model.num_classes)
+    check_half_width_shapes(name, HALF_WIDTH_SHAPES[name])
 
 
 def test_lstm_embedding_is_not_a_neuron_group() -> None:

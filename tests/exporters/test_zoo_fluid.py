@@ -11,9 +11,9 @@ vectors (``b_ih``, ``b_hh``) per layer, Keras one, so the PyTorch model has ``2 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from exporters.zoo import get_model
+from tests.exporters.zoo_checks import check_half_width_shapes
 
 FLUID_MODELS = ("fluid-cnn", "fluid-vgg9", "fluid-lstm")
 
@@ -111,18 +111,7 @@ HALF_WIDTH_SHAPES = {
 
 @pytest.mark.parametrize("name", FLUID_MODELS)
 def test_half_width_shapes(name: str) -> None:
-    model = get_model(name)
-    torch.manual_seed(0)
-    full = model.build()
-    sub = model.static(0.5)
-    module = model.build(sub.arch)
-    shapes = {k: tuple(v.shape) for k, v in module.named_parameters()}
-    for pname, shape in HALF_WIDTH_SHAPES[name].items():
-        assert shapes[pname] == shape, pname
-    extracted = model.extract({k: v.detach().numpy() for k, v in full.named_parameters()}, sub)
-    assert {k: v.shape for k, v in extracted.items()} == shapes
-    x, _ = model.example_batch(3)
-    assert tuple(module(x).shape) == (3, model.num_classes)
+    check_half_width_shapes(name, HALF_WIDTH_SHAPES[name])
 
 
 def test_lstm_takes_character_ids_and_has_one_group_per_layer() -> None:
