@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from devices.errors import FleetFileError
 from exporters.errors import InputError
 
 #: Exit status for bad input (unknown model, bad width, unwritable directory, ...).
@@ -156,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     export.add_argument("--out", default="artifacts", help="artifact root directory (default ./artifacts)")
     export.set_defaults(handler=_cmd_export)
+
+    from devices.cli import register as register_fleet
+
+    register_fleet(commands)
     return parser
 
 
@@ -165,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
-    except InputError as exc:
+    except (InputError, FleetFileError) as exc:
         print(f"fleetbench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

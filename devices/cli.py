@@ -1,0 +1,47 @@
+"""The ``fleetbench fleet`` commands: argument parsing only, handlers live beside their logic."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+
+def _handler(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        function: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
+        return function(args)
+
+    return run
+
+
+def register(commands: Any) -> None:
+    """Add ``fleet check|facts|up|down|status`` to the ``fleetbench`` subcommands.
+
+    Parameters
+    ----------
+    commands : argparse._SubParsersAction
+        The subparsers of the ``fleetbench`` parser.
+    """
+    fleet = commands.add_parser("fleet", help="fleet files, device facts and the emulated fleet")
+    actions = fleet.add_subparsers(dest="fleet_command", required=True, parser_class=type(fleet))
+
+    check = actions.add_parser("check", help="validate a fleet file")
+    check.add_argument("file", help="fleet YAML file")
+    check.set_defaults(handler=_handler("devices.fleetfile", "cmd_check"))
+
+    facts = actions.add_parser("facts", help="collect device facts concurrently")
+    facts.add_argument("file", help="fleet YAML file")
+    facts.add_argument("--json", action="store_true", help="print one JSON document")
+    facts.add_argument("--timeout", type=float, default=20.0, help="seconds per device (default 20)")
+    facts.set_defaults(handler=_handler("devices.facts", "cmd_facts"))
+
+    for name, text in (
+        ("up", "start the emulated devices of a fleet file on this machine"),
+        ("down", "stop them and remove what up created"),
+        ("status", "say which emulated devices are up and answer"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("file", help="fleet YAML file")
+        action.set_defaults(handler=_handler("devices.emulate", f"cmd_{name}"))

@@ -1,0 +1,62 @@
+"""Errors of the devices package: bad fleet files and transport failures."""
+
+from __future__ import annotations
+
+
+class FleetFileError(ValueError):
+    """A fleet file that cannot be used as written.
+
+    Its message is one line naming the file, the line and the field, e.g.
+    ``fleet.yaml:7: devices[1].port: expected an integer in 1..65535, got 'abc'``.
+
+    Parameters
+    ----------
+    path : str
+        The fleet file.
+    line : int
+        1-based line of the offending value (0 when the file itself is the problem).
+    field : str
+        Dotted path of the field, e.g. ``devices[1].port``.
+    message : str
+        What is wrong and what is expected.
+    """
+
+    def __init__(self, path: str, line: int, field: str, message: str) -> None:
+        self.path, self.line, self.field, self.message = path, line, field, message
+        super().__init__(f"{path}:{line}: {field}: {message}")
+
+
+class TransportError(Exception):
+    """A device could not run what was asked; ``kind`` names the failure for records."""
+
+    kind = "runner error"
+
+
+class Unreachable(TransportError):
+    """The device did not answer (refused, no route, name not resolved, connect timeout)."""
+
+    kind = "unreachable"
+
+
+class AuthenticationFailed(TransportError):
+    """The device answered but refused our credentials."""
+
+    kind = "authentication failed"
+
+
+class HostKeyRejected(TransportError):
+    """The device's host key is unknown or changed, and the fleet does not trust it."""
+
+    kind = "host key rejected"
+
+
+class CommandTimeout(TransportError):
+    """A command or transfer did not finish within its timeout (it was stopped)."""
+
+    kind = "timeout"
+
+
+class ConnectionLost(TransportError):
+    """The connection dropped during a command and one reconnect did not help."""
+
+    kind = "connection lost"

@@ -1,0 +1,118 @@
+"""Fleet records: what a fleet file describes, validated and frozen.
+
+`devices.fleetfile.load_fleet` turns a YAML fleet file into these records; every
+other part of fleetbench takes them as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+#: Kinds of device a fleet file may list.
+DeviceKind = Literal["local", "ssh", "adb"]
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """How an emulated device is held back on this machine (``emulate:`` block).
+
+    Attributes
+    ----------
+    preset : str or None
+        ``pi3``, ``pi4``, ``jetson-nano`` or ``phone-midrange``; its values fill the
+        fields the block leaves out.
+    cpu_share : float or None
+        Fraction of one CPU core the device's processes may use (0 < share <= cores).
+    memory_mb : int or None
+        Memory limit of the device's processes.
+    delay_ms : float or None
+        One-way network delay (tc netem, root only).
+    rate_kbit : int or None
+        Network rate limit in kbit/s (tc netem, root only).
+    """
+
+    preset: str | None = None
+    cpu_share: float | None = None
+    memory_mb: int | None = None
+    delay_ms: float | None = None
+    rate_kbit: int | None = None
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a fleet.
+
+    Attributes
+    ----------
+    name : str
+        Unique name within the fleet.
+    kind : {"local", "ssh", "adb"}
+    host, port, user : str, int, str or None
+        SSH connection (``host`` may be an alias from the user's ssh config).
+    key_file : pathlib.Path or None
+        Private key for SSH key authentication.
+    known_hosts : pathlib.Path or None
+        known_hosts file that SSH host keys are verified against (``~/.ssh/known_hosts``
+        when ``None``).
+    trust_on_first_use : bool
+        Accept and record an unknown host key (a changed key is still refused).
+    serial : str or None
+        ADB serial (``host:port`` for a network device).
+    workdir : str
+        Directory on the device where fleetbench keeps its files.
+    python : str
+        Python interpreter (or runner) path on the device.
+    threads : int
+        Threads the device's runner may use.
+    tags : tuple of str
+        Free-form labels, e.g. tier hints.
+    emulate : Emulation or None
+        Present when ``fleetbench fleet up`` should start this device here.
+    line : int
+        Line of the device's entry in the fleet file (for messages).
+    """
+
+    name: str
+    kind: DeviceKind
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    trust_on_first_use: bool = False
+    serial: str | None = None
+    workdir: str = "~/.fleetbench"
+    python: str = "python3"
+    threads: int = 1
+    tags: tuple[str, ...] = ()
+    emulate: Emulation | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A validated fleet file.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The file it was read from.
+    devices : tuple of Device
+        In file order; names are unique.
+    state_dir : pathlib.Path
+        Where ``fleet up`` keeps keys, known_hosts, pids and sandboxes of emulated
+        devices (default: ``.fleetbench/<fleet file stem>`` beside the current directory).
+    """
+
+    path: Path
+    devices: tuple[Device, ...] = field(default=())
+    state_dir: Path = Path(".fleetbench")
+
+    def device(self, name: str) -> Device:
+        """Return the device called ``name`` (KeyError if absent)."""
+        for device in self.devices:
+            if device.name == name:
+                return device
+        raise KeyError(name)
