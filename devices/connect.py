@@ -1,0 +1,41 @@
+"""Open the right transport for a device record."""
+
+from __future__ import annotations
+
+from devices.fleet import Device
+from devices.local import LocalTransport
+from devices.ssh import SSHTransport
+from devices.transport import Transport
+
+
+def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
+    """Return a transport for ``device`` (connections open lazily, on first use).
+
+    Parameters
+    ----------
+    device : Device
+        ``local`` gives a `LocalTransport` (commands run in the current directory,
+        as an SSH command runs in the home directory); ``ssh`` an `SSHTransport`;
+        ``adb`` a ``devices.adb.ADBTransport``.
+    connect_timeout : float
+        Seconds to reach an SSH device.
+
+    Returns
+    -------
+    Transport
+
+    Raises
+    ------
+    ValueError
+        For an unknown kind.
+    """
+    if device.kind == "local":
+        return LocalTransport()
+    if device.kind == "ssh":
+        return SSHTransport(device, connect_timeout=connect_timeout)
+    if device.kind == "adb":
+        from devices.adb import ADBTransport  # imported lazily: adbutils is needed only here
+
+        transport: Transport = ADBTransport.from_device(device)
+        return transport
+    raise ValueError(f"device {device.name!r}: unknown kind {device.kind!r}")

@@ -1,0 +1,358 @@
+"""Unprivileged-style OpenSSH ``sshd`` instances on loopback, for emulated devices and tests.
+
+One instance lives in ``state_dir/name/``: a host key, a user key, an authorized_keys
+file, an ``sshd_config``, a pid file and a log. `prepare` writes them, `start` launches
+``sshd -D`` as a child process and waits until the port accepts, `stop` ends it by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Only address instances listen on.
+LOOPBACK = "127.0.0.1"
+
+
+class SshdError(RuntimeError):
+    """sshd is missing, its configuration is invalid, or it did not start."""
+
+
+@dataclass(frozen=True)
+class SshdInstance:
+    """Files and address of one sshd instance.
+
+    Attributes
+    ----------
+    name : str
+        Instance name (directory name under the state dir).
+    directory : pathlib.Path
+        ``state_dir/name``; holds every file below.
+    port : int
+        Loopback port it listens on.
+    host_key : pathlib.Path
+        ed25519 host private key (``host_key.pub`` beside it).
+    user_key : pathlib.Path
+        ed25519 private key a client authenticates with (``user_key.pub`` beside it).
+    authorized_keys : pathlib.Path
+        Holds the user key's public half.
+    config : pathlib.Path
+        The ``sshd_config``.
+    pid_file : pathlib.Path
+        sshd's own PidFile.
+    log_file : pathlib.Path
+        sshd's log (``-E``).
+    """
+
+    name: str
+    directory: Path
+    port: int
+    host_key: Path
+    user_key: Path
+    authorized_keys: Path
+    config: Path
+    pid_file: Path
+    log_file: Path
+
+    @property
+    def host(self) -> str:
+        """Address the instance listens on."""
+        return LOOPBACK
+
+
+def sshd_binary() -> str:
+    """Return the path of ``sshd``.
+
+    Raises
+    ------
+    SshdError
+        If OpenSSH's server is not installed.
+    """
+    path = shutil.which("sshd") or ("/usr/sbin/sshd" if os.access("/usr/sbin/sshd", os.X_OK) else None)
+    if path is None:
+        raise SshdError("sshd is not installed (Debian: apt-get install openssh-server)")
+    return path
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def generate_key(path: Path, comment: str = "fleetbench", *, overwrite: bool = False) -> Path:
+    """Write an ed25519 key pair ``path`` / ``path.pub`` with ``ssh-keygen`` (no passphrase).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        Private key file.
+    comment : str
+        Key comment.
+    overwrite : bool
+        Replace an existing pair; otherwise an existing pair is kept.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    if path.exists() and not overwrite:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (path, path.with_name(path.name + ".pub")):
+        stale.unlink(missing_ok=True)
+    keygen = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+    proc = subprocess.run(
+        [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0:
+        raise SshdError(f"ssh-keygen failed for {path}: {proc.stderr.strip()}")
+    path.chmod(0o600)
+    return path
+
+
+def prepare(state_dir: Path, name: str, port: int) -> SshdInstance:
+    """Write keys, authorized_keys and sshd_config of instance ``name``, and validate them.
+
+    Existing keys are kept (so ``up`` twice keeps host keys stable); the config is
+    rewritten. Validation runs ``sshd -t``.
+
+    Parameters
+    ----------
+    state_dir : pathlib.Path
+        Parent directory; the instance lives in ``state_dir/name``.
+    name : str
+        Instance name.
+    port : int
+        Loopback port to listen on.
+
+    Returns
+    -------
+    SshdInstance
+
+    Raises
+    ------
+    SshdError
+        If sshd is missing, a key cannot be generated or ``sshd -t`` rejects the config.
+    """
+    directory = Path(state_dir).absolute() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    inst = SshdInstance(
+        name=name,
+        directory=directory,
+        port=port,
+        host_key=directory / "host_ed25519",
+        user_key=directory / "user_ed25519",
+        authorized_keys=directory / "authorized_keys",
+        config=directory / "sshd_config",
+        pid_file=directory / "sshd.pid",
+        log_file=directory / "sshd.log",
+    )
+    generate_key(inst.host_key, f"fleetbench-host-{name}")
+    generate_key(inst.user_key, f"fleetbench-user-{name}")
+    inst.authorized_keys.write_text(inst.user_key.with_name(inst.user_key.name + ".pub").read_text())
+    inst.config.write_text(
+        "\n".join(
+            [
+                f"ListenAddress {LOOPBACK}",
+                f"Port {port}",
+                f"HostKey {inst.host_key}",
+                f"AuthorizedKeysFile {inst.authorized_keys}",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                f"PidFile {inst.pid_file}",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "Subsystem sftp internal-sftp",
+                "LogLevel ERROR",
+                "",
+            ]
+        )
+    )
+    _ensure_privsep_dir()
+    proc = subprocess.run(
+        [sshd_binary(), "-t", "-f", str(inst.config)], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    if proc.returncode != 0:
+        raise SshdError(f"sshd rejected {inst.config}: {(proc.stderr or proc.stdout).strip()}")
+    return inst
+
+
+def _ensure_privsep_dir() -> None:
+    # sshd refuses to start as root without its privilege separation directory.
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+
+
+def start(instance: SshdInstance, timeout: float = 10.0) -> int:
+    """Start ``sshd -D`` for ``instance`` as a child process and wait until its port accepts.
+
+    Parameters
+    ----------
+    instance : SshdInstance
+        From `prepare`.
+    timeout : float
+        Seconds to wait for the port.
+
+    Returns
+    -------
+    int
+        The pid of the sshd listener (its own session; stop it with `stop`).
+
+    Raises
+    ------
+    SshdError
+        If sshd exits or the port does not accept within ``timeout``; the log tail is
+        in the message.
+    """
+    _ensure_privsep_dir()
+    proc = subprocess.Popen(
+        [sshd_binary(), "-D", "-f", str(instance.config), "-E", str(instance.log_file)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SshdError(f"sshd {instance.name} exited with {proc.returncode}: {_log_tail(instance)}")
+        try:
+            with socket.create_connection((LOOPBACK, instance.port), timeout=0.5):
+                return proc.pid
+        except OSError:
+            time.sleep(0.05)
+    stop(proc.pid)
+    raise SshdError(f"sshd {instance.name} did not accept on {LOOPBACK}:{instance.port} in {timeout:g} s")
+
+
+def _log_tail(instance: SshdInstance) -> str:
+    try:
+        return " | ".join(instance.log_file.read_text(errors="replace").strip().splitlines()[-5:]) or "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists (and is not a zombie of ours, which is reaped)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # field 4 of /proc/PID/stat, after the parenthesised command name
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop(pid: int, grace: float = 3.0) -> None:
+    """Stop sshd ``pid`` and its sessions: SIGTERM, then SIGKILL after ``grace`` seconds.
+
+    The listener's descendants (one sshd per connection, which leaves the listener's
+    session, and the commands it runs) are killed too, so open connections drop and
+    nothing is left behind. A pid that no longer exists is ignored; our child is reaped.
+    """
+    sessions = _descendants(pid)
+    for child in sessions:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    # let the listener reap its sessions, or they stay zombies of an init that may not reap
+    deadline = time.monotonic() + 1.0
+    while sessions and time.monotonic() < deadline and set(sessions) & set(_descendants(pid)):
+        time.sleep(0.02)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        is_running(pid)
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not is_running(pid):
+            return
+        time.sleep(0.02)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    while is_running(pid):
+        time.sleep(0.02)
+
+
+def known_hosts_line(instance: SshdInstance) -> str:
+    """Return the known_hosts entry of ``instance``: ``[127.0.0.1]:PORT ssh-ed25519 AAAA...``."""
+    key_type, blob = instance.host_key.with_name(instance.host_key.name + ".pub").read_text().split()[:2]
+    return f"[{LOOPBACK}]:{instance.port} {key_type} {blob}"
+
+
+def write_known_hosts(path: Path, lines: list[str]) -> None:
+    """Add ``lines`` to known_hosts file ``path`` atomically, replacing entries for the same hosts.
+
+    An existing line is dropped when it names a host of a new line (e.g.
+    ``[127.0.0.1]:2222``), whatever its key type; other lines are kept in order.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The known_hosts file (created with its parent directories).
+    lines : list of str
+        Entries ``HOSTS KEYTYPE BASE64``.
+    """
+    path = Path(path)
+    new = [line.strip() for line in lines if line.strip()]
+    replaced = {host for line in new for host in line.split()[0].split(",")}
+    kept = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and not line.startswith("#"):
+                if any(host in replaced for host in fields[0].split(",")):
+                    continue
+            kept.append(line)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("".join(f"{line}\n" for line in kept + new))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

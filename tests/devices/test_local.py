@@ -1,0 +1,68 @@
+"""LocalTransport: subprocess without a shell, process-group timeouts, atomic copies."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from devices.errors import CommandTimeout, TransportError
+from devices.local import LocalTransport
+from devices.transport import Transport
+
+
+def _running(marker: str) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def test_is_a_transport() -> None:
+    assert isinstance(LocalTransport(), Transport)
+
+
+def test_run_rc_stdout_stderr_and_workdir(tmp_path: Path) -> None:
+    t = LocalTransport(workdir=tmp_path / "wd")
+    r = t.run(["sh", "-c", "pwd; echo err >&2; exit 4"], timeout=10)
+    assert (r.rc, r.stdout, r.stderr) == (4, f"{tmp_path / 'wd'}\n", "err\n")
+    assert r.seconds >= 0
+
+
+def test_missing_program_is_transport_error() -> None:
+    with pytest.raises(TransportError, match="cannot start"):
+        LocalTransport().run(["/nonexistent/program"], timeout=5)
+
+
+def test_timeout_kills_whole_process_group() -> None:
+    marker = f"{time.time() % 1000:.6f}"
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        LocalTransport().run(["sh", "-c", f"sleep {marker}1 & sleep {marker}2; wait"], timeout=0.5)
+    assert time.monotonic() - start < 2.5
+    time.sleep(0.1)
+    assert not _running(f"{marker}1") and not _running(f"{marker}2")
+
+
+def test_put_get_atomic_with_parent_dirs(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(4096))
+    src.chmod(0o750)
+    t = LocalTransport(workdir=tmp_path / "device")
+    t.put(src, "a/b/dst.bin")
+    dst = tmp_path / "device" / "a" / "b" / "dst.bin"
+    assert dst.read_bytes() == src.read_bytes()
+    assert dst.stat().st_mode & 0o777 == 0o750
+    assert [p.name for p in dst.parent.iterdir()] == ["dst.bin"]
+    t.get("a/b/dst.bin", tmp_path / "back" / "x.bin")
+    assert (tmp_path / "back" / "x.bin").read_bytes() == src.read_bytes()
+    with pytest.raises(FileNotFoundError):
+        t.get("absent", tmp_path / "y")
+    assert not (tmp_path / "y").exists()
+    t.close()

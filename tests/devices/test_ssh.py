@@ -1,0 +1,229 @@
+"""SSHTransport and devices.sshd against a real OpenSSH sshd on a loopback port."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devices import sshd
+from devices.errors import (
+    AuthenticationFailed,
+    CommandTimeout,
+    ConnectionLost,
+    HostKeyRejected,
+    TransportError,
+    Unreachable,
+)
+from devices.ssh import SSHTransport
+from tests.devices.sshd_server import Server
+
+
+@pytest.fixture(scope="module")
+def server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server.launch(tmp_path_factory.mktemp("sshd"))
+    yield srv
+    srv.shutdown()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cmdline_running(marker: str) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def test_run_returns_rc_stdout_stderr(server: Server) -> None:
+    t = server.transport()
+    r = t.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    assert (r.rc, r.stdout, r.stderr) == (3, "out\n", "err\n")
+    assert t.run(["true"], timeout=10).ok
+
+
+def test_put_get_10mb_round_trip(server: Server, tmp_path: Path) -> None:
+    t = server.transport()
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(10 * 1024 * 1024))
+    remote = str(tmp_path / "remote" / "deep" / "dst.bin")
+    t.put(src, remote)
+    assert sha256(Path(remote)) == sha256(src)
+    assert [p.name for p in Path(remote).parent.iterdir()] == ["dst.bin"]  # no temporary left
+    back = tmp_path / "back" / "back.bin"
+    t.get(remote, back)
+    assert sha256(back) == sha256(src)
+    with pytest.raises(FileNotFoundError):
+        t.get(str(tmp_path / "absent"), tmp_path / "x")
+
+
+def test_tilde_is_remote_home(server: Server, tmp_path: Path) -> None:
+    t = server.transport()
+    name = f".fleetbench-test-{uuid.uuid4().hex[:8]}"
+    src = tmp_path / "small.txt"
+    src.write_text("hello")
+    try:
+        t.put(src, f"~/{name}/a.txt")
+        assert (Path.home() / name / "a.txt").read_text() == "hello"
+        t.get(f"~/{name}/a.txt", tmp_path / "b.txt")
+        assert (tmp_path / "b.txt").read_text() == "hello"
+    finally:
+        t.run(["rm", "-rf", str(Path.home() / name)], timeout=10)
+
+
+def test_large_stdout_and_stderr_do_not_deadlock(server: Server) -> None:
+    n = 12 * 1024 * 1024
+    code = f"import sys\nfor _ in range(12): sys.stdout.write('o'*{n // 12}); sys.stderr.write('e'*{n // 12})"
+    r = server.transport().run(["python3", "-c", code], timeout=30)
+    assert r.ok
+    assert len(r.stdout) == n and len(r.stderr) == n
+    assert set(r.stdout) == {"o"} and set(r.stderr) == {"e"}
+
+
+def test_timeout_raises_within_limit_and_kills_remote_command(server: Server) -> None:
+    t = server.transport()
+    t.run(["true"], timeout=10)  # connect outside the timed part
+    marker = f"{time.time() % 1000:.6f}"
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout, match="within 1 s"):
+        t.run(["sleep", f"{marker}9"], timeout=1.0)
+    assert time.monotonic() - start < 1.0 + 2.0
+    deadline = time.monotonic() + 2.0
+    while _cmdline_running(f"{marker}9") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _cmdline_running(f"{marker}9")
+    assert t.run(["echo", "again"], timeout=10).stdout == "again\n"  # the connection is still usable
+
+
+def test_remote_command_killed_gives_nonzero_rc(server: Server) -> None:
+    r = server.transport().run(["sh", "-c", "kill -9 $$"], timeout=10)
+    assert not r.ok
+
+
+def test_device_killed_mid_command_is_a_clear_error(server: Server) -> None:
+    t = server.transport()
+    t.run(["true"], timeout=10)
+    before = set(sshd._descendants(server.pid))
+    outcome: list[BaseException] = []
+
+    marker = f"{time.time() % 1000:.6f}8"
+
+    def call() -> None:
+        try:
+            t.run(["sleep", marker], timeout=8)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    start = time.monotonic()
+    worker = threading.Thread(target=call)
+    worker.start()
+    time.sleep(0.5)
+    # kill this connection's sshd processes (the "device" dies; the listener stays)
+    for pid in before:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    worker.join(10)
+    assert not worker.is_alive()
+    assert time.monotonic() - start < 8
+    assert len(outcome) == 1 and isinstance(outcome[0], ConnectionLost), outcome
+    assert "connection dropped" in str(outcome[0])
+    # the orphaned command is the test's to clean up (a dead device's processes die with it)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue
+
+
+def test_reconnects_once_after_sshd_restart(server: Server) -> None:
+    t = server.transport()
+    assert t.run(["echo", "1"], timeout=10).stdout == "1\n"
+    server.restart()  # kills every session of the old listener
+    assert t.run(["echo", "2"], timeout=10).stdout == "2\n"
+
+
+def test_dropped_connection_and_server_gone_is_connection_lost(sshd_path: str, tmp_path: Path) -> None:
+    srv = Server.launch(tmp_path, "gone")
+    t = srv.transport()
+    t.run(["true"], timeout=10)
+    sshd.stop(srv.pid)  # the listener and this connection's session go away
+    with pytest.raises(ConnectionLost, match="reconnect failed"):
+        t.run(["true"], timeout=10)
+
+
+def test_unknown_host_key_refused_without_tofu(server: Server, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    with pytest.raises(HostKeyRejected) as info:
+        server.transport(known_hosts=empty).run(["true"], timeout=10)
+    assert f"[127.0.0.1]:{server.instance.port}" in str(info.value)
+    assert str(empty) in str(info.value)
+    assert not empty.exists()
+
+
+def test_unknown_host_key_accepted_and_recorded_with_tofu(server: Server, tmp_path: Path) -> None:
+    known = tmp_path / "kh" / "known_hosts"
+    assert server.transport(known_hosts=known, trust_on_first_use=True).run(["true"], timeout=10).ok
+    assert known.read_text().strip() == sshd.known_hosts_line(server.instance)
+    assert server.transport(known_hosts=known).run(["true"], timeout=10).ok  # now known, no TOFU needed
+
+
+def test_changed_host_key_refused_even_with_tofu(sshd_path: str, tmp_path: Path) -> None:
+    srv = Server.launch(tmp_path, "changed")
+    try:
+        assert srv.transport().run(["true"], timeout=10).ok
+        sshd.stop(srv.pid)
+        sshd.generate_key(srv.instance.host_key, overwrite=True)
+        srv.pid = sshd.start(srv.instance)
+        for tofu in (False, True):
+            with pytest.raises(HostKeyRejected, match="CHANGED"):
+                srv.transport(trust_on_first_use=tofu).run(["true"], timeout=10)
+        assert sshd.known_hosts_line(srv.instance) not in srv.known_hosts.read_text()
+    finally:
+        srv.shutdown()
+
+
+def test_wrong_user_key_is_authentication_failed(server: Server, tmp_path: Path) -> None:
+    other = sshd.generate_key(tmp_path / "other_key")
+    with pytest.raises(AuthenticationFailed):
+        server.transport(key_file=other).run(["true"], timeout=10)
+    with pytest.raises(AuthenticationFailed, match="does not exist"):
+        server.transport(key_file=tmp_path / "missing").run(["true"], timeout=10)
+
+
+def test_closed_port_is_unreachable(tmp_path: Path) -> None:
+    t = SSHTransport(host="127.0.0.1", port=sshd.free_port(), key_file=None, known_hosts=tmp_path / "kh")
+    start = time.monotonic()
+    with pytest.raises(Unreachable) as info:
+        t.run(["true"], timeout=5)
+    assert time.monotonic() - start < 5
+    assert info.value.kind == "unreachable"
+    assert isinstance(info.value, TransportError)
+
+
+def test_known_hosts_file_replaces_entries_of_same_host(tmp_path: Path) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text("# comment\n[127.0.0.1]:2222 ssh-rsa OLD\nother.host ssh-ed25519 KEEP\n")
+    sshd.write_known_hosts(path, ["[127.0.0.1]:2222 ssh-ed25519 NEW"])
+    assert path.read_text() == "# comment\nother.host ssh-ed25519 KEEP\n[127.0.0.1]:2222 ssh-ed25519 NEW\n"
+
+
+def test_prepare_rejects_invalid_config(sshd_path: str, tmp_path: Path) -> None:
+    with pytest.raises(sshd.SshdError, match="sshd rejected"):
+        sshd.prepare(tmp_path, "bad", 99999)
