@@ -1,0 +1,187 @@
+"""The device-facts probe: one POSIX ``sh`` script, one round trip per device.
+
+`PROBE_SCRIPT` runs as ``sh -c PROBE_SCRIPT fleetbench-probe PYTHON`` (the device's
+Python path arrives as ``$1``, so nothing is ever interpolated into the script text).
+It prints one section per source, each opened by a line ``@@fleetbench@@ NAME`` and the
+whole output closed by ``@@fleetbench@@ end`` (a missing end marker means the output was
+cut short). Every probe step is guarded: a missing file or tool leaves its section empty
+and never stops the script, so the same script serves a Raspberry Pi, a Jetson, an
+Android shell (mksh + toybox) and any Linux box.
+
+Sections
+--------
+``uname``            ``uname -m``
+``online``           ``getconf _NPROCESSORS_ONLN`` (online CPUs)
+``nproc``            ``nproc`` (CPUs this process may use: affinity / cpuset)
+``cpuinfo``          ``/proc/cpuinfo``
+``meminfo``          ``/proc/meminfo``
+``cpufreq``          ``key=value`` lines from ``/sys/devices/system/cpu/cpu0/cpufreq/``
+``thermal``          ``zone<TAB>type<TAB>temp`` per ``/sys/class/thermal/thermal_zone*``
+``os-release``       ``/etc/os-release`` (else ``/usr/lib/os-release``)
+``dt-model``         ``/proc/device-tree/model`` (board name on ARM boards)
+``python``           ``python=``, ``numpy=``, ``onnxruntime=``, ``torch=`` lines
+``vcgencmd``         ``vcgencmd get_throttled`` (Raspberry Pi)
+``nvpmodel``         ``nvpmodel -q`` (Jetson)
+``tegrastats``       first line of ``tegrastats --interval 500`` (Jetson, at most 2 s)
+``getprop``          ``getprop`` (Android)
+``dumpsys-meminfo``  the ``... RAM:`` summary lines of ``dumpsys meminfo`` (Android)
+``thermalservice``   the ``Thermal Status`` line of ``dumpsys thermalservice`` (Android 10+)
+
+``dumpsys meminfo`` prints its RAM summary *after* the per-process tables, so the
+script keeps the lines containing ``RAM:`` rather than the first lines of the output.
+
+Versions are read from installed package metadata (``importlib.metadata``) after
+``importlib.util.find_spec`` says the module exists; a package is imported only when
+its metadata is unavailable (Python < 3.8). Importing torch takes seconds on a
+Raspberry Pi, which would eat most of a 20 s facts timeout.
+"""
+
+from __future__ import annotations
+
+#: Line that opens a section; followed by one space and the section name.
+MARKER = "@@fleetbench@@"
+
+#: Every section name the probe prints, in order (``end`` closes the output).
+SECTIONS = (
+    "uname",
+    "online",
+    "nproc",
+    "cpuinfo",
+    "meminfo",
+    "cpufreq",
+    "thermal",
+    "os-release",
+    "dt-model",
+    "python",
+    "vcgencmd",
+    "nvpmodel",
+    "tegrastats",
+    "getprop",
+    "dumpsys-meminfo",
+    "thermalservice",
+    "end",
+)
+
+# Runs under the device's Python (3.6 or newer); no single quotes: it sits inside
+# single quotes in the shell script.
+_PYTHON_VERSIONS = """\
+import platform
+import importlib.util
+try:
+    from importlib.metadata import version as dist_version
+except ImportError:
+    dist_version = None
+print("python=" + platform.python_version())
+for name, dists in (("numpy", ("numpy",)),
+                    ("onnxruntime", ("onnxruntime", "onnxruntime-training", "onnxruntime-gpu")),
+                    ("torch", ("torch",))):
+    found = "missing"
+    try:
+        if importlib.util.find_spec(name) is not None:
+            found = ""
+            for dist in dists:
+                try:
+                    found = dist_version(dist)
+                    break
+                except Exception:
+                    pass
+            if not found:
+                try:
+                    found = str(getattr(__import__(name), "__version__", "unknown"))
+                except Exception:
+                    found = "unimportable"
+    except Exception:
+        found = "missing"
+    print(name + "=" + found)
+"""
+
+assert "'" not in _PYTHON_VERSIONS
+
+#: The probe (POSIX sh). ``$1`` is the device's Python interpreter (``~/`` expanded).
+PROBE_SCRIPT = (
+    """\
+PY="${1:-python3}"
+case "$PY" in "~/"*) PY="$HOME/${PY#??}" ;; esac
+has() { command -v "$1" >/dev/null 2>&1; }
+m() { printf '\\n%s %s\\n' '"""
+    + MARKER
+    + """' "$1"; }
+m uname; uname -m 2>/dev/null
+m online; getconf _NPROCESSORS_ONLN 2>/dev/null
+m nproc; has nproc && nproc 2>/dev/null
+m cpuinfo; cat /proc/cpuinfo 2>/dev/null
+m meminfo; cat /proc/meminfo 2>/dev/null
+m cpufreq
+d=/sys/devices/system/cpu/cpu0/cpufreq
+for f in cpuinfo_max_freq scaling_max_freq scaling_cur_freq scaling_governor; do
+  if [ -r "$d/$f" ]; then printf '%s=%s\\n' "$f" "$(cat "$d/$f" 2>/dev/null)"; fi
+done
+m thermal
+for z in /sys/class/thermal/thermal_zone*; do
+  [ -d "$z" ] || continue
+  printf '%s\\t%s\\t%s\\n' "${z##*/}" "$(cat "$z/type" 2>/dev/null)" "$(cat "$z/temp" 2>/dev/null)"
+done
+m os-release; cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null
+m dt-model; [ -r /proc/device-tree/model ] && tr -d '\\000' </proc/device-tree/model 2>/dev/null
+m python
+if has "$PY"; then "$PY" -c '"""
+    + _PYTHON_VERSIONS
+    + """' 2>/dev/null || echo "python=broken"; else echo "python=missing"; fi
+m vcgencmd; has vcgencmd && vcgencmd get_throttled 2>&1
+m nvpmodel; has nvpmodel && nvpmodel -q 2>&1
+m tegrastats; has tegrastats && has timeout && timeout 2 tegrastats --interval 500 2>/dev/null | head -n 1
+m getprop; has getprop && getprop 2>/dev/null
+m dumpsys-meminfo; has dumpsys && dumpsys meminfo 2>/dev/null | grep 'RAM:'
+m thermalservice; has dumpsys && dumpsys thermalservice 2>/dev/null | grep 'Thermal Status'
+m end
+exit 0
+"""
+)
+
+
+def probe_argv(python: str) -> list[str]:
+    """Return the argv that runs the probe with the device's Python ``python``.
+
+    Parameters
+    ----------
+    python : str
+        Interpreter path or name on the device (``Device.python``); passed as ``$1``,
+        never pasted into the script.
+
+    Returns
+    -------
+    list of str
+        ``["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", python]``.
+    """
+    return ["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", python]
+
+
+def split_sections(text: str) -> dict[str, str]:
+    """Split probe output into ``{section name: text}``.
+
+    Parameters
+    ----------
+    text : str
+        Standard output of the probe.
+
+    Returns
+    -------
+    dict of str to str
+        Section text with surrounding blank lines stripped; a section that appears
+        twice keeps its first occurrence. Text before the first marker is dropped.
+        The ``end`` section is present (empty) only when the output was complete.
+    """
+    sections: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    prefix = MARKER + " "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            if name is not None and name not in sections:
+                sections[name] = "\n".join(lines).strip("\n")
+            name, lines = line[len(prefix) :].strip(), []
+        else:
+            lines.append(line)
+    if name is not None and name not in sections:
+        sections[name] = "\n".join(lines).strip("\n")
+    return sections
