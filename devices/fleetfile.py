@@ -70,7 +70,7 @@ as given):
   the directory Android lets a shell user write; the emulated phone serves it from its
   sandbox.  Real SSH devices keep ``~/.fleetbench``, expanded by the device.
 * An ``emulate`` block keeps its ``preset`` by name; the preset's values (CPU share, memory)
-  are filled in by `devices.emulate` for the fields the block leaves out.
+  are filled in by `devices.presets` for the fields the block leaves out.
 
 Only `load_fleet` does I/O (it reads the fleet file and the ssh config); `parse_fleet`
 is a pure function of texts and paths.
@@ -95,7 +95,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from devices.errors import FleetFileError
 from devices.fleet import Device, DeviceKind, Emulation, Fleet
 
-#: Emulation presets a fleet file may name (their values live in `devices.emulate`).
+#: Emulation presets a fleet file may name (their values live in `devices.presets`).
 PRESETS: tuple[str, ...] = ("pi3", "pi4", "jetson-nano", "phone-midrange")
 
 #: Device kinds, as `devices.fleet.DeviceKind`.

@@ -1,0 +1,939 @@
+"""The emulated fleet: ``fleetbench fleet up | down | status FILE``.
+
+Every device of a fleet file with an ``emulate:`` block is started on this machine:
+
+- an SSH device is an OpenSSH ``sshd`` (`devices.sshd`) on its loopback port, with its
+  own host key (written to the fleet's known_hosts, so host-key verification stays on)
+  and the fleet's user key (``<state_dir>/id_ed25519`` by default) authorised;
+- an ADB device is ``python -m devices.adb_endpoint`` on the port of its
+  ``HOST:PORT`` serial, attached to the adb server with ``adb connect`` when ``adb``
+  is installed (server port from ``ANDROID_ADB_SERVER_PORT``, default 5037; a server
+  that ``up`` had to start is recorded and stopped by ``down``).
+
+Each device's processes are held to its CPU share and memory limit (`devices.limits`:
+cgroup when permitted, else a SIGSTOP/SIGCONT duty-cycle supervisor and RLIMIT_AS).
+When the block asks for ``delay_ms`` / ``rate_kbit`` and we run as root, an SSH device's
+sshd runs in its own network namespace behind a veth pair shaped by netem, and a small
+forwarder (``python -m devices.emulate forward``) keeps the fleet file's address
+(``host:port``) working: traffic crosses the shaped veth.
+
+Every started process is recorded in ``<state_dir>/state.json`` (written atomically)
+with its pid and its start time from ``/proc/PID/stat``, so ``down`` never signals a
+reused pid; cgroup directories and namespaces are recorded too. ``up`` twice is
+harmless: a device whose processes live and answer is left alone, a stale entry is
+cleaned first. ``down`` leaves no process, cgroup or namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from devices import limits, presets
+from devices.fleet import Device, Emulation, Fleet
+
+#: State file name inside the fleet's state dir.
+STATE_FILE = "state.json"
+#: Repository / package root (for ``python -m devices.*`` children).
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+#: Seconds a started server gets to accept connections.
+START_TIMEOUT = 15.0
+
+Printer = Callable[[str], None]
+
+
+class EmulationError(RuntimeError):
+    """An emulated device could not be started."""
+
+
+# ---------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process ``up`` started.
+
+    Attributes
+    ----------
+    role : str
+        ``sshd``, ``adb-endpoint``, ``duty-cycle``, ``forwarder`` or ``adb-server``.
+    pid : int
+    start_time : int or None
+        Field 22 of ``/proc/PID/stat`` when it was started (guards against pid reuse).
+    """
+
+    role: str
+    pid: int
+    start_time: int | None
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What ``up`` created for one device.
+
+    Attributes
+    ----------
+    name, kind : str
+    address : str
+        ``host:port`` the fleet reaches it at.
+    processes : tuple of ProcessRecord
+    cgroups : tuple of str
+        Cgroup directories.
+    netns : str or None
+        Network namespace (with ``host_if``, the host end of its veth).
+    host_if : str or None
+    cpu, memory : str
+        Limit methods (`devices.limits.Plan`).
+    cpu_share : float or None
+    memory_mb : int or None
+    shaping : str
+        Network shaping, in words (empty when none).
+    """
+
+    name: str
+    kind: str
+    address: str
+    processes: tuple[ProcessRecord, ...] = ()
+    cgroups: tuple[str, ...] = ()
+    netns: str | None = None
+    host_if: str | None = None
+    cpu: str = "none"
+    memory: str = "none"
+    cpu_share: float | None = None
+    memory_mb: int | None = None
+    shaping: str = ""
+
+
+@dataclass(frozen=True)
+class FleetState:
+    """Contents of ``state.json``.
+
+    Attributes
+    ----------
+    devices : tuple of DeviceState
+    adb_server : ProcessRecord or None
+        An adb server ``up`` started (stopped by ``down``).
+    adb_server_port : int or None
+    """
+
+    devices: tuple[DeviceState, ...] = ()
+    adb_server: ProcessRecord | None = None
+    adb_server_port: int | None = None
+
+    def get(self, name: str) -> DeviceState | None:
+        """Return the state of device ``name`` (None if absent)."""
+        return next((d for d in self.devices if d.name == name), None)
+
+    def with_device(self, dev: DeviceState | None, drop: str | None = None) -> FleetState:
+        """Return a copy with ``dev`` added or replaced (and ``drop`` removed)."""
+        names = {drop} | ({dev.name} if dev else set())
+        kept = tuple(d for d in self.devices if d.name not in names)
+        return FleetState(kept + ((dev,) if dev else ()), self.adb_server, self.adb_server_port)
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One row of ``fleet status``.
+
+    Attributes
+    ----------
+    name, kind, address : str
+    up : bool
+        Its recorded processes live.
+    answers : bool
+        It completed a round trip (SSH: ``true`` ran; ADB: CNXN handshake).
+    detail : str
+        Limits, or why it does not answer.
+    """
+
+    name: str
+    kind: str
+    address: str
+    up: bool
+    answers: bool
+    detail: str = ""
+
+
+def state_to_json(state: FleetState) -> str:
+    """Serialise ``state`` as JSON text."""
+    return json.dumps(asdict(state), indent=2, sort_keys=True) + "\n"
+
+
+def state_from_json(text: str) -> FleetState:
+    """Parse ``state.json`` text (see `state_to_json`)."""
+    raw = json.loads(text)
+
+    def proc(d: dict[str, object]) -> ProcessRecord:
+        return ProcessRecord(str(d["role"]), int(d["pid"]), d.get("start_time"))  # type: ignore[call-overload,arg-type]
+
+    devices = []
+    for d in raw.get("devices", []):
+        devices.append(
+            DeviceState(
+                name=d["name"],
+                kind=d["kind"],
+                address=d["address"],
+                processes=tuple(proc(p) for p in d.get("processes", [])),
+                cgroups=tuple(d.get("cgroups", [])),
+                netns=d.get("netns"),
+                host_if=d.get("host_if"),
+                cpu=d.get("cpu", "none"),
+                memory=d.get("memory", "none"),
+                cpu_share=d.get("cpu_share"),
+                memory_mb=d.get("memory_mb"),
+                shaping=d.get("shaping", ""),
+            )
+        )
+    server = raw.get("adb_server")
+    return FleetState(tuple(devices), proc(server) if server else None, raw.get("adb_server_port"))
+
+
+def load_state(state_dir: Path) -> FleetState:
+    """Read ``<state_dir>/state.json`` (an empty state when absent or unreadable)."""
+    try:
+        return state_from_json((Path(state_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return FleetState()
+
+
+def save_state(state_dir: Path, state: FleetState) -> None:
+    """Write ``<state_dir>/state.json`` atomically (removed when ``state`` is empty)."""
+    path = Path(state_dir) / STATE_FILE
+    if not state.devices and state.adb_server is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(state_to_json(state))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def emulated(fleet: Fleet) -> list[Device]:
+    """Return the devices of ``fleet`` that have an ``emulate`` block."""
+    return [d for d in fleet.devices if d.emulate is not None]
+
+
+def address_of(device: Device) -> tuple[str, int]:
+    """Return ``(host, port)`` where the fleet reaches emulated ``device``."""
+    if device.kind == "adb":
+        host, _, port = (device.serial or "").rpartition(":")
+        return host or "127.0.0.1", int(port)
+    return device.host or "127.0.0.1", int(device.port or 22)
+
+
+def wants_netns(emulation: Emulation, device: Device, is_root: bool) -> bool:
+    """Whether ``device`` gets a shaped network namespace (SSH, root, delay or rate asked)."""
+    return device.kind == "ssh" and is_root and bool(emulation.delay_ms or emulation.rate_kbit)
+
+
+def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise EmulationError(f"{what} exited with status {proc.returncode}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise EmulationError(f"{what} did not accept on {host}:{port} within {timeout:g} s")
+
+
+def _record(role: str, pid: int) -> ProcessRecord:
+    return ProcessRecord(role, pid, limits.proc_start_time(pid))
+
+
+def stop_process(rec: ProcessRecord, grace: float = 3.0) -> None:
+    """Stop recorded process ``rec`` and its descendants, if it is still the same process.
+
+    SIGCONT + SIGTERM to the tree, SIGKILL after ``grace`` seconds; a pid that was
+    reused by another process (different start time) is left alone.
+    """
+    if not limits.alive(rec.pid, rec.start_time):
+        return
+    tree = limits.descendants(rec.pid, limits.process_parents())
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and limits.alive(rec.pid, rec.start_time):
+        time.sleep(0.02)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and limits.alive(rec.pid, rec.start_time):
+        time.sleep(0.02)
+
+
+def _plan_for(unit: str, emulation: Emulation) -> limits.Plan:
+    """Plan limits; create cgroups, falling back to duty cycle / rlimit when refused."""
+    wanted = limits.plan(limits.detect(), unit, emulation.cpu_share, emulation.memory_mb)
+    try:
+        limits.apply_cgroups(wanted)
+        return wanted
+    except OSError:
+        limits.remove_cgroups(wanted.cgroup_dirs)
+        return limits.plan(limits.Support(), unit, emulation.cpu_share, emulation.memory_mb)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _spawn(argv: list[str], plan: limits.Plan, log: Path) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=limits.preexec(plan),
+            env=_child_env(),
+            cwd=str(PACKAGE_ROOT),
+        )
+
+
+def _known_hosts_entry(host: str, port: int, host_pub: Path) -> str:
+    key_type, blob = host_pub.read_text().split()[:2]
+    name = host if port == 22 else f"[{host}]:{port}"
+    return f"{name} {key_type} {blob}"
+
+
+# ---------------------------------------------------------------------------- one device
+
+
+def _start_ssh(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer) -> DeviceState:
+    from devices import sshd
+
+    host, port = address_of(device)
+    key_file = device.key_file or fleet.state_dir / "id_ed25519"
+    known_hosts = device.known_hosts or fleet.state_dir / "known_hosts"
+    sshd.generate_key(Path(key_file), f"fleetbench-{fleet.path.stem}")
+    procs: list[ProcessRecord] = []
+    netns = host_if = None
+    listen_host = host
+    shaping: limits.Shaping | None = None
+    if wants_netns(emulation, device, os.geteuid() == 0):
+        unit = limits.unit_name(device.name, fleet.state_dir)
+        shaping = limits.netns_up(unit, emulation.delay_ms, emulation.rate_kbit)
+        netns, listen_host, host_if = shaping.netns, shaping.address, shaping.host_if
+    try:
+        inst = sshd.prepare(fleet.state_dir, device.name, port)
+        pub = Path(str(key_file) + ".pub").read_text().strip()
+        existing = inst.authorized_keys.read_text()
+        if pub not in existing:
+            inst.authorized_keys.write_text(existing.rstrip("\n") + "\n" + pub + "\n")
+        config = inst.config.read_text().replace(f"ListenAddress {sshd.LOOPBACK}", f"ListenAddress {listen_host}")
+        inst.config.write_text(config)
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+        argv = [sshd.sshd_binary(), "-D", "-f", str(inst.config), "-E", str(inst.log_file)]
+        if netns:
+            argv = ["ip", "netns", "exec", netns, *argv]  # ip execs sshd: same pid
+        proc = _spawn(argv, plan, inst.directory / "stdout.log")
+        procs.append(_record("sshd", proc.pid))
+        try:
+            if netns:
+                # the namespace's address is reachable from here through the veth pair
+                _wait_port(listen_host, port, proc, START_TIMEOUT, f"sshd of {device.name}")
+                delay = shaping.userspace_delay_ms if shaping is not None else None
+                fwd = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "devices.emulate",
+                        "forward",
+                        host,
+                        str(port),
+                        listen_host,
+                        str(port),
+                        "--delay-ms",
+                        repr(float(delay or 0.0)),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=_child_env(),
+                    cwd=str(PACKAGE_ROOT),
+                )
+                procs.append(_record("forwarder", fwd.pid))
+                _wait_port(host, port, fwd, START_TIMEOUT, f"forwarder of {device.name}")
+            else:
+                _wait_port(host, port, proc, START_TIMEOUT, f"sshd of {device.name}")
+        except EmulationError as exc:
+            raise EmulationError(f"{exc}; log: {inst.log_file}") from None
+        if plan.cpu == "duty-cycle" and emulation.cpu_share:
+            procs.append(_record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
+        entries = [_known_hosts_entry(host, port, inst.host_key.with_name(inst.host_key.name + ".pub"))]
+        sshd.write_known_hosts(Path(known_hosts), entries)
+    except BaseException:
+        for rec in reversed(procs):
+            stop_process(rec)
+        if netns:
+            limits.netns_down(netns, host_if)
+        raise
+    say(f"{device.name}: sshd on {host}:{port} (pid {procs[0].pid}); {_limits_text(plan, shaping, emulation)}")
+    return DeviceState(
+        device.name,
+        "ssh",
+        f"{host}:{port}",
+        tuple(procs),
+        tuple(map(str, plan.cgroup_dirs)),
+        netns,
+        host_if,
+        plan.cpu,
+        plan.memory,
+        emulation.cpu_share,
+        emulation.memory_mb,
+        _shaping_text(shaping, emulation),
+    )
+
+
+def _shaping_text(shaping: limits.Shaping | None, emulation: Emulation) -> str:
+    if shaping is None:
+        if emulation.delay_ms or emulation.rate_kbit:
+            return "network shaping skipped (needs root and an SSH device)"
+        return ""
+    parts = []
+    if emulation.delay_ms:
+        where = "forwarder, no netem in kernel" if shaping.userspace_delay_ms else shaping.qdisc
+        parts.append(f"delay {emulation.delay_ms:g} ms each way ({where})")
+    if emulation.rate_kbit:
+        parts.append(f"rate {emulation.rate_kbit} kbit/s ({shaping.qdisc})")
+    return f"netns {shaping.netns} at {shaping.address}: " + ", ".join(parts)
+
+
+def _limits_text(plan: limits.Plan, shaping: limits.Shaping | None, emulation: Emulation) -> str:
+    parts = []
+    if plan.cpu_share is not None:
+        parts.append(f"cpu {plan.cpu_share:g} core ({plan.cpu})")
+    if plan.memory_mb is not None:
+        parts.append(f"memory {plan.memory_mb} MB ({plan.memory})")
+    if text := _shaping_text(shaping, emulation):
+        parts.append(text)
+    return ", ".join(parts) or "no limits"
+
+
+def adb_server_port() -> int:
+    """Return the adb server port this process uses (``ANDROID_ADB_SERVER_PORT``, else 5037)."""
+    try:
+        return int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
+    except ValueError:
+        return 5037
+
+
+def _listening(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _find_adb_server(port: int) -> int | None:
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fork-server" in argv and any(a.endswith(f"tcp:{port}".encode()) for a in argv):
+            return int(entry.name)
+    return None
+
+
+def _adb(args: list[str], port: int, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+    adb = shutil.which("adb") or "adb"
+    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port))
+    return subprocess.run(
+        [adb, "-P", str(port), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def _ensure_adb_server(state: FleetState, say: Printer) -> FleetState:
+    """Start an adb server on our port unless one listens; record it if we started it."""
+    port = adb_server_port()
+    if _listening(port):
+        return state
+    proc = _adb(["start-server"], port)
+    if proc.returncode != 0:
+        raise EmulationError(f"adb start-server on port {port} failed: {(proc.stderr or proc.stdout).strip()}")
+    pid = _find_adb_server(port)
+    say(f"adb server started on port {port}" + (f" (pid {pid})" if pid else ""))
+    if pid is None:
+        return state
+    return FleetState(state.devices, _record("adb-server", pid), port)
+
+
+def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer) -> DeviceState:
+    host, port = address_of(device)
+    directory = fleet.state_dir / device.name
+    sandbox = directory / "sandbox"
+    sandbox.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "devices.adb_endpoint",
+        "--port",
+        str(port),
+        "--sandbox",
+        str(sandbox),
+        "--pidfile",
+        str(directory / "endpoint.pid"),
+    ]
+    proc = _spawn(argv, plan, directory / "endpoint.log")
+    procs = [_record("adb-endpoint", proc.pid)]
+    try:
+        try:
+            _wait_port(host, port, proc, START_TIMEOUT, f"adb endpoint of {device.name}")
+        except EmulationError as exc:
+            raise EmulationError(f"{exc}; log: {directory / 'endpoint.log'}") from None
+        if plan.cpu == "duty-cycle" and emulation.cpu_share:
+            procs.append(_record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
+    except BaseException:
+        for rec in reversed(procs):
+            stop_process(rec)
+        raise
+    say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}); {_limits_text(plan, None, emulation)}")
+    return DeviceState(
+        device.name,
+        "adb",
+        f"{host}:{port}",
+        tuple(procs),
+        tuple(map(str, plan.cgroup_dirs)),
+        None,
+        None,
+        plan.cpu,
+        plan.memory,
+        emulation.cpu_share,
+        emulation.memory_mb,
+    )
+
+
+def _adb_connect(address: str, say: Printer) -> None:
+    proc = _adb(["connect", address], adb_server_port())
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0 or "connected" not in text or "cannot" in text or "failed" in text:
+        raise EmulationError(f"adb connect {address}: {text}")
+    say(f"  adb connect {address}: {text}")
+
+
+def _cleanup_device(dev: DeviceState) -> list[str]:
+    """Stop ``dev``'s processes and remove its cgroups and namespace; return problems."""
+    if dev.kind == "adb" and shutil.which("adb") and _listening(adb_server_port()):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            _adb(["disconnect", dev.address], adb_server_port(), timeout=10)
+    order = sorted(dev.processes, key=lambda r: r.role != "duty-cycle")  # resume the tree first
+    for rec in order:
+        stop_process(rec)
+    problems = [f"pid {r.pid} ({r.role}) still runs" for r in dev.processes if limits.alive(r.pid, r.start_time)]
+    problems += limits.remove_cgroups(dev.cgroups)
+    if dev.netns:
+        limits.netns_down(dev.netns, dev.host_if)
+        if limits.netns_exists(dev.netns):
+            problems.append(f"namespace {dev.netns} remains")
+    return problems
+
+
+def _answers(device: Device, timeout: float = 10.0) -> tuple[bool, str]:
+    """Whether emulated ``device`` completes a round trip (SSH ``true``; ADB CNXN)."""
+    host, port = address_of(device)
+    if device.kind == "ssh":
+        from devices.ssh import SSHTransport
+
+        transport = SSHTransport(device, connect_timeout=timeout)
+        try:
+            result = transport.run(["true"], timeout=timeout)
+            return result.ok, "" if result.ok else f"true exited {result.rc}"
+        except Exception as exc:  # any transport failure means "does not answer"
+            return False, f"{type(exc).__name__}: {exc}"
+        finally:
+            transport.close()
+    return adb_handshake(host, port, timeout)
+
+
+def adb_handshake(host: str, port: int, timeout: float = 5.0) -> tuple[bool, str]:
+    """Send an ADB ``CNXN`` to ``host:port`` and say whether a ``CNXN`` (or ``AUTH``) comes back.
+
+    Returns
+    -------
+    tuple of (bool, str)
+        Success, and the device banner or the failure.
+    """
+    cnxn, auth = 0x4E584E43, 0x48545541
+    payload = b"host::fleetbench\0"
+    header = struct.pack(
+        "<6I", cnxn, 0x01000000, 256 * 1024, len(payload), sum(payload) & 0xFFFFFFFF, cnxn ^ 0xFFFFFFFF
+    )
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(header + payload)
+            reply = b""
+            while len(reply) < 24:
+                chunk = sock.recv(24 - len(reply))
+                if not chunk:
+                    return False, "connection closed before CNXN"
+                reply += chunk
+            command, _, _, length, _, _ = struct.unpack("<6I", reply)
+            banner = b""
+            while len(banner) < min(length, 4096):
+                chunk = sock.recv(length - len(banner))
+                if not chunk:
+                    break
+                banner += chunk
+    except OSError as exc:
+        return False, str(exc)
+    if command in (cnxn, auth):
+        return True, banner.decode("utf-8", "replace").rstrip("\0")
+    return False, f"unexpected reply 0x{command:08x}"
+
+
+# ---------------------------------------------------------------------------- fleet
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """Outcome of `up`: started, already running and failed devices.
+
+    Attributes
+    ----------
+    started, already_up : tuple of str
+    failed : dict of str to str
+        Device name -> reason.
+    """
+
+    started: tuple[str, ...] = ()
+    already_up: tuple[str, ...] = ()
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every emulated device is up."""
+        return not self.failed
+
+
+def up(fleet: Fleet, say: Printer = print) -> UpResult:
+    """Start every emulated device of ``fleet`` (devices already up and answering are kept).
+
+    Parameters
+    ----------
+    fleet : Fleet
+    say : callable
+        Receives one progress line per step.
+
+    Returns
+    -------
+    UpResult
+        One failing device never stops the others.
+    """
+    fleet.state_dir.mkdir(parents=True, exist_ok=True)
+    state = load_state(fleet.state_dir)
+    started: list[str] = []
+    already: list[str] = []
+    failed: dict[str, str] = {}
+    for device in fleet.devices:
+        if device.emulate is None:
+            continue
+        old = state.get(device.name)
+        if old is not None:
+            if all(limits.alive(r.pid, r.start_time) for r in old.processes) and _answers(device, 5.0)[0]:
+                say(f"{device.name}: already up at {old.address}")
+                already.append(device.name)
+                continue
+            say(f"{device.name}: cleaning a stale entry")
+            _cleanup_device(old)
+            state = state.with_device(None, drop=device.name)
+            save_state(fleet.state_dir, state)
+        try:
+            host, port = address_of(device)
+            if _listening(port, host):
+                raise EmulationError(f"{host}:{port} is already in use by a process this fleet did not start")
+            emulation = presets.resolve(device.emulate)
+            plan = _plan_for(limits.unit_name(device.name, fleet.state_dir), emulation)
+            try:
+                if device.kind == "ssh":
+                    dev = _start_ssh(fleet, device, emulation, plan, say)
+                elif device.kind == "adb":
+                    dev = _start_adb(fleet, device, emulation, plan, say)
+                else:
+                    raise EmulationError(f"kind {device.kind!r} cannot be emulated")
+            except BaseException:
+                limits.remove_cgroups(plan.cgroup_dirs)
+                raise
+            state = state.with_device(dev)
+            save_state(fleet.state_dir, state)
+            if device.kind == "adb" and shutil.which("adb"):
+                state = _ensure_adb_server(state, say)
+                save_state(fleet.state_dir, state)
+                _adb_connect(dev.address, say)
+            elif device.kind == "adb":
+                say(f"  adb is not installed: {dev.address} is not attached to an adb server")
+            started.append(device.name)
+        except Exception as exc:
+            failed[device.name] = str(exc)
+            say(f"{device.name}: FAILED: {exc}")
+    return UpResult(tuple(started), tuple(already), failed)
+
+
+def down(fleet: Fleet, say: Printer = print) -> list[str]:
+    """Stop every device ``up`` recorded for ``fleet`` and remove what it created.
+
+    Also removes leftovers of a crashed ``up`` that never reached the state file
+    (``fleetbench/<name>`` cgroups, ``fb-<name>`` namespaces of the fleet's devices).
+
+    Returns
+    -------
+    list of str
+        Problems (empty when everything is gone).
+    """
+    state = load_state(fleet.state_dir)
+    problems: list[str] = []
+    for dev in state.devices:
+        found = _cleanup_device(dev)
+        problems += [f"{dev.name}: {p}" for p in found]
+        say(f"{dev.name}: down" + (f" ({'; '.join(found)})" if found else ""))
+    support = limits.detect()
+    for device in emulated(fleet):
+        unit = limits.unit_name(device.name, fleet.state_dir)
+        leftovers = [p / limits.GROUP / unit for p in (support.cpu_parent, support.memory_parent) if p]
+        problems += limits.remove_cgroups(leftovers)
+        ns = limits.netns_name(unit)
+        if limits.netns_exists(ns):
+            limits.netns_down(ns)
+    if state.adb_server is not None:
+        port = state.adb_server_port or adb_server_port()
+        if limits.alive(state.adb_server.pid, state.adb_server.start_time):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                _adb(["kill-server"], port, timeout=10)
+            stop_process(state.adb_server)
+        say(f"adb server on port {port}: stopped")
+    save_state(fleet.state_dir, FleetState())
+    return problems
+
+
+def status(fleet: Fleet, timeout: float = 10.0) -> list[DeviceStatus]:
+    """Say, per emulated device of ``fleet``, whether it is up and answers.
+
+    Returns
+    -------
+    list of DeviceStatus
+    """
+    state = load_state(fleet.state_dir)
+    rows = []
+    for device in emulated(fleet):
+        host, port = address_of(device)
+        dev = state.get(device.name)
+        is_up = (
+            dev is not None and bool(dev.processes) and all(limits.alive(r.pid, r.start_time) for r in dev.processes)
+        )
+        answers, why = _answers(device, timeout)
+        if answers and dev is not None:
+            cpu = f"cpu {dev.cpu_share:g} ({dev.cpu})" if dev.cpu_share is not None else "cpu unlimited"
+            mem = f"memory {dev.memory_mb} MB ({dev.memory})" if dev.memory_mb is not None else "memory unlimited"
+            detail = f"{cpu}, {mem}" + (f"; {dev.shaping}" if dev.shaping else "")
+        else:
+            detail = why if answers is False else ""
+        rows.append(DeviceStatus(device.name, device.kind, f"{host}:{port}", is_up, answers, detail))
+    return rows
+
+
+def format_status(rows: list[DeviceStatus]) -> str:
+    """Return ``rows`` as a fixed-width text table."""
+    head = ("DEVICE", "KIND", "ADDRESS", "STATE", "ANSWERS", "DETAIL")
+    body = [(r.name, r.kind, r.address, "up" if r.up else "down", "yes" if r.answers else "no", r.detail) for r in rows]
+    widths = [max(len(str(row[i])) for row in [head, *body]) for i in range(len(head) - 1)]
+    lines = []
+    for row in [head, *body]:
+        lines.append("  ".join(str(v).ljust(w) for v, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _sshd_missing(fleet: Fleet) -> bool:
+    from devices import sshd
+
+    if not any(d.kind == "ssh" for d in emulated(fleet)):
+        return False
+    try:
+        sshd.sshd_binary()
+        return False
+    except sshd.SshdError:
+        return True
+
+
+def _load(args: argparse.Namespace) -> Fleet:
+    from devices.fleetfile import load_fleet
+
+    return load_fleet(args.file)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``fleetbench fleet up FILE``: start the emulated devices; exit 1 if any failed."""
+    fleet = _load(args)
+    if not emulated(fleet):
+        print(f"{args.file}: no device has an emulate block; nothing to start")
+        return 0
+    if _sshd_missing(fleet):
+        print(
+            "sshd is not installed (Debian: apt-get install openssh-server): the emulated SSH devices "
+            "cannot start; use local devices instead (e.g. devices/fleets/local.yaml)",
+            file=sys.stderr,
+        )
+        return 1
+    result = up(fleet, say=lambda line: print(line, flush=True))
+    print(
+        f"{len(result.started)} started, {len(result.already_up)} already up, {len(result.failed)} failed "
+        f"(state: {fleet.state_dir / STATE_FILE})"
+    )
+    return 0 if result.ok else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """``fleetbench fleet down FILE``: stop the emulated devices; exit 1 if anything remains."""
+    fleet = _load(args)
+    problems = down(fleet, say=lambda line: print(line, flush=True))
+    for problem in problems:
+        print(f"left behind: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``fleetbench fleet status FILE``: print the table; exit 0 when every device answers."""
+    fleet = _load(args)
+    rows = status(fleet)
+    print(format_status(rows))
+    return 0 if rows and all(r.answers for r in rows) else 1
+
+
+# ---------------------------------------------------------------------------- forwarder
+
+
+def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
+    """Copy ``src`` to ``dst``; with ``delay`` > 0 every chunk leaves ``delay`` seconds after it came."""
+    line: list[tuple[float, bytes]] = []
+    cond = threading.Condition()
+    done = {"eof": False}
+
+    def sender() -> None:
+        try:
+            while True:
+                with cond:
+                    while not line and not done["eof"]:
+                        cond.wait()
+                    if not line:
+                        break
+                    due, data = line.pop(0)
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    out = threading.Thread(target=sender, daemon=True)
+    out.start()
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            with cond:
+                line.append((time.monotonic() + delay, data))
+                cond.notify()
+    except OSError:
+        pass
+    finally:
+        with cond:
+            done["eof"] = True
+            cond.notify()
+
+
+def forward(listen_host: str, listen_port: int, to_host: str, to_port: int, delay_ms: float = 0.0) -> None:
+    """Accept on ``listen_host:listen_port`` and relay each connection to ``to_host:to_port``.
+
+    Parameters
+    ----------
+    listen_host, listen_port : str, int
+        Where the fleet reaches the device.
+    to_host, to_port : str, int
+        The device inside its namespace.
+    delay_ms : float
+        One-way delay added in each direction (a delay line; throughput is not cut),
+        for kernels without the netem qdisc.
+    """
+    server = socket.create_server((listen_host, listen_port))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    delay = max(0.0, delay_ms) / 1000.0
+    while True:
+        client, _ = server.accept()
+        try:
+            upstream = socket.create_connection((to_host, to_port), timeout=10)
+            upstream.settimeout(None)
+        except OSError:
+            client.close()
+            continue
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_pump, args=(a, b, delay), daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devices.emulate forward LISTEN_HOST LISTEN_PORT TO_HOST TO_PORT``."""
+    parser = argparse.ArgumentParser(prog="python -m devices.emulate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fwd = sub.add_parser("forward", help="relay TCP connections (into a device's namespace)")
+    fwd.add_argument("listen_host")
+    fwd.add_argument("listen_port", type=int)
+    fwd.add_argument("to_host")
+    fwd.add_argument("to_port", type=int)
+    fwd.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay added in each direction")
+    args = parser.parse_args(argv)
+    forward(args.listen_host, args.listen_port, args.to_host, args.to_port, args.delay_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""The emulated fleet: up / status / down against the real sshd, adb endpoint and adb server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devices import emulate, limits
+from devices.fleet import Device, Emulation, Fleet
+from tests.devices.test_limits import WORKLOAD, _calibrate, _loop_seconds
+
+HAVE_ENDPOINT = (Path(emulate.PACKAGE_ROOT) / "devices" / "adb_endpoint.py").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _write_fleet(tmp_path: Path, with_adb: bool, extra: str = "") -> Path:
+    tag = f"{os.getpid()}{tmp_path.name[-4:]}".replace("_", "")
+    text = (
+        "state_dir: state\n"
+        "devices:\n"
+        f"  - name: pi-{tag}\n"
+        "    kind: ssh\n"
+        "    host: 127.0.0.1\n"
+        f"    port: {_free_port()}\n"
+        "    emulate: {cpu_share: 0.5, memory_mb: 512}\n"
+    )
+    if with_adb:
+        text += (
+            f"  - name: phone-{tag}\n"
+            "    kind: adb\n"
+            f"    serial: 127.0.0.1:{_free_port()}\n"
+            "    emulate: {preset: phone-midrange, memory_mb: 1024}\n"
+        )
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text + extra)
+    return path
+
+
+def _load(path: Path) -> Fleet:
+    from devices.fleetfile import load_fleet
+
+    return load_fleet(path)
+
+
+def _assert_nothing_left(fleet: Fleet, state: emulate.FleetState) -> None:
+    assert state.devices, "up recorded nothing"
+    for dev in state.devices:
+        for rec in dev.processes:
+            assert not limits.alive(rec.pid, rec.start_time), f"{dev.name}: {rec} still runs"
+        for directory in dev.cgroups:
+            assert not Path(directory).exists(), directory
+        if dev.netns:
+            assert not limits.netns_exists(dev.netns)
+    if state.adb_server is not None:
+        assert not limits.alive(state.adb_server.pid, state.adb_server.start_time)
+    assert not (fleet.state_dir / emulate.STATE_FILE).exists()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if os.geteuid() == 0 else ""
+    for device in fleet.devices:
+        assert limits.netns_name(limits.unit_name(device.name, fleet.state_dir)) not in names
+
+
+@pytest.fixture
+def adb_server_port(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A private adb server port, so a user's adb server is never touched."""
+    port = _free_port()
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(port))
+    return port
+
+
+@pytest.fixture
+def fleet_file(tmp_path: Path, sshd_path: str, adb_path: str, adb_server_port: int) -> Iterator[Path]:
+    path = _write_fleet(tmp_path, with_adb=HAVE_ENDPOINT)
+    yield path
+    emulate.down(_load(path), say=lambda line: None)  # whatever a failing test left
+
+
+def test_up_status_ssh_down(fleet_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from devices.ssh import SSHTransport
+
+    fleet = _load(fleet_file)
+    args = argparse.Namespace(file=str(fleet_file))
+    assert emulate.cmd_up(args) == 0
+    out = capsys.readouterr().out
+    assert "started" in out
+    state = emulate.load_state(fleet.state_dir)
+    assert {d.name for d in state.devices} == {d.name for d in fleet.devices}
+
+    assert emulate.cmd_status(args) == 0
+    table = capsys.readouterr().out
+    for device in fleet.devices:
+        row = next(line for line in table.splitlines() if line.startswith(device.name))
+        assert " up " in row and " yes " in row, table
+
+    ssh_device = next(d for d in fleet.devices if d.kind == "ssh")
+    assert ssh_device.known_hosts == fleet.state_dir / "known_hosts" and not ssh_device.trust_on_first_use
+    with SSHTransport(ssh_device, connect_timeout=10) as transport:  # host key verified, not trusted on first use
+        result = transport.run(["sh", "-c", "echo $0; cat /proc/self/cgroup", "hello world"], timeout=30)
+    assert result.ok and result.stdout.startswith("hello world\n")
+    dev_state = state.get(ssh_device.name)
+    assert dev_state is not None
+    if dev_state.cpu == "cgroup-v1":  # the session runs inside the device's cgroup
+        assert f"/{limits.GROUP}/{limits.unit_name(ssh_device.name, fleet.state_dir)}" in result.stdout
+
+    # the device's CPU share (0.5) slows a fixed CPU-bound loop run over SSH about 2x
+    n = _calibrate()
+    ratios = []
+    with SSHTransport(ssh_device, connect_timeout=10) as transport:
+        for _ in range(3):
+            base = _loop_seconds(n)
+            remote = transport.run([ssh_device.python, "-c", WORKLOAD, str(n)], timeout=60)
+            assert remote.ok, remote
+            ratios.append(float(remote.stdout) / base)
+            if abs(ratios[-1] - 2.0) <= 0.4:
+                break
+        else:
+            pytest.fail(f"slow-downs {ratios}, expected 2.0 within 20 %")
+
+    phone = next((d for d in fleet.devices if d.kind == "adb"), None)
+    if phone is not None:  # attached to our private adb server by `up`
+        shell = subprocess.run(
+            ["adb", "-s", phone.serial or "", "shell", "echo", "from-phone"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=dict(os.environ),
+        )
+        assert "from-phone" in shell.stdout, shell
+
+    # up twice is harmless: nothing restarts
+    again = emulate.up(fleet, say=lambda line: None)
+    assert again.ok and set(again.already_up) == {d.name for d in fleet.devices} and not again.started
+    assert emulate.load_state(fleet.state_dir) == state
+
+    assert emulate.cmd_down(args) == 0
+    _assert_nothing_left(fleet, state)
+    rows = emulate.status(fleet, timeout=3)
+    assert rows and not any(r.up or r.answers for r in rows)
+
+
+def test_stale_entry_is_cleaned_and_restarted(fleet_file: Path) -> None:
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    first = emulate.load_state(fleet.state_dir)
+    victim = first.devices[0]
+    os.kill(victim.processes[0].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while limits.alive(victim.processes[0].pid, victim.processes[0].start_time) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lines: list[str] = []
+    result = emulate.up(fleet, say=lines.append)
+    assert result.ok and result.started == (victim.name,), lines
+    assert any("stale" in line for line in lines)
+    second = emulate.load_state(fleet.state_dir)
+    new = second.get(victim.name)
+    assert new is not None and new.processes[0].pid != victim.processes[0].pid
+    assert all(r.answers for r in emulate.status(fleet, timeout=10))
+    assert emulate.down(fleet, say=lambda line: None) == []
+    _assert_nothing_left(fleet, second)
+
+
+def test_fallback_duty_cycle_and_rlimit(tmp_path: Path, sshd_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from devices.ssh import SSHTransport
+
+    monkeypatch.setattr(limits, "detect", lambda *a, **k: limits.Support(reason="pretend no cgroups"))
+    path = _write_fleet(tmp_path, with_adb=False)
+    fleet = _load(path)
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        state = emulate.load_state(fleet.state_dir)
+        dev = state.devices[0]
+        assert (dev.cpu, dev.memory, dev.cgroups) == ("duty-cycle", "rlimit", ())
+        assert [r.role for r in dev.processes] == ["sshd", "duty-cycle"]
+        with SSHTransport(fleet.devices[0], connect_timeout=10) as transport:
+            result = transport.run(["sh", "-c", "ulimit -v"], timeout=30)
+        assert result.ok and int(result.stdout) == 512 * 1024  # KiB: RLIMIT_AS reached the session
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+    _assert_nothing_left(fleet, state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_network_delay_in_namespace(tmp_path: Path, sshd_path: str) -> None:
+    path = _write_fleet(tmp_path, with_adb=False)
+    path.write_text(path.read_text().replace("{cpu_share: 0.5, memory_mb: 512}", "{delay_ms: 60, rate_kbit: 8000}"))
+    fleet = _load(path)
+    device = fleet.devices[0]
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        state = emulate.load_state(fleet.state_dir)
+        dev = state.get(device.name)
+        assert dev is not None and dev.netns and limits.netns_exists(dev.netns)
+        start = time.monotonic()
+        with socket.create_connection((device.host or "", device.port or 22), timeout=10) as sock:
+            banner = sock.recv(64)
+        elapsed = time.monotonic() - start
+        assert banner.startswith(b"SSH-") and elapsed >= 0.055, elapsed  # at least one delayed crossing
+        assert all(r.answers for r in emulate.status(fleet, timeout=15))
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+    _assert_nothing_left(fleet, state)
+
+
+def test_cmd_up_says_sshd_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devices import sshd
+
+    def missing() -> str:
+        raise sshd.SshdError("sshd is not installed")
+
+    monkeypatch.setattr(sshd, "sshd_binary", missing)
+    path = _write_fleet(tmp_path, with_adb=False)
+    assert emulate.cmd_up(argparse.Namespace(file=str(path))) == 1
+    assert "sshd is not installed" in capsys.readouterr().err
+    assert not (_load(path).state_dir / emulate.STATE_FILE).exists()
+
+
+def test_state_json_round_trip_and_table() -> None:
+    rec = emulate.ProcessRecord("sshd", 123, 456)
+    dev = emulate.DeviceState(
+        "pi",
+        "ssh",
+        "127.0.0.1:2222",
+        (rec,),
+        ("/sys/fs/cgroup/cpu/fleetbench/pi-1",),
+        "fb-pi-1",
+        "fbh1",
+        "cgroup-v1",
+        "rlimit",
+        0.29,
+        2048,
+        "netns fb-pi-1",
+    )
+    state = emulate.FleetState((dev,), emulate.ProcessRecord("adb-server", 9, 10), 5038)
+    assert emulate.state_from_json(emulate.state_to_json(state)) == state
+    assert state.with_device(None, drop="pi").devices == ()
+    table = emulate.format_status([emulate.DeviceStatus("pi", "ssh", "127.0.0.1:2222", True, False, "refused")])
+    assert table.splitlines()[1].split()[:5] == ["pi", "ssh", "127.0.0.1:2222", "up", "no"]
+
+
+def test_address_and_netns_decision() -> None:
+    phone = Device(name="p", kind="adb", serial="127.0.0.1:5555")
+    pi = Device(name="q", kind="ssh", host="127.0.0.1", port=2200)
+    assert emulate.address_of(phone) == ("127.0.0.1", 5555)
+    assert emulate.address_of(pi) == ("127.0.0.1", 2200)
+    shaped = Emulation(delay_ms=10)
+    assert emulate.wants_netns(shaped, pi, is_root=True)
+    assert not emulate.wants_netns(shaped, pi, is_root=False)
+    assert not emulate.wants_netns(shaped, phone, is_root=True)
+    assert not emulate.wants_netns(Emulation(cpu_share=0.5), pi, is_root=True)
+
+
+def test_adb_handshake_refused_port() -> None:
+    ok, why = emulate.adb_handshake("127.0.0.1", _free_port(), timeout=2)
+    assert not ok and why
+
+
+def test_port_taken_by_a_stranger_is_refused(tmp_path: Path, sshd_path: str) -> None:
+    path = _write_fleet(tmp_path, with_adb=False)
+    fleet = _load(path)
+    device = fleet.devices[0]
+    with socket.create_server((device.host or "", device.port or 22)):
+        result = emulate.up(fleet, say=lambda line: None)
+    assert not result.ok and "already in use" in result.failed[device.name]
+    assert emulate.load_state(fleet.state_dir).devices == ()
+    assert emulate.down(fleet, say=lambda line: None) == []

@@ -1,0 +1,267 @@
+"""CPU and memory limits: detection on fake cgroup trees, and real slow-downs on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from devices import limits, presets
+
+# ---------------------------------------------------------------------------- fake trees
+
+
+def _touch(path: Path, text: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_parse_proc_cgroup_v1_and_v2_lines() -> None:
+    text = "12:cpu,cpuacct:/user/a\n4:memory:/box/b\n1:name=systemd:/\n0::/unified/c\n"
+    got = limits.parse_proc_cgroup(text)
+    assert got["cpu"] == "/user/a" and got["cpuacct"] == "/user/a"
+    assert got["memory"] == "/box/b"
+    assert got[""] == "/unified/c"
+
+
+def test_detect_cgroup_v1_layout(tmp_path: Path) -> None:
+    _touch(tmp_path / "cpu" / "cpu.cfs_quota_us", "-1")
+    _touch(tmp_path / "memory" / "memory.limit_in_bytes", "9223372036854771712")
+    _touch(tmp_path / "memory" / "box" / "b" / "memory.limit_in_bytes", "1073741824")
+    proc = "5:cpu:/\n4:memory:/box/b\n0::/\n"
+    support = limits.detect(tmp_path, proc, writable=lambda p: True)
+    assert (support.cpu_version, support.memory_version) == (1, 1)
+    assert support.cpu_parent == tmp_path / "cpu"
+    assert support.memory_parent == tmp_path / "memory" / "box" / "b"  # nested under our own cgroup
+    p = limits.plan(support, "pi4-x", 0.5, 256)
+    assert (p.cpu, p.memory) == ("cgroup-v1", "cgroup-v1")
+    assert p.cgroup_dirs == (tmp_path / "cpu" / "fleetbench" / "pi4-x", tmp_path / "memory/box/b/fleetbench/pi4-x")
+    writes = {path.name: value for path, value in p.writes}
+    assert writes == {
+        "cpu.cfs_period_us": "100000",
+        "cpu.cfs_quota_us": "50000",
+        "memory.limit_in_bytes": str(256 * 1024 * 1024),
+    }
+
+
+def test_detect_cpu_cpuacct_comount(tmp_path: Path) -> None:
+    _touch(tmp_path / "cpu,cpuacct" / "cpu.cfs_quota_us", "-1")
+    support = limits.detect(tmp_path, "3:cpu,cpuacct:/\n", writable=lambda p: True)
+    assert support.cpu_version == 1 and support.cpu_parent == tmp_path / "cpu,cpuacct"
+    assert support.memory_version == 0 and "memory" in support.reason
+
+
+def test_detect_pure_cgroup_v2_delegated_subtree(tmp_path: Path) -> None:
+    _touch(tmp_path / "cgroup.controllers", "cpuset cpu io memory pids")
+    own = tmp_path / "user.slice" / "me"
+    _touch(own / "cgroup.controllers", "cpu memory pids")
+    # an unprivileged user: only the delegated subtree is writable
+    support = limits.detect(tmp_path, "0::/user.slice/me\n", writable=lambda p: p == own)
+    assert (support.cpu_version, support.memory_version) == (2, 2)
+    assert support.cpu_parent == own
+    # root: the root cgroup (exempt from the no-internal-processes rule)
+    assert limits.detect(tmp_path, "0::/user.slice/me\n", writable=lambda p: True).cpu_parent == tmp_path
+    p = limits.plan(support, "phone", 1.5, 512)
+    assert (p.cpu, p.memory) == ("cgroup-v2", "cgroup-v2")
+    assert p.cgroup_dirs == (own / "fleetbench" / "phone",)
+    writes = [(str(path.relative_to(own)), value) for path, value in p.writes]
+    assert writes == [
+        ("cgroup.subtree_control", "+cpu +memory"),
+        ("fleetbench/cgroup.subtree_control", "+cpu +memory"),
+        ("fleetbench/phone/cpu.max", "150000 100000"),
+        ("fleetbench/phone/memory.max", str(512 * 1024 * 1024)),
+    ]
+    limits.apply_cgroups(p)  # on the fake tree: directories and files appear
+    assert (own / "fleetbench" / "phone" / "cpu.max").read_text() == "150000 100000"
+    assert (own / "cgroup.subtree_control").read_text() == "+cpu +memory"
+
+
+def test_detect_hybrid_prefers_v1_per_controller(tmp_path: Path) -> None:
+    _touch(tmp_path / "cpu" / "cpu.cfs_quota_us", "-1")
+    _touch(tmp_path / "unified" / "cgroup.controllers", "memory")
+    support = limits.detect(tmp_path, "2:cpu:/\n0::/\n", writable=lambda p: True)
+    assert (support.cpu_version, support.memory_version) == (1, 2)
+    assert support.memory_parent == tmp_path / "unified"
+
+
+def test_detect_v2_without_delegated_cpu_falls_back(tmp_path: Path) -> None:
+    _touch(tmp_path / "cgroup.controllers", "cpu memory")
+    _touch(tmp_path / "u" / "cgroup.controllers", "pids")
+    support = limits.detect(tmp_path, "0::/u\n", writable=lambda p: p != tmp_path)
+    assert (support.cpu_version, support.memory_version) == (0, 0)
+    assert "not delegated" in support.reason
+    p = limits.plan(support, "pi3", 0.14, 1024)
+    assert (p.cpu, p.memory) == ("duty-cycle", "rlimit") and p.cgroup_dirs == () and p.writes == ()
+
+
+def test_detect_not_writable_falls_back(tmp_path: Path) -> None:
+    _touch(tmp_path / "cpu" / "cpu.cfs_quota_us", "-1")
+    _touch(tmp_path / "memory" / "memory.limit_in_bytes", "1")
+    support = limits.detect(tmp_path, "2:cpu:/\n3:memory:/\n", writable=lambda p: False)
+    assert support.cpu_version == 0 and "not writable" in support.reason
+    assert limits.plan(support, "x", 0.5, None).cpu == "duty-cycle"
+    assert limits.plan(support, "x", None, None) == limits.Plan("none", "none", None, None)
+
+
+def test_pure_helpers() -> None:
+    assert limits.cpu_knobs(2, 0.25) == {"cpu.max": "25000 100000"}
+    assert limits.memory_knobs(1, 1) == {"memory.limit_in_bytes": "1048576"}
+    assert limits.duty_schedule(0.25, 0.1) == pytest.approx((0.025, 0.075))
+    assert limits.duty_schedule(3.0, 0.1) == pytest.approx((0.1, 0.0))
+    with pytest.raises(ValueError):
+        limits.duty_schedule(0.0)
+    stat = "42 (a (weird) name) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 100 10"
+    assert limits.parse_stat(stat) == (7, 12345)
+    assert limits.descendants(1, {2: 1, 3: 2, 4: 9, 5: 3}) == [1, 2, 3, 5]
+    assert limits.netns_addresses(0) == ("10.213.0.1", "10.213.0.2")
+    assert limits.netns_addresses(64) == ("10.213.1.1", "10.213.1.2")
+    assert limits.free_subnet_index(["127.0.0.1", "10.213.0.1", "10.213.0.6"]) == 2
+    assert limits.netem_args(20, 1000) == ["netem", "delay", "20ms", "rate", "1000kbit"]
+    assert limits.unit_name("pi4", "/a") != limits.unit_name("pi4", "/b")
+
+
+def test_preset_ratios_follow_benchmark_figures() -> None:
+    shares = {name: float(e.cpu_share or 0.0) for name, e in presets.PRESETS.items()}
+    assert shares["phone-midrange"] == presets.FASTEST_SHARE <= 2.0
+    for name, src in presets.SOURCES.items():
+        expected = src.geekbench5_multi / presets.SOURCES["phone-midrange"].geekbench5_multi
+        assert shares[name] / shares["phone-midrange"] == pytest.approx(expected, rel=0.05)
+    assert shares["pi3"] < shares["jetson-nano"] < shares["pi4"] < shares["phone-midrange"]
+    resolved = presets.resolve(presets.Emulation(preset="pi4", memory_mb=100))
+    assert resolved.cpu_share == shares["pi4"] and resolved.memory_mb == 100
+
+
+# ---------------------------------------------------------------------------- real limits
+
+WORKLOAD = textwrap.dedent(
+    """
+    import sys, time
+    n = int(sys.argv[1])
+    start = time.monotonic()
+    x = 0
+    for i in range(n):
+        x += i * i
+    print(time.monotonic() - start)
+    """
+)
+
+
+def _loop_seconds(n: int, preexec: Callable[[], None] | None = None, share_duty: float | None = None) -> float:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD, str(n)], stdout=subprocess.PIPE, text=True, preexec_fn=preexec
+    )
+    duty = limits.start_duty_cycle(proc.pid, share_duty) if share_duty else None
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if duty is not None:
+            duty.terminate()
+            duty.wait(10)
+    assert proc.returncode == 0
+    return float(out)
+
+
+def _calibrate(target: float = 0.6) -> int:
+    n = 2_000_000
+    seconds = _loop_seconds(n)
+    return max(200_000, int(n * target / max(seconds, 1e-3)))
+
+
+def _check_slowdown(share: float, run_limited: Callable[[int], float]) -> None:
+    n = _calibrate()
+    ratios = []
+    for _ in range(3):  # other work on a 2-core machine may disturb one attempt
+        base = _loop_seconds(n)
+        limited = run_limited(n)
+        ratios.append(limited / base)
+        if abs(ratios[-1] - 1 / share) <= 0.2 / share:
+            return
+    pytest.fail(f"share {share}: slow-downs {ratios}, expected {1 / share:.2f} within 20 %")
+
+
+def _unique(tag: str) -> str:
+    return f"t{os.getpid()}-{tag}"
+
+
+def test_duty_cycle_slows_workload_by_share() -> None:
+    share = 0.5
+    _check_slowdown(share, lambda n: _loop_seconds(n, share_duty=share))
+
+
+def test_duty_cycle_resumes_tree_on_exit() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    duty = limits.start_duty_cycle(proc.pid, 0.1, period=0.2)
+    try:
+        time.sleep(0.5)
+        duty.terminate()
+        duty.wait(10)
+        time.sleep(0.05)
+        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T", "the tree must be left running"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _real_plan(name: str, share: float | None, memory_mb: int | None) -> limits.Plan:
+    support = limits.detect()
+    p = limits.plan(support, name, share, memory_mb)
+    if (share is not None and not p.cpu.startswith("cgroup")) or (memory_mb and not p.memory.startswith("cgroup")):
+        pytest.skip(f"cgroups not permitted here: {support.reason}")
+    try:
+        limits.apply_cgroups(p)
+    except OSError as exc:
+        limits.remove_cgroups(p.cgroup_dirs)
+        pytest.skip(f"cgroups not permitted here: {exc}")
+    return p
+
+
+def test_cgroup_quota_slows_workload_by_share() -> None:
+    share = 0.25
+    p = _real_plan(_unique("cpu"), share, None)
+    try:
+        _check_slowdown(share, lambda n: _loop_seconds(n, preexec=limits.preexec(p)))
+    finally:
+        assert limits.remove_cgroups(p.cgroup_dirs) == []
+    assert not any(d.exists() for d in p.cgroup_dirs)
+
+
+def test_cgroup_memory_limit_kills_over_allocation() -> None:
+    p = _real_plan(_unique("mem"), None, 64)
+    code = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limits.preexec(p), timeout=60
+        )
+        assert proc.returncode != 0 and "survived" not in proc.stdout
+        small = subprocess.run(
+            [sys.executable, "-c", "b = bytearray(8 << 20); print('ok')"],
+            capture_output=True,
+            text=True,
+            preexec_fn=limits.preexec(p),
+            timeout=60,
+        )
+        assert small.stdout.strip() == "ok"
+    finally:
+        assert limits.remove_cgroups(p.cgroup_dirs) == []
+
+
+def test_rlimit_as_makes_over_allocation_fail() -> None:
+    p = limits.plan(limits.Support(), "rl", None, 300)
+    assert p.memory == "rlimit"
+    code = (
+        "import sys\n"
+        "ok = bytearray(32 << 20)\n"
+        "try:\n    bytearray(600 << 20)\nexcept MemoryError:\n    print('MemoryError'); sys.exit(3)\n"
+        "print('allocated')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limits.preexec(p), timeout=60
+    )
+    assert proc.returncode == 3 and "MemoryError" in proc.stdout
