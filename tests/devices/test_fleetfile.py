@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from devices.errors import FleetFileError
 from devices.fleet import Emulation
 from devices.fleetfile import ADB_WORKDIR, SSH_CONFIG_ENV, load_fleet, parse_fleet
+from devices.presets import resolve
 from harness.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +85,9 @@ def test_emulated_fleet_is_fast_mid_slow_and_a_phone(monkeypatch: pytest.MonkeyP
         ("mid", "127.0.0.1", 22202),
         ("slow", "127.0.0.1", 22203),
     ]
-    assert [d.emulate.preset for d in ssh if d.emulate] == ["pi4", "jetson-nano", "pi3"]
+    assert [d.emulate.preset for d in ssh if d.emulate] == [None, "pi4", "pi3"]
+    shares = [resolve(d.emulate).cpu_share for d in ssh if d.emulate]
+    assert shares[0] > shares[1] > shares[2], f"fast / mid / slow CPU shares out of order: {shares}"
     assert [d.tags[0] for d in ssh] == ["fast", "mid", "slow"]
     for device in ssh:
         assert device.user is None  # the local user at connect time
@@ -643,8 +646,9 @@ def test_cli_check_lists_devices(capsys: pytest.CaptureFixture[str], monkeypatch
     assert out[-1].startswith("4 devices OK")
     assert len(out) == 5
     fast = next(line for line in out if line.startswith("fast "))
-    for word in ("ssh", "127.0.0.1:22201", "1 thread", "fast,pi4", "preset pi4", str(REPO / ".fleetbench")):
+    for word in ("ssh", "127.0.0.1:22201", "1 thread", "cpu 0.6, 4096 MB", str(REPO / ".fleetbench")):
         assert word in fast
+    assert "preset pi4" in next(line for line in out if line.startswith("mid "))
     assert "adb 127.0.0.1:25555" in next(line for line in out if line.startswith("phone "))
 
 
