@@ -231,11 +231,15 @@ class ADBTransport:
     def get(self, remote: str, local: Path) -> None:
         """Pull ``remote`` into ``local`` (written whole or not at all) and check the size.
 
+        Missing parent directories of ``local`` are created, as the other transports do.
+
         Raises
         ------
         CommandTimeout, Unreachable, TransportError
         """
         device = self.device()
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
         part = local.with_name(local.name + ".part")
         try:
             info = device.sync.stat(remote)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 
 import pytest
+
+from devices.adb import ADBTransport
+from devices.adb_endpoint import AdbEndpoint
 
 
 def require_tool(name: str) -> str:
@@ -33,3 +40,52 @@ def sshd_path() -> str:
 def adb_path() -> str:
     """Path of the real adb client/server binary."""
     return require_tool("adb")
+
+
+def free_port() -> int:
+    """Return a free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def adb_server(adb_path: str) -> Iterator[tuple[str, int]]:
+    """A private adb server: ``(adb path, port)``."""
+    port = free_port()
+    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(port)}
+    subprocess.run([adb_path, "-P", str(port), "start-server"], env=env, check=True, capture_output=True, timeout=30)
+    try:
+        yield adb_path, port
+    finally:
+        subprocess.run([adb_path, "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 10
+        while listening(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not listening(port), f"adb server still listening on {port}"
+
+
+@pytest.fixture(scope="module")
+def phone(adb_server: tuple[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdbEndpoint]:
+    """The emulated phone on a free port, stopped (with nothing left running) at teardown."""
+    endpoint = AdbEndpoint(0, tmp_path_factory.mktemp("phone")).start()
+    yield endpoint
+    endpoint.stop()
+    assert endpoint.running() == []
+
+
+@pytest.fixture(scope="module")
+def adb_transport(adb_server: tuple[str, int], phone: AdbEndpoint) -> Iterator[ADBTransport]:
+    """An ADBTransport to the emulated phone through the private adb server."""
+    t = ADBTransport(f"127.0.0.1:{phone.port}", server_port=adb_server[1])
+    yield t
+    t.close()

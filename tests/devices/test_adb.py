@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,51 +20,12 @@ from devices.adb import ADBTransport, parse_output, wrap_command
 from devices.adb_endpoint import AdbEndpoint
 from devices.errors import CommandTimeout, ConnectionLost, TransportError, Unreachable
 from devices.fleet import Device
+from tests.devices.conftest import free_port, listening
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def adb_server(adb_path: str) -> Iterator[tuple[str, int]]:
-    """A private adb server: ``(adb path, port)``."""
-    port = free_port()
-    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(port)}
-    subprocess.run([adb_path, "-P", str(port), "start-server"], env=env, check=True, capture_output=True, timeout=30)
-    try:
-        yield adb_path, port
-    finally:
-        subprocess.run([adb_path, "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30)
-        deadline = time.monotonic() + 10
-        while listening(port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not listening(port), f"adb server still listening on {port}"
-
-
-@pytest.fixture(scope="module")
-def phone(adb_server: tuple[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdbEndpoint]:
-    endpoint = AdbEndpoint(0, tmp_path_factory.mktemp("phone")).start()
-    yield endpoint
-    endpoint.stop()
-    assert endpoint.running() == []
-
-
-@pytest.fixture(scope="module")
-def transport(adb_server: tuple[str, int], phone: AdbEndpoint) -> Iterator[ADBTransport]:
-    t = ADBTransport(f"127.0.0.1:{phone.port}", server_port=adb_server[1])
-    yield t
-    t.close()
+@pytest.fixture
+def transport(adb_transport: ADBTransport) -> ADBTransport:
+    return adb_transport
 
 
 def adb(adb_server: tuple[str, int], *args: str, serial: str | None = None) -> str:
@@ -107,14 +66,6 @@ def test_run_exit_status_and_output(transport: ADBTransport) -> None:
     merged = transport.run(["sh", "-c", "echo out; echo err >&2"], 10)
     assert merged.stdout == "out\nerr\n"  # the legacy shell merges the streams
     assert transport.run(["cat", "/proc/loadavg"], 10).stdout.count(" ") == 4  # the host's /proc
-
-
-def test_arguments_reach_the_program_exactly(transport: ADBTransport, phone: AdbEndpoint) -> None:
-    args = ["two words", "it's", 'say "hi"', "a;b", "$(touch PWNED)", "`touch PWNED`", "line1\nline2",
-            "*", "$HOME", "back\\slash", "-n", ""]
-    result = transport.run(["printf", "%s\\0", *args], 10)
-    assert result.stdout.split("\0")[:-1] == args
-    assert not list(phone.sandbox.root.rglob("PWNED")) and not Path("PWNED").exists()
 
 
 def test_put_get_round_trip_10mb(transport: ADBTransport, tmp_path: Path) -> None:

@@ -1,0 +1,139 @@
+"""The transport contract, run identically against every transport.
+
+Local (subprocess), SSH (a real sshd on loopback) and ADB (the real adb server and the
+emulated phone) must all: report exit status and output exactly, pass hostile
+arguments and file names through byte-exact without running anything, move a 10 MB
+file both ways intact, and stop a command at its timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devices.adb_endpoint import AdbEndpoint
+from devices.errors import CommandTimeout
+from devices.local import LocalTransport
+from devices.transport import Transport
+from tests.devices.sshd_server import Server
+
+HOSTILE = [
+    "two words",
+    "it's",
+    'say "hi"',
+    "a; touch PWNED",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "line1\nline2; touch PWNED",
+    "*",
+    "$HOME ${PATH} \\ | & > PWNED < /dev/null",
+    "",
+    "-n",
+    "ünïcødé ✓",
+]
+NASTY_NAME = "a b 'c' \"d\" ;e $(touch PWNED) `touch PWNED` \nf *g"
+ECHO_ARGV = ["python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
+
+
+@dataclass
+class Device:
+    """A transport plus a directory on its device and where that directory lies on this host."""
+
+    transport: Transport
+    remote_dir: str
+    host_dir: Path
+    watched: tuple[Path, ...]
+
+
+@pytest.fixture(scope="module")
+def sshd_server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server.launch(tmp_path_factory.mktemp("sshd-contract"))
+    yield srv
+    srv.shutdown()
+
+
+@pytest.fixture(params=["local", "ssh", "adb"])
+def device(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Device]:
+    host_dir = tmp_path / "device"
+    host_dir.mkdir()
+    if request.param == "local":
+        yield Device(LocalTransport(workdir=host_dir), str(host_dir), host_dir, (host_dir,))
+    elif request.param == "ssh":
+        transport = request.getfixturevalue("sshd_server").transport()
+        yield Device(transport, str(host_dir), host_dir, (host_dir,))
+    else:
+        phone: AdbEndpoint = request.getfixturevalue("phone")
+        name = tmp_path.name
+        remote_dir = f"/data/local/tmp/{name}"
+        sandbox_dir = phone.sandbox.root / "data" / "local" / "tmp" / name
+        sandbox_dir.mkdir(parents=True)
+        yield Device(request.getfixturevalue("adb_transport"), remote_dir, sandbox_dir, (phone.sandbox.root,))
+
+
+def assert_nothing_ran(device: Device) -> None:
+    for place in (*device.watched, Path.home(), Path.cwd()):
+        assert not (place / "PWNED").exists(), place
+    for place in device.watched:
+        assert not list(place.rglob("PWNED")), place
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_is_a_transport(device: Device) -> None:
+    assert isinstance(device.transport, Transport)
+
+
+def test_exit_status_and_stdout_are_exact(device: Device) -> None:
+    assert device.transport.run(["true"], timeout=10).rc == 0
+    result = device.transport.run(["sh", "-c", "printf 'no newline'; exit 42"], timeout=10)
+    assert (result.rc, result.stdout) == (42, "no newline")
+    assert not result.ok
+
+
+def test_hostile_arguments_arrive_byte_exact_and_nothing_runs(device: Device) -> None:
+    result = device.transport.run([*ECHO_ARGV, *HOSTILE, NASTY_NAME], timeout=20)
+    assert result.ok, result.stderr
+    assert json.loads(result.stdout) == [*HOSTILE, NASTY_NAME]
+    assert_nothing_ran(device)
+
+
+def test_hostile_file_name_round_trip(device: Device, tmp_path: Path) -> None:
+    src = tmp_path / "src.txt"
+    src.write_bytes(b"payload\n")
+    remote = f"{device.remote_dir}/{NASTY_NAME}"
+    device.transport.put(src, remote)
+    assert os.listdir(device.host_dir) == [NASTY_NAME]
+    assert device.transport.run(["cat", "--", remote], timeout=20).stdout == "payload\n"
+    device.transport.get(remote, tmp_path / "back" / NASTY_NAME)
+    assert (tmp_path / "back" / NASTY_NAME).read_bytes() == b"payload\n"
+    assert_nothing_ran(device)
+
+
+def test_10mb_file_round_trip_checksums_match(device: Device, tmp_path: Path) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(10 * 1024 * 1024))
+    remote = f"{device.remote_dir}/big.bin"
+    device.transport.put(src, remote)
+    on_device = device.transport.run(["sha256sum", remote], timeout=30).stdout.split()[0]
+    assert on_device == sha256(src)
+    back = tmp_path / "back.bin"
+    device.transport.get(remote, back)
+    assert sha256(back) == sha256(src)
+
+
+def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device) -> None:
+    device.transport.run(["true"], timeout=10)  # connect outside the timed part
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        device.transport.run(["sleep", "30"], timeout=1.0)
+    assert time.monotonic() - start < 1.0 + 2.0
+    assert device.transport.run(["echo", "again"], timeout=10).stdout == "again\n"
