@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,18 @@ def sshd_path() -> str:
 def adb_path() -> str:
     """Path of the real adb client/server binary."""
     return require_tool("adb")
+
+
+def cmdline_running(marker: str) -> bool:
+    """Whether any process on this machine has ``marker`` in its command line."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def free_port() -> int:

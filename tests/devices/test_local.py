@@ -11,17 +11,7 @@ import pytest
 from devices.errors import CommandTimeout, TransportError
 from devices.local import LocalTransport
 from devices.transport import Transport
-
-
-def _running(marker: str) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    return True
-            except OSError:
-                continue
-    return False
+from tests.devices.conftest import cmdline_running
 
 
 def test_is_a_transport() -> None:
@@ -47,7 +37,7 @@ def test_timeout_kills_whole_process_group() -> None:
         LocalTransport().run(["sh", "-c", f"sleep {marker}1 & sleep {marker}2; wait"], timeout=0.5)
     assert time.monotonic() - start < 2.5
     time.sleep(0.1)
-    assert not _running(f"{marker}1") and not _running(f"{marker}2")
+    assert not cmdline_running(f"{marker}1") and not cmdline_running(f"{marker}2")
 
 
 def test_put_get_atomic_with_parent_dirs(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from devices.errors import (
     Unreachable,
 )
 from devices.ssh import SSHTransport
+from tests.devices.conftest import cmdline_running
 from tests.devices.sshd_server import Server
 
 
@@ -35,17 +36,6 @@ def server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _cmdline_running(marker: str) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    return True
-            except OSError:
-                continue
-    return False
 
 
 def test_run_returns_rc_stdout_stderr(server: Server) -> None:
@@ -102,9 +92,9 @@ def test_timeout_raises_within_limit_and_kills_remote_command(server: Server) ->
         t.run(["sleep", f"{marker}9"], timeout=1.0)
     assert time.monotonic() - start < 1.0 + 2.0
     deadline = time.monotonic() + 2.0
-    while _cmdline_running(f"{marker}9") and time.monotonic() < deadline:
+    while cmdline_running(f"{marker}9") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _cmdline_running(f"{marker}9")
+    assert not cmdline_running(f"{marker}9")
     assert t.run(["echo", "again"], timeout=10).stdout == "again\n"  # the connection is still usable
 
 
