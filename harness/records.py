@@ -1,0 +1,141 @@
+"""Records of the profiling harness: what was measured, and what came back.
+
+`BenchSpec` says what one cell of a campaign measures (device x arch x batch x
+backend x settings); `Measurement` holds the raw samples and provenance of one
+attempt at it. Statistics are derived from the samples (`harness.stats`), never
+stored by hand. The on-device runner's JSON document is the wire format between
+the two (see `RUNNER_EXIT_CODES` and `harness/runner.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: Backends the runner can train with.
+Backend = Literal["ort", "torch"]
+
+#: Status of a cell: measured, or why not.
+Status = Literal[
+    "ok",
+    "unreachable",
+    "authentication failed",
+    "host key rejected",
+    "timeout",
+    "out of memory",
+    "missing runtime",
+    "bad arguments",
+    "runner error",
+    "connection lost",
+]
+
+#: Exit codes of the on-device runner and the status each one means.
+RUNNER_EXIT_CODES: Mapping[int, str] = {
+    0: "ok",
+    2: "bad arguments",
+    3: "missing runtime",
+    4: "out of memory",
+    5: "runner error",
+}
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What one campaign cell measures.
+
+    Attributes
+    ----------
+    device : str
+        Device name from the fleet file.
+    model : str
+        Zoo model name.
+    width : float
+        Nominal width (rate) the arch was made from.
+    arch_widths : tuple of int
+        Kept neurons per group (the `exporters.arch.Arch` widths).
+    batch : int
+        Training batch size.
+    backend : {"ort", "torch"}
+    threads : int
+        Intra-op threads on the device.
+    warmup : int
+        Warm-up steps (never enter the statistics).
+    steps : int
+        Timed steps.
+    optimizer : str
+        ``adamw`` or ``sgd``.
+    """
+
+    device: str
+    model: str
+    width: float
+    arch_widths: tuple[int, ...]
+    batch: int
+    backend: Backend
+    threads: int
+    warmup: int
+    steps: int
+    optimizer: str = "adamw"
+
+    def cell_key(self) -> str:
+        """Return the key that identifies this cell in the store (resume skips measured keys)."""
+        widths = ",".join(str(w) for w in self.arch_widths)
+        return (
+            f"{self.device}|{self.model}|{widths}|b{self.batch}|{self.backend}|t{self.threads}"
+            f"|w{self.warmup}|s{self.steps}|{self.optimizer}"
+        )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One attempt at a cell: raw samples or the failure, with provenance.
+
+    Attributes
+    ----------
+    spec : BenchSpec
+    status : str
+        ``"ok"`` or a failure kind (see `Status`).
+    message : str
+        Human-readable detail of a failure ("" when ok).
+    step_seconds : tuple of float
+        Wall time of every timed step (warm-up excluded).
+    peak_memory_bytes : int or None
+        Peak resident memory of the runner process.
+    peak_memory_source : str or None
+        ``"VmHWM"`` or ``"ru_maxrss"``.
+    throttled : bool
+        CPU frequency dropped or a throttle bit was set during the cell.
+    matmul_gflops : float or None
+        The device's achievable matmul GFLOP/s (runner's probe), for rooflines.
+    runner : Mapping
+        The runner's JSON document as received (frequencies, thermal zones, versions).
+    facts : Mapping
+        Device facts snapshot taken for the campaign.
+    started_at, finished_at : float
+        Unix times on this machine.
+    versions : Mapping
+        Tool versions on the host (fleetbench, torch, onnx, onnxruntime).
+    git_commit : str or None
+        fleetbench's git commit when run from a checkout.
+    """
+
+    spec: BenchSpec
+    status: str
+    message: str = ""
+    step_seconds: tuple[float, ...] = ()
+    peak_memory_bytes: int | None = None
+    peak_memory_source: str | None = None
+    throttled: bool = False
+    matmul_gflops: float | None = None
+    runner: Mapping[str, Any] = field(default_factory=dict)
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    versions: Mapping[str, str] = field(default_factory=dict)
+    git_commit: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the cell was measured."""
+        return self.status == "ok"
