@@ -161,7 +161,58 @@ def build_parser() -> argparse.ArgumentParser:
     from devices.cli import register as register_fleet
 
     register_fleet(commands)
+    _register_harness(commands)
     return parser
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """Return a handler that imports ``module`` only when the command runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
+        return handler(args)
+
+    return run
+
+
+def _register_harness(commands: argparse._SubParsersAction) -> None:
+    """Add ``profile`` and ``profiles export``; extend ``fleet`` with ``provision`` and ``up --match``."""
+    from exporters.zoo import DEFAULT_MODEL, DEFAULT_WIDTHS
+
+    profile = commands.add_parser("profile", help="measure training latency and memory per device and width")
+    profile.add_argument("--fleet", required=True, help="fleet YAML file")
+    profile.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model (default {DEFAULT_MODEL})")
+    profile.add_argument("--widths", default=",".join(f"{w:g}" for w in DEFAULT_WIDTHS), help="widths in (0, 1]")
+    profile.add_argument("--batch", default="20", help="batch sizes, comma-separated (default 20)")
+    profile.add_argument("--backend", default="ort", help="ort, torch, or both comma-separated (default ort)")
+    profile.add_argument("--steps", type=positive_int, default=10, help="timed steps per cell (default 10)")
+    profile.add_argument("--warmup", type=positive_int, default=3, help="warm-up steps per cell (default 3)")
+    profile.add_argument("--timeout", type=float, default=300.0, help="seconds per cell (default 300)")
+    profile.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
+    profile.add_argument("--artifacts", default="artifacts", help="artifact cache directory (default ./artifacts)")
+    profile.add_argument("--resume", action="store_true", help="measure only cells the store does not have yet")
+    profile.set_defaults(handler=_lazy("harness.campaign", "cmd_profile"))
+
+    profiles = commands.add_parser("profiles", help="stored profiles")
+    actions = profiles.add_subparsers(dest="profiles_command", required=True, parser_class=_Parser)
+    export = actions.add_parser("export", help="write one row per cell as CSV or Parquet")
+    export.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
+    export.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    export.add_argument("--out", default=None, help="output file (default: stdout for csv)")
+    export.set_defaults(handler=_lazy("harness.store", "cmd_export"))
+
+    fleet_actions = next(
+        action for action in commands.choices["fleet"]._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    provision = fleet_actions.add_parser("provision", help="report and install the backends each device can run")
+    provision.add_argument("file", help="fleet YAML file")
+    provision.add_argument("--wheel", action="append", default=[], help="a wheel file to install where missing")
+    provision.set_defaults(handler=_lazy("harness.provision", "cmd_provision"))
+    up = fleet_actions.choices["up"]
+    up.add_argument("--match", metavar="DEVICE", help="calibrate CPU shares to replay a stored device's profile")
+    up.add_argument("--db", default="fleetbench.db", help="profile store for --match (default fleetbench.db)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         handler: Callable[[argparse.Namespace], int] = args.handler
+        if getattr(args, "match", None):
+            handler = _lazy("harness.calibrate", "cmd_up_match")
         return handler(args)
     except (InputError, FleetFileError) as exc:
         print(f"fleetbench: error: {exc}", file=sys.stderr)
