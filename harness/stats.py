@@ -1,0 +1,235 @@
+"""Statistics of one measured cell, derived from its raw per-step seconds.
+
+Pure functions, no I/O (the pytest-benchmark way: statistics in their own module,
+computed from stored samples, never stored by hand).
+
+Conventions
+-----------
+* **Input** is the wall time of every *timed* training step of one cell, in seconds.
+  Warm-up steps never enter: the on-device runner reports them apart and excludes
+  them from ``step_seconds`` (see `harness.records.Measurement`); nothing here
+  drops leading samples.
+* **Per image**: every statistic is of the per-image time ``step_seconds / batch``.
+  Because that is a constant scale, location and spread statistics scale with it
+  and the coefficient of variation is the same for per-step and per-image times.
+* **Percentiles** (p5, median, p95, quartiles) use NumPy's ``method="linear"``
+  (NumPy's default, R type 7, Hyndman & Fan definition 7): for sorted samples
+  ``x[0..n-1]`` and quantile ``q`` the rank is ``h = (n - 1) q`` and the value is
+  ``x[floor(h)] + (h - floor(h)) (x[floor(h) + 1] - x[floor(h)])``.
+* **IQR** is ``p75 - p25`` with the same method.
+* **Standard deviation** is the sample standard deviation (``ddof=1``, as
+  `statistics.stdev` and pytest-benchmark); it is ``0.0`` for a single sample.
+* **Coefficient of variation** is ``stdev / mean``; a cell is *noisy* when it exceeds
+  `NOISY_CV_THRESHOLD` (0.05, the harness issue's repeatability target of at most 5 %).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Final
+
+import numpy as np
+
+#: Coefficient of variation above which a cell is flagged noisy (the repeatability target: 5 %).
+NOISY_CV_THRESHOLD = 0.05
+
+#: Percentile interpolation used for every quantile here (see the module docstring).
+PERCENTILE_METHOD: Final = "linear"
+
+#: Seconds to microseconds.
+_US = 1e6
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Return the ``q``-th percentile of ``values`` by linear interpolation.
+
+    Parameters
+    ----------
+    values : iterable of float
+        At least one finite value.
+    q : float
+        Percentile in [0, 100].
+
+    Returns
+    -------
+    float
+        ``numpy.percentile(values, q, method="linear")``.
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is empty or ``q`` lies outside [0, 100].
+    """
+    array = np.asarray(list(values), dtype=np.float64)
+    if array.size == 0:
+        raise ValueError("percentile of no samples")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile {q} is outside [0, 100]")
+    return float(np.percentile(array, q, method=PERCENTILE_METHOD))
+
+
+@dataclass(frozen=True)
+class CellStats:
+    """Statistics of one cell's per-image training latency, derived lazily from the samples.
+
+    Construct with `summarize` (which validates); every statistic is a cached property.
+
+    Attributes
+    ----------
+    step_seconds : tuple of float
+        Wall time of every timed step in seconds (warm-up excluded by the runner).
+    batch : int
+        Images per step; per-image time is ``step_seconds / batch``.
+    """
+
+    step_seconds: tuple[float, ...]
+    batch: int
+
+    @cached_property
+    def per_image_seconds(self) -> np.ndarray:
+        """Per-image seconds of every step, in step order (a read-only float64 array)."""
+        array = np.asarray(self.step_seconds, dtype=np.float64) / self.batch
+        array.setflags(write=False)
+        return array
+
+    @property
+    def n(self) -> int:
+        """Number of timed steps."""
+        return len(self.step_seconds)
+
+    @cached_property
+    def median_s(self) -> float:
+        """Median per-image seconds."""
+        return self._quantile(50.0)
+
+    @cached_property
+    def p5_s(self) -> float:
+        """5th percentile of per-image seconds."""
+        return self._quantile(5.0)
+
+    @cached_property
+    def p95_s(self) -> float:
+        """95th percentile of per-image seconds."""
+        return self._quantile(95.0)
+
+    @cached_property
+    def iqr_s(self) -> float:
+        """Interquartile range (p75 - p25) of per-image seconds."""
+        return self._quantile(75.0) - self._quantile(25.0)
+
+    @cached_property
+    def mean_s(self) -> float:
+        """Mean per-image seconds."""
+        return float(np.mean(self.per_image_seconds))
+
+    @cached_property
+    def stdev_s(self) -> float:
+        """Sample standard deviation (ddof=1) of per-image seconds; 0.0 for one sample."""
+        if self.n < 2:
+            return 0.0
+        return float(np.std(self.per_image_seconds, ddof=1))
+
+    @cached_property
+    def cv(self) -> float:
+        """Coefficient of variation ``stdev / mean`` (0.0 when the spread is 0)."""
+        if self.stdev_s == 0.0:
+            return 0.0
+        return self.stdev_s / self.mean_s if self.mean_s > 0 else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the coefficient of variation exceeds `NOISY_CV_THRESHOLD`."""
+        return self.cv > NOISY_CV_THRESHOLD
+
+    @property
+    def median_us(self) -> float:
+        """Median per-image microseconds."""
+        return self.median_s * _US
+
+    @property
+    def p5_us(self) -> float:
+        """5th percentile of per-image microseconds."""
+        return self.p5_s * _US
+
+    @property
+    def p95_us(self) -> float:
+        """95th percentile of per-image microseconds."""
+        return self.p95_s * _US
+
+    @property
+    def iqr_us(self) -> float:
+        """Interquartile range of per-image microseconds."""
+        return self.iqr_s * _US
+
+    @property
+    def mean_us(self) -> float:
+        """Mean per-image microseconds."""
+        return self.mean_s * _US
+
+    @property
+    def stdev_us(self) -> float:
+        """Sample standard deviation of per-image microseconds."""
+        return self.stdev_s * _US
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        """Return the statistics as a flat dict (microseconds), for table rows.
+
+        Returns
+        -------
+        dict
+            Keys ``n, median_us, p5_us, p95_us, iqr_us, mean_us, stdev_us, cv, noisy``.
+        """
+        return {
+            "n": self.n,
+            "median_us": self.median_us,
+            "p5_us": self.p5_us,
+            "p95_us": self.p95_us,
+            "iqr_us": self.iqr_us,
+            "mean_us": self.mean_us,
+            "stdev_us": self.stdev_us,
+            "cv": self.cv,
+            "noisy": self.noisy,
+        }
+
+    def _quantile(self, q: float) -> float:
+        return float(np.percentile(self.per_image_seconds, q, method=PERCENTILE_METHOD))
+
+
+def summarize(step_seconds: Iterable[float], batch: int) -> CellStats:
+    """Return the statistics of one cell from its timed per-step seconds.
+
+    Parameters
+    ----------
+    step_seconds : iterable of float
+        Wall time of every timed step in seconds, warm-up already excluded.
+    batch : int
+        Images per step (at least 1).
+
+    Returns
+    -------
+    CellStats
+        Per-image statistics, computed lazily on first access.
+
+    Raises
+    ------
+    ValueError
+        If there are no samples, a sample is negative or not finite, or ``batch < 1``.
+
+    Examples
+    --------
+    >>> s = summarize([0.001, 0.002, 0.003, 0.004, 0.100], batch=4)
+    >>> round(s.median_us, 6), s.noisy
+    (750.0, True)
+    """
+    samples = tuple(float(x) for x in step_seconds)
+    if isinstance(batch, bool) or int(batch) != batch or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    if not samples:
+        raise ValueError("no timed steps to summarize")
+    bad = [x for x in samples if not math.isfinite(x) or x < 0.0]
+    if bad:
+        raise ValueError(f"step times must be finite and non-negative seconds, got {bad[:3]}")
+    return CellStats(step_seconds=samples, batch=int(batch))

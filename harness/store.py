@@ -1,0 +1,758 @@
+"""The profile store: one SQLite file of campaigns and measured cells.
+
+Design
+------
+* **File**: SQLite (``fleetbench.db`` by default), WAL journal, ``synchronous=FULL``.
+  Every measured (or failed) cell is written by `ProfileStore.record` in its own
+  transaction, so a finished cell is durable as soon as ``record`` returns, and a
+  process killed in the middle of a write leaves the file consistent (SQLite rolls
+  the unfinished transaction back on the next open). ``--resume`` asks
+  `ProfileStore.measured_keys` which cells to skip.
+* **Schema versions**: the ``schema_version`` table holds one integer, the number of
+  entries of `MIGRATIONS` applied. Opening a file applies the missing migrations in
+  order, all in one transaction (an interrupted or failing upgrade leaves the file
+  at its old version); a file whose version is newer than this code knows is
+  refused with `StoreError`. Migrations are append-only: never edit a released
+  entry, add a new one (the FL runs tables will be the next entries).
+* **Attempts**: every call to ``record`` adds a row; a cell (``BenchSpec.cell_key``)
+  may have several attempts (a failure, then a success on ``--resume``). The
+  *latest attempt* of a key is its row with the highest id. `latest_cells` gives
+  one row per key (the latest attempt) with statistics derived from the raw
+  samples by `harness.stats`; statistics are never stored.
+* **Provenance**: each cell row carries the host tool versions and the fleetbench
+  git commit of the `Measurement` (the campaign fills them with `host_versions`
+  and `git_commit`); the campaign row carries them too, and views fall back to the
+  campaign's when a cell has none.
+* **Threads**: one connection guarded by a lock, so the devices' worker threads of
+  a campaign may share one `ProfileStore`. Other processes may open the same file
+  (WAL; writers wait up to `BUSY_TIMEOUT_S`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from exporters.errors import InputError
+from harness.records import BenchSpec, Measurement
+from harness.stats import summarize
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Default store file name (``--db``).
+DEFAULT_DB = "fleetbench.db"
+
+#: Seconds a writer waits for another process's write lock before failing.
+BUSY_TIMEOUT_S = 30.0
+
+#: Ordered schema migrations: entry ``i`` takes a file from version ``i`` to ``i + 1``.
+#: Append-only; each script is a sequence of ``;``-terminated statements.
+MIGRATIONS: tuple[str, ...] = (
+    # v1: campaigns and cells.
+    """
+    CREATE TABLE campaigns (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started_at REAL NOT NULL,
+        fleet TEXT,
+        model TEXT,
+        versions TEXT NOT NULL DEFAULT '{}',
+        git_commit TEXT
+    );
+    CREATE TABLE cells (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        cell_key TEXT NOT NULL,
+        device TEXT NOT NULL,
+        model TEXT NOT NULL,
+        width REAL NOT NULL,
+        arch_widths TEXT NOT NULL,
+        batch INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        threads INTEGER NOT NULL,
+        warmup INTEGER NOT NULL,
+        steps INTEGER NOT NULL,
+        optimizer TEXT NOT NULL,
+        status TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        step_seconds TEXT NOT NULL DEFAULT '[]',
+        peak_memory_bytes INTEGER,
+        throttled INTEGER NOT NULL DEFAULT 0,
+        runner TEXT NOT NULL DEFAULT '{}',
+        facts TEXT NOT NULL DEFAULT '{}',
+        started_at REAL NOT NULL DEFAULT 0,
+        finished_at REAL NOT NULL DEFAULT 0,
+        versions TEXT NOT NULL DEFAULT '{}',
+        git_commit TEXT
+    );
+    CREATE INDEX cells_by_key ON cells (cell_key, id);
+    """,
+    # v2: memory source and the matmul probe (roofline); status lookups for --resume.
+    """
+    ALTER TABLE cells ADD COLUMN peak_memory_source TEXT;
+    ALTER TABLE cells ADD COLUMN matmul_gflops REAL;
+    CREATE INDEX cells_by_campaign ON cells (campaign_id, id);
+    """,
+)
+
+#: The schema version this code writes.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+#: Columns of `ProfileStore.latest_cells` and of ``fleetbench profiles export``, in order.
+CELL_COLUMNS: tuple[str, ...] = (
+    "device",
+    "model",
+    "width",
+    "batch",
+    "backend",
+    "status",
+    "median_us",
+    "p95_us",
+    "p5_us",
+    "iqr_us",
+    "mean_us",
+    "stdev_us",
+    "cv",
+    "noisy",
+    "n",
+    "peak_memory_bytes",
+    "peak_memory_source",
+    "throttled",
+    "matmul_gflops",
+    "train_flops",
+    "message",
+    "arch_widths",
+    "threads",
+    "warmup",
+    "steps",
+    "optimizer",
+    "cell_key",
+    "campaign_id",
+    "started_at",
+    "finished_at",
+    "git_commit",
+    "versions",
+)
+
+#: Distributions reported by `host_versions` (key -> candidate distribution names).
+_DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
+    "fleetbench": ("fleetbench",),
+    "torch": ("torch",),
+    "onnx": ("onnx",),
+    "onnxruntime": ("onnxruntime-training", "onnxruntime", "onnxruntime-gpu"),
+    "numpy": ("numpy",),
+}
+
+_STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv")
+
+
+class StoreError(InputError):
+    """A profile store that cannot be used as given (not a store, newer schema, missing).
+
+    An `InputError`, so the CLI prints it as one line and exits with status 2.
+    """
+
+
+@functools.lru_cache(maxsize=1)
+def _host_versions_cached() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    found = [("python", platform.python_version())]
+    for key, names in _DISTRIBUTIONS.items():
+        for name in names:
+            try:
+                found.append((key, metadata.version(name)))
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return tuple(found)
+
+
+def host_versions() -> dict[str, str]:
+    """Return the versions of Python and of the tools on this host, without importing them.
+
+    Reads installed distribution metadata (`importlib.metadata`), so torch or
+    onnxruntime are never imported just to ask their version.
+
+    Returns
+    -------
+    dict of str to str
+        ``python`` and, when installed, ``fleetbench``, ``torch``, ``onnx``,
+        ``onnxruntime`` (from ``onnxruntime-training``, else ``onnxruntime``) and ``numpy``.
+    """
+    return dict(_host_versions_cached())
+
+
+def git_commit(root: str | os.PathLike[str] | None = None) -> str | None:
+    """Return fleetbench's git commit when it runs from a checkout.
+
+    Parameters
+    ----------
+    root : path, optional
+        Repository root; default: the directory above the ``harness`` package.
+
+    Returns
+    -------
+    str or None
+        ``git rev-parse HEAD`` (40 hex digits), or None when there is no checkout,
+        no ``git`` executable, or git fails.
+    """
+    top = Path(root) if root is not None else Path(__file__).resolve().parent.parent
+    if not (top / ".git").exists():
+        return None
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=top, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = result.stdout.strip()
+    if result.returncode != 0 or not commit:
+        return None
+    return commit
+
+
+def split_statements(script: str) -> list[str]:
+    """Split an SQL script into complete statements.
+
+    Parameters
+    ----------
+    script : str
+        Statements each terminated by ``;`` (triggers included: completeness is
+        judged by `sqlite3.complete_statement`).
+
+    Returns
+    -------
+    list of str
+        The statements in order, stripped.
+
+    Raises
+    ------
+    ValueError
+        If the script ends with an incomplete statement.
+    """
+    statements: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete SQL statement: {pending.strip()[:80]!r}")
+    return statements
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _loads_mapping(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    value = json.loads(text)
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _train_flops(runner: Mapping[str, Any]) -> float:
+    """Per-example training FLOPs from a runner document, or NaN.
+
+    Looked up, first found wins: ``runner["train_flops"]``, ``runner["counts"]["train_flops"]``,
+    ``runner["manifest"]["counts"]["train_flops"]`` (the artifact manifest's counts).
+    """
+    candidates: list[Any] = [runner.get("train_flops")]
+    counts = runner.get("counts")
+    if isinstance(counts, Mapping):
+        candidates.append(counts.get("train_flops"))
+    manifest = runner.get("manifest")
+    if isinstance(manifest, Mapping) and isinstance(manifest.get("counts"), Mapping):
+        candidates.append(manifest["counts"].get("train_flops"))
+    for value in candidates:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return math.nan
+
+
+class ProfileStore:
+    """A SQLite profile store: campaigns, cells and pandas views over them.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Store file; created (with its parent directories) when missing, upgraded
+        to `SCHEMA_VERSION` when older.
+
+    Raises
+    ------
+    StoreError
+        If the file is not a SQLite database, is not a fleetbench store, or has a
+        schema version newer than `SCHEMA_VERSION`.
+
+    Examples
+    --------
+    >>> with ProfileStore("fleetbench.db") as store:  # doctest: +SKIP
+    ...     cid = store.start_campaign(fleet="fleet.yaml", model="cnn")
+    ...     store.record(cid, measurement)
+    ...     table = store.latest_cells()
+    """
+
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        try:
+            self._conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open profile store {self.path}: {exc}") from None
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path} is not a usable profile store: {exc}") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> ProfileStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one IMMEDIATE transaction; commit on success, roll back otherwise."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    # -- schema ------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version of the open file."""
+        with self._lock:
+            row = self._conn.execute("SELECT version FROM schema_version").fetchone()
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        with self._transaction() as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "schema_version" not in tables:
+                if tables:
+                    raise StoreError(
+                        f"{self.path} is a SQLite file but not a fleetbench profile store (tables {sorted(tables)})"
+                    )
+                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                conn.execute("INSERT INTO schema_version (version) VALUES (0)")
+                version = 0
+            else:
+                rows = conn.execute("SELECT version FROM schema_version").fetchall()
+                if len(rows) != 1:
+                    raise StoreError(f"{self.path}: schema_version holds {len(rows)} rows, expected 1")
+                version = int(rows[0][0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has profile store schema version {version}, newer than the "
+                    f"{SCHEMA_VERSION} this fleetbench knows; upgrade fleetbench to read it"
+                )
+            for script in MIGRATIONS[version:]:
+                for statement in split_statements(script):
+                    conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def start_campaign(
+        self,
+        fleet: str | os.PathLike[str] | None = None,
+        model: str | None = None,
+        *,
+        versions: Mapping[str, str] | None = None,
+        commit: str | None = None,
+        started_at: float | None = None,
+    ) -> int:
+        """Record the start of a campaign and return its id.
+
+        Parameters
+        ----------
+        fleet : path, optional
+            The fleet file the campaign measures.
+        model : str, optional
+            Zoo model name.
+        versions : mapping, optional
+            Host tool versions; default `host_versions()`.
+        commit : str, optional
+            fleetbench git commit; default `git_commit()`.
+        started_at : float, optional
+            Unix time; default now.
+
+        Returns
+        -------
+        int
+            The campaign id to pass to `record`.
+        """
+        row = (
+            time.time() if started_at is None else float(started_at),
+            None if fleet is None else str(fleet),
+            model,
+            _dumps(dict(host_versions() if versions is None else versions)),
+            git_commit() if commit is None else commit,
+        )
+        with self._transaction() as conn:
+            cursor = conn.execute(
+                "INSERT INTO campaigns (started_at, fleet, model, versions, git_commit) VALUES (?, ?, ?, ?, ?)", row
+            )
+            assert cursor.lastrowid is not None
+            return int(cursor.lastrowid)
+
+    def record(self, campaign_id: int, measurement: Measurement) -> int:
+        """Store one attempt at a cell in its own transaction; durable when this returns.
+
+        Parameters
+        ----------
+        campaign_id : int
+            From `start_campaign`.
+        measurement : Measurement
+            The attempt, measured or failed.
+
+        Returns
+        -------
+        int
+            The row id of the stored attempt.
+
+        Raises
+        ------
+        StoreError
+            If ``campaign_id`` names no campaign.
+        """
+        spec = measurement.spec
+        values = {
+            "campaign_id": int(campaign_id),
+            "cell_key": spec.cell_key(),
+            "device": spec.device,
+            "model": spec.model,
+            "width": float(spec.width),
+            "arch_widths": json.dumps([int(w) for w in spec.arch_widths]),
+            "batch": int(spec.batch),
+            "backend": spec.backend,
+            "threads": int(spec.threads),
+            "warmup": int(spec.warmup),
+            "steps": int(spec.steps),
+            "optimizer": spec.optimizer,
+            "status": measurement.status,
+            "message": measurement.message,
+            "step_seconds": json.dumps([float(s) for s in measurement.step_seconds]),
+            "peak_memory_bytes": None if measurement.peak_memory_bytes is None else int(measurement.peak_memory_bytes),
+            "peak_memory_source": measurement.peak_memory_source,
+            "throttled": int(bool(measurement.throttled)),
+            "matmul_gflops": None if measurement.matmul_gflops is None else float(measurement.matmul_gflops),
+            "runner": _dumps(dict(measurement.runner)),
+            "facts": _dumps(dict(measurement.facts)),
+            "started_at": float(measurement.started_at),
+            "finished_at": float(measurement.finished_at),
+            "versions": _dumps(dict(measurement.versions)),
+            "git_commit": measurement.git_commit,
+        }
+        columns = ", ".join(values)
+        marks = ", ".join(f":{name}" for name in values)
+        try:
+            with self._transaction() as conn:
+                cursor = conn.execute(f"INSERT INTO cells ({columns}) VALUES ({marks})", values)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"cannot record {spec.cell_key()} in campaign {campaign_id}: {exc}") from None
+        assert cursor.lastrowid is not None
+        return int(cursor.lastrowid)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def measured_keys(self) -> set[str]:
+        """Return the cell keys whose latest attempt is measured (status ``ok``).
+
+        ``--resume`` skips these. A key whose latest attempt failed is not in the set,
+        so it is measured again, even when an earlier attempt succeeded (the store
+        and its exports always show the latest attempt).
+
+        Returns
+        -------
+        set of str
+            `BenchSpec.cell_key` values.
+        """
+        query = (
+            "SELECT c.cell_key FROM cells c "
+            "JOIN (SELECT cell_key, MAX(id) AS id FROM cells GROUP BY cell_key) latest ON latest.id = c.id "
+            "WHERE c.status = 'ok'"
+        )
+        with self._lock:
+            return {row[0] for row in self._conn.execute(query)}
+
+    def _rows(self, *, campaign_id: int | None, latest: bool) -> list[sqlite3.Row]:
+        where: list[str] = []
+        params: list[Any] = []
+        if latest:
+            where.append("c.id IN (SELECT MAX(id) FROM cells GROUP BY cell_key)")
+        if campaign_id is not None:
+            where.append("c.campaign_id = ?")
+            params.append(int(campaign_id))
+        query = (
+            "SELECT c.*, k.versions AS campaign_versions, k.git_commit AS campaign_git_commit "
+            "FROM cells c JOIN campaigns k ON k.id = c.campaign_id"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY c.id"
+        )
+        with self._lock:
+            cursor = self._conn.execute(query, params)
+            cursor.row_factory = sqlite3.Row
+            return list(cursor.fetchall())
+
+    @staticmethod
+    def _measurement(row: sqlite3.Row) -> Measurement:
+        spec = BenchSpec(
+            device=row["device"],
+            model=row["model"],
+            width=float(row["width"]),
+            arch_widths=tuple(int(w) for w in json.loads(row["arch_widths"])),
+            batch=int(row["batch"]),
+            backend=row["backend"],
+            threads=int(row["threads"]),
+            warmup=int(row["warmup"]),
+            steps=int(row["steps"]),
+            optimizer=row["optimizer"],
+        )
+        return Measurement(
+            spec=spec,
+            status=row["status"],
+            message=row["message"],
+            step_seconds=tuple(float(s) for s in json.loads(row["step_seconds"])),
+            peak_memory_bytes=None if row["peak_memory_bytes"] is None else int(row["peak_memory_bytes"]),
+            peak_memory_source=row["peak_memory_source"],
+            throttled=bool(row["throttled"]),
+            matmul_gflops=None if row["matmul_gflops"] is None else float(row["matmul_gflops"]),
+            runner=_loads_mapping(row["runner"]),
+            facts=_loads_mapping(row["facts"]),
+            started_at=float(row["started_at"]),
+            finished_at=float(row["finished_at"]),
+            versions=_loads_mapping(row["versions"]),
+            git_commit=row["git_commit"],
+        )
+
+    def measurements(self, campaign_id: int | None = None, *, latest: bool = False) -> list[Measurement]:
+        """Return stored attempts rebuilt as `Measurement` records, oldest first.
+
+        Parameters
+        ----------
+        campaign_id : int, optional
+            Only this campaign's attempts.
+        latest : bool
+            Only the latest attempt of each cell key.
+
+        Returns
+        -------
+        list of Measurement
+        """
+        return [self._measurement(row) for row in self._rows(campaign_id=campaign_id, latest=latest)]
+
+    def latest_cells(self, campaign_id: int | None = None) -> pd.DataFrame:
+        """Return one row per cell key (its latest attempt) with derived statistics.
+
+        Parameters
+        ----------
+        campaign_id : int, optional
+            Only cells whose latest attempt belongs to this campaign.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns `CELL_COLUMNS`, in store order. Latency statistics are per image in
+            microseconds, derived from the raw samples by `harness.stats.summarize`
+            (NaN, and ``noisy`` / ``n`` missing, for a cell without samples).
+            ``train_flops`` is per example from the runner document when it carries
+            the manifest counts, else NaN. ``arch_widths`` is comma-separated,
+            ``versions`` a JSON object; ``git_commit`` and ``versions`` fall back to
+            the campaign's.
+        """
+        import pandas as pd
+
+        records: list[dict[str, Any]] = []
+        for row in self._rows(campaign_id=campaign_id, latest=True):
+            m = self._measurement(row)
+            record: dict[str, Any] = {
+                "device": m.spec.device,
+                "model": m.spec.model,
+                "width": m.spec.width,
+                "batch": m.spec.batch,
+                "backend": m.spec.backend,
+                "status": m.status,
+                "peak_memory_bytes": m.peak_memory_bytes,
+                "peak_memory_source": m.peak_memory_source,
+                "throttled": m.throttled,
+                "matmul_gflops": math.nan if m.matmul_gflops is None else m.matmul_gflops,
+                "train_flops": _train_flops(m.runner),
+                "message": m.message,
+                "arch_widths": ",".join(str(w) for w in m.spec.arch_widths),
+                "threads": m.spec.threads,
+                "warmup": m.spec.warmup,
+                "steps": m.spec.steps,
+                "optimizer": m.spec.optimizer,
+                "cell_key": row["cell_key"],
+                "campaign_id": int(row["campaign_id"]),
+                "started_at": m.started_at,
+                "finished_at": m.finished_at,
+                "git_commit": m.git_commit if m.git_commit is not None else row["campaign_git_commit"],
+                "versions": _dumps(dict(m.versions) or _loads_mapping(row["campaign_versions"])),
+            }
+            if m.step_seconds:
+                record.update(summarize(m.step_seconds, m.spec.batch).as_dict())
+            else:
+                record.update({name: math.nan for name in _STAT_COLUMNS})
+                record.update({"n": None, "noisy": None})
+            records.append(record)
+        frame = pd.DataFrame.from_records(records, columns=list(CELL_COLUMNS))
+        return frame.astype(
+            {
+                "width": "float64",
+                "batch": "int64",
+                "threads": "int64",
+                "warmup": "int64",
+                "steps": "int64",
+                "campaign_id": "int64",
+                "n": "Int64",
+                "noisy": "boolean",
+                "throttled": "bool",
+                "peak_memory_bytes": "Int64",
+                "matmul_gflops": "float64",
+                "train_flops": "float64",
+                "started_at": "float64",
+                "finished_at": "float64",
+                **{name: "float64" for name in _STAT_COLUMNS},
+            }
+        )
+
+    def campaigns(self) -> pd.DataFrame:
+        """Return the campaigns, one row each.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``id, started_at, fleet, model, versions`` (JSON) ``, git_commit, cells``
+            (number of attempts recorded).
+        """
+        import pandas as pd
+
+        query = (
+            "SELECT k.id, k.started_at, k.fleet, k.model, k.versions, k.git_commit, COUNT(c.id) AS cells "
+            "FROM campaigns k LEFT JOIN cells c ON c.campaign_id = k.id GROUP BY k.id ORDER BY k.id"
+        )
+        with self._lock:
+            rows = self._conn.execute(query).fetchall()
+        columns = ["id", "started_at", "fleet", "model", "versions", "git_commit", "cells"]
+        return pd.DataFrame.from_records(rows, columns=columns)
+
+
+def _write_atomically(out: Path, write: Any) -> None:
+    """Write through a temporary file next to ``out`` and rename it into place."""
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Run ``fleetbench profiles export``: one row per cell (its latest attempt).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``db`` (store path), ``format`` (``csv`` or ``parquet``), ``out`` (file, or
+        None for stdout; Parquet needs a file).
+
+    Returns
+    -------
+    int
+        Exit status 0.
+
+    Raises
+    ------
+    InputError
+        If the store is missing or unusable, Parquet is asked for without ``--out``
+        or without pyarrow, or the output directory does not exist.
+    """
+    db = Path(args.db)
+    if not db.is_file():
+        raise StoreError(f"no profile store at {db}")
+    fmt = args.format
+    out = None if args.out is None else Path(args.out)
+    if fmt == "parquet":
+        if out is None:
+            raise InputError("parquet export needs --out FILE (Parquet is binary; it is not written to stdout)")
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InputError("parquet export needs pyarrow: pip install 'fleetbench[parquet]'") from None
+    if out is not None and not out.parent.is_dir():
+        raise InputError(f"cannot write {out}: directory {out.parent} does not exist")
+    with ProfileStore(db) as store:
+        frame = store.latest_cells()
+    if out is None:
+        frame.to_csv(sys.stdout, index=False)
+        sys.stdout.flush()
+    elif fmt == "csv":
+        _write_atomically(out, lambda path: frame.to_csv(path, index=False))
+    else:
+        _write_atomically(out, lambda path: frame.to_parquet(path, index=False, engine="pyarrow"))
+    if out is not None:
+        print(f"wrote {len(frame)} cells from {db} to {out} ({fmt})", file=sys.stderr)
+    return 0
+
+
+__all__: Sequence[str] = (
+    "BUSY_TIMEOUT_S",
+    "CELL_COLUMNS",
+    "DEFAULT_DB",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "ProfileStore",
+    "StoreError",
+    "cmd_export",
+    "git_commit",
+    "host_versions",
+    "split_statements",
+)

@@ -1,0 +1,157 @@
+"""Statistics of a cell against values computed by hand (plain Python), plus properties."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.stats import NOISY_CV_THRESHOLD, CellStats, percentile, summarize
+
+
+def linear_percentile(values: list[float], q: float) -> float:
+    """Hyndman & Fan type 7, written out: rank h = (n - 1) q on the sorted values."""
+    ordered = sorted(values)
+    h = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo])
+
+
+def test_threshold_is_the_repeatability_target() -> None:
+    assert NOISY_CV_THRESHOLD == 0.05
+
+
+def test_hand_computed_cell() -> None:
+    steps_ms = [1.0, 2.0, 3.0, 4.0, 100.0]
+    s = summarize([ms / 1000 for ms in steps_ms], batch=4)
+    per_image_ms = [ms / 4 for ms in steps_ms]  # 0.25, 0.5, 0.75, 1.0, 25.0
+    assert s.n == 5
+    assert s.median_s == pytest.approx(0.75e-3)
+    assert s.median_us == pytest.approx(750.0)
+    # p95: rank 0.95 * 4 = 3.8 -> 1.0 + 0.8 * (25.0 - 1.0) = 20.2 ms
+    assert linear_percentile(per_image_ms, 95) == pytest.approx(20.2)
+    assert s.p95_us == pytest.approx(20.2e3)
+    # p5: rank 0.2 -> 0.25 + 0.2 * 0.25 = 0.3 ms
+    assert s.p5_us == pytest.approx(linear_percentile(per_image_ms, 5) * 1e3)
+    assert s.p5_us == pytest.approx(300.0)
+    # IQR: p75 (rank 3) 1.0 - p25 (rank 1) 0.5 = 0.5 ms
+    assert s.iqr_us == pytest.approx(500.0)
+    mean_ms = sum(per_image_ms) / 5  # 27.5 / 5 = 5.5
+    assert s.mean_us == pytest.approx(mean_ms * 1e3)
+    stdev_ms = math.sqrt(sum((x - mean_ms) ** 2 for x in per_image_ms) / 4)
+    assert stdev_ms == pytest.approx(statistics.stdev(per_image_ms))
+    assert s.stdev_us == pytest.approx(stdev_ms * 1e3)
+    assert s.cv == pytest.approx(stdev_ms / mean_ms)
+    assert s.cv > 1.0
+    assert s.noisy is True
+
+
+def test_constant_series_has_zero_spread_and_is_not_noisy() -> None:
+    s = summarize([0.02] * 7, batch=20)
+    assert s.median_us == pytest.approx(1000.0)
+    assert s.p5_us == s.median_us == s.p95_us
+    assert s.iqr_us == 0.0
+    assert s.stdev_s == 0.0
+    assert s.cv == 0.0
+    assert s.noisy is False
+
+
+def test_single_sample() -> None:
+    s = summarize([0.5], batch=1)
+    assert s.n == 1
+    assert s.median_s == s.p95_s == s.p5_s == s.mean_s == 0.5
+    assert s.stdev_s == 0.0 and s.cv == 0.0 and not s.noisy
+
+
+def test_noisy_flag_is_strictly_above_threshold() -> None:
+    # two samples 1 -/+ d: mean 1, sample stdev d * sqrt(2)
+    d = 0.04 / math.sqrt(2)
+    quiet = summarize([1 - d, 1 + d], batch=1)
+    assert quiet.cv == pytest.approx(0.04)
+    assert not quiet.noisy
+    d = 0.06 / math.sqrt(2)
+    loud = summarize([1 - d, 1 + d], batch=1)
+    assert loud.cv == pytest.approx(0.06)
+    assert loud.noisy
+
+
+def test_as_dict_keys_and_values() -> None:
+    s = summarize([0.001, 0.002, 0.003], batch=2)
+    row = s.as_dict()
+    assert set(row) == {"n", "median_us", "p5_us", "p95_us", "iqr_us", "mean_us", "stdev_us", "cv", "noisy"}
+    assert row["median_us"] == pytest.approx(1000.0)
+    assert row["n"] == 3
+
+
+def test_stats_are_frozen_and_lazy() -> None:
+    s = summarize((0.1, 0.2), batch=1)
+    assert isinstance(s, CellStats)
+    with pytest.raises(AttributeError):
+        s.batch = 2  # type: ignore[misc]
+    assert "median_s" not in vars(s)
+    _ = s.median_s
+    assert "median_s" in vars(s)
+    with pytest.raises(ValueError):
+        s.per_image_seconds[0] = 1.0
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch"),
+    [([], 1), ([0.1], 0), ([0.1], -3), ([float("nan")], 1), ([float("inf")], 1), ([-0.1], 1), ([0.1], 1.5)],
+)
+def test_bad_input_is_refused(samples: list[float], batch: int) -> None:
+    with pytest.raises(ValueError):
+        summarize(samples, batch)
+
+
+def test_percentile_helper_matches_hand_computation() -> None:
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    for q in (0, 5, 25, 50, 75, 95, 100):
+        assert percentile(values, q) == pytest.approx(linear_percentile(values, q))
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+samples_st = st.lists(st.floats(min_value=1e-6, max_value=10.0, allow_nan=False), min_size=1, max_size=50)
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples=samples_st, batch=st.integers(min_value=1, max_value=256))
+def test_order_properties(samples: list[float], batch: int) -> None:
+    s = summarize(samples, batch)
+    lo, hi = min(samples) / batch, max(samples) / batch
+    tol = 1e-12 * hi
+    assert lo - tol <= s.p5_s <= s.median_s + tol
+    assert s.median_s <= s.p95_s + tol
+    assert s.p95_s <= hi + tol
+    assert lo - tol <= s.mean_s <= hi + tol
+    assert s.iqr_s >= -tol
+    assert s.cv >= 0.0
+    assert s.median_s == pytest.approx(linear_percentile([x / batch for x in samples], 50), rel=1e-12)
+    assert s.p95_s == pytest.approx(linear_percentile([x / batch for x in samples], 95), rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples=samples_st, batch=st.integers(min_value=1, max_value=64), scale=st.floats(min_value=1e-3, max_value=1e3))
+def test_scaling_samples_scales_stats(samples: list[float], batch: int, scale: float) -> None:
+    base = summarize(samples, batch)
+    scaled = summarize([x * scale for x in samples], batch)
+    for name in ("median_s", "p5_s", "p95_s", "mean_s", "stdev_s"):
+        assert getattr(scaled, name) == pytest.approx(getattr(base, name) * scale, rel=1e-9, abs=1e-300)
+    assert scaled.iqr_s == pytest.approx(base.iqr_s * scale, rel=1e-9, abs=1e-12 * scale * max(samples))
+    assert scaled.cv == pytest.approx(base.cv, rel=1e-6, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(samples=samples_st, batch=st.integers(min_value=1, max_value=64))
+def test_batch_divides_location_and_leaves_cv(samples: list[float], batch: int) -> None:
+    per_step = summarize(samples, 1)
+    per_image = summarize(samples, batch)
+    assert per_image.median_s == pytest.approx(per_step.median_s / batch, rel=1e-12)
+    assert per_image.cv == pytest.approx(per_step.cv, rel=1e-9, abs=1e-12)
