@@ -1,0 +1,570 @@
+"""Deployment through a content-addressed cache (CAS) on the device.
+
+Layout on the device (``W`` is ``device.workdir``, ``~`` expanded on the device)::
+
+    W/cas/<sha256>                 one file per content, verified, read-only (0444)
+    W/cas/.tmp-<sha256>-<random>   a push in progress (removed when verified or abandoned)
+    W/sets/<set name>/<file>       an artifact set: hard links (copies where links fail) of cas files
+    W/runner/<sha256[:16]>/<name>  the on-device runner, the same way
+
+Protocol of one deployment (four remote commands when something is missing, three otherwise):
+
+1. **check**: one command hashes every wanted entry already in ``W/cas`` on the device;
+   an entry whose content does not match its name is deleted and reported as corrupt
+   (then pushed again: ``repaired_files``). Abandoned ``.tmp-*`` files older than
+   `STALE_TMP_S` are removed.
+2. **push** only the missing contents, each to ``W/cas/.tmp-<sha>-<random>``. If a push
+   fails, the temporary files of this deployment are removed (best effort) and the
+   transport error propagates: ``W/cas/<sha>`` never exists with wrong content.
+3. **commit**: one command re-hashes every pushed temporary file on the device, fsyncs it
+   and renames it to ``W/cas/<sha>`` (atomic within a directory); a mismatch deletes it
+   and raises `DeployError`.
+4. **materialise**: one command builds the set directory in ``W/sets/.tmp-<name>-*``
+   from the cas entries and renames it into place. An existing set directory is kept
+   when every entry is the very cas file (same inode) or hashes right; otherwise it is
+   moved aside, the new one renamed in, and the old one deleted, so a reader sees the
+   complete old set, briefly no set, or the complete new set -- never a half set.
+
+The device's Python (``device.python``, stdlib only: hashlib, json, os) does the
+hashing. A device without Python (Android's toybox shell) needs ``sha256sum``, ``ln``
+or ``cp``, ``mv`` and ``mkdir``: when running the Python fails with status 126/127 (or
+the local program cannot start) the same protocol runs as POSIX shell scripts over
+``sha256sum``. That fallback always rebuilds the set directory.
+
+Cas files are shared by hard links with every set directory: nothing may write into a
+deployed set (its files are read-only; root ignores that, so the check step re-hashes,
+and a set directory holding extra files is rebuilt on the next deployment). Concurrent
+deployments to one device never commit wrong content, but two deploying the *same* set
+at once may rebuild its directory under each other: deploy a set once per device, then
+run cells on it (a campaign runs one cell per device at a time anyway).
+Costs: every deployment re-hashes the wanted cache entries on the device (about 2 MB per
+small CNN set; a torch wheel of ~200 MB takes seconds on a Pi-class board).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devices.errors import TransportError
+from devices.fleet import Device
+from devices.transport import RunResult, Transport
+
+#: Seconds after which a ``.tmp-*`` entry in ``cas`` or ``sets`` counts as abandoned.
+STALE_TMP_S = 3600.0
+#: Default seconds one remote command of a deployment may take (hashing large wheels included).
+DEFAULT_TIMEOUT_S = 300.0
+MANIFEST = "manifest.json"
+
+_PY_COMMON = r"""
+import hashlib, json, os, shutil, sys, tempfile, time
+A = json.loads(sys.argv[1])
+def sha(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+def drop(p):
+    if os.path.isdir(p) and not os.path.islink(p):
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+def sweep(d):
+    now = time.time()
+    for n in os.listdir(d):
+        try:
+            if n.startswith(".tmp-") and now - os.lstat(os.path.join(d, n)).st_mtime > A["stale"]:
+                drop(os.path.join(d, n))
+        except OSError:
+            pass
+"""
+
+_PY_CHECK = _PY_COMMON + r"""
+w = os.path.expanduser(A["workdir"])
+cas = os.path.join(w, "cas")
+os.makedirs(cas, exist_ok=True)
+out = {"workdir": w, "present": [], "corrupt": []}
+for s in A["want"]:
+    p = os.path.join(cas, s)
+    if not os.path.lexists(p):
+        continue
+    try:
+        good = os.path.isfile(p) and not os.path.islink(p) and sha(p) == s
+    except OSError:
+        good = False
+    if good:
+        out["present"].append(s)
+    else:
+        out["corrupt"].append(s)
+        drop(p)
+sweep(cas)
+print(json.dumps(out))
+"""
+
+_PY_COMMIT = _PY_COMMON + r"""
+bad = []
+for tmp, s in A["pushed"]:
+    p = os.path.join(A["cas"], tmp)
+    try:
+        good = sha(p) == s
+    except OSError:
+        good = False
+    if not good:
+        bad.append(s)
+        drop(p)
+        continue
+    with open(p, "rb") as f:
+        os.fsync(f.fileno())
+    os.chmod(p, 0o444)
+    os.replace(p, os.path.join(A["cas"], s))
+print(json.dumps({"bad": bad}))
+"""
+
+_PY_MATERIALISE = _PY_COMMON + r"""
+cas, parent, name, entries = A["cas"], A["parent"], A["name"], A["entries"]
+target = os.path.join(parent, name)
+def same(n, s):
+    p, c = os.path.join(target, n), os.path.join(cas, s)
+    a, b = os.stat(p), os.stat(c)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) or sha(p) == s
+def intact():
+    try:
+        return (os.path.isdir(target) and not os.path.islink(target)
+                and sorted(os.listdir(target)) == sorted(entries)
+                and all(same(n, s) for n, s in entries.items()))
+    except OSError:
+        return False
+if intact():
+    print(json.dumps({"rebuilt": False}))
+    sys.exit(0)
+os.makedirs(parent, exist_ok=True)
+sweep(parent)
+tmp = tempfile.mkdtemp(prefix=".tmp-" + name + "-", dir=parent)
+try:
+    os.chmod(tmp, 0o755)
+    for n, s in entries.items():
+        try:
+            os.link(os.path.join(cas, s), os.path.join(tmp, n))
+        except OSError:
+            shutil.copyfile(os.path.join(cas, s), os.path.join(tmp, n))
+            os.chmod(os.path.join(tmp, n), 0o444)
+    old = None
+    if os.path.lexists(target):
+        old = tmp + ".old"
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        drop(old)
+except BaseException:
+    drop(tmp)
+    raise
+print(json.dumps({"rebuilt": True}))
+"""
+
+# The same three steps for a device without Python: POSIX sh + sha256sum (toybox has both).
+_SH_CHECK = r"""
+w="$1"; shift
+case "$w" in "~"|"~/"*) w="$HOME${w#"~"}";; esac
+mkdir -p "$w/cas" && cd "$w/cas" || exit 1
+printf 'workdir %s\n' "$w"
+for s in "$@"; do
+  if [ -e "$s" ] || [ -L "$s" ]; then
+    h=$(sha256sum < "$s" 2>/dev/null | cut -d' ' -f1)
+    if [ -f "$s" ] && [ ! -L "$s" ] && [ "$h" = "$s" ]; then echo "present $s"
+    else rm -rf -- "$s"; echo "corrupt $s"; fi
+  fi
+done
+exit 0
+"""
+
+_SH_COMMIT = r"""
+cd "$1" || exit 1; shift
+while [ $# -ge 2 ]; do
+  t="$1"; s="$2"; shift 2
+  h=$(sha256sum < "$t" 2>/dev/null | cut -d' ' -f1)
+  if [ "$h" = "$s" ]; then chmod 444 "$t"; mv -f -- "$t" "$s" || echo "bad $s"; else rm -f -- "$t"; echo "bad $s"; fi
+done
+exit 0
+"""
+
+_SH_MATERIALISE = r"""
+cas="$1"; parent="$2"; name="$3"; shift 3
+mkdir -p "$parent" || exit 1
+tmp="$parent/.tmp-$name-$$"
+rm -rf -- "$tmp" "$tmp.old"; mkdir "$tmp" || exit 1
+while [ $# -ge 2 ]; do
+  ln "$cas/$2" "$tmp/$1" 2>/dev/null || cp "$cas/$2" "$tmp/$1" || { rm -rf -- "$tmp"; exit 1; }
+  shift 2
+done
+if [ -e "$parent/$name" ]; then mv -- "$parent/$name" "$tmp.old" || { rm -rf -- "$tmp"; exit 1; }; fi
+mv -- "$tmp" "$parent/$name" || exit 1
+rm -rf -- "$tmp.old"
+echo rebuilt
+"""
+
+
+class DeployError(TransportError):
+    """Content did not arrive intact on the device, or the device could not store it."""
+
+    kind = "deploy failed"
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    """What one deployment did on one device.
+
+    Attributes
+    ----------
+    remote_dir : str
+        The deployed directory on the device (``~`` expanded): the set directory for
+        `deploy_artifact_set`, the runner's directory for `deploy_runner`, ``<workdir>/cas``
+        for `deploy_files`.
+    pushed_files : tuple of str
+        Names of the files whose content was pushed (missing or corrupt on the device).
+    pushed_bytes : int
+        Bytes pushed; 0 when everything was already in the cache.
+    reused_files : tuple of str
+        Names of the files whose content was already in the cache, verified.
+    repaired_files : tuple of str
+        Names of the files whose cache entry was corrupt, deleted and pushed again
+        (also listed in ``pushed_files``).
+    remote_paths : dict of str to str
+        File name to its path on the device.
+    workdir : str
+        ``device.workdir`` as the device expanded it.
+    """
+
+    remote_dir: str
+    pushed_files: tuple[str, ...]
+    pushed_bytes: int
+    reused_files: tuple[str, ...]
+    repaired_files: tuple[str, ...]
+    remote_paths: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+
+
+@dataclass(frozen=True)
+class _CasState:
+    workdir: str
+    python: str | None  # None: the shell + sha256sum fallback
+    present: frozenset[str]
+    corrupt: frozenset[str]
+
+    @property
+    def cas(self) -> str:
+        return f"{self.workdir}/cas"
+
+
+def sha256_file(path: Path) -> str:
+    """Return the hex sha256 of a local file.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+
+    Returns
+    -------
+    str
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def deploy_files(
+    transport: Transport,
+    device: Device,
+    files: Sequence[Path],
+    python: str | None = None,
+    *,
+    into: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> DeployResult:
+    """Make sure the device's cache holds the content of every file in ``files``.
+
+    Parameters
+    ----------
+    transport : Transport
+        An open transport to ``device``.
+    device : Device
+        Supplies ``workdir`` (and ``python`` when ``python`` is None).
+    files : sequence of pathlib.Path
+        Local files; equal contents are pushed once.
+    python : str, optional
+        Python on the device used for hashing (``device.python`` by default); the
+        ``sha256sum`` shell fallback is used when it cannot run.
+    into : str, optional
+        A directory relative to the workdir (e.g. ``"wheels/abc"``): the files are also
+        materialised there under their own names, atomically, like an artifact set.
+    timeout : float
+        Seconds per remote command.
+
+    Returns
+    -------
+    DeployResult
+        ``remote_dir`` is ``<workdir>/cas`` (or ``<workdir>/<into>``); ``remote_paths`` maps
+        each file's name to ``<workdir>/cas/<sha256>`` (or ``<workdir>/<into>/<name>``).
+
+    Raises
+    ------
+    ValueError
+        Two files have the same name but different contents.
+    TransportError
+        The device failed (`DeployError` when content did not verify on it).
+    """
+    paths = [Path(f) for f in files]
+    hashes = [sha256_file(p) for p in paths]
+    named = dict(zip((p.name for p in paths), hashes, strict=True))
+    if len(named) != len(set(zip((p.name for p in paths), hashes, strict=True))):
+        raise ValueError("two files of the same name with different contents")
+    sources = dict(zip(hashes, paths, strict=True))
+    state = _check(transport, device, python or device.python, sorted(sources), timeout)
+    outcome = _sync(transport, state, sources, timeout)
+    if into is None:
+        return _result(state.cas, named, state, outcome, {n: f"{state.cas}/{sha}" for n, sha in named.items()})
+    parent, _, name = f"{state.workdir}/{into.strip('/')}".rpartition("/")
+    remote_dir = _materialise(transport, state, parent, name, named, timeout)
+    return _result(remote_dir, named, state, outcome, {n: f"{remote_dir}/{n}" for n in named})
+
+
+def deploy_artifact_set(
+    transport: Transport,
+    device: Device,
+    set_dir: Path,
+    *,
+    python: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> DeployResult:
+    """Deploy an artifact set as ``<workdir>/sets/<set_dir.name>/`` on the device.
+
+    Parameters
+    ----------
+    transport : Transport
+        An open transport to ``device``.
+    device : Device
+        Supplies ``workdir`` and ``python``.
+    set_dir : pathlib.Path
+        A local artifact set directory (``manifest.json`` listing the sha256 of each file).
+    python : str, optional
+        Overrides ``device.python``.
+    timeout : float
+        Seconds per remote command.
+
+    Returns
+    -------
+    DeployResult
+        ``remote_dir`` is the set directory on the device; ``pushed_bytes`` is 0 when the
+        device already held every file intact.
+
+    Raises
+    ------
+    ValueError
+        The local set has no readable manifest or a file does not match it.
+    TransportError
+        The device failed (`DeployError` when content did not verify on it).
+    """
+    set_dir = Path(set_dir)
+    named = _local_set(set_dir)
+    sources = {sha: set_dir / name for name, sha in named.items()}
+    state = _check(transport, device, python or device.python, sorted(sources), timeout)
+    outcome = _sync(transport, state, sources, timeout)
+    remote_dir = _materialise(transport, state, f"{state.workdir}/sets", set_dir.name, named, timeout)
+    return _result(remote_dir, named, state, outcome, {n: f"{remote_dir}/{n}" for n in named})
+
+
+def deploy_runner(
+    transport: Transport,
+    device: Device,
+    runner_path: Path,
+    *,
+    python: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> str:
+    """Deploy the on-device runner file through the cache and return its path on the device.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    runner_path : pathlib.Path
+        The local runner file (its name is kept).
+    python : str, optional
+        Overrides ``device.python``.
+    timeout : float
+        Seconds per remote command.
+
+    Returns
+    -------
+    str
+        ``<workdir>/runner/<sha256[:16]>/<runner file name>`` (``~`` expanded); a changed
+        runner gets a new directory, so a running old runner is never overwritten.
+
+    Raises
+    ------
+    TransportError
+        The device failed (`DeployError` when content did not verify on it).
+    """
+    runner_path = Path(runner_path)
+    into = f"runner/{sha256_file(runner_path)[:16]}"
+    result = deploy_files(transport, device, [runner_path], python, into=into, timeout=timeout)
+    return result.remote_paths[runner_path.name]
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _local_set(set_dir: Path) -> dict[str, str]:
+    """Return ``{file name: sha256}`` of a local set, checked against its manifest."""
+    try:
+        manifest = json.loads((set_dir / MANIFEST).read_text())
+        listed = {name: entry["sha256"] for name, entry in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{set_dir}: no readable {MANIFEST} listing files ({exc})") from None
+    named = {name: sha256_file(set_dir / name) for name in listed}
+    wrong = sorted(name for name in listed if named[name] != listed[name])
+    if wrong:
+        raise ValueError(f"{set_dir}: {', '.join(wrong)} do not match the manifest; re-export the set")
+    named[MANIFEST] = sha256_file(set_dir / MANIFEST)
+    return named
+
+
+def _python_missing(result: RunResult) -> bool:
+    return result.rc in (126, 127)
+
+
+def _run_python(transport: Transport, python: str, script: str, args: Mapping[str, Any],
+                timeout: float) -> RunResult:
+    payload = json.dumps({**args, "stale": STALE_TMP_S})
+    return transport.run([python, "-c", script, payload], timeout=timeout)
+
+
+def _check(transport: Transport, device: Device, python: str, want: Sequence[str],
+           timeout: float) -> _CasState:
+    """Expand the workdir (step 1),, verify wanted cas entries, delete corrupt ones."""
+    try:
+        result: RunResult | None = _run_python(transport, python, _PY_CHECK,
+                                               {"workdir": device.workdir, "want": list(want)}, timeout)
+    except TransportError as exc:
+        if type(exc) is not TransportError:  # only "cannot start the program" falls back
+            raise
+        result = None
+    if result is not None and not _python_missing(result):
+        data = _json_or_fail(result, device, "check the cache")
+        return _state(device.workdir, data["workdir"], python, data["present"], data["corrupt"])
+    result = transport.run(["sh", "-c", _SH_CHECK, "sh", device.workdir, *want], timeout=timeout)
+    if not result.ok:
+        raise DeployError(f"{device.name}: cannot check the cache: {_tail(result)}")
+    words = [line.split(" ", 1) for line in result.stdout.splitlines() if " " in line]
+    expanded = next((rest for tag, rest in words if tag == "workdir"), device.workdir)
+    return _state(device.workdir, expanded, None,
+                  [s for tag, s in words if tag == "present"], [s for tag, s in words if tag == "corrupt"])
+
+
+def _state(raw: str, expanded: str, python: str | None, present: Iterable[str],
+           corrupt: Iterable[str]) -> _CasState:
+    # Only a leading ``~`` takes the device's word: other paths stay as written (on the
+    # emulated phone the device answers with its sandbox's host path, which sync refuses).
+    workdir = expanded if raw.startswith("~") else raw
+    return _CasState(workdir.rstrip("/") or "/", python, frozenset(present), frozenset(corrupt))
+
+
+def _sync(transport: Transport, state: _CasState, sources: Mapping[str, Path], timeout: float) -> tuple[set[str], int]:
+    """Push (step 2) and commit (step 3) the missing contents; return (pushed shas, bytes)."""
+    missing = sorted(set(sources) - state.present)
+    pushed: list[tuple[str, str]] = []
+    try:
+        for sha in missing:
+            tmp = f".tmp-{sha}-{secrets.token_hex(4)}"
+            pushed.append((tmp, sha))
+            transport.put(sources[sha], f"{state.cas}/{tmp}")
+    except BaseException:
+        _discard(transport, state, [tmp for tmp, _ in pushed], timeout)
+        raise
+    if pushed:
+        _commit(transport, state, pushed, timeout)
+    return set(missing), sum(sources[sha].stat().st_size for sha in missing)
+
+
+def _commit(transport: Transport, state: _CasState, pushed: Sequence[tuple[str, str]],
+            timeout: float) -> None:
+    if state.python is not None:
+        result = _run_python(transport, state.python, _PY_COMMIT,
+                             {"cas": state.cas, "pushed": [list(p) for p in pushed]}, timeout)
+        bad = _json_or_fail(result, None, "commit pushed files")["bad"]
+    else:
+        flat = [item for pair in pushed for item in pair]
+        result = transport.run(["sh", "-c", _SH_COMMIT, "sh", state.cas, *flat], timeout=timeout)
+        if not result.ok:
+            raise DeployError(f"cannot commit pushed files: {_tail(result)}")
+        bad = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("bad ")]
+    if bad:
+        raise DeployError(f"{len(bad)} pushed file(s) did not verify on the device (sha256 {', '.join(bad)})")
+
+
+def _discard(transport: Transport, state: _CasState, tmps: Sequence[str], timeout: float) -> None:
+    """Best effort: remove this deployment's temporary files after a failed push."""
+    if not tmps:
+        return
+    try:
+        transport.run(["rm", "-f", "--", *(f"{state.cas}/{t}" for t in tmps)], timeout=min(timeout, 30.0))
+    except TransportError:
+        pass  # the device is gone; the next check removes them once stale
+
+
+def _materialise(transport: Transport, state: _CasState, parent: str, name: str,
+                 named: Mapping[str, str], timeout: float) -> str:
+    """Build (step 4) ``parent/name`` from cas entries and rename it into place."""
+    if state.python is not None:
+        args = {"cas": state.cas, "parent": parent, "name": name, "entries": dict(named)}
+        _json_or_fail(_run_python(transport, state.python, _PY_MATERIALISE, args, timeout),
+                      None, f"materialise {name}")
+    else:
+        flat = [item for pair in named.items() for item in pair]
+        result = transport.run(["sh", "-c", _SH_MATERIALISE, "sh", state.cas, parent, name, *flat],
+                               timeout=timeout)
+        if not result.ok:
+            raise DeployError(f"cannot materialise {name}: {_tail(result)}")
+    return f"{parent}/{name}"
+
+
+def _result(remote_dir: str, named: Mapping[str, str], state: _CasState,
+            outcome: tuple[set[str], int], paths: dict[str, str]) -> DeployResult:
+    pushed, nbytes = outcome
+    return DeployResult(
+        remote_dir=remote_dir,
+        pushed_files=tuple(n for n, sha in named.items() if sha in pushed),
+        pushed_bytes=nbytes,
+        reused_files=tuple(n for n, sha in named.items() if sha not in pushed),
+        repaired_files=tuple(n for n, sha in named.items() if sha in state.corrupt),
+        remote_paths=paths,
+        workdir=state.workdir,
+    )
+
+
+def _json_or_fail(result: RunResult, device: Device | None, what: str) -> dict[str, Any]:
+    where = f"{device.name}: " if device is not None else ""
+    if not result.ok:
+        raise DeployError(f"{where}cannot {what}: {_tail(result)}")
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise DeployError(f"{where}cannot {what}: unreadable answer {_tail(result)}") from None
+    if not isinstance(data, dict):
+        raise DeployError(f"{where}cannot {what}: unreadable answer {_tail(result)}")
+    return data
+
+
+def _tail(result: RunResult) -> str:
+    text = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    return f"exit {result.rc}: {text[-1] if text else 'no output'}"

@@ -1,0 +1,530 @@
+"""Provisioning: which backends each device can run, and installing missing ones from wheels.
+
+``fleetbench fleet provision FILE [--wheel W ...]`` asks every device (concurrently, one
+dead device never stops the others) for its Python version and, per package, whether it
+is *present* (installed metadata or a findable module) and *importable* (the import
+succeeds), with its version. The packages are numpy, onnxruntime-training (checked by
+``import onnxruntime.training``) and torch; a device can run ``ort`` with numpy and
+onnxruntime-training, ``torch`` with numpy and torch.
+
+Installing only from the user's wheels
+--------------------------------------
+The host downloads nothing and neither does the device. A wheel is matched to a missing
+package by the distribution name in its file name (``onnxruntime_training-1.19.2-...whl``
+is ``onnxruntime-training``; names are compared PEP 503-normalised). Matching wheels are
+pushed through the deployment cache (`harness.deploy`, ``<workdir>/wheels/<digest>/``)
+and installed with::
+
+    python -m pip install --no-index --no-deps --upgrade --target <workdir>/site
+        --find-links <workdir>/wheels/<digest> <distribution names>   (one command line)
+
+so pip picks, among the given wheels, the one compatible with the device's Python and
+platform. Provisioned packages live in ``<workdir>/site`` -- never in the device's own
+site-packages -- so **the runner must be started with** ``PYTHONPATH=<workdir>/site``
+(see `runner_env`); the check here puts that directory first on ``sys.path`` the same way.
+``--no-deps`` means a wheel's own dependencies must be given as wheels too: the report
+after installing tells whether the import now works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devices.connect import connect
+from devices.errors import TransportError
+from devices.fleet import Device, Fleet
+from devices.group import FleetResult, run_on_fleet
+from devices.transport import RunResult, Transport
+from harness.deploy import deploy_files, sha256_file
+
+#: Seconds for the package check (importing torch on a slow board takes a while).
+CHECK_TIMEOUT_S = 180.0
+#: Seconds for ``pip install`` on a device.
+INSTALL_TIMEOUT_S = 900.0
+#: Directory under the device workdir where provisioned packages are installed.
+SITE_DIR = "site"
+
+
+@dataclass(frozen=True)
+class Package:
+    """A Python package a backend needs.
+
+    Attributes
+    ----------
+    name : str
+        Column name in reports (``numpy``, ``onnxruntime``, ``torch``).
+    module : str
+        Module whose import proves it works (``onnxruntime.training``).
+    dist : str
+        Distribution name, matched against wheel file names (``onnxruntime-training``).
+    """
+
+    name: str
+    module: str
+    dist: str
+
+
+#: Packages checked by default, in report order.
+DEFAULT_PACKAGES = (
+    Package("numpy", "numpy", "numpy"),
+    Package("onnxruntime", "onnxruntime.training", "onnxruntime-training"),
+    Package("torch", "torch", "torch"),
+)
+#: Backend to the package names it needs.
+BACKENDS: dict[str, tuple[str, ...]] = {"ort": ("numpy", "onnxruntime"), "torch": ("numpy", "torch")}
+
+
+@dataclass(frozen=True)
+class PackageStatus:
+    """One package on one device.
+
+    Attributes
+    ----------
+    present : bool
+        Installed metadata or a findable top-level module.
+    importable : bool
+        ``import module`` succeeded.
+    version : str or None
+    error : str or None
+        Why the import failed (one line).
+    """
+
+    present: bool
+    importable: bool
+    version: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProvisionReport:
+    """What one device answered.
+
+    Attributes
+    ----------
+    python : str or None
+        Python version on the device; None when ``device.python`` cannot run.
+    packages : dict of str to PackageStatus
+        Per package name, after any installation.
+    site : str
+        ``<workdir>/site`` (``~`` expanded): put it on ``PYTHONPATH``.
+    installed : tuple of str
+        Package names that became importable through the given wheels.
+    install_error : str or None
+        Why installing failed (pip's last line), when it did.
+    """
+
+    python: str | None
+    packages: dict[str, PackageStatus]
+    site: str
+    installed: tuple[str, ...] = ()
+    install_error: str | None = None
+
+    def can_run(self, backend: str) -> bool:
+        """Whether every package ``backend`` needs is importable.
+
+        Parameters
+        ----------
+        backend : {"ort", "torch"}
+
+        Returns
+        -------
+        bool
+        """
+        needed = BACKENDS[backend]
+        return self.python is not None and all(
+            name in self.packages and self.packages[name].importable for name in needed)
+
+    def missing(self) -> tuple[str, ...]:
+        """Return the names of packages that are not importable."""
+        return tuple(name for name, status in self.packages.items() if not status.importable)
+
+
+_CHECK = r"""
+import importlib, importlib.util, json, os, platform, sys
+A = json.loads(sys.argv[1])
+site = os.path.expanduser(A["site"])
+sys.path.insert(0, site)
+try:
+    import importlib.metadata as md
+except ImportError:
+    md = None
+out = {"python": platform.python_version(), "site": site, "packages": {}}
+for name, module, dist in A["packages"]:
+    r = {"present": False, "importable": False, "version": None, "error": None}
+    try:
+        r["version"] = md.version(dist)
+        r["present"] = True
+    except Exception:
+        pass
+    try:
+        r["present"] = r["present"] or importlib.util.find_spec(module.split(".")[0]) is not None
+    except Exception:
+        pass
+    try:
+        importlib.import_module(module)
+        r["importable"] = True
+        r["version"] = r["version"] or getattr(sys.modules[module.split(".")[0]], "__version__", None)
+    except BaseException as e:
+        r["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
+    out["packages"][name] = r
+print(json.dumps(out))
+"""
+
+
+def normalize(name: str) -> str:
+    """Return the PEP 503 normalised form of a distribution name.
+
+    Parameters
+    ----------
+    name : str
+
+    Returns
+    -------
+    str
+    """
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_distribution(wheel: Path) -> str:
+    """Return the normalised distribution name of a wheel file from its name.
+
+    Parameters
+    ----------
+    wheel : pathlib.Path
+        ``{distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl``.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        If the file name is not a wheel name.
+    """
+    parts = Path(wheel).name.split("-")
+    if not Path(wheel).name.endswith(".whl") or len(parts) not in (5, 6):
+        raise ValueError(f"{wheel}: not a wheel file name (dist-version-python-abi-platform.whl)")
+    return normalize(parts[0])
+
+
+def site_path(workdir: str) -> str:
+    """Return where provisioned packages live on a device with ``workdir``.
+
+    Parameters
+    ----------
+    workdir : str
+        The device's workdir, ``~`` already expanded when it had one.
+
+    Returns
+    -------
+    str
+    """
+    return f"{workdir.rstrip('/')}/{SITE_DIR}"
+
+
+def runner_env(workdir: str) -> list[str]:
+    """Return the argv prefix that starts a program with the provisioned packages importable.
+
+    Parameters
+    ----------
+    workdir : str
+        The device's workdir, ``~`` already expanded (e.g. `DeployResult.workdir`).
+
+    Returns
+    -------
+    list of str
+        ``["env", "PYTHONPATH=<workdir>/site"]``: prepend it to the runner's argv.
+    """
+    return ["env", f"PYTHONPATH={site_path(workdir)}"]
+
+
+def check_device(transport: Transport, device: Device,
+                 packages: Sequence[Package] = DEFAULT_PACKAGES) -> ProvisionReport:
+    """Ask one device which packages are present and importable.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+        Supplies ``python`` and ``workdir``.
+    packages : sequence of Package
+
+    Returns
+    -------
+    ProvisionReport
+        ``python`` is None (and nothing importable) when ``device.python`` cannot run.
+
+    Raises
+    ------
+    TransportError
+        The device could not be reached or answered nonsense.
+    """
+    args = {"site": site_path(device.workdir), "packages": [[p.name, p.module, p.dist] for p in packages]}
+    try:
+        result = transport.run([device.python, "-c", _CHECK, json.dumps(args)], timeout=CHECK_TIMEOUT_S)
+    except TransportError as exc:
+        if type(exc) is not TransportError:  # only "cannot start the program" means no Python
+            raise
+        result = RunResult(127, "", str(exc), 0.0)
+    if result.rc in (126, 127):
+        absent = {p.name: PackageStatus(False, False, None, f"{device.python} cannot run") for p in packages}
+        return ProvisionReport(None, absent, site_path(device.workdir))
+    return _parse_report(result, device)
+
+
+def _parse_report(result: RunResult, device: Device) -> ProvisionReport:
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+        packages = {name: PackageStatus(**entry) for name, entry in data["packages"].items()}
+    except (ValueError, IndexError, KeyError, TypeError):
+        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        raise TransportError(f"{device.name}: package check failed (exit {result.rc}): "
+                             f"{tail[-1] if tail else 'no output'}") from None
+    # Only a leading ``~`` takes the device's word (see harness.deploy on the emulated phone).
+    site = data["site"] if device.workdir.startswith("~") else site_path(device.workdir)
+    return ProvisionReport(str(data["python"]), packages, site)
+
+
+def match_wheels(missing: Sequence[Package], wheels: Sequence[Path]) -> dict[str, list[Path]]:
+    """Return, per missing package name, the given wheels of its distribution.
+
+    Parameters
+    ----------
+    missing : sequence of Package
+    wheels : sequence of pathlib.Path
+
+    Returns
+    -------
+    dict of str to list of pathlib.Path
+        Only packages with at least one wheel appear.
+    """
+    by_dist: dict[str, list[Path]] = {}
+    for wheel in wheels:
+        by_dist.setdefault(wheel_distribution(wheel), []).append(Path(wheel))
+    return {p.name: by_dist[normalize(p.dist)] for p in missing if normalize(p.dist) in by_dist}
+
+
+def install_wheels(transport: Transport, device: Device, report: ProvisionReport,
+                   packages: Sequence[Package], wheels: Sequence[Path]) -> str | None:
+    """Push the wheels of missing packages through the cache and pip-install them offline.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    report : ProvisionReport
+        The device's state before installing (its ``site`` is the pip ``--target``).
+    packages : sequence of Package
+        The missing packages to install.
+    wheels : sequence of pathlib.Path
+        Wheel files to choose from (already matched to ``packages``).
+
+    Returns
+    -------
+    str or None
+        pip's last line when it failed, else None.
+    """
+    digest = sha256_file_list(wheels)
+    deployed = deploy_files(transport, device, wheels, device.python, into=f"wheels/{digest}")
+    argv = [device.python, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade",
+            "--disable-pip-version-check", "--no-warn-script-location", "--target", report.site,
+            "--find-links", deployed.remote_dir, *(normalize(p.dist) for p in packages)]
+    result = transport.run(argv, timeout=INSTALL_TIMEOUT_S)
+    if result.ok:
+        return None
+    lines = [line for line in (result.stderr + "\n" + result.stdout).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else f"pip exited with status {result.rc}"
+
+
+def sha256_file_list(files: Sequence[Path]) -> str:
+    """Return a short digest naming a set of files by content (order-independent).
+
+    Parameters
+    ----------
+    files : sequence of pathlib.Path
+
+    Returns
+    -------
+    str
+        16 hex digits.
+    """
+    joined = "\n".join(sorted(f"{sha256_file(Path(f))} {Path(f).name}" for f in files))
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def provision_device(transport: Transport, device: Device, wheels: Sequence[Path] = (),
+                     packages: Sequence[Package] = DEFAULT_PACKAGES) -> ProvisionReport:
+    """Report one device's packages, installing missing ones from ``wheels`` first.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    wheels : sequence of pathlib.Path
+        Wheel files the user named; only those of missing packages are pushed.
+    packages : sequence of Package
+
+    Returns
+    -------
+    ProvisionReport
+        The state after installing, with ``installed`` and ``install_error``.
+    """
+    before = check_device(transport, device, packages)
+    missing = [p for p in packages if not before.packages[p.name].importable]
+    matched = match_wheels(missing, wheels)
+    if not matched or before.python is None:
+        return before
+    chosen = [p for p in missing if p.name in matched]
+    error = install_wheels(transport, device, before, chosen, [w for p in chosen for w in matched[p.name]])
+    after = check_device(transport, device, packages)
+    installed = tuple(p.name for p in chosen if after.packages[p.name].importable)
+    return ProvisionReport(after.python, after.packages, after.site, installed, error)
+
+
+def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
+              packages: Sequence[Package] = DEFAULT_PACKAGES,
+              opener: Callable[[Device], Transport] = connect) -> FleetResult[ProvisionReport]:
+    """Provision every device of a fleet concurrently.
+
+    Parameters
+    ----------
+    fleet : Fleet or sequence of Device
+    wheels : sequence of pathlib.Path
+        Wheel files to install missing packages from (nothing is downloaded).
+    packages : sequence of Package
+        Packages to check (default numpy, onnxruntime-training, torch).
+    opener : callable
+        Device to an open transport (default `devices.connect.connect`).
+
+    Returns
+    -------
+    FleetResult of ProvisionReport
+        Devices that answered, and devices that failed with the failure's kind
+        (``unreachable``, ``timeout``, ...).
+    """
+    devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
+    for wheel in wheels:
+        wheel_distribution(wheel)  # a bad name fails before any device is touched
+
+    def action(device: Device) -> ProvisionReport:
+        transport = opener(device)
+        try:
+            return provision_device(transport, device, wheels, packages)
+        finally:
+            transport.close()
+
+    return run_on_fleet(devices, action)
+
+
+def format_table(result: FleetResult[ProvisionReport], devices: Sequence[Device],
+                 packages: Sequence[Package] = DEFAULT_PACKAGES) -> str:
+    """Render the provisioning table (device | python | packages... | can run).
+
+    Parameters
+    ----------
+    result : FleetResult of ProvisionReport
+    devices : sequence of Device
+        Row order.
+    packages : sequence of Package
+
+    Returns
+    -------
+    str
+    """
+    header = ["device", "python", *(p.name for p in packages), "can run"]
+    rows = [header]
+    notes: list[str] = []
+    for device in devices:
+        if device.name in result.failures:
+            failure = result.failures[device.name]
+            rows.append([device.name, "-", *("-" for _ in packages), f"FAILED: {failure.kind}"])
+            notes.append(f"{device.name}: {failure.kind}: {failure.message}")
+            continue
+        report = result.successes[device.name]
+        rows.append([device.name, report.python or "missing",
+                     *(_cell(report.packages[p.name]) for p in packages),
+                     "/".join(b for b in BACKENDS if report.can_run(b)) or "nothing"])
+        notes.extend(_notes(device.name, report))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines + notes)
+
+
+def _cell(status: PackageStatus) -> str:
+    if status.importable:
+        return status.version or "yes"
+    return "broken" if status.present else "missing"
+
+
+def _notes(name: str, report: ProvisionReport) -> list[str]:
+    notes = [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
+    if report.install_error:
+        notes.append(f"{name}: install failed: {report.install_error}")
+    notes.extend(f"{name}: {pkg} present but not importable: {status.error}"
+                 for pkg, status in report.packages.items() if status.present and not status.importable)
+    return notes
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    """Run ``fleetbench fleet provision FILE [--wheel W ...]``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``file`` (fleet YAML) and ``wheel`` (list of wheel paths).
+
+    Returns
+    -------
+    int
+        0 when every device answered, 1 otherwise.
+
+    Raises
+    ------
+    InputError
+        A wheel file is missing or badly named.
+    """
+    from devices.fleetfile import load_fleet
+    from exporters.errors import InputError
+
+    wheels = [Path(w) for w in args.wheel]
+    for wheel in wheels:
+        if not wheel.is_file():
+            raise InputError(f"wheel {wheel} does not exist")
+        try:
+            wheel_distribution(wheel)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    fleet = load_fleet(args.file)
+    result = provision(fleet, wheels)
+    print(format_table(result, fleet.devices))
+    return 0 if result.ok else 1
+
+
+def as_dict(report: ProvisionReport) -> Mapping[str, Any]:
+    """Return a report as plain JSON-ready data (for logs and records).
+
+    Parameters
+    ----------
+    report : ProvisionReport
+
+    Returns
+    -------
+    dict
+    """
+    return {
+        "python": report.python,
+        "site": report.site,
+        "packages": {name: vars(status) for name, status in report.packages.items()},
+        "installed": list(report.installed),
+        "install_error": report.install_error,
+        "can_run": {b: report.can_run(b) for b in BACKENDS},
+    }
