@@ -1,0 +1,1076 @@
+"""fleetbench on-device runner: one self-contained file pushed to a device.
+
+Nothing of fleetbench is imported: the device needs Python >= 3.8, numpy and the
+backend (``onnxruntime-training`` for ``ort``, PyTorch for ``torch``). The
+module top imports the standard library only; numpy and the backend are imported
+inside the modes, so a missing one becomes exit status 3 with a JSON document
+naming it.
+
+Command line::
+
+    python3 runner.py bench --artifacts DIR --backend ort|torch --warmup W --steps N
+                            --threads T [--seed S]
+    python3 runner.py train --artifacts DIR --backend ort|torch --params IN.npy
+                            --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
+                            [--batch B] [--seed S]
+
+Output: exactly one JSON document on stdout, always, also on failure (logs and
+anything a native library prints go to stderr: file descriptor 1 is pointed at
+stderr while the runner works). Keys::
+
+    mode               "bench" | "train" (null if the mode itself was not understood)
+    status             "ok" | "bad arguments" | "missing runtime" | "out of memory" | "runner error"
+    error              message or null
+    missing            the module that could not be imported (status "missing runtime"), else null
+    backend, batch, warmup, steps, threads, seed
+    step_seconds       wall time of every timed step (bench: warm-up excluded; train: every step)
+    loss               loss of every step in step_seconds (before that step's update)
+    peak_memory_bytes  peak resident set of the process (VmHWM, else ru_maxrss)
+    peak_memory_source "VmHWM" | "ru_maxrss" | null
+    cpu_freq_khz       {"before": [kHz per cpu], "after": [...]} (scaling_cur_freq)
+    thermal_c          {"before": {zone type: Celsius}, "after": {...}}
+    throttled          bool, see `throttled`
+    matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train)
+    versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
+    train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out
+
+Exit status (``harness.records.RUNNER_EXIT_CODES``): 0 ok, 2 bad arguments (also
+an artifact set that the backend cannot use, a parameter vector of the wrong
+length, a shard smaller than one batch), 3 missing runtime, 4 out of memory
+(``MemoryError``, and ORT / PyTorch allocation failures recognised by their
+message), 5 runner error (anything else; the traceback goes to stderr). A runner
+killed by the kernel's OOM killer prints nothing: the caller sees the signal
+(exit status -9 / 137) and decides (the campaign records it as out of memory).
+
+Decisions:
+
+* bench data is one random batch built from the manifest's input shapes and dtypes
+  (float inputs standard normal, int64 inputs and labels uniform below the
+  model's ``num_classes``), seeded by ``--seed``, bound once as ``OrtValue``s;
+  nothing but the artifact set needs to be on the device.
+* ORT sessions: ``intra_op_num_threads=T``, ``inter_op_num_threads=1``,
+  sequential execution. numpy's BLAS gets T threads too (``OMP_NUM_THREADS``,
+  ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` set before numpy is imported,
+  unless the caller set them); torch gets ``set_num_threads(T)``.
+* the matmul probe (256 x 256 float32, repeated for about 0.2 s) runs before the
+  runtime is loaded and before any training step.
+* train: the shard is an ``.npz`` with ``x`` (inputs) and ``y`` (int64 labels);
+  each epoch visits it in a fresh permutation drawn from ``--seed`` (default 0)
+  in batches of the artifact's fixed batch size; the last partial batch of an
+  epoch is dropped (the graphs have a fixed batch dimension). ``--batch``, when
+  given, must equal that size. ``--out`` is written atomically at exactly the
+  given path (``np.save``, ``allow_pickle=False``).
+* torch backend: the artifact set must hold ``model.pt`` (TorchScript, written by
+  ``exporters.torchscript.export_torchscript``); it trains with
+  ``torch.optim.AdamW`` / ``SGD`` at the manifest's ``optimizer_defaults`` and the
+  mean cross-entropy. ``torch.optim.AdamW`` differs from ORT's AdamW in how
+  ``eps`` enters (see ``exporters.artifacts.OrtAdamW``); SGD matches exactly.
+* throttled: true when, on any cpu, the frequency after the run is more than 5 %
+  below the frequency before it, or when any thermal zone is at or above one of
+  its ``passive`` trip points after the run. A heuristic: governors also lower
+  the frequency of idle cpus, so read it with the raw frequencies.
+* peak memory is the whole process's (interpreter, runtime, probe, data).
+* the ``ort`` backend never loads PyTorch, although onnxruntime-training 1.19
+  imports it by itself where it is installed (see `import_ort_training`): that
+  cost about 2 s of start-up and 250 MB of peak memory per cell, and would put a
+  second runtime's thread pool into the measured process. ``versions`` reports
+  the installed version of a runtime that was not loaded (package metadata).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+import types
+from typing import Any
+
+EXIT_CODES = {
+    "ok": 0,
+    "bad arguments": 2,
+    "missing runtime": 3,
+    "out of memory": 4,
+    "runner error": 5,
+}
+
+#: A frequency drop larger than this fraction between before and after counts as throttling.
+THROTTLE_DROP = 0.05
+
+#: Substrings (lower case) of ORT / PyTorch / loader messages that mean an allocation failed.
+OOM_MESSAGES = (
+    "out of memory",
+    "bad_alloc",
+    "failed to allocate",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "not enough memory",
+    "unable to allocate",
+    "memoryerror",
+)
+
+TORCHSCRIPT_FILE = "model.pt"
+
+
+class RunnerFailure(Exception):
+    """A failure with a known status (bad arguments, missing runtime, out of memory)."""
+
+    def __init__(self, status: str, message: str, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.missing = missing
+
+
+def bad(message: str) -> RunnerFailure:
+    """Return a "bad arguments" failure.
+
+    Parameters
+    ----------
+    message : str
+
+    Returns
+    -------
+    RunnerFailure
+    """
+    return RunnerFailure("bad arguments", message)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise bad(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the command-line parser (errors raise `RunnerFailure`, never exit).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    parser = _Parser(prog="runner.py", description="fleetbench on-device runner")
+    sub = parser.add_subparsers(dest="mode")
+    common = _Parser(add_help=False)
+    common.add_argument("--artifacts", required=True, help="artifact set directory")
+    common.add_argument("--backend", required=True, choices=("ort", "torch"))
+    common.add_argument("--threads", type=int, required=True, help="intra-op threads")
+    common.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser("bench", parents=[common], help="time training steps")
+    bench.add_argument("--warmup", type=int, required=True)
+    bench.add_argument("--steps", type=int, required=True)
+    train = sub.add_parser("train", parents=[common], help="train on a local shard")
+    train.add_argument("--params", required=True, help="flat float32 .npy in manifest order")
+    train.add_argument("--data", required=True, help=".npz shard with x and y")
+    train.add_argument("--epochs", type=int, required=True)
+    train.add_argument("--lr", type=float, required=True)
+    train.add_argument("--out", required=True, help="where to write the trained flat .npy")
+    train.add_argument("--batch", type=int, default=None, help="must equal the artifact batch")
+    return parser
+
+
+def new_result() -> dict:
+    """Return the JSON document with every key present and nothing measured.
+
+    Returns
+    -------
+    dict
+    """
+    return {
+        "mode": None,
+        "status": "runner error",
+        "error": None,
+        "missing": None,
+        "backend": None,
+        "batch": None,
+        "warmup": None,
+        "steps": None,
+        "threads": None,
+        "seed": None,
+        "step_seconds": [],
+        "loss": [],
+        "peak_memory_bytes": None,
+        "peak_memory_source": None,
+        "cpu_freq_khz": {"before": [], "after": []},
+        "thermal_c": {"before": {}, "after": {}},
+        "throttled": False,
+        "matmul_gflops": None,
+        "versions": {"python": platform.python_version(), "numpy": None, "onnxruntime": None, "torch": None},
+    }
+
+
+# --------------------------------------------------------------------------- device facts
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_frequencies_khz() -> list:
+    """Return the current frequency of every cpu in kHz (empty where not exposed).
+
+    Returns
+    -------
+    list of int or None
+        One entry per ``/sys/devices/system/cpu/cpuN``, in N order; ``None`` for
+        a cpu without a readable ``scaling_cur_freq`` / ``cpuinfo_cur_freq``.
+    """
+    cpus = glob.glob("/sys/devices/system/cpu/cpu[0-9]*")
+    cpus.sort(key=lambda p: int(os.path.basename(p)[3:]))
+    out = []
+    for cpu in cpus:
+        value = None
+        for name in ("scaling_cur_freq", "cpuinfo_cur_freq"):
+            text = _read(os.path.join(cpu, "cpufreq", name))
+            if text is not None and text.isdigit():
+                value = int(text)
+                break
+        out.append(value)
+    return out if any(v is not None for v in out) else []
+
+
+def thermal_zones() -> tuple:
+    """Read every thermal zone's temperature and passive trip points.
+
+    Returns
+    -------
+    temps : dict of str to float
+        Celsius by zone type (``type#N`` for a repeated type).
+    passive : dict of str to list of float
+        Passive trip points in Celsius by the same keys.
+    """
+    temps: dict = {}
+    passive: dict = {}
+    zones = glob.glob("/sys/class/thermal/thermal_zone[0-9]*")
+    zones.sort(key=lambda p: int(os.path.basename(p)[len("thermal_zone") :]))
+    for zone in zones:
+        text = _read(os.path.join(zone, "temp"))
+        try:
+            celsius = int(text or "") / 1000.0
+        except ValueError:
+            continue
+        kind = _read(os.path.join(zone, "type")) or os.path.basename(zone)
+        key, n = kind, 1
+        while key in temps:
+            n += 1
+            key = f"{kind}#{n}"
+        temps[key] = celsius
+        trips = []
+        for trip_type in glob.glob(os.path.join(zone, "trip_point_*_type")):
+            if _read(trip_type) == "passive":
+                trip = _read(trip_type[: -len("type")] + "temp")
+                if trip is not None and trip.lstrip("-").isdigit() and int(trip) > 0:
+                    trips.append(int(trip) / 1000.0)
+        passive[key] = trips
+    return temps, passive
+
+
+def throttled(freq_before: list, freq_after: list, temps_after: dict, passive: dict) -> bool:
+    """Decide whether the device throttled during the run.
+
+    Parameters
+    ----------
+    freq_before, freq_after : list of int or None
+        Per-cpu kHz before and after.
+    temps_after : dict of str to float
+        Celsius per zone after the run.
+    passive : dict of str to list of float
+        Passive trip points per zone.
+
+    Returns
+    -------
+    bool
+        True when some cpu's frequency fell by more than `THROTTLE_DROP`, or a
+        zone is at or above one of its passive trip points.
+    """
+    for before, after in zip(freq_before, freq_after):  # noqa: B905 - zip(strict=) needs Python 3.10
+        if before and after is not None and after < (1.0 - THROTTLE_DROP) * before:
+            return True
+    for key, celsius in temps_after.items():
+        if any(celsius >= trip for trip in passive.get(key, ())):
+            return True
+    return False
+
+
+def peak_memory() -> tuple:
+    """Return the process's peak resident set and where it came from.
+
+    Returns
+    -------
+    bytes : int or None
+    source : {"VmHWM", "ru_maxrss"} or None
+    """
+    text = _read("/proc/self/status")
+    if text:
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                parts = line.split()
+                if len(parts) >= 2 and parts[1].isdigit():
+                    return int(parts[1]) * 1024, "VmHWM"
+    try:
+        import resource
+
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError, AttributeError):
+        return None, None
+    # Linux reports kilobytes, macOS bytes.
+    return int(maxrss) * (1 if sys.platform == "darwin" else 1024), "ru_maxrss"
+
+
+def _dist_version(*names: str) -> str | None:
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    for name in names:
+        try:
+            return metadata.version(name)
+        except Exception:  # noqa: BLE001 - any metadata problem means "unknown"
+            continue
+    return None
+
+
+def versions(result: dict) -> None:
+    """Fill ``result["versions"]`` without importing runtimes that are not loaded yet.
+
+    Parameters
+    ----------
+    result : dict
+    """
+    v = result["versions"]
+    for key, module, dists in (
+        ("numpy", "numpy", ("numpy",)),
+        ("onnxruntime", "onnxruntime", ("onnxruntime-training", "onnxruntime")),
+        ("torch", "torch", ("torch",)),
+    ):
+        loaded = sys.modules.get(module)
+        version = getattr(loaded, "__version__", None) if loaded is not None else None
+        v[key] = str(version) if version else _dist_version(*dists)
+
+
+# --------------------------------------------------------------------------- runtimes
+
+
+def import_numpy(threads: int):
+    """Import numpy with its BLAS held to ``threads`` threads.
+
+    Parameters
+    ----------
+    threads : int
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    RunnerFailure
+        "missing runtime" when numpy cannot be imported.
+    """
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, str(threads))
+    try:
+        import numpy
+    except ImportError as exc:
+        raise _import_failure("numpy", exc) from None
+    return numpy
+
+
+def _import_failure(name: str, exc: BaseException) -> RunnerFailure:
+    if is_oom(exc):
+        return RunnerFailure("out of memory", f"importing {name}: {exc}")
+    return RunnerFailure("missing runtime", f"{name} is not importable: {exc}", missing=name)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Tell whether an exception is an allocation failure.
+
+    Parameters
+    ----------
+    exc : BaseException
+
+    Returns
+    -------
+    bool
+        True for ``MemoryError`` and for messages in `OOM_MESSAGES`.
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    text = (f"{type(exc).__name__} {exc}").lower()
+    return any(m in text for m in OOM_MESSAGES)
+
+
+def matmul_gflops(np, seconds: float = 0.2, n: int = 256) -> float:
+    """Measure numpy's achievable float32 matmul rate.
+
+    Parameters
+    ----------
+    np : module
+        numpy.
+    seconds : float
+        Approximate probe duration.
+    n : int
+        Matrix size.
+
+    Returns
+    -------
+    float
+        GFLOP/s (``2 n**3`` per product).
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    np.matmul(a, b, out=c)  # warm the BLAS up
+    reps = 0
+    start = time.perf_counter()
+    elapsed = 0.0
+    while elapsed < seconds:
+        for _ in range(4):
+            np.matmul(a, b, out=c)
+        reps += 4
+        elapsed = time.perf_counter() - start
+    return 2.0 * n**3 * reps / elapsed / 1e9
+
+
+def load_manifest(directory: str, backend: str) -> dict:
+    """Read and check an artifact set's manifest for ``backend``.
+
+    Parameters
+    ----------
+    directory : str
+    backend : {"ort", "torch"}
+
+    Returns
+    -------
+    dict
+
+    Raises
+    ------
+    RunnerFailure
+        "bad arguments" when the directory, a needed file or a manifest field is missing.
+    """
+    if not os.path.isdir(directory):
+        raise bad(f"artifacts {directory}: not a directory")
+    try:
+        with open(os.path.join(directory, "manifest.json")) as handle:
+            manifest = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise bad(f"artifacts {directory}: no readable manifest.json ({exc})") from None
+    needed = ["training_model.onnx", "optimizer_model.onnx", "checkpoint"]
+    if backend == "torch":
+        needed = [TORCHSCRIPT_FILE]
+    for name in needed:
+        if not os.path.isfile(os.path.join(directory, name)):
+            hint = " (export it with exporters.torchscript.export_torchscript)" if name == TORCHSCRIPT_FILE else ""
+            raise bad(f"artifacts {directory}: {name} is missing{hint}")
+    try:
+        inputs = manifest["inputs"]
+        int(manifest["batch"])
+        int(manifest["num_parameters"])
+        [(p["name"], list(p["shape"])) for p in manifest["parameters"]]
+        inputs[0]["shape"], inputs[0]["dtype"], inputs[1]["name"]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise bad(f"artifacts {directory}: manifest lacks {exc}") from None
+    if num_classes(manifest) is None:
+        raise bad(f"artifacts {directory}: manifest does not say num_classes")
+    return manifest
+
+
+def num_classes(manifest: dict) -> int | None:
+    """Return the model's number of classes (also the vocabulary of int64 inputs).
+
+    Parameters
+    ----------
+    manifest : dict
+
+    Returns
+    -------
+    int or None
+    """
+    for source in (manifest, manifest.get("cache_key_inputs") or {}):
+        value = source.get("num_classes")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def random_batch(np, manifest: dict, seed: int) -> tuple:
+    """Build one random training batch from the manifest's input shapes and dtypes.
+
+    Parameters
+    ----------
+    np : module
+    manifest : dict
+    seed : int
+
+    Returns
+    -------
+    x, y : numpy.ndarray
+        C-contiguous inputs and int64 labels below ``num_classes``.
+    """
+    rng = np.random.default_rng(seed)
+    classes = num_classes(manifest)
+    spec, labels = manifest["inputs"][0], manifest["inputs"][1]
+    shape = tuple(int(d) for d in spec["shape"])
+    if spec["dtype"] in ("int64", "int32"):
+        x = rng.integers(0, classes, size=shape).astype(spec["dtype"])
+    else:
+        x = rng.standard_normal(shape).astype(spec["dtype"])
+    y = rng.integers(0, classes, size=tuple(int(d) for d in labels["shape"])).astype(np.int64)
+    return np.ascontiguousarray(x), np.ascontiguousarray(y)
+
+
+def import_ort_training() -> tuple:
+    """Import ``onnxruntime`` and ``onnxruntime.training.api`` without loading PyTorch.
+
+    onnxruntime-training 1.19 imports PyTorch from ``onnxruntime/__init__``
+    (a package check for ORTModule, which tolerates its absence) and from
+    ``onnxruntime/training/__init__`` (the torch-only ``optim`` and ``amp``
+    helpers, which fail without it), although ``onnxruntime.training.api``
+    needs neither. Loading PyTorch into an ORT measurement costs about 2 s of
+    start-up and 250 MB of peak memory, and would make the runner fail on devices
+    without PyTorch. So ``torch`` is blocked (``sys.modules["torch"] = None``)
+    while ORT is imported, unless it is already loaded; when the training package
+    then fails on the block, ``onnxruntime.training`` is entered as a bare
+    namespace of its directory and only ``api`` is imported from it.
+
+    Returns
+    -------
+    onnxruntime : module
+    api : module
+        ``onnxruntime.training.api``.
+
+    Raises
+    ------
+    RunnerFailure
+        "missing runtime" (``missing="onnxruntime.training"``) when either import fails.
+    """
+    blocked = "torch" not in sys.modules
+    if blocked:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import onnxruntime
+
+        try:
+            from onnxruntime.training import api
+        except ImportError:
+            if not blocked:
+                raise
+            training_dir = os.path.join(os.path.dirname(onnxruntime.__file__), "training")
+            if not os.path.isfile(os.path.join(training_dir, "api", "__init__.py")):
+                raise
+            package = types.ModuleType("onnxruntime.training")
+            package.__path__ = [training_dir]
+            package.__package__ = "onnxruntime.training"
+            sys.modules["onnxruntime.training"] = package
+            from onnxruntime.training import api
+    except ImportError as exc:
+        raise _import_failure("onnxruntime.training", exc) from None
+    finally:
+        if blocked and "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+    return onnxruntime, api
+
+
+class OrtBackend:
+    """ORT training session over an artifact set (training and optimizer graphs only).
+
+    Parameters
+    ----------
+    directory : str
+    manifest : dict
+    threads : int
+    lr : float, optional
+    """
+
+    name = "onnxruntime"
+
+    def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
+        onnxruntime, api = import_ort_training()
+        self.ort = onnxruntime
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3
+        self.state = api.CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
+        self.module = api.Module(os.path.join(directory, "training_model.onnx"), self.state, session_options=options)
+        self.optimizer = api.Optimizer(os.path.join(directory, "optimizer_model.onnx"), self.module)
+        if lr is not None:
+            self.optimizer.set_learning_rate(lr)
+        self.module.train()
+        self.inputs: tuple = ()
+
+    def bind(self, x, y) -> None:
+        """Bind input buffers once; later steps read whatever the buffers hold.
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray
+            C-contiguous buffers (shared with the OrtValues, not copied).
+        """
+        self.inputs = (self.ort.OrtValue.ortvalue_from_numpy(x), self.ort.OrtValue.ortvalue_from_numpy(y))
+
+    def step(self):
+        """Run forward, backward and the optimizer on the bound batch.
+
+        Returns
+        -------
+        object
+            The loss, still as ORT returned it (convert with `loss_value`).
+        """
+        out = self.module(*self.inputs)
+        self.optimizer.step()
+        self.module.lazy_reset_grad()
+        return out
+
+    @staticmethod
+    def loss_value(out) -> float:
+        """Convert a step's loss to a float.
+
+        Parameters
+        ----------
+        out : object
+
+        Returns
+        -------
+        float
+        """
+        return float(out.numpy() if hasattr(out, "numpy") else out)
+
+    def set_flat(self, np, flat) -> None:
+        """Load the flat float32 parameter vector (manifest order).
+
+        Parameters
+        ----------
+        np : module
+        flat : numpy.ndarray
+        """
+        value = self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+        # ORT 1.19's wrapper passes its argument to C++ as is: it needs the raw C++ OrtValue.
+        self.module.copy_buffer_to_parameters(getattr(value, "_ortvalue", value), trainable_only=True)
+
+    def get_flat(self, np):
+        """Return a copy of the flat float32 parameter vector.
+
+        Parameters
+        ----------
+        np : module
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        return np.array(self.module.get_contiguous_parameters(trainable_only=True).numpy(), dtype=np.float32)
+
+
+class TorchBackend:
+    """TorchScript training with the manifest's optimizer and hyper-parameters.
+
+    Parameters
+    ----------
+    directory : str
+    manifest : dict
+    threads : int
+    lr : float, optional
+    """
+
+    name = "torch"
+
+    def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise _import_failure("torch", exc) from None
+        self.torch = torch
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set, or parallel work already ran
+            pass
+        self.manifest = manifest
+        self.model = torch.jit.load(os.path.join(directory, TORCHSCRIPT_FILE), map_location="cpu")
+        self.model.train()
+        named = dict(self.model.named_parameters())
+        self.params = []
+        for p in manifest["parameters"]:
+            tensor = named.get(p["name"])
+            if tensor is None or list(tensor.shape) != list(p["shape"]):
+                raise bad(f"{TORCHSCRIPT_FILE}: parameter {p['name']} missing or of another shape than the manifest's")
+            self.params.append(tensor)
+        kind = manifest.get("optimizer", "adamw")
+        hyper = dict(manifest.get("optimizer_defaults") or {})
+        rate = float(hyper.get("lr", 1e-3) if lr is None else lr)
+        self.optimizer: Any
+        if kind == "sgd":
+            self.optimizer = torch.optim.SGD(
+                self.params,
+                lr=rate,
+                momentum=float(hyper.get("momentum", 0.0)),
+                weight_decay=float(hyper.get("weight_decay", 0.0)),
+            )
+        elif kind == "adamw":
+            betas = hyper.get("betas", [0.9, 0.999])
+            self.optimizer = torch.optim.AdamW(
+                self.params,
+                lr=rate,
+                betas=(float(betas[0]), float(betas[1])),
+                eps=float(hyper.get("eps", 1e-6)),
+                weight_decay=float(hyper.get("weight_decay", 0.0)),
+            )
+        else:
+            raise bad(f"optimizer {kind!r} of the artifact set is not supported by the torch backend")
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.x: Any = None
+        self.y: Any = None
+
+    def bind(self, x, y) -> None:
+        """Bind input buffers once (shared with numpy, not copied).
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray
+        """
+        self.x = self.torch.from_numpy(x)
+        self.y = self.torch.from_numpy(y)
+
+    def step(self):
+        """Run forward, backward and the optimizer on the bound batch.
+
+        Returns
+        -------
+        torch.Tensor
+            The detached loss.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model(self.x), self.y)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    @staticmethod
+    def loss_value(out) -> float:
+        """Convert a step's loss to a float.
+
+        Parameters
+        ----------
+        out : torch.Tensor
+
+        Returns
+        -------
+        float
+        """
+        return float(out)
+
+    def set_flat(self, np, flat) -> None:
+        """Load the flat float32 parameter vector (manifest order).
+
+        Parameters
+        ----------
+        np : module
+        flat : numpy.ndarray
+        """
+        with self.torch.no_grad():
+            for p, tensor in zip(self.manifest["parameters"], self.params):  # noqa: B905 - Python 3.8
+                offset, size = int(p["offset"]), int(p["size"])
+                chunk = np.ascontiguousarray(flat[offset : offset + size], dtype=np.float32)
+                tensor.copy_(self.torch.from_numpy(chunk).reshape(tensor.shape))
+
+    def get_flat(self, np):
+        """Return a copy of the flat float32 parameter vector.
+
+        Parameters
+        ----------
+        np : module
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        parts = [t.detach().cpu().numpy().reshape(-1) for t in self.params]
+        return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, dtype=np.float32)
+
+
+def open_backend(args: argparse.Namespace, manifest: dict, lr: float | None = None):
+    """Load the requested backend on the artifact set.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    manifest : dict
+    lr : float, optional
+
+    Returns
+    -------
+    OrtBackend or TorchBackend
+    """
+    cls = OrtBackend if args.backend == "ort" else TorchBackend
+    return cls(args.artifacts, manifest, args.threads, lr)
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    if args.threads < 1:
+        raise bad(f"--threads must be at least 1, got {args.threads}")
+
+
+def _before(result: dict) -> dict:
+    freq = cpu_frequencies_khz()
+    temps, passive = thermal_zones()
+    result["cpu_freq_khz"]["before"] = freq
+    result["thermal_c"]["before"] = temps
+    return passive
+
+
+def _after(result: dict, passive: dict) -> None:
+    freq = cpu_frequencies_khz()
+    temps, passive_now = thermal_zones()
+    result["cpu_freq_khz"]["after"] = freq
+    result["thermal_c"]["after"] = temps
+    for key, trips in passive_now.items():
+        passive.setdefault(key, trips)
+    result["throttled"] = throttled(result["cpu_freq_khz"]["before"], freq, temps, passive)
+
+
+def run_bench(args: argparse.Namespace, result: dict) -> None:
+    """Time ``warmup + steps`` training steps on a random batch; fill ``result``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    result : dict
+    """
+    result.update(warmup=args.warmup, steps=args.steps)
+    _check_common(args)
+    if args.warmup < 0:
+        raise bad(f"--warmup must be at least 0, got {args.warmup}")
+    if args.steps < 1:
+        raise bad(f"--steps must be at least 1, got {args.steps}")
+    manifest = load_manifest(args.artifacts, args.backend)
+    result["batch"] = int(manifest["batch"])
+    np = import_numpy(args.threads)
+    result["matmul_gflops"] = matmul_gflops(np)
+    x, y = random_batch(np, manifest, args.seed)
+    backend = open_backend(args, manifest)
+    backend.bind(x, y)
+    passive = _before(result)
+    clock = time.perf_counter
+    seconds, losses = result["step_seconds"], result["loss"]
+    for i in range(args.warmup + args.steps):
+        start = clock()
+        out = backend.step()
+        elapsed = clock() - start
+        if i >= args.warmup:
+            seconds.append(elapsed)
+            losses.append(backend.loss_value(out))
+    _after(result, passive)
+
+
+def _load_params(np, path: str, size: int):
+    try:
+        flat = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        if is_oom(exc):
+            raise
+        raise bad(f"--params {path}: not a readable .npy ({exc})") from None
+    if flat.ndim != 1 or flat.size != size or flat.dtype.kind != "f":
+        raise bad(f"--params {path}: shape {flat.shape} dtype {flat.dtype}, the set needs float32 ({size},)")
+    return np.ascontiguousarray(flat, dtype=np.float32)
+
+
+def _load_shard(np, path: str, manifest: dict):
+    spec = manifest["inputs"][0]
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "x" not in data or "y" not in data:
+                raise bad(f"--data {path}: needs arrays x and y, has {sorted(data.keys())}")
+            x, y = data["x"], data["y"]
+    except (OSError, ValueError, EOFError) as exc:
+        if is_oom(exc):
+            raise
+        raise bad(f"--data {path}: not a readable .npz ({exc})") from None
+    want = [int(d) for d in spec["shape"][1:]]
+    if list(x.shape[1:]) != want or y.shape != (x.shape[0],):
+        raise bad(f"--data {path}: x {x.shape} / y {y.shape} do not fit inputs (N, {want}) and labels (N,)")
+    if y.dtype.kind not in "iu":
+        raise bad(f"--data {path}: labels y must be integers, got {y.dtype}")
+    return x.astype(spec["dtype"], copy=False), y.astype(np.int64, copy=False)
+
+
+def _save_atomic(np, path: str, flat) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".runner-", suffix=".npy")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.save(handle, flat, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run_train(args: argparse.Namespace, result: dict) -> None:
+    """Train ``epochs`` epochs over a shard from given parameters; fill ``result``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    result : dict
+    """
+    result.update(warmup=0, steps=0, epochs=args.epochs, lr=args.lr, examples=0, num_parameters=None, out=None)
+    _check_common(args)
+    if args.epochs < 1:
+        raise bad(f"--epochs must be at least 1, got {args.epochs}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise bad(f"--lr must be a positive number, got {args.lr!r}")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise bad(f"--out {args.out}: directory {out_dir} does not exist")
+    manifest = load_manifest(args.artifacts, args.backend)
+    batch = int(manifest["batch"])
+    result["batch"] = batch
+    result["num_parameters"] = int(manifest["num_parameters"])
+    if args.batch is not None and args.batch != batch:
+        raise bad(f"--batch {args.batch}: the artifact set has a fixed batch of {batch}")
+    np = import_numpy(args.threads)
+    flat = _load_params(np, args.params, int(manifest["num_parameters"]))
+    x, y = _load_shard(np, args.data, manifest)
+    per_epoch = x.shape[0] // batch
+    if per_epoch < 1:
+        raise bad(f"--data {args.data}: {x.shape[0]} examples, fewer than one batch of {batch}")
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= num_classes(manifest)):  # type: ignore[operator]
+        raise bad(f"--data {args.data}: labels outside [0, {num_classes(manifest)})")
+    backend = open_backend(args, manifest, lr=args.lr)
+    backend.set_flat(np, flat)
+    xb = np.empty((batch,) + x.shape[1:], dtype=x.dtype)
+    yb = np.empty((batch,), dtype=np.int64)
+    backend.bind(xb, yb)
+    rng = np.random.default_rng(args.seed)
+    passive = _before(result)
+    clock = time.perf_counter
+    seconds, losses = result["step_seconds"], result["loss"]
+    for _ in range(args.epochs):
+        order = rng.permutation(x.shape[0])
+        for b in range(per_epoch):
+            index = order[b * batch : (b + 1) * batch]
+            start = clock()
+            np.take(x, index, axis=0, out=xb)
+            np.take(y, index, axis=0, out=yb)
+            out = backend.step()
+            elapsed = clock() - start
+            seconds.append(elapsed)
+            losses.append(backend.loss_value(out))
+    _after(result, passive)
+    result["steps"] = len(seconds)
+    result["examples"] = len(seconds) * batch
+    _save_atomic(np, args.out, backend.get_flat(np))
+    result["out"] = args.out
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def run(argv: list) -> dict:
+    """Run the runner on ``argv`` and return its JSON document (never raises for failures).
+
+    Parameters
+    ----------
+    argv : list of str
+        Arguments after the program name.
+
+    Returns
+    -------
+    dict
+        The document; ``EXIT_CODES[doc["status"]]`` is the exit status.
+    """
+    result = new_result()
+    try:
+        args = build_parser().parse_args(argv)
+        if args.mode is None:
+            raise bad("a mode is required: bench or train")
+        result.update(mode=args.mode, backend=args.backend, threads=args.threads, seed=args.seed)
+        if args.mode == "bench":
+            run_bench(args, result)
+        else:
+            run_train(args, result)
+        result["status"] = "ok"
+    except RunnerFailure as exc:
+        result["status"], result["error"], result["missing"] = exc.status, str(exc), exc.missing
+    except SystemExit as exc:  # --help
+        result["status"] = "ok" if not exc.code else "bad arguments"
+        result["mode"] = "help"
+    except BaseException as exc:  # noqa: BLE001 - the document must come out whatever happened
+        traceback.print_exc(file=sys.stderr)
+        result["status"] = "out of memory" if is_oom(exc) else "runner error"
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyboardInterrupt):
+            result["error"] = "interrupted"
+    result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
+    versions(result)
+    return _finite(result)
+
+
+def main(argv: list | None = None) -> int:
+    """Command-line entry point: print one JSON document on stdout, return the exit status.
+
+    File descriptor 1 is pointed at stderr while the runner works, so that
+    nothing a library prints can corrupt the document.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Defaults to ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        0 ok, 2 bad arguments, 3 missing runtime, 4 out of memory, 5 runner error.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    sys.stdout.flush()
+    saved = None
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        saved = None
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        doc = run(argv)
+    finally:
+        sys.stdout = real_stdout
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+    text = json.dumps(doc, allow_nan=False)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return EXIT_CODES.get(doc["status"], 5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""The on-device runner, run as a subprocess exactly as a device runs it.
+
+Artifact sets are exported once per module into a temporary directory (small
+widths, batch 4). Every test starts ``sys.executable harness/runner.py ...`` and
+checks the exit status and the one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from exporters.artifacts import OrtTrainer, export_artifacts
+from exporters.torchscript import export_torchscript
+from exporters.zoo import get_model
+from harness import runner as runner_module
+from harness.records import RUNNER_EXIT_CODES
+
+RUNNER = Path(__file__).resolve().parents[2] / "harness" / "runner.py"
+
+#: Every key of the runner's document (train adds `TRAIN_KEYS`).
+KEYS = {
+    "mode",
+    "status",
+    "error",
+    "missing",
+    "backend",
+    "batch",
+    "warmup",
+    "steps",
+    "threads",
+    "seed",
+    "step_seconds",
+    "loss",
+    "peak_memory_bytes",
+    "peak_memory_source",
+    "cpu_freq_khz",
+    "thermal_c",
+    "throttled",
+    "matmul_gflops",
+    "versions",
+}
+TRAIN_KEYS = {"epochs", "lr", "examples", "num_parameters", "out"}
+
+
+def run_runner(
+    *argv: str, env: dict[str, str] | None = None, preexec: Any = None, python: str = sys.executable
+) -> tuple[int, dict[str, Any], str]:
+    """Run the runner file in a fresh interpreter; return (rc, document, stderr)."""
+    proc = subprocess.run(
+        [python, str(RUNNER), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=preexec,
+        cwd=RUNNER.parent,  # not the repository root: the runner must not need fleetbench
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"stdout must be one JSON document, got {proc.stdout!r}; stderr {proc.stderr[-2000:]}"
+    doc = json.loads(lines[0])
+    assert KEYS <= set(doc), set(doc) ^ KEYS
+    assert RUNNER_EXIT_CODES[proc.returncode] == doc["status"], (proc.returncode, doc, proc.stderr[-2000:])
+    return proc.returncode, doc, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Artifact sets: cnn (fjord-cnn sgd + model.pt), cnn-adamw (cfd-cnn), rnn (fjord-rnn, int64 inputs)."""
+    root = tmp_path_factory.mktemp("artifacts")
+    out = {}
+    for key, name, optimizer in (("cnn", "fjord-cnn", "sgd"), ("cfd", "cfd-cnn", "adamw"), ("rnn", "fjord-rnn", "sgd")):
+        model = get_model(name)
+        arch = model.arch(0.25)
+        result = export_artifacts(model, arch, batch=4, optimizer=optimizer, out_dir=root)
+        export_torchscript(model, arch, result.directory)
+        out[key] = result.directory
+    return out
+
+
+@pytest.fixture(scope="module")
+def start(sets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fjord-cnn set's checkpoint parameters as a flat .npy."""
+    path = tmp_path_factory.mktemp("params") / "start.npy"
+    np.save(path, OrtTrainer(sets["cnn"]).get_flat(), allow_pickle=False)
+    return path
+
+
+def learnable_shard(path: Path, n: int, seed: int = 0) -> Path:
+    """Write an easy 4-class fjord-cnn shard: a fixed template per class plus noise."""
+    rng = np.random.default_rng(seed)
+    templates = rng.standard_normal((4, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 4, size=n).astype(np.int64)
+    x = (templates[y] + 0.3 * rng.standard_normal((n, 1, 28, 28))).astype(np.float32)
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def train_args(
+    artifacts: Path, params: Path, data: Path, out: Path, *, backend: str = "ort", epochs: int = 1, lr: float = 0.1
+) -> list[str]:
+    return [
+        "train",
+        "--artifacts",
+        str(artifacts),
+        "--backend",
+        backend,
+        "--params",
+        str(params),
+        "--data",
+        str(data),
+        "--epochs",
+        str(epochs),
+        "--lr",
+        str(lr),
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
+
+
+def bench_args(artifacts: Path, backend: str = "ort", warmup: int = 2, steps: int = 5) -> list[str]:
+    return [
+        "bench",
+        "--artifacts",
+        str(artifacts),
+        "--backend",
+        backend,
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--threads",
+        "1",
+    ]
+
+
+# --------------------------------------------------------------------------- bench
+
+
+@pytest.mark.parametrize(("key", "backend"), [("cfd", "ort"), ("rnn", "ort"), ("cnn", "torch")])
+def test_bench_reports_timed_steps_memory_probe_and_versions(sets: dict[str, Path], key: str, backend: str) -> None:
+    rc, doc, err = run_runner(*bench_args(sets[key], backend, warmup=3, steps=4))
+    assert rc == 0, (doc, err[-2000:])
+    assert doc["mode"] == "bench" and doc["status"] == "ok" and doc["error"] is None
+    assert doc["backend"] == backend and doc["batch"] == 4 and doc["threads"] == 1
+    assert doc["warmup"] == 3 and doc["steps"] == 4
+    assert len(doc["step_seconds"]) == 4 and all(s > 0 for s in doc["step_seconds"])  # warm-up excluded
+    assert len(doc["loss"]) == 4 and all(np.isfinite(doc["loss"]))
+    assert doc["peak_memory_bytes"] > 10 * 2**20
+    assert doc["peak_memory_source"] in ("VmHWM", "ru_maxrss")
+    assert doc["matmul_gflops"] > 0
+    assert set(doc["cpu_freq_khz"]) == {"before", "after"} and set(doc["thermal_c"]) == {"before", "after"}
+    assert isinstance(doc["throttled"], bool)
+    versions = doc["versions"]
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert versions["numpy"] == np.__version__
+    assert versions["onnxruntime"] and (backend != "torch" or versions["torch"])
+
+
+def test_bench_losses_agree_between_backends_on_the_same_random_batch(sets: dict[str, Path]) -> None:
+    # Same seeded weights (checkpoint vs model.pt) and the same seeded batch: SGD steps agree.
+    _, ort, _ = run_runner(*bench_args(sets["cnn"], "ort", warmup=0, steps=3))
+    _, torch, _ = run_runner(*bench_args(sets["cnn"], "torch", warmup=0, steps=3))
+    np.testing.assert_allclose(ort["loss"], torch["loss"], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- train
+
+
+def test_train_changes_parameters_and_loss_decreases(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
+    data = learnable_shard(tmp_path / "shard.npz", n=18)  # 4 batches of 4 per epoch, 2 examples dropped
+    out = tmp_path / "out.npy"
+    rc, doc, err = run_runner(*train_args(sets["cnn"], start, data, out, epochs=3, lr=0.05))
+    assert rc == 0, (doc, err[-2000:])
+    assert TRAIN_KEYS <= set(doc)
+    assert doc["mode"] == "train" and doc["epochs"] == 3 and doc["lr"] == 0.05
+    assert doc["steps"] == 12 and len(doc["step_seconds"]) == 12 and len(doc["loss"]) == 12
+    assert doc["examples"] == 48 and doc["out"] == str(out)
+    before = np.load(start)
+    after = np.load(out, allow_pickle=False)
+    assert after.dtype == np.float32 and after.shape == before.shape == (doc["num_parameters"],)
+    assert not np.allclose(after, before)
+    losses = np.asarray(doc["loss"])
+    assert losses[-4:].mean() < 0.8 * losses[:4].mean(), losses
+
+
+def test_train_ort_and_torch_agree_from_the_same_start(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
+    # SGD: ORT's graph and torch.optim.SGD make the same update; 2 steps over different batches.
+    data = learnable_shard(tmp_path / "shard.npz", n=8)
+    docs, outs = {}, {}
+    for backend in ("ort", "torch"):
+        outs[backend] = tmp_path / f"{backend}.npy"
+        rc, docs[backend], err = run_runner(
+            *train_args(sets["cnn"], start, data, outs[backend], backend=backend, lr=0.05)
+        )
+        assert rc == 0, (docs[backend], err[-2000:])
+    np.testing.assert_allclose(docs["ort"]["loss"], docs["torch"]["loss"], rtol=1e-4)
+    assert len(docs["ort"]["loss"]) == 2 and docs["ort"]["loss"][0] != docs["ort"]["loss"][1]
+    begin = np.load(start)
+    ort_delta = np.load(outs["ort"]) - begin
+    torch_delta = np.load(outs["torch"]) - begin
+    assert np.linalg.norm(ort_delta) > 0
+    assert np.linalg.norm(ort_delta - torch_delta) <= 1e-4 * np.linalg.norm(begin + ort_delta)
+    assert np.linalg.norm(ort_delta - torch_delta) <= 1e-3 * np.linalg.norm(ort_delta)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_bad_arguments_exit_2(sets: dict[str, Path], tmp_path: Path) -> None:
+    cases = [
+        ["bench", "--backend", "ort", "--warmup", "1", "--steps", "2", "--threads", "1"],  # no --artifacts
+        bench_args(tmp_path / "nonexistent"),
+        bench_args(sets["cnn"], steps=0),
+        [],
+    ]
+    for argv in cases:
+        rc, doc, _ = run_runner(*argv)
+        assert rc == 2 and doc["status"] == "bad arguments" and doc["error"], (argv, doc)
+        assert doc["peak_memory_bytes"] and doc["step_seconds"] == []
+
+
+def test_train_bad_arguments(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
+    short = tmp_path / "short.npy"
+    np.save(short, np.zeros(3, dtype=np.float32))
+    data = learnable_shard(tmp_path / "shard.npz", n=8)
+    tiny = learnable_shard(tmp_path / "tiny.npz", n=3)  # fewer examples than one batch
+    out = tmp_path / "out.npy"
+    for argv, word in (
+        (train_args(sets["cnn"], short, data, out), "--params"),
+        (train_args(sets["cnn"], start, tiny, out), "fewer than one batch"),
+        (train_args(sets["cnn"], start, data, out) + ["--batch", "8"], "--batch"),
+        (train_args(sets["cnn"], start, data, out, epochs=0), "--epochs"),
+    ):
+        rc, doc, _ = run_runner(*argv)
+        assert rc == 2 and word in doc["error"], doc
+    assert not out.exists()
+
+
+def _fake_package(root: Path, name: str) -> None:
+    package = root / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"raise ImportError('{name} hidden by the test')\n")
+
+
+@pytest.mark.parametrize(
+    ("backend", "module", "missing"), [("ort", "onnxruntime", "onnxruntime.training"), ("torch", "torch", "torch")]
+)
+def test_missing_runtime_exit_3(sets: dict[str, Path], tmp_path: Path, backend: str, module: str, missing: str) -> None:
+    # A package earlier on sys.path that fails to import stands for an uninstalled runtime.
+    _fake_package(tmp_path / "hide", module)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "hide")}
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"], backend), env=env)
+    assert rc == 3 and doc["status"] == "missing runtime", doc
+    assert doc["missing"] == missing and "hidden by the test" in doc["error"]
+
+
+def test_missing_numpy_exit_3(sets: dict[str, Path], tmp_path: Path) -> None:
+    _fake_package(tmp_path / "hide", "numpy")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "hide")}
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"]), env=env)
+    assert rc == 3 and doc["missing"] == "numpy" and doc["versions"]["python"]
+
+
+def _huge_shard(path: Path) -> Path:
+    """An .npz whose x header claims 2**30 images (3.4 TB of float32); the data is absent."""
+    with zipfile.ZipFile(path, "w") as archive:
+        with archive.open("x.npy", "w") as handle:
+            header = {"descr": "<f4", "fortran_order": False, "shape": (2**30, 1, 28, 28)}
+            np.lib.format.write_array_header_1_0(handle, header)
+        with archive.open("y.npy", "w") as handle:
+            np.lib.format.write_array(handle, np.zeros(4, dtype=np.int64))
+    return path
+
+
+def _limit_address_space() -> None:
+    limit = 4 * 2**30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_out_of_memory_exit_4(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
+    data = _huge_shard(tmp_path / "huge.npz")
+    rc, doc, _ = run_runner(*train_args(sets["cnn"], start, data, tmp_path / "out.npy"), preexec=_limit_address_space)
+    assert rc == 4 and doc["status"] == "out of memory", doc
+    assert "allocate" in doc["error"]
+
+
+def _limit_address_space_1g() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+
+def test_ort_allocation_failure_exit_4(tmp_path: Path) -> None:
+    # A real ORT arena failure: this set needs about 2 GB for one step; ORT's import and
+    # session need under 300 MB of address space; the step is held to 1 GiB.
+    model = get_model("cfd-cnn")
+    big = export_artifacts(model, model.arch(0.25), batch=16384, optimizer="sgd", out_dir=tmp_path).directory
+    rc, doc, _ = run_runner(*bench_args(big, warmup=0, steps=1), preexec=_limit_address_space_1g)
+    assert rc == 4 and doc["status"] == "out of memory", doc
+    assert "allocate" in doc["error"].lower()
+
+
+@pytest.mark.parametrize(
+    ("exc", "oom"),
+    [
+        (MemoryError(), True),
+        (
+            RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer"),
+            True,
+        ),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes"), True),
+        (RuntimeError("std::bad_alloc"), True),
+        (RuntimeError("shape mismatch"), False),
+    ],
+)
+def test_allocation_failures_are_recognised(exc: BaseException, oom: bool) -> None:
+    assert runner_module.is_oom(exc) is oom
+
+
+def test_throttle_rule() -> None:
+    assert runner_module.throttled([1000, 1000], [1000, 940], {}, {})
+    assert not runner_module.throttled([1000, 1000], [960, 2000], {}, {})
+    assert runner_module.throttled([], [], {"cpu": 95.0}, {"cpu": [90.0]})
+    assert not runner_module.throttled([], [], {"cpu": 85.0}, {"cpu": [90.0]})
+
+
+# --------------------------------------------------------------------------- self-containment
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[str, bool]]:
+    """Yield (top-level module name, imported at module top) for every import."""
+    top = set(id(node) for node in getattr(tree, "body", []))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.split(".")[0], id(node) in top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module.split(".")[0], id(node) in top
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            yield ".", id(node) in top
+
+
+def test_runner_is_self_contained_and_python38_syntax() -> None:
+    source = RUNNER.read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imports = list(_imports(tree))
+    names = {name for name, _ in imports}
+    assert not names & {"fleetbench", "exporters", "harness", "devices", "fl", "reports", "."}, names
+    at_top = {name for name, top in imports if top}
+    assert at_top <= set(sys.stdlib_module_names) | {"__future__"}, at_top - set(sys.stdlib_module_names)
+    assert "from __future__ import annotations" in source
+
+
+def test_ort_backend_never_loads_torch(sets: dict[str, Path], tmp_path: Path) -> None:
+    # onnxruntime-training imports torch by itself; the runner blocks it (start-up, memory, thread
+    # contention, devices without torch). A torch that explodes on import must not matter.
+    package = tmp_path / "explode" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('torch was imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "explode")}
+    rc, doc, err = run_runner(*bench_args(sets["cfd"], "ort"), env=env)
+    assert rc == 0, (doc, err[-2000:])
+    assert doc["peak_memory_bytes"] < 200 * 2**20  # with torch loaded it is about 300 MB
+
+
+def _python38() -> str | None:
+    """A working Python 3.8 interpreter (pyenv shims without a 3.8 do not count), else None."""
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python")))
+    candidates += [c for c in (shutil.which("python3.8"),) if c]
+    for candidate in candidates:
+        check = "import sys; assert sys.version_info[:2] == (3, 8)"
+        if subprocess.run([candidate, "-c", check], capture_output=True, timeout=30).returncode == 0:
+            return candidate
+    return None
+
+
+PYTHON38 = _python38()
+
+
+@pytest.mark.skipif(PYTHON38 is None, reason="no Python 3.8 interpreter here")
+def test_runner_runs_on_python38(tmp_path: Path) -> None:
+    # Devices run old Pythons: the argument, failure and JSON paths must work there (numpy may be absent).
+    python = PYTHON38
+    assert python is not None
+    rc, doc, _ = run_runner(*bench_args(tmp_path / "nonexistent"), python=python)
+    assert rc == 2 and doc["versions"]["python"].startswith("3.8")
+    rc, doc, _ = run_runner("--help", python=python)
+    assert rc == 0 and doc["mode"] == "help"
