@@ -44,8 +44,8 @@ def test_detect_cgroup_v1_layout(tmp_path: Path) -> None:
     assert p.cgroup_dirs == (tmp_path / "cpu" / "fleetbench" / "pi4-x", tmp_path / "memory/box/b/fleetbench/pi4-x")
     writes = {path.name: value for path, value in p.writes}
     assert writes == {
-        "cpu.cfs_period_us": "100000",
-        "cpu.cfs_quota_us": "50000",
+        "cpu.cfs_period_us": str(limits.PERIOD_US),
+        "cpu.cfs_quota_us": str(limits.PERIOD_US // 2),
         "memory.limit_in_bytes": str(256 * 1024 * 1024),
     }
 
@@ -74,11 +74,11 @@ def test_detect_pure_cgroup_v2_delegated_subtree(tmp_path: Path) -> None:
     assert writes == [
         ("cgroup.subtree_control", "+cpu +memory"),
         ("fleetbench/cgroup.subtree_control", "+cpu +memory"),
-        ("fleetbench/phone/cpu.max", "150000 100000"),
+        ("fleetbench/phone/cpu.max", f"{int(1.5 * limits.PERIOD_US)} {limits.PERIOD_US}"),
         ("fleetbench/phone/memory.max", str(512 * 1024 * 1024)),
     ]
     limits.apply_cgroups(p)  # on the fake tree: directories and files appear
-    assert (own / "fleetbench" / "phone" / "cpu.max").read_text() == "150000 100000"
+    assert (own / "fleetbench" / "phone" / "cpu.max").read_text() == f"{int(1.5 * limits.PERIOD_US)} {limits.PERIOD_US}"
     assert (own / "cgroup.subtree_control").read_text() == "+cpu +memory"
 
 
@@ -110,7 +110,7 @@ def test_detect_not_writable_falls_back(tmp_path: Path) -> None:
 
 
 def test_pure_helpers() -> None:
-    assert limits.cpu_knobs(2, 0.25) == {"cpu.max": "25000 100000"}
+    assert limits.cpu_knobs(2, 0.25, period_us=100_000) == {"cpu.max": "25000 100000"}
     assert limits.memory_knobs(1, 1) == {"memory.limit_in_bytes": "1048576"}
     assert limits.duty_schedule(0.25, 0.1) == pytest.approx((0.025, 0.075))
     assert limits.duty_schedule(3.0, 0.1) == pytest.approx((0.1, 0.0))

@@ -105,8 +105,8 @@ def test_stored_curve_picks_the_fullest_configuration() -> None:
 def _fake_state(tmp_path: Path, cpu: str = "cgroup-v1") -> tuple[Fleet, Path]:
     group = tmp_path / "cg" / "fleetbench" / "dev"
     group.mkdir(parents=True)
-    (group / "cpu.cfs_quota_us").write_text("50000")
-    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(limits.PERIOD_US // 2))
+    (group / "cpu.cfs_period_us").write_text(str(limits.PERIOD_US))
     fleet = Fleet(path=tmp_path / "fleet.yaml", state_dir=tmp_path / "state")
     dev = emulate.DeviceState("dev", "ssh", "127.0.0.1:1", cgroups=(str(group),), cpu=cpu, cpu_share=0.5)
     emulate.save_state(fleet.state_dir, emulate.FleetState((dev,)))
@@ -116,7 +116,7 @@ def _fake_state(tmp_path: Path, cpu: str = "cgroup-v1") -> tuple[Fleet, Path]:
 def test_set_share_rewrites_the_quota_and_the_state(tmp_path: Path) -> None:
     fleet, group = _fake_state(tmp_path)
     updated = set_share(fleet, "dev", 0.25)
-    assert (group / "cpu.cfs_quota_us").read_text() == "25000"
+    assert (group / "cpu.cfs_quota_us").read_text() == str(limits.PERIOD_US // 4)
     assert updated.cpu_share == 0.25
     state = emulate.load_state(fleet.state_dir).get("dev")
     assert state is not None and state.cpu_share == 0.25
