@@ -485,11 +485,16 @@ class _DeviceRun:
         started = self.clock()
         status, message, doc = "runner error", "", cast(dict[str, Any], {})
         try:
-            transport, runner, remote_set = self._prepare(self.sets[_set_key(spec)], spec.backend)
+            set_dir = self.sets[_set_key(spec)]
+            transport, runner, remote_set = self._prepare(set_dir, spec.backend)
             with self.lock:
                 self.result.runner_invocations += 1
             run = transport.run(runner_argv(self.device, runner, remote_set, spec), timeout=self.timeout)
             status, message, doc = parse_runner_output(run.rc, run.stdout, run.stderr)
+            if doc:
+                # The analytic counts travel with the cell, so stored rows carry train FLOPs.
+                manifest = json.loads((set_dir / "manifest.json").read_text())
+                doc = {**doc, "counts": manifest.get("counts", {})}
         except TransportError as exc:
             status, message = exc.kind, str(exc) or type(exc).__name__
             self._drop_transport()

@@ -18,6 +18,8 @@ import pytest
 from devices import emulate
 from devices.fleet import Device, Fleet
 from exporters.errors import InputError
+from exporters.flops import count
+from exporters.zoo import get_model
 from harness import campaign
 from harness.campaign import CellEvent, parse_runner_output, plan_cells
 from harness.store import ProfileStore
@@ -196,6 +198,9 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     assert len(cells) == n
     ok = cells[cells["status"] == "ok"]
     assert len(ok) == n - 1 and (ok["median_us"] > 0).all() and (ok["p95_us"] >= ok["median_us"]).all()
+    model = get_model("fjord-cnn")
+    expected_flops = {w: count(model, model.arch(w)).train_flops for w in WIDTHS}
+    assert all(row.train_flops == expected_flops[row.width] for row in ok.itertuples())
     failed_key = next(s.cell_key() for s in specs if s.device == beta and s.width == WIDTHS[1])
     assert store.measured_keys() == {s.cell_key() for s in specs} - {failed_key}
 
