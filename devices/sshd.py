@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.limits import descendants, process_parents
+
 #: Only address instances listen on.
 LOOPBACK = "127.0.0.1"
 
@@ -265,21 +267,7 @@ def is_running(pid: int) -> bool:
 
 
 def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                # field 4 of /proc/PID/stat, after the parenthesised command name
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    return descendants(pid, process_parents())[1:]  # without pid itself
 
 
 def stop(pid: int, grace: float = 3.0) -> None:

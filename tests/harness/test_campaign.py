@@ -17,6 +17,7 @@ import pytest
 
 from devices import emulate
 from devices.fleet import Device, Fleet
+from devices.limits import descendants, process_parents
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
@@ -119,21 +120,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Pids of every process below ``pid`` (children first found, deepest last)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Pids of every process below ``pid``."""
+    return descendants(pid, process_parents())[1:]
 
 
 def _kill_device(fleet: Fleet, name: str) -> None:
