@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import signal
 import socket
 import subprocess
@@ -25,7 +25,8 @@ from harness import campaign
 from harness.campaign import CellEvent, parse_runner_output, plan_cells
 from harness.store import ProfileStore
 
-MODEL, WIDTHS, BATCH, STEPS, WARMUP = "fjord-cnn", (0.25, 0.5), 4, 3, 1
+MODEL, WIDTHS, BATCH, STEPS, WARMUP = "fjord-cnn", (0.25, 0.5, 0.75, 1.0), 4, 3, 1
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 120.0
 
 
@@ -34,7 +35,7 @@ TIMEOUT = 120.0
 
 def test_plan_cells_is_device_major_and_uses_device_threads() -> None:
     devices = [Device(name="a", kind="local", threads=2), Device(name="b", kind="local")]
-    specs = plan_cells(devices, MODEL, WIDTHS, [4, 8], ["ort", "torch"], steps=3, warmup=1)
+    specs = plan_cells(devices, MODEL, WIDTHS[:2], [4, 8], ["ort", "torch"], steps=3, warmup=1)
     assert len(specs) == 2 * 2 * 2 * 2
     assert [s.device for s in specs[:8]] == ["a"] * 8 and {s.threads for s in specs[:8]} == {2}
     assert len({s.cell_key() for s in specs}) == len(specs)
@@ -73,40 +74,26 @@ def _load(path: Path) -> Fleet:
 
 @pytest.fixture(scope="module")
 def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Two emulated SSH devices and, when adb is installed, the emulated phone, up for the module.
+    """The shipped example fleet (fast / mid / slow SSH devices and the phone), up for the module.
 
-    The phone is attached to a private adb server (its own ANDROID_ADB_SERVER_PORT), so
-    a user's adb server is never touched; `emulate.down` stops it.
+    Its ports are moved to free ones and its state to a temporary directory; the phone is
+    attached to a private adb server (its own ANDROID_ADB_SERVER_PORT), so a user's adb
+    server is never touched; `emulate.down` stops it.
     """
     from tests.devices.conftest import require_tool
 
     require_tool("sshd")
-    with_phone = shutil.which("adb") is not None
+    require_tool("adb")
     root = tmp_path_factory.mktemp("campaign")
-    tag = f"{os.getpid()}"
-    text = "state_dir: state\ndevices:\n"
-    for name in ("alpha", "beta"):
-        text += (
-            f"  - name: {name}-{tag}\n"
-            "    kind: ssh\n"
-            "    host: 127.0.0.1\n"
-            f"    port: {_free_port()}\n"
-            "    threads: 1\n"
-            "    emulate: {memory_mb: 3072}\n"
-        )
-    if with_phone:
-        text += (
-            f"  - name: phone-{tag}\n"
-            "    kind: adb\n"
-            f"    serial: 127.0.0.1:{_free_port()}\n"
-            "    threads: 1\n"
-            "    emulate: {preset: phone-midrange, memory_mb: 3072}\n"
-        )
+    text = (REPO / "devices" / "fleets" / "emulated.yaml").read_text()
+    text = re.sub(r"port: 2220\d", lambda _: f"port: {_free_port()}", text)
+    text = text.replace("serial: 127.0.0.1:25555", f"serial: 127.0.0.1:{_free_port()}")
     path = root / "fleet.yaml"
-    path.write_text(text)
+    path.write_text("state_dir: state\n" + text)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ANDROID_ADB_SERVER_PORT", str(_free_port()))
         fleet = _load(path)
+        assert [d.name for d in fleet.devices] == ["fast", "mid", "slow", "phone"]
         try:
             assert emulate.up(fleet, say=lambda line: None).ok
             yield path
@@ -172,33 +159,35 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     by_key = {m.spec.cell_key(): m for m in result.measurements}
     for spec in specs:
         m = by_key[spec.cell_key()]
-        if spec.device == beta and spec.width == WIDTHS[1]:
+        if spec.device == beta and spec.width != WIDTHS[0]:
             assert m.status in ("unreachable", "connection lost"), m
             assert m.message
         else:
             assert m.ok, (m.status, m.message)
             assert len(m.step_seconds) == STEPS and m.peak_memory_bytes and m.facts
-    assert [e.done for e in progress.events if e.device == alpha] == [1, 2]
-    assert {e.total for e in progress.events} == {2}
+    assert [e.done for e in progress.events if e.device == alpha] == [1, 2, 3, 4]
+    assert {e.total for e in progress.events} == {len(WIDTHS)}
 
     # every cell is a stored row with derived statistics
     cells = store.latest_cells()
     assert len(cells) == n
     ok = cells[cells["status"] == "ok"]
-    assert len(ok) == n - 1 and (ok["median_us"] > 0).all() and (ok["p95_us"] >= ok["median_us"]).all()
+    dead = len(WIDTHS) - 1
+    assert len(ok) == n - dead and (ok["median_us"] > 0).all() and (ok["p95_us"] >= ok["median_us"]).all()
     model = get_model("fjord-cnn")
     expected_flops = {w: count(model, model.arch(w)).train_flops for w in WIDTHS}
     assert all(row.train_flops == expected_flops[row.width] for row in ok.itertuples())
-    failed_key = next(s.cell_key() for s in specs if s.device == beta and s.width == WIDTHS[1])
-    assert store.measured_keys() == {s.cell_key() for s in specs} - {failed_key}
+    failed_keys = [s.cell_key() for s in specs if s.device == beta and s.width != WIDTHS[0]]
+    assert store.measured_keys() == {s.cell_key() for s in specs} - set(failed_keys)
 
-    # bring beta back: resume measures only the failed cell
+    # bring beta back: resume measures only the failed cells
     assert emulate.up(fleet, say=lambda line: None).ok
     resumed = campaign.run_campaign(
         fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, resume=True, progress=_Counting()
     )
-    assert resumed.runner_invocations == 1 and len(resumed.skipped) == n - 1
-    assert [m.spec.cell_key() for m in resumed.measurements] == [failed_key] and resumed.measurements[0].ok
+    assert resumed.runner_invocations == dead and len(resumed.skipped) == n - dead
+    assert [m.spec.cell_key() for m in resumed.measurements] == failed_keys
+    assert all(m.ok for m in resumed.measurements)
     assert store.measured_keys() == {s.cell_key() for s in specs}
 
     # a second full campaign over the same artifacts pushes nothing
