@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import socket
 import statistics
 import tempfile
 import time
@@ -24,28 +22,12 @@ from pathlib import Path
 
 from devices import emulate
 from devices.fleetfile import load_fleet
+from devices.sshd import free_port
 from harness import campaign
 from harness.cli import parse_widths
 from harness.stats import summarize
 from harness.store import ProfileStore
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def private_fleet(root: Path) -> Path:
-    """Write a copy of the example emulated fleet on free ports with its own state directory."""
-    text = (REPO_ROOT / "devices" / "fleets" / "emulated.yaml").read_text()
-    text = re.sub(r"port: \d+", lambda m: f"port: {_free_port()}", text)
-    text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda m: f"serial: 127.0.0.1:{_free_port()}", text)
-    path = root / "fleet.yaml"
-    path.write_text(f"state_dir: {root / 'state'}\n" + text)
-    return path
+from tests.devices.conftest import copy_example_fleet
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     widths = parse_widths(args.widths)
-    os.environ["ANDROID_ADB_SERVER_PORT"] = str(_free_port())  # never touch a user's adb server
+    os.environ["ANDROID_ADB_SERVER_PORT"] = str(free_port())  # never touch a user's adb server
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        fleet = load_fleet(private_fleet(root))
+        fleet = load_fleet(copy_example_fleet(root))
         artifacts = root / "artifacts"
         try:
             if not emulate.up(fleet, say=lambda line: None).ok:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from devices.adb import ADBTransport
 from devices.adb_endpoint import AdbEndpoint
+from devices.sshd import free_port
 
 
 def require_tool(name: str) -> str:
@@ -55,11 +57,17 @@ def cmdline_running(marker: str) -> bool:
     return False
 
 
-def free_port() -> int:
-    """Return a free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+REPO = Path(__file__).resolve().parents[2]
+
+
+def copy_example_fleet(directory: Path) -> Path:
+    """Write the shipped example fleet into ``directory`` on free ports, with its own state dir."""
+    text = (REPO / "devices" / "fleets" / "emulated.yaml").read_text()
+    text = re.sub(r"port: \d+", lambda _: f"port: {free_port()}", text)
+    text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{free_port()}", text)
+    path = directory / "fleet.yaml"
+    path.write_text(f"state_dir: {directory / 'state'}\n" + text)
+    return path
 
 
 def listening(port: int) -> bool:

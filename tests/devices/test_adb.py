@@ -20,7 +20,8 @@ from devices.adb import ADBTransport, parse_output, wrap_command
 from devices.adb_endpoint import AdbEndpoint
 from devices.errors import CommandTimeout, ConnectionLost, TransportError, Unreachable
 from devices.fleet import Device
-from tests.devices.conftest import free_port, listening
+from devices.sshd import free_port
+from tests.devices.conftest import listening
 
 
 @pytest.fixture

@@ -15,15 +15,10 @@ import pytest
 
 from devices import emulate, limits
 from devices.fleet import Device, Emulation, Fleet
+from devices.sshd import free_port
 from tests.devices.test_limits import WORKLOAD, _calibrate, _loop_seconds
 
 HAVE_ENDPOINT = (Path(emulate.PACKAGE_ROOT) / "devices" / "adb_endpoint.py").exists()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _write_fleet(tmp_path: Path, with_adb: bool, extra: str = "") -> Path:
@@ -34,14 +29,14 @@ def _write_fleet(tmp_path: Path, with_adb: bool, extra: str = "") -> Path:
         f"  - name: pi-{tag}\n"
         "    kind: ssh\n"
         "    host: 127.0.0.1\n"
-        f"    port: {_free_port()}\n"
+        f"    port: {free_port()}\n"
         "    emulate: {cpu_share: 0.5, memory_mb: 512}\n"
     )
     if with_adb:
         text += (
             f"  - name: phone-{tag}\n"
             "    kind: adb\n"
-            f"    serial: 127.0.0.1:{_free_port()}\n"
+            f"    serial: 127.0.0.1:{free_port()}\n"
             "    emulate: {preset: phone-midrange, memory_mb: 1024}\n"
         )
     path = tmp_path / "fleet.yaml"
@@ -75,7 +70,7 @@ def _assert_nothing_left(fleet: Fleet, state: emulate.FleetState) -> None:
 @pytest.fixture
 def adb_server_port(monkeypatch: pytest.MonkeyPatch) -> int:
     """A private adb server port, so a user's adb server is never touched."""
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(port))
     return port
 
@@ -264,7 +259,7 @@ def test_address_and_netns_decision() -> None:
 
 
 def test_adb_handshake_refused_port() -> None:
-    ok, why = emulate.adb_handshake("127.0.0.1", _free_port(), timeout=2)
+    ok, why = emulate.adb_handshake("127.0.0.1", free_port(), timeout=2)
     assert not ok and why
 
 

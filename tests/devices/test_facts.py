@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from devices.facts import (
 from devices.facts_probe import MARKER, PROBE_SCRIPT, SECTIONS, probe_argv, split_sections
 from devices.fleet import Device, Fleet
 from devices.local import LocalTransport
+from devices.sshd import free_port
 from devices.transport import RunResult
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -474,12 +474,6 @@ def test_collect_facts_with_fake_transports_separates_failures() -> None:
 # ----------------------------------------------------------------------------- local + unreachable ssh
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # nothing listens there once the with-block ends
-
-
 def test_collect_facts_local_and_unreachable_ssh(tmp_path: Path) -> None:
     pytest.importorskip("devices.connect")
     fleet = Fleet(
@@ -490,7 +484,7 @@ def test_collect_facts_local_and_unreachable_ssh(tmp_path: Path) -> None:
                 name="gone",
                 kind="ssh",
                 host="127.0.0.1",
-                port=_free_port(),
+                port=free_port(),
                 known_hosts=tmp_path / "known_hosts",
             ),
         ),
@@ -518,7 +512,7 @@ def test_cli_fleet_facts_json(
         "  - name: gone\n"
         "    kind: ssh\n"
         "    host: 127.0.0.1\n"
-        f"    port: {_free_port()}\n"
+        f"    port: {free_port()}\n"
         f"    known_hosts: {tmp_path / 'known_hosts'}\n",
         encoding="utf-8",
     )
@@ -573,7 +567,7 @@ def test_probe_through_real_adb_to_the_emulated_phone(adb_path: str, tmp_path: P
     from devices.adb import ADBTransport
     from devices.adb_endpoint import AdbEndpoint
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(port)}
     subprocess.run([adb_path, "-P", str(port), "start-server"], env=env, check=True, capture_output=True, timeout=30)
     endpoint = AdbEndpoint(0, tmp_path / "phone").start()

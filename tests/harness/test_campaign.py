@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +16,7 @@ import pytest
 from devices import emulate
 from devices.fleet import Device, Fleet
 from devices.limits import descendants, process_parents
+from devices.sshd import free_port
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
@@ -26,7 +25,6 @@ from harness.campaign import CellEvent, parse_runner_output, plan_cells
 from harness.store import ProfileStore
 
 MODEL, WIDTHS, BATCH, STEPS, WARMUP = "fjord-cnn", (0.25, 0.5, 0.75, 1.0), 4, 3, 1
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 120.0
 
 
@@ -60,12 +58,6 @@ def test_parse_runner_output_statuses() -> None:
 # --------------------------------------------------------------------------- emulated fleet
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _load(path: Path) -> Fleet:
     from devices.fleetfile import load_fleet
 
@@ -80,18 +72,13 @@ def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     attached to a private adb server (its own ANDROID_ADB_SERVER_PORT), so a user's adb
     server is never touched; `emulate.down` stops it.
     """
-    from tests.devices.conftest import require_tool
+    from tests.devices.conftest import copy_example_fleet, require_tool
 
     require_tool("sshd")
     require_tool("adb")
-    root = tmp_path_factory.mktemp("campaign")
-    text = (REPO / "devices" / "fleets" / "emulated.yaml").read_text()
-    text = re.sub(r"port: 2220\d", lambda _: f"port: {_free_port()}", text)
-    text = text.replace("serial: 127.0.0.1:25555", f"serial: 127.0.0.1:{_free_port()}")
-    path = root / "fleet.yaml"
-    path.write_text("state_dir: state\n" + text)
+    path = copy_example_fleet(tmp_path_factory.mktemp("campaign"))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ANDROID_ADB_SERVER_PORT", str(_free_port()))
+        patch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
         fleet = _load(path)
         assert [d.name for d in fleet.devices] == ["fast", "mid", "slow", "phone"]
         try:
