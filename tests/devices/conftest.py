@@ -1,4 +1,7 @@
-"""Fixtures for device tests: system tools are required in CI, skipped only elsewhere."""
+"""Fixtures for tests that need real devices: system tools are required in CI, skipped elsewhere.
+
+The fixtures are also offered to every test directory through ``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import pytest
 from devices.adb import ADBTransport
 from devices.adb_endpoint import AdbEndpoint
 from devices.sshd import free_port
+from tests.devices.sshd_server import Server
 
 
 def require_tool(name: str) -> str:
@@ -37,6 +41,14 @@ def require_tool(name: str) -> str:
 def sshd_path() -> str:
     """Path of OpenSSH's sshd."""
     return require_tool("sshd")
+
+
+@pytest.fixture(scope="module")
+def sshd_server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real sshd on a free loopback port for the module, stopped by pid at teardown."""
+    srv = Server.launch(tmp_path_factory.mktemp("sshd"))
+    yield srv
+    srv.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -105,12 +105,15 @@ def test_header_round_trip_and_checksum() -> None:
     assert checksum(b"\xff" * 2**24 + b"\x01") == (255 * 2**24 + 1) & 0xFFFFFFFF
 
 
-@pytest.mark.parametrize("header, why", [
-    (struct.pack("<6I", A_OKAY, 0, 0, 0, 0, 0), "bad magic"),
-    (struct.pack("<6I", 0x41414141, 0, 0, 0, 0, 0x41414141 ^ 0xFFFFFFFF), "unknown command"),
-    (struct.pack("<6I", A_WRTE, 0, 0, 1 << 30, 0, A_WRTE ^ 0xFFFFFFFF), "too large"),
-    (b"short", "short header"),
-])
+@pytest.mark.parametrize(
+    "header, why",
+    [
+        (struct.pack("<6I", A_OKAY, 0, 0, 0, 0, 0), "bad magic"),
+        (struct.pack("<6I", 0x41414141, 0, 0, 0, 0, 0x41414141 ^ 0xFFFFFFFF), "unknown command"),
+        (struct.pack("<6I", A_WRTE, 0, 0, 1 << 30, 0, A_WRTE ^ 0xFFFFFFFF), "too large"),
+        (b"short", "short header"),
+    ],
+)
 def test_decode_rejects_malformed(header: bytes, why: str) -> None:
     with pytest.raises(ProtocolError, match=why):
         decode_header(header)
@@ -127,7 +130,8 @@ def test_sandbox_mapping(tmp_path: Path) -> None:
     with pytest.raises(PermissionError):
         box.host_path("/proc/x", write=True)
     assert box.shell_command("cat /data/a '/sdcard/b' /database x=/data") == (
-        f"cat {box.root}/data/a '{box.root}/sdcard/b' /database x={box.root}/data")
+        f"cat {box.root}/data/a '{box.root}/sdcard/b' /database x={box.root}/data"
+    )
     with pytest.raises(ValueError):
         Sandbox(tmp_path / "has space")
 
@@ -231,8 +235,20 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     pidfile = tmp_path / "pid"
-    proc = subprocess.Popen([sys.executable, "-m", "devices.adb_endpoint", "--port", str(port),
-                             "--sandbox", str(tmp_path / "phone"), "--pidfile", str(pidfile)], cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devices.adb_endpoint",
+            "--port",
+            str(port),
+            "--sandbox",
+            str(tmp_path / "phone"),
+            "--pidfile",
+            str(pidfile),
+        ],
+        cwd=REPO,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:

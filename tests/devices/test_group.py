@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from devices import sshd
 from devices.connect import connect
@@ -59,23 +56,16 @@ def test_connect_picks_transport(tmp_path: Path) -> None:
     assert isinstance(ssh, SSHTransport) and ssh.port == 2222
 
 
-@pytest.fixture(scope="module")
-def server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server.launch(tmp_path_factory.mktemp("sshd-group"))
-    yield srv
-    srv.shutdown()
-
-
-def test_dead_and_good_ssh_devices(server: Server) -> None:
+def test_dead_and_good_ssh_devices(sshd_server: Server) -> None:
     good = Device(
         name="good",
         kind="ssh",
         host="127.0.0.1",
-        port=server.instance.port,
-        key_file=server.instance.user_key,
-        known_hosts=server.known_hosts,
+        port=sshd_server.instance.port,
+        key_file=sshd_server.instance.user_key,
+        known_hosts=sshd_server.known_hosts,
     )
-    dead = Device(name="dead", kind="ssh", host="127.0.0.1", port=sshd.free_port(), known_hosts=server.known_hosts)
+    dead = Device(name="dead", kind="ssh", host="127.0.0.1", port=sshd.free_port(), known_hosts=sshd_server.known_hosts)
 
     def uname(device: Device) -> str:
         transport = connect(device, connect_timeout=3)

@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,26 +26,19 @@ from tests.devices.conftest import cmdline_running
 from tests.devices.sshd_server import Server
 
 
-@pytest.fixture(scope="module")
-def server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server.launch(tmp_path_factory.mktemp("sshd"))
-    yield srv
-    srv.shutdown()
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_run_returns_rc_stdout_stderr(server: Server) -> None:
-    t = server.transport()
+def test_run_returns_rc_stdout_stderr(sshd_server: Server) -> None:
+    t = sshd_server.transport()
     r = t.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
     assert (r.rc, r.stdout, r.stderr) == (3, "out\n", "err\n")
     assert t.run(["true"], timeout=10).ok
 
 
-def test_put_get_10mb_round_trip(server: Server, tmp_path: Path) -> None:
-    t = server.transport()
+def test_put_get_10mb_round_trip(sshd_server: Server, tmp_path: Path) -> None:
+    t = sshd_server.transport()
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(10 * 1024 * 1024))
     remote = str(tmp_path / "remote" / "deep" / "dst.bin")
@@ -60,8 +52,8 @@ def test_put_get_10mb_round_trip(server: Server, tmp_path: Path) -> None:
         t.get(str(tmp_path / "absent"), tmp_path / "x")
 
 
-def test_tilde_is_remote_home(server: Server, tmp_path: Path) -> None:
-    t = server.transport()
+def test_tilde_is_remote_home(sshd_server: Server, tmp_path: Path) -> None:
+    t = sshd_server.transport()
     name = f".fleetbench-test-{uuid.uuid4().hex[:8]}"
     src = tmp_path / "small.txt"
     src.write_text("hello")
@@ -74,17 +66,17 @@ def test_tilde_is_remote_home(server: Server, tmp_path: Path) -> None:
         t.run(["rm", "-rf", str(Path.home() / name)], timeout=10)
 
 
-def test_large_stdout_and_stderr_do_not_deadlock(server: Server) -> None:
+def test_large_stdout_and_stderr_do_not_deadlock(sshd_server: Server) -> None:
     n = 12 * 1024 * 1024
     code = f"import sys\nfor _ in range(12): sys.stdout.write('o'*{n // 12}); sys.stderr.write('e'*{n // 12})"
-    r = server.transport().run(["python3", "-c", code], timeout=30)
+    r = sshd_server.transport().run(["python3", "-c", code], timeout=30)
     assert r.ok
     assert len(r.stdout) == n and len(r.stderr) == n
     assert set(r.stdout) == {"o"} and set(r.stderr) == {"e"}
 
 
-def test_timeout_raises_within_limit_and_kills_remote_command(server: Server) -> None:
-    t = server.transport()
+def test_timeout_raises_within_limit_and_kills_remote_command(sshd_server: Server) -> None:
+    t = sshd_server.transport()
     t.run(["true"], timeout=10)  # connect outside the timed part
     marker = f"{time.time() % 1000:.6f}"
     start = time.monotonic()
@@ -98,15 +90,15 @@ def test_timeout_raises_within_limit_and_kills_remote_command(server: Server) ->
     assert t.run(["echo", "again"], timeout=10).stdout == "again\n"  # the connection is still usable
 
 
-def test_remote_command_killed_gives_nonzero_rc(server: Server) -> None:
-    r = server.transport().run(["sh", "-c", "kill -9 $$"], timeout=10)
+def test_remote_command_killed_gives_nonzero_rc(sshd_server: Server) -> None:
+    r = sshd_server.transport().run(["sh", "-c", "kill -9 $$"], timeout=10)
     assert not r.ok
 
 
-def test_device_killed_mid_command_is_a_clear_error(server: Server) -> None:
-    t = server.transport()
+def test_device_killed_mid_command_is_a_clear_error(sshd_server: Server) -> None:
+    t = sshd_server.transport()
     t.run(["true"], timeout=10)
-    before = set(sshd._descendants(server.pid))
+    before = set(sshd._descendants(sshd_server.pid))
     outcome: list[BaseException] = []
 
     marker = f"{time.time() % 1000:.6f}8"
@@ -142,10 +134,10 @@ def test_device_killed_mid_command_is_a_clear_error(server: Server) -> None:
                 continue
 
 
-def test_reconnects_once_after_sshd_restart(server: Server) -> None:
-    t = server.transport()
+def test_reconnects_once_after_sshd_restart(sshd_server: Server) -> None:
+    t = sshd_server.transport()
     assert t.run(["echo", "1"], timeout=10).stdout == "1\n"
-    server.restart()  # kills every session of the old listener
+    sshd_server.restart()  # kills every session of the old listener
     assert t.run(["echo", "2"], timeout=10).stdout == "2\n"
 
 
@@ -158,20 +150,20 @@ def test_dropped_connection_and_server_gone_is_connection_lost(sshd_path: str, t
         t.run(["true"], timeout=10)
 
 
-def test_unknown_host_key_refused_without_tofu(server: Server, tmp_path: Path) -> None:
+def test_unknown_host_key_refused_without_tofu(sshd_server: Server, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     with pytest.raises(HostKeyRejected) as info:
-        server.transport(known_hosts=empty).run(["true"], timeout=10)
-    assert f"[127.0.0.1]:{server.instance.port}" in str(info.value)
+        sshd_server.transport(known_hosts=empty).run(["true"], timeout=10)
+    assert f"[127.0.0.1]:{sshd_server.instance.port}" in str(info.value)
     assert str(empty) in str(info.value)
     assert not empty.exists()
 
 
-def test_unknown_host_key_accepted_and_recorded_with_tofu(server: Server, tmp_path: Path) -> None:
+def test_unknown_host_key_accepted_and_recorded_with_tofu(sshd_server: Server, tmp_path: Path) -> None:
     known = tmp_path / "kh" / "known_hosts"
-    assert server.transport(known_hosts=known, trust_on_first_use=True).run(["true"], timeout=10).ok
-    assert known.read_text().strip() == sshd.known_hosts_line(server.instance)
-    assert server.transport(known_hosts=known).run(["true"], timeout=10).ok  # now known, no TOFU needed
+    assert sshd_server.transport(known_hosts=known, trust_on_first_use=True).run(["true"], timeout=10).ok
+    assert known.read_text().strip() == sshd.known_hosts_line(sshd_server.instance)
+    assert sshd_server.transport(known_hosts=known).run(["true"], timeout=10).ok  # now known, no TOFU needed
 
 
 def test_changed_host_key_refused_even_with_tofu(sshd_path: str, tmp_path: Path) -> None:
@@ -189,12 +181,12 @@ def test_changed_host_key_refused_even_with_tofu(sshd_path: str, tmp_path: Path)
         srv.shutdown()
 
 
-def test_wrong_user_key_is_authentication_failed(server: Server, tmp_path: Path) -> None:
+def test_wrong_user_key_is_authentication_failed(sshd_server: Server, tmp_path: Path) -> None:
     other = sshd.generate_key(tmp_path / "other_key")
     with pytest.raises(AuthenticationFailed):
-        server.transport(key_file=other).run(["true"], timeout=10)
+        sshd_server.transport(key_file=other).run(["true"], timeout=10)
     with pytest.raises(AuthenticationFailed, match="does not exist"):
-        server.transport(key_file=tmp_path / "missing").run(["true"], timeout=10)
+        sshd_server.transport(key_file=tmp_path / "missing").run(["true"], timeout=10)
 
 
 def test_closed_port_is_unreachable(tmp_path: Path) -> None:

@@ -22,7 +22,6 @@ from devices.adb_endpoint import AdbEndpoint
 from devices.errors import CommandTimeout
 from devices.local import LocalTransport
 from devices.transport import Transport
-from tests.devices.sshd_server import Server
 
 HOSTILE = [
     "two words",
@@ -50,13 +49,6 @@ class Device:
     remote_dir: str
     host_dir: Path
     watched: tuple[Path, ...]
-
-
-@pytest.fixture(scope="module")
-def sshd_server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server.launch(tmp_path_factory.mktemp("sshd-contract"))
-    yield srv
-    srv.shutdown()
 
 
 @pytest.fixture(params=["local", "ssh", "adb"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,6 @@ from devices.fleet import Device
 from devices.local import LocalTransport
 from devices.transport import RunResult, Transport
 from harness.deploy import DeployError, deploy_artifact_set, deploy_files, deploy_runner, sha256_file
-from tests.devices.conftest import adb_path, adb_server, adb_transport, phone, sshd_path  # noqa: F401
 from tests.devices.sshd_server import Server
 
 PY = sys.executable
@@ -55,13 +54,6 @@ def artifact_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_artifacts(model, model.arch(0.25), batch=4, optimizer="adamw", out_dir=out).directory
 
 
-@pytest.fixture(scope="module")
-def sshd_server(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:  # noqa: F811
-    srv = Server.launch(tmp_path_factory.mktemp("sshd-deploy"))
-    yield srv
-    srv.shutdown()
-
-
 def make_target(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> Target:
     """Build a `Target` of ``kind`` whose workdir is a fresh directory."""
     if kind == "local":
@@ -86,8 +78,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 
 def manifest_hashes(set_dir: Path) -> dict[str, str]:
     files = json.loads((set_dir / "manifest.json").read_text())["files"]
-    return {name: entry["sha256"] for name, entry in files.items()} | {"manifest.json": sha256_file(
-        set_dir / "manifest.json")}
+    return {name: entry["sha256"] for name, entry in files.items()} | {
+        "manifest.json": sha256_file(set_dir / "manifest.json")
+    }
 
 
 def hashes_on_device(target: Target, remote_dir: str) -> dict[str, str]:
@@ -158,8 +151,9 @@ class InterruptedTransport:
         self.inner.close()
 
 
-def test_interrupted_push_leaves_no_bad_entry_and_no_half_set(target: Target, artifact_set: Path,
-                                                              tmp_path: Path) -> None:
+def test_interrupted_push_leaves_no_bad_entry_and_no_half_set(
+    target: Target, artifact_set: Path, tmp_path: Path
+) -> None:
     flaky = InterruptedTransport(target.transport, fail_at=3, scratch=tmp_path)
     with pytest.raises(ConnectionLost):
         deploy_artifact_set(flaky, target.device, artifact_set)
@@ -182,8 +176,9 @@ class CorruptingTransport(InterruptedTransport):
         self.inner.put(bad, remote)
 
 
-def test_content_that_arrives_wrong_is_never_committed(request: pytest.FixtureRequest, artifact_set: Path,
-                                                       tmp_path: Path) -> None:
+def test_content_that_arrives_wrong_is_never_committed(
+    request: pytest.FixtureRequest, artifact_set: Path, tmp_path: Path
+) -> None:
     target = make_target(request, "local", tmp_path)  # the commit check runs the same on every transport
     with pytest.raises(DeployError, match="did not verify"):
         deploy_artifact_set(CorruptingTransport(target.transport, 0, tmp_path), target.device, artifact_set)
@@ -192,8 +187,9 @@ def test_content_that_arrives_wrong_is_never_committed(request: pytest.FixtureRe
 
 
 @pytest.mark.parametrize("kind", ["local", "ssh"])
-def test_deployed_set_loads_in_onnxruntime_on_the_device(request: pytest.FixtureRequest, kind: str,
-                                                         tmp_path: Path, artifact_set: Path) -> None:
+def test_deployed_set_loads_in_onnxruntime_on_the_device(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path, artifact_set: Path
+) -> None:
     target = make_target(request, kind, tmp_path)
     remote = deploy_artifact_set(target.transport, target.device, artifact_set).remote_dir
     script = (

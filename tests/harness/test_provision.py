@@ -26,8 +26,7 @@ from harness.provision import (
     runner_env,
     wheel_distribution,
 )
-from tests.devices.conftest import adb_path, adb_server, adb_transport, phone, sshd_path  # noqa: F401
-from tests.harness.test_deploy import PY, Target, make_target, sshd_server  # noqa: F401
+from tests.harness.test_deploy import PY, Target, make_target
 
 NUMPY = DEFAULT_PACKAGES[0]
 FAKE = Package("fbfake", "fbfake_mod", "fb-fake")  # absent everywhere until provisioned
@@ -41,10 +40,13 @@ def make_wheel(directory: Path, dist: str = "fb_fake", module: str = "fbfake_mod
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: fleetbench-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    record = "".join(
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip('=')},{len(data)}\n"
-        for name, data in files.items()
-    ) + f"{info}/RECORD,,\n"
+    record = (
+        "".join(
+            f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip('=')},{len(data)}\n"
+            for name, data in files.items()
+        )
+        + f"{info}/RECORD,,\n"
+    )
     path = directory / f"{dist}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
         for name, data in files.items():
@@ -90,8 +92,9 @@ def test_missing_package_installs_only_from_the_given_wheel(target: Target, tmp_
 
     again = provision_device(target.transport, target.device, [wheel], packages)
     assert again.installed == () and not again.missing()
-    env_run = target.transport.run([*runner_env(target.device.workdir), PY, "-c",
-                                    "import fbfake_mod; print(fbfake_mod.__version__)"], timeout=30)
+    env_run = target.transport.run(
+        [*runner_env(target.device.workdir), PY, "-c", "import fbfake_mod; print(fbfake_mod.__version__)"], timeout=30
+    )
     assert (env_run.rc, env_run.stdout.strip()) == (0, "0.1")
 
 
@@ -111,7 +114,8 @@ def test_a_dead_device_fails_while_the_others_answer(tmp_path: Path) -> None:
 
 
 def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(
         "devices:\n"
