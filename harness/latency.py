@@ -488,9 +488,7 @@ def predict(
     -------
     float
     """
-    dm = models if isinstance(models, DeviceModels) else models[device]
-    if dm.device != device:
-        raise KeyError(f"models are of device {dm.device!r}, not {device!r}")
+    dm = _device_models(models, device)
     return dm.latency[dm.key(arch.model, batch, backend)].predict(arch)
 
 
@@ -502,8 +500,15 @@ def predict_memory(
     backend: str | None = None,
 ) -> float:
     """Predict peak memory (bytes) of training ``arch`` on ``device`` (see `predict`)."""
-    dm = models if isinstance(models, DeviceModels) else models[device]
+    dm = _device_models(models, device)
     return dm.memory[dm.key(arch.model, batch, backend)].predict(arch)
+
+
+def _device_models(models: Mapping[str, DeviceModels] | DeviceModels, device: str) -> DeviceModels:
+    dm = models if isinstance(models, DeviceModels) else models[device]
+    if dm.device != device:
+        raise KeyError(f"models are of device {dm.device!r}, not {device!r}")
+    return dm
 
 
 # ---------------------------------------------------------------------------- validation
