@@ -13,7 +13,8 @@ Design
   order, all in one transaction (an interrupted or failing upgrade leaves the file
   at its old version); a file whose version is newer than this code knows is
   refused with `StoreError`. Migrations are append-only: never edit a released
-  entry, add a new one (the FL runs tables will be the next entries).
+  entry, add a new one. Entry 3 holds the FL run tables (``fl_*``), written by
+  `fl.runlog` through `ProfileStore.transaction`.
 * **Attempts**: every call to ``record`` adds a row; a cell (``BenchSpec.cell_key``)
   may have several attempts (a failure, then a success on ``--resume``). The
   *latest attempt* of a key is its row with the highest id. `latest_cells` gives
@@ -106,6 +107,72 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE cells ADD COLUMN peak_memory_source TEXT;
     ALTER TABLE cells ADD COLUMN matmul_gflops REAL;
     CREATE INDEX cells_by_campaign ON cells (campaign_id, id);
+    """,
+    # v3: federated learning runs (written by fl.runlog).
+    """
+    CREATE TABLE fl_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        strategy TEXT NOT NULL,
+        model TEXT NOT NULL,
+        dataset TEXT NOT NULL,
+        executor TEXT NOT NULL DEFAULT 'inprocess',
+        seed INTEGER NOT NULL,
+        rounds INTEGER NOT NULL,
+        config TEXT NOT NULL DEFAULT '{}',
+        status TEXT NOT NULL DEFAULT 'running',
+        versions TEXT NOT NULL DEFAULT '{}',
+        git_commit TEXT
+    );
+    CREATE TABLE fl_clients (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        cid TEXT NOT NULL,
+        device TEXT,
+        capacity REAL NOT NULL,
+        tier INTEGER NOT NULL DEFAULT 0,
+        num_examples INTEGER NOT NULL,
+        label_counts TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, cid)
+    );
+    CREATE TABLE fl_rounds (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        round INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL NOT NULL,
+        wall_seconds REAL NOT NULL,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        evaluation TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, round)
+    );
+    CREATE TABLE fl_client_rounds (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        round INTEGER NOT NULL,
+        cid TEXT NOT NULL,
+        device TEXT,
+        width REAL NOT NULL,
+        arch_widths TEXT NOT NULL DEFAULT '[]',
+        tier INTEGER NOT NULL DEFAULT 0,
+        straggler INTEGER NOT NULL DEFAULT 0,
+        status TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        num_examples INTEGER NOT NULL DEFAULT 0,
+        loss REAL,
+        accuracy REAL,
+        steps INTEGER,
+        compute_seconds REAL,
+        download_seconds REAL,
+        upload_seconds REAL,
+        wait_seconds REAL,
+        train_flops REAL,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, round, cid)
+    );
+    CREATE TABLE fl_checkpoints (
+        run_id INTEGER PRIMARY KEY REFERENCES fl_runs(id),
+        round INTEGER NOT NULL,
+        state BLOB NOT NULL
+    );
     """,
 )
 
@@ -348,8 +415,15 @@ class ProfileStore:
         self.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and one IMMEDIATE transaction; commit on success, roll back otherwise."""
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one IMMEDIATE transaction; commit on success, roll back otherwise.
+
+        Yields
+        ------
+        sqlite3.Connection
+            The store's connection (rows as tuples unless the caller sets a factory
+            on a cursor); other packages' tables (``fl_*``) are written through it.
+        """
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -370,7 +444,7 @@ class ProfileStore:
         return int(row[0])
 
     def _migrate(self) -> None:
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "schema_version" not in tables:
                 if tables:
@@ -434,7 +508,7 @@ class ProfileStore:
             _dumps(dict(host_versions() if versions is None else versions)),
             git_commit() if commit is None else commit,
         )
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO campaigns (started_at, fleet, model, versions, git_commit) VALUES (?, ?, ?, ?, ?)", row
             )
@@ -492,7 +566,7 @@ class ProfileStore:
         columns = ", ".join(values)
         marks = ", ".join(f":{name}" for name in values)
         try:
-            with self._transaction() as conn:
+            with self.transaction() as conn:
                 cursor = conn.execute(f"INSERT INTO cells ({columns}) VALUES ({marks})", values)
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"cannot record {spec.cell_key()} in campaign {campaign_id}: {exc}") from None
