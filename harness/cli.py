@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_fleet(commands)
     _register_harness(commands)
+    from fl.cli import register as register_fl
+    from reports.cli import register as register_report
+
+    register_fl(commands)
+    register_report(commands)
     return parser
 
 
