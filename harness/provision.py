@@ -3,8 +3,8 @@
 ``fleetbench fleet provision FILE [--wheel W ...]`` asks every device (concurrently, one
 dead device never stops the others) for its Python version and, per package, whether it
 is *present* (installed metadata or a findable module) and *importable* (the import
-succeeds), with its version. The packages are numpy, onnxruntime-training (checked by
-``import onnxruntime.training``) and torch; a device can run ``ort`` with numpy and
+succeeds), with its version. The packages are numpy, onnxruntime-training (imported as
+the runner imports it, without PyTorch) and torch; a device can run ``ort`` with numpy and
 onnxruntime-training, ``torch`` with numpy and torch.
 
 Installing only from the user's wheels
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,7 @@ from devices.fleet import Device, Fleet
 from devices.group import FleetResult, run_on_fleet
 from devices.transport import RunResult, Transport
 from harness.deploy import deploy_files, sha256_file
+from harness.runner import import_ort_training
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
 CHECK_TIMEOUT_S = 180.0
@@ -146,7 +148,7 @@ class ProvisionReport:
         return tuple(name for name, status in self.packages.items() if not status.importable)
 
 
-_CHECK = r"""
+_CHECK_TEMPLATE = r"""
 import importlib, importlib.util, json, os, platform, sys
 A = json.loads(sys.argv[1])
 site = os.path.expanduser(A["site"])
@@ -156,6 +158,14 @@ try:
 except ImportError:
     md = None
 out = {"python": platform.python_version(), "site": site, "packages": {}}
+import types
+
+
+def _import_failure(name, exc):
+    return exc
+
+
+#ORT_IMPORT#
 for name, module, dist in A["packages"]:
     r = {"present": False, "importable": False, "version": None, "error": None}
     try:
@@ -168,7 +178,10 @@ for name, module, dist in A["packages"]:
     except Exception:
         pass
     try:
-        importlib.import_module(module)
+        if module == "onnxruntime.training":
+            import_ort_training()
+        else:
+            importlib.import_module(module)
         r["importable"] = True
         r["version"] = r["version"] or getattr(sys.modules[module.split(".")[0]], "__version__", None)
     except BaseException as e:
@@ -176,6 +189,12 @@ for name, module, dist in A["packages"]:
     out["packages"][name] = r
 print(json.dumps(out))
 """
+
+
+#: The device-side check. ``onnxruntime.training`` is imported the runner's way
+#: (`harness.runner.import_ort_training`, PyTorch blocked), so a device without PyTorch
+#: is not reported as missing onnxruntime-training, which the runner can use there.
+_CHECK = _CHECK_TEMPLATE.replace("#ORT_IMPORT#", inspect.getsource(import_ort_training))
 
 
 def normalize(name: str) -> str:

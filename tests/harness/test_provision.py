@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from devices.fleet import Device
+from devices.local import LocalTransport
 from harness.cli import main
 from harness.provision import (
     DEFAULT_PACKAGES,
     Package,
+    check_device,
     format_table,
     match_wheels,
     provision,
@@ -137,3 +139,18 @@ def test_wheel_names_are_matched_by_distribution(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         wheel_distribution(Path("numpy.tar.gz"))
     assert main(["fleet", "provision", str(tmp_path / "fleet.yaml"), "--wheel", str(tmp_path / "nope.whl")]) == 2
+
+
+def test_onnxruntime_counts_as_importable_on_a_device_without_torch(tmp_path: Path) -> None:
+    # A device whose Python cannot import torch: a shadowing package that fails like a missing one.
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    wrapper = tmp_path / "python-without-torch"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={shadow.parent} exec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    device = Device("notorch", "local", workdir=str(tmp_path / "device"), python=str(wrapper))
+    report = check_device(LocalTransport(), device)
+    assert not report.packages["torch"].importable
+    assert report.packages["onnxruntime"].importable, report.packages["onnxruntime"].error
+    assert report.can_run("ort") and not report.can_run("torch")
