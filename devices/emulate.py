@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -649,6 +650,34 @@ class UpResult:
     def ok(self) -> bool:
         """Whether every emulated device is up."""
         return not self.failed
+
+
+#: The shipped example fleet: fast / mid / slow SSH devices and a phone.
+EXAMPLE_FLEET = Path(__file__).resolve().with_name("fleets") / "emulated.yaml"
+
+
+def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
+    """Write the example emulated fleet into ``directory`` with its own ports and state dir.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        Where ``fleet.yaml`` and the fleet's ``state/`` directory go.
+    port_for : callable
+        Returns a free loopback port (`devices.sshd.free_port`), called once per device.
+
+    Returns
+    -------
+    pathlib.Path
+        The written fleet file.
+    """
+    text = EXAMPLE_FLEET.read_text()
+    text = re.sub(r"port: \d+", lambda _: f"port: {port_for()}", text)
+    text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{port_for()}", text)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fleet.yaml"
+    path.write_text(f"state_dir: {directory / 'state'}\n" + text)
+    return path
 
 
 def up(fleet: Fleet, say: Printer = print) -> UpResult:

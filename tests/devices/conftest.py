@@ -6,8 +6,8 @@ The fixtures are also offered to every test directory through ``tests/conftest.p
 from __future__ import annotations
 
 import os
-import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from devices import emulate
 from devices.adb import ADBTransport
 from devices.adb_endpoint import AdbEndpoint
+from devices.fleet import Fleet
+from devices.limits import descendants, process_parents
 from devices.sshd import free_port
 from tests.devices.sshd_server import Server
 
@@ -69,17 +72,21 @@ def cmdline_running(marker: str) -> bool:
     return False
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def copy_example_fleet(directory: Path) -> Path:
     """Write the shipped example fleet into ``directory`` on free ports, with its own state dir."""
-    text = (REPO / "devices" / "fleets" / "emulated.yaml").read_text()
-    text = re.sub(r"port: \d+", lambda _: f"port: {free_port()}", text)
-    text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{free_port()}", text)
-    path = directory / "fleet.yaml"
-    path.write_text(f"state_dir: {directory / 'state'}\n" + text)
-    return path
+    return emulate.write_example_fleet(directory, free_port)
+
+
+def kill_device(fleet: Fleet, name: str) -> None:
+    """SIGKILL an emulated device's sshd and its sessions (processes `emulate.up` started)."""
+    state = emulate.load_state(fleet.state_dir).get(name)
+    assert state is not None, f"{name} is not up"
+    sshd = next(rec for rec in state.processes if rec.role == "sshd")
+    for pid in descendants(sshd.pid, process_parents()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def listening(port: int) -> bool:

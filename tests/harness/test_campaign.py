@@ -15,7 +15,6 @@ import pytest
 
 from devices import emulate
 from devices.fleet import Device, Fleet
-from devices.limits import descendants, process_parents
 from devices.sshd import free_port
 from exporters.errors import InputError
 from exporters.flops import count
@@ -23,6 +22,7 @@ from exporters.zoo import get_model
 from harness import campaign
 from harness.campaign import CellEvent, parse_runner_output, plan_cells
 from harness.store import ProfileStore
+from tests.devices.conftest import kill_device
 
 MODEL, WIDTHS, BATCH, STEPS, WARMUP = "fjord-cnn", (0.25, 0.5, 0.75, 1.0), 4, 3, 1
 TIMEOUT = 120.0
@@ -93,23 +93,6 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("artifacts")
 
 
-def _descendants(pid: int) -> list[int]:
-    """Pids of every process below ``pid``."""
-    return descendants(pid, process_parents())[1:]
-
-
-def _kill_device(fleet: Fleet, name: str) -> None:
-    """SIGKILL the device's sshd and its sessions (processes `emulate.up` started for this test)."""
-    state = emulate.load_state(fleet.state_dir).get(name)
-    assert state is not None
-    sshd = next(rec for rec in state.processes if rec.role == "sshd")
-    for pid in [sshd.pid, *_descendants(sshd.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 class _Counting:
     """Progress callback that counts cells and runs a hook (e.g. kill a device)."""
 
@@ -138,7 +121,7 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
 
     def kill_beta_after_first(event: CellEvent) -> None:
         if event.device == beta and event.done == 1:
-            _kill_device(fleet, beta)
+            kill_device(fleet, beta)
 
     progress = _Counting(kill_beta_after_first)
     result = campaign.run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=progress)
