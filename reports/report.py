@@ -1,0 +1,616 @@
+"""Build the report from stored records: sources in, sections out, files written.
+
+`load_sources` is the only function that reads the store (the cells through
+`harness.store.ProfileStore`, the ``fl_*`` tables with read-only SQL, so the report
+depends on the FL schema of migration 3, not on `fl.runlog`'s API). `build_sections`
+turns `Sources` into page sections (tables from `reports.tables`, figures from
+`reports.plots`), and `write_report` writes ``report.html`` with every figure as PNG
+and SVG and every table as CSV, each file through a temporary file and a rename.
+
+Missing data is explained on the page, never a crash: an empty store, a device with
+failures only, a single width (no speed-up), no matmul probe (no roofline), one
+backend only (no ORT/PyTorch comparison), no FL runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.store import ProfileStore, StoreError
+from reports import plots, tables
+from reports.html import EmbeddedFigure, Page, Section, TableBlock, render_page
+
+#: File name of the page inside the output directory.
+REPORT_FILE = "report.html"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Everything the report reads, as DataFrames (no connection kept).
+
+    Attributes
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` (all statuses).
+    campaigns : pandas.DataFrame
+        `ProfileStore.campaigns`.
+    facts : mapping of str to mapping
+        Device -> facts snapshot of its latest attempt.
+    fl_runs, fl_rounds, fl_client_rounds : pandas.DataFrame
+        The FL tables as stored (empty when no run was logged).
+    store : str
+        Path of the store, for the header.
+    """
+
+    cells: pd.DataFrame
+    campaigns: pd.DataFrame
+    facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    fl_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fl_rounds: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fl_client_rounds: pd.DataFrame = field(default_factory=pd.DataFrame)
+    store: str = ""
+
+
+def _read_fl(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        frames = []
+        for name in ("fl_runs", "fl_rounds", "fl_client_rounds"):
+            if name in found:
+                order = "id" if name == "fl_runs" else "run_id, round"
+                frames.append(pd.read_sql_query(f"SELECT * FROM {name} ORDER BY {order}", conn))  # noqa: S608
+            else:
+                frames.append(pd.DataFrame())
+    finally:
+        conn.close()
+    return frames[0], frames[1], frames[2]
+
+
+def load_sources(db: str | os.PathLike[str]) -> Sources:
+    """Read the store for the report.
+
+    Parameters
+    ----------
+    db : path
+        An existing profile store.
+
+    Returns
+    -------
+    Sources
+
+    Raises
+    ------
+    StoreError
+        If there is no file at ``db`` or it is not a usable store.
+    """
+    path = Path(db)
+    if not path.is_file():
+        raise StoreError(f"no profile store at {path} (run `fleetbench profile --db {path}` first)")
+    with ProfileStore(path) as store:
+        cells = store.latest_cells()
+        campaigns = store.campaigns()
+        facts: dict[str, Mapping[str, Any]] = {}
+        for m in store.measurements(latest=True):
+            if m.facts:
+                facts[m.spec.device] = dict(m.facts)
+    runs, rounds, client_rounds = _read_fl(path)
+    return Sources(cells, campaigns, facts, runs, rounds, client_rounds, str(path))
+
+
+# ---------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class PendingFigure:
+    """A matplotlib figure waiting to be written and embedded.
+
+    Attributes
+    ----------
+    name : str
+    caption : str
+    figure : matplotlib.figure.Figure
+    """
+
+    name: str
+    caption: str
+    figure: Any
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A section before rendering: `Section` fields with matplotlib figures.
+
+    Attributes
+    ----------
+    key, title : str
+    paragraphs : tuple of str
+    figures : tuple of PendingFigure
+    tables : tuple of TableBlock
+    notes : tuple of str
+    """
+
+    key: str
+    title: str
+    paragraphs: tuple[str, ...] = ()
+    figures: tuple[PendingFigure, ...] = ()
+    tables: tuple[TableBlock, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _fmt_devices(names: Sequence[str]) -> str:
+    return ", ".join(str(n) for n in names)
+
+
+def _summary(src: Sources, headline: pd.DataFrame) -> Draft:
+    cells = src.cells
+    notes: list[str] = []
+    if cells.empty:
+        notes.append(
+            "The store holds no measured cells yet, so there is nothing to plot. Measure a fleet with "
+            "`fleetbench profile --fleet FILE --db PATH` and run `fleetbench report --db PATH` again."
+        )
+        return Draft("summary", "Summary", notes=tuple(notes))
+    ok = int((cells["status"] == "ok").sum())
+    devices = sorted(set(cells["device"]))
+    widths = sorted(set(cells.loc[cells["status"] == "ok", "width"]))
+    text = (
+        f"{len(cells)} cells (latest attempt of each) on {len(devices)} device(s): {ok} measured, "
+        f"{len(cells) - ok} failed. Widths measured: {', '.join(f'{w:g}' for w in widths) or 'none'}. "
+        "Latencies are per image of a full training step (forward, backward, optimizer), median over the "
+        "timed steps after warm-up."
+    )
+    if ok == 0:
+        notes.append("No cell was measured successfully; the device section lists every failure with its reason.")
+    return Draft(
+        "summary",
+        "Summary",
+        paragraphs=(text,),
+        tables=(
+            TableBlock(
+                "headline",
+                "Median per-image training latency (µs) per width; speed-up of the narrowest against the widest "
+                "width, its FLOPs ratio, and the fixed share of the full-width latency.",
+                headline,
+            ),
+        ),
+        notes=tuple(notes),
+    )
+
+
+def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
+    title = "Latency vs width"
+    if latency.empty:
+        return Draft("latency", title, notes=("No measured cell: no latency to plot (see the device section).",))
+    notes = []
+    if latency["width"].nunique() < 2:
+        notes.append("Only one width was measured, so each device is a single point, not a curve.")
+    noisy = latency[latency["noisy"].fillna(False).astype(bool)]
+    if len(noisy):
+        notes.append(
+            f"{len(noisy)} of {len(latency)} cells are noisy (coefficient of variation above 5 %): "
+            "compare their medians, not their means, and prefer re-measuring on an idle device."
+        )
+    scale = "logarithmic" if log_scale else "linear"
+    return Draft(
+        "latency",
+        title,
+        paragraphs=(
+            "One line per device and backend: the median per-image training latency at each width, bars from "
+            f"the 5th to the 95th percentile of the timed steps ({scale} latency axis).",
+        ),
+        figures=(
+            PendingFigure(
+                "latency_vs_width",
+                "Per-image training latency vs sub-model width; markers are medians, bars p5–p95.",
+                plots.latency_figure(latency, log_scale),
+            ),
+        ),
+        tables=(TableBlock("latency", "Every measured cell; cv = stdev / mean of the step times.", latency),),
+        notes=tuple(notes),
+    )
+
+
+def _memory(latency: pd.DataFrame) -> Draft:
+    title = "Peak memory vs width"
+    has = latency[np.isfinite(latency["peak_memory_mib"].astype(float))] if not latency.empty else latency
+    if has.empty:
+        return Draft("memory", title, notes=("No measured cell reported its peak memory.",))
+    return Draft(
+        "memory",
+        title,
+        paragraphs=(
+            "Peak resident memory of the training process (VmHWM, else ru_maxrss) while training at each width. "
+            "It includes the runtime itself, so it does not go to zero with the model.",
+        ),
+        figures=(PendingFigure("memory_vs_width", "Peak memory vs width.", plots.memory_figure(has)),),
+    )
+
+
+def _speedup(speed: pd.DataFrame) -> Draft:
+    title = "Measured vs theoretical speed-up"
+    intro = (
+        "The theoretical speed-up of a width is the FLOPs ratio of the widest measured width to it; the measured "
+        "speed-up is the ratio of their median latencies. FedDrop (Table 10) measured 1.75× for a 2× FLOPs "
+        "reduction on an iPhone 12 Pro CPU. The gap is a fixed per-step cost: fitting latency = a + b·FLOPs per "
+        "device, the intercept a does not shrink with the model, and with its share φ of the full-width latency "
+        "the speed-up is at most 1 / (φ + (1 − φ) / T) for a FLOPs ratio T (Amdahl's law)."
+    )
+    if speed.empty:
+        return Draft(
+            "speedup",
+            title,
+            paragraphs=(intro,),
+            notes=(
+                "No configuration was measured at two or more widths with known FLOPs, so no speed-up can be "
+                "computed. Profile at least two widths (e.g. --widths 0.5,1.0).",
+            ),
+        )
+    findings = []
+    for key, g in speed.groupby(tables.CONFIG, sort=True):
+        narrow = g.loc[g["width"].idxmin()]
+        findings.append(
+            f"{key[0]} ({key[3]}, batch {key[2]}): width {narrow['width']:g} runs "
+            f"{narrow['measured_speedup']:.2f}× faster for a {narrow['flops_ratio']:.2f}× FLOPs reduction; the fit "
+            f"puts {narrow['fixed_us']:.1f} µs per image in the fixed cost (φ = {narrow['fixed_share']:.0%}), "
+            f"which predicts {narrow['modelled_speedup']:.2f}×."
+        )
+    notes = []
+    beyond = speed[speed["measured_speedup"] > 1.05 * speed["flops_ratio"]]
+    if len(beyond):
+        where = ", ".join(sorted({f"{r.device} ({r.backend})" for r in beyond.itertuples()}))
+        notes.append(
+            f"{where}: a measured speed-up exceeds its FLOPs ratio, which fewer FLOPs alone cannot cause; the "
+            "widest cell was probably slowed by contention or throttling. Check its noisy and throttled flags "
+            "and re-measure before drawing conclusions."
+        )
+    return Draft(
+        "speedup",
+        title,
+        notes=tuple(notes),
+        paragraphs=(intro, *findings),
+        figures=(
+            PendingFigure(
+                "speedup",
+                "Markers: measured speed-up per width; dotted: ideal; lines: speed-up predicted by the fixed share φ.",
+                plots.speedup_figure(speed),
+            ),
+        ),
+        tables=(TableBlock("speedup", "Speed-up per width against the widest measured width.", speed),),
+    )
+
+
+def _roofline(roof: pd.DataFrame) -> Draft:
+    title = "Roofline efficiency"
+    intro = (
+        "Achieved training throughput (training FLOPs per image / median per-image latency) as a fraction of the "
+        "device's measured matmul GFLOP/s (the runner's probe). Small widths are launch- and memory-bound, so "
+        "their fraction is lower."
+    )
+    usable = roof[np.isfinite(roof["fraction"].astype(float))] if not roof.empty else roof
+    if usable.empty:
+        return Draft(
+            "roofline",
+            title,
+            paragraphs=(intro,),
+            notes=("No measured cell has both training FLOPs and a matmul probe result, so no efficiency is shown.",),
+        )
+    return Draft(
+        "roofline",
+        title,
+        paragraphs=(intro,),
+        figures=(PendingFigure("roofline", "Achieved / matmul GFLOP/s per width.", plots.roofline_figure(usable)),),
+        tables=(TableBlock("roofline", "Achieved and peak GFLOP/s per cell.", roof),),
+    )
+
+
+def _prediction(errors: pd.DataFrame, summary: pd.DataFrame) -> Draft:
+    title = "Latency-model prediction error"
+    intro = (
+        "Each width is left out in turn, latency = a + b·FLOPs is refitted on the other widths of the same device "
+        "and configuration, and the left-out width is predicted: the error says how far an unmeasured width can "
+        "be trusted."
+    )
+    if errors.empty:
+        return Draft(
+            "prediction",
+            title,
+            paragraphs=(intro,),
+            notes=("Leave-one-out needs at least two measured widths per configuration; none has them.",),
+        )
+    return Draft(
+        "prediction",
+        title,
+        paragraphs=(intro,),
+        figures=(
+            PendingFigure(
+                "prediction_error", "Leave-one-width-out error; band: ±10 %.", plots.prediction_figure(errors)
+            ),
+        ),
+        tables=(
+            TableBlock("prediction_summary", "Median and worst absolute error per device.", summary),
+            TableBlock("prediction_error", "Every left-out width.", errors),
+        ),
+    )
+
+
+def _backends(backends: pd.DataFrame, cells: pd.DataFrame) -> Draft:
+    title = "ONNX Runtime vs PyTorch"
+    intro = (
+        "Where a device was measured with both backends at the same model, batch and width, each in its own "
+        "process: ORT latency over PyTorch latency (below 1 means ORT is faster)."
+    )
+    if backends.empty:
+        seen = sorted(set(cells["backend"])) if not cells.empty else []
+        return Draft(
+            "backends",
+            title,
+            paragraphs=(intro,),
+            notes=(
+                "No device has measured cells of both backends (seen: "
+                f"{', '.join(seen) or 'none'}). Profile with --backend ort,torch to compare.",
+            ),
+        )
+    return Draft(
+        "backends",
+        title,
+        paragraphs=(intro,),
+        figures=(PendingFigure("ort_vs_torch", "ORT / PyTorch latency per width.", plots.backend_figure(backends)),),
+        tables=(TableBlock("ort_vs_torch", "Both backends side by side.", backends),),
+    )
+
+
+def _devices(devices: pd.DataFrame, failures: pd.DataFrame) -> Draft:
+    title = "Devices"
+    if devices.empty:
+        return Draft("devices", title, notes=("No device appears in the store.",))
+    notes = []
+    only_failed = devices[(devices["cells"] > 0) & (devices["ok"] == 0)]
+    for _, row in only_failed.iterrows():
+        reasons = sorted(set(failures.loc[failures["device"] == row["device"], "status"]))
+        notes.append(
+            f"{row['device']} has failures only ({row['failed']} cells: {', '.join(reasons)}); it appears in no plot."
+        )
+    throttled = devices[devices["throttled"] > 0]
+    for _, row in throttled.iterrows():
+        count = int(row["throttled"])
+        notes.append(
+            f"{row['device']}: {count} cell{'s' if count != 1 else ''} ran while the CPU was throttled "
+            "(frequency dropped or a throttle flag was set); treat those latencies with care."
+        )
+    facts = devices[["device", "platform", "arch", "cpu", "cores", "mem_mib", "os", "onnxruntime", "torch"]]
+    outcomes = devices[["device", "backends", "cells", "ok", "failed", "throttled", "noisy", "matmul_gflops"]]
+    blocks = [
+        TableBlock("devices", "What each device is (facts of its latest probe) and its backend versions.", facts),
+        TableBlock(
+            "device_cells",
+            "Cells per device (latest attempts): measured, failed, measured while throttled, noisy (cv > 5 %); "
+            "matmul GFLOP/s is the median of the runner's probe.",
+            outcomes,
+        ),
+    ]
+    if not failures.empty:
+        blocks.append(TableBlock("failures", "Cells whose latest attempt failed, with the reason.", failures))
+    return Draft("devices", title, tables=tuple(blocks), notes=tuple(notes))
+
+
+def _fl(src: Sources) -> list[Draft]:
+    title = "Federated learning runs"
+    if src.fl_runs.empty or src.fl_rounds.empty:
+        return [
+            Draft(
+                "fl",
+                title,
+                notes=(
+                    "No federated learning run is logged in this store yet. Once an FL run writes its rounds "
+                    "(tables fl_runs, fl_rounds, fl_client_rounds), this section shows accuracy per round per "
+                    "width, a round timeline with stragglers highlighted and tier membership over rounds.",
+                ),
+            )
+        ]
+    drafts = []
+    accuracy = tables.fl_accuracy_table(src.fl_rounds)
+    timeline = tables.fl_timeline_table(src.fl_client_rounds)
+    tiers = tables.fl_tier_table(src.fl_client_rounds)
+    for _, run in src.fl_runs.iterrows():
+        rid = int(run["id"])
+        key = f"fl-run-{rid}"
+        acc = accuracy[accuracy["run_id"] == rid] if not accuracy.empty else accuracy
+        tl = timeline[timeline["run_id"] == rid] if not timeline.empty else timeline
+        tr = tiers[tiers["run_id"] == rid] if not tiers.empty else tiers
+        figures, blocks, notes = [], [], []
+        if acc.empty:
+            notes.append("No round of this run was evaluated yet.")
+        else:
+            figures.append(
+                PendingFigure(
+                    f"fl_run{rid}_accuracy", "Test accuracy per round per width.", plots.fl_accuracy_figure(acc)
+                )
+            )
+            blocks.append(TableBlock(f"fl_run{rid}_accuracy", "Evaluation per round and width.", acc))
+        if tl.empty:
+            notes.append("No client round of this run is logged.")
+        else:
+            figures.append(
+                PendingFigure(
+                    f"fl_run{rid}_timeline",
+                    "One bar per client and round: download, compute, upload; stragglers outlined, failures hatched.",
+                    plots.fl_timeline_figure(tl),
+                )
+            )
+            figures.append(
+                PendingFigure(f"fl_run{rid}_tiers", "Tier of every client in every round.", plots.fl_tier_figure(tl))
+            )
+            blocks.append(TableBlock(f"fl_run{rid}_tiers", "Clients and stragglers per tier and round.", tr))
+            stragglers = int(tl["straggler"].sum())
+            failed = int((tl["status"] != "ok").sum())
+            notes_text = f"{len(tl)} client rounds, {stragglers} straggler(s), {failed} failed."
+        rounds = src.fl_rounds[src.fl_rounds["run_id"] == rid]
+        text = (
+            f"Run {rid}: strategy {run['strategy']}, model {run['model']}, data set {run['dataset']}, executor "
+            f"{run['executor']}, seed {run['seed']}; {len(rounds)} of {run['rounds']} rounds logged "
+            f"(status {run['status']})."
+        )
+        paragraphs = [text] + ([notes_text] if not tl.empty else [])
+        drafts.append(
+            Draft(
+                key, f"FL run {rid}: {run['strategy']}", tuple(paragraphs), tuple(figures), tuple(blocks), tuple(notes)
+            )
+        )
+    return drafts
+
+
+def _provenance(campaigns: pd.DataFrame) -> Draft:
+    if campaigns.empty:
+        return Draft("provenance", "Provenance", notes=("No campaign is recorded in the store.",))
+    frame = campaigns.copy()
+    frame["started"] = [
+        datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") for t in frame["started_at"]
+    ]
+    frame["git_commit"] = [str(c)[:12] if isinstance(c, str) else "—" for c in frame["git_commit"]]
+    frame["versions"] = [
+        ", ".join(f"{k} {v}" for k, v in sorted(json.loads(v or "{}").items())) for v in frame["versions"]
+    ]
+    return Draft(
+        "provenance",
+        "Provenance",
+        paragraphs=("Every campaign in the store, with the host's tool versions and the fleetbench commit.",),
+        tables=(
+            TableBlock(
+                "campaigns",
+                "Campaigns (cells = attempts recorded).",
+                frame[["id", "started", "fleet", "model", "cells", "git_commit", "versions"]],
+            ),
+        ),
+    )
+
+
+def build_sections(src: Sources, log_scale: bool = False) -> tuple[list[Draft], pd.DataFrame]:
+    """Build every section of the report from the sources (no I/O).
+
+    Parameters
+    ----------
+    src : Sources
+    log_scale : bool
+        Logarithmic latency axis.
+
+    Returns
+    -------
+    drafts : list of Draft
+        The sections in page order, figures not yet rendered.
+    headline : pandas.DataFrame
+        `reports.tables.headline_table`, also printed by the CLI.
+    """
+    cells = src.cells
+    headline = tables.headline_table(cells)
+    latency = tables.latency_table(cells)
+    errors = tables.prediction_error_table(cells)
+    drafts = [
+        _summary(src, headline),
+        _latency(latency, log_scale),
+        _memory(latency),
+        _speedup(tables.speedup_table(cells)),
+        _roofline(tables.roofline_table(cells)),
+        _prediction(errors, tables.prediction_summary(errors)),
+        _backends(tables.backend_table(cells), cells),
+        _devices(tables.device_table(cells, src.facts), tables.failures_table(cells)),
+        *_fl(src),
+        _provenance(src.campaigns),
+    ]
+    return drafts, headline
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_report(
+    src: Sources, out_dir: str | os.PathLike[str], *, log_scale: bool = False, now: datetime | None = None
+) -> tuple[Path, pd.DataFrame]:
+    """Write ``report.html``, every figure as PNG and SVG and every table as CSV.
+
+    Parameters
+    ----------
+    src : Sources
+    out_dir : path
+        Created when missing.
+    log_scale : bool
+        Logarithmic latency axis.
+    now : datetime, optional
+        Time stamp for the header (default: now, UTC).
+
+    Returns
+    -------
+    path : Path
+        The written ``report.html``.
+    headline : pandas.DataFrame
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    drafts, headline = build_sections(src, log_scale)
+    sections = []
+    for d in drafts:
+        figures = tuple(EmbeddedFigure(f.name, f.caption, plots.save_figure(f.figure, out, f.name)) for f in d.figures)
+        for block in d.tables:
+            _atomic_text(out / f"{block.name}.csv", block.frame.to_csv(index=False))
+        sections.append(Section(d.key, d.title, d.paragraphs, figures, d.tables, d.notes))
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    cells = src.cells
+    commits = sorted(
+        {str(c)[:12] for c in src.campaigns.get("git_commit", pd.Series(dtype=object)) if isinstance(c, str)}
+    )
+    facts = (
+        ("store", src.store or "—"),
+        ("generated", stamp),
+        ("campaigns", str(len(src.campaigns))),
+        ("devices", str(cells["device"].nunique()) if not cells.empty else "0"),
+        ("cells", str(len(cells))),
+        ("commit", ", ".join(commits) or "—"),
+    )
+    page = Page("fleetbench report: training cost of sub-models per device", facts, tuple(sections))
+    path = out / REPORT_FILE
+    _atomic_text(path, render_page(page))
+    return path, headline
+
+
+def format_headline(headline: pd.DataFrame) -> str:
+    """Render the headline table for the terminal.
+
+    Parameters
+    ----------
+    headline : pandas.DataFrame
+        `reports.tables.headline_table` output.
+
+    Returns
+    -------
+    str
+        A fixed-width table (``"(no cells)"`` when empty).
+    """
+    if headline.empty:
+        return "(no cells in the store)"
+    frame = headline.copy()
+    for column in frame.columns:
+        if column.startswith("w="):
+            frame[column] = [("—" if math.isnan(v) else f"{v:,.1f}") for v in frame[column]]
+    for column in ("speedup", "theory"):
+        frame[column] = [("—" if math.isnan(v) else f"{v:.2f}x") for v in frame[column]]
+    frame["fixed_share"] = [("—" if math.isnan(v) else f"{v:.0%}") for v in frame["fixed_share"]]
+    return frame.to_string(index=False)

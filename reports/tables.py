@@ -1,0 +1,586 @@
+"""Report tables: pure functions from stored rows (pandas DataFrames) to report tables.
+
+Every function takes DataFrames shaped like `harness.store.ProfileStore.latest_cells`
+(or the ``fl_*`` tables) and returns a new DataFrame; nothing here reads files or
+measures. Units are in the column names (``_us`` per image microseconds, ``_mib``
+mebibytes, ``gflops`` 1e9 FLOP/s).
+
+Speed-up and the fixed per-step cost
+------------------------------------
+For a configuration (device, model, batch, backend) with widest measured width
+``w_max``, the *theoretical* speed-up of width ``w`` is the FLOPs ratio
+``T = F(w_max) / F(w)`` (training FLOPs per example) and the *measured* speed-up is
+``S = L(w_max) / L(w)`` with ``L`` the median per-image latency. FedDrop (Table 10)
+measured ``S = 1.75`` for ``T = 2`` on an iPhone CPU. The gap is explained by the
+latency model of `harness.latency`: ``L = a + b F`` with ``a >= 0`` the fixed
+per-image cost of a step that does not shrink with the model. With the fixed share
+``phi = a / (a + b F(w_max))`` the model predicts (Amdahl's law)
+``S_model = 1 / (phi + (1 - phi) / T)``, so ``phi`` is the single number that says how
+much of the theoretical speed-up a device can ever give.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.latency import fit, leave_one_out_error, train_flops_per_example
+
+#: The columns that identify one measured configuration of a device.
+CONFIG = ["device", "model", "batch", "backend"]
+
+_MIB = 1024.0 * 1024.0
+
+
+def ok_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Return the cells that were measured: status ``ok`` and a finite positive median.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The usable rows, sorted by configuration and width, index reset.
+    """
+    if cells.empty:
+        return cells.copy()
+    median = pd.to_numeric(cells["median_us"], errors="coerce")
+    keep = (cells["status"] == "ok") & np.isfinite(median) & (median > 0)
+    return cells[keep].sort_values([*CONFIG, "width"]).reset_index(drop=True)
+
+
+def _zoo_flops(model: str, width: float) -> float:
+    try:
+        return float(train_flops_per_example(model, width))
+    except Exception:  # noqa: BLE001 - a model outside the zoo has no analytic count
+        return math.nan
+
+
+def with_flops(cells: pd.DataFrame) -> pd.DataFrame:
+    """Fill missing ``train_flops`` from the analytic counter of the zoo (NaN when unknown).
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+
+    Returns
+    -------
+    pandas.DataFrame
+        A copy whose ``train_flops`` holds per-example training FLOPs where the runner
+        document lacked them and the model is a zoo model.
+    """
+    out = cells.copy()
+    if out.empty:
+        return out
+    flops = pd.to_numeric(out["train_flops"], errors="coerce").astype("float64")
+    missing = ~np.isfinite(flops)
+    if missing.any():
+        flops[missing] = [
+            _zoo_flops(str(m), float(w))
+            for m, w in zip(out.loc[missing, "model"], out.loc[missing, "width"], strict=True)
+        ]
+    out["train_flops"] = flops
+    return out
+
+
+def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per-image training latency and peak memory of every measured cell.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows (failed cells are dropped).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``device, model, batch, backend, width, n, median_us, p5_us, p95_us,
+        iqr_us, cv, noisy, throttled, peak_memory_mib, train_mflops``.
+    """
+    columns = [
+        *CONFIG,
+        "width",
+        "n",
+        "median_us",
+        "p5_us",
+        "p95_us",
+        "iqr_us",
+        "cv",
+        "noisy",
+        "throttled",
+        "peak_memory_mib",
+        "train_mflops",
+    ]
+    ok = with_flops(ok_cells(cells))
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    out = ok[[*CONFIG, "width", "n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "noisy", "throttled"]].copy()
+    out["peak_memory_mib"] = pd.to_numeric(ok["peak_memory_bytes"], errors="coerce").astype("float64") / _MIB
+    out["train_mflops"] = ok["train_flops"] / 1e6
+    return out[columns].reset_index(drop=True)
+
+
+def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Measured against theoretical speed-up per width, with the fixed-cost explanation.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per measured width of every configuration with at least two widths:
+        ``device, model, batch, backend, width, flops_ratio`` (theoretical speed-up
+        ``F(w_max) / F(w)``), ``measured_speedup`` (``L(w_max) / L(w)``),
+        ``efficiency`` (measured / theoretical), ``fixed_us`` (intercept ``a`` of the
+        device's latency fit), ``fixed_share`` (``a / (a + b F(w_max))``) and
+        ``modelled_speedup`` (``1 / (phi + (1 - phi) / T)``; see the module docstring).
+    """
+    columns = [
+        *CONFIG,
+        "width",
+        "flops_ratio",
+        "measured_speedup",
+        "efficiency",
+        "fixed_us",
+        "fixed_share",
+        "modelled_speedup",
+    ]
+    ok = with_flops(ok_cells(cells))
+    ok = ok[np.isfinite(ok["train_flops"])] if not ok.empty else ok
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    models = fit(ok)
+    rows: list[dict[str, Any]] = []
+    for key, group in ok.groupby(CONFIG, sort=True):
+        if group["width"].nunique() < 2:
+            continue
+        device, model, batch, backend = key
+        widest = group.loc[group["width"].idxmax()]
+        lat = models[str(device)].latency[(str(model), int(batch), str(backend))]
+        full = lat.intercept_us + lat.slope_us_per_flop * float(widest["train_flops"])
+        share = lat.intercept_us / full if full > 0 else math.nan
+        for _, row in group.sort_values("width").iterrows():
+            ratio = float(widest["train_flops"]) / float(row["train_flops"])
+            measured = float(widest["median_us"]) / float(row["median_us"])
+            rows.append(
+                {
+                    "device": device,
+                    "model": model,
+                    "batch": int(batch),
+                    "backend": backend,
+                    "width": float(row["width"]),
+                    "flops_ratio": ratio,
+                    "measured_speedup": measured,
+                    "efficiency": measured / ratio,
+                    "fixed_us": lat.intercept_us,
+                    "fixed_share": share,
+                    "modelled_speedup": amdahl_speedup(ratio, share),
+                }
+            )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def amdahl_speedup(theoretical: float, fixed_share: float) -> float:
+    """Return the speed-up left when a share of the full-width time does not scale.
+
+    Parameters
+    ----------
+    theoretical : float
+        FLOPs ratio ``T`` (at least 1 for a narrower width).
+    fixed_share : float
+        ``phi`` in [0, 1]: the fixed share of the full-width latency.
+
+    Returns
+    -------
+    float
+        ``1 / (phi + (1 - phi) / T)``.
+    """
+    return 1.0 / (fixed_share + (1.0 - fixed_share) / theoretical)
+
+
+def roofline_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Achieved training GFLOP/s per width as a fraction of the device's matmul GFLOP/s.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, model, batch, backend, width, train_mflops, achieved_gflops``
+        (``train_flops / median`` per image), ``matmul_gflops`` (the runner's probe)
+        and ``fraction`` (achieved / matmul; NaN without a probe).
+    """
+    columns = [*CONFIG, "width", "train_mflops", "achieved_gflops", "matmul_gflops", "fraction"]
+    ok = with_flops(ok_cells(cells))
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    ok = ok[np.isfinite(ok["train_flops"])]
+    out = ok[[*CONFIG, "width"]].copy()
+    out["train_mflops"] = ok["train_flops"] / 1e6
+    out["achieved_gflops"] = ok["train_flops"] / (ok["median_us"] * 1e-6) / 1e9
+    out["matmul_gflops"] = pd.to_numeric(ok["matmul_gflops"], errors="coerce").astype("float64")
+    out["fraction"] = out["achieved_gflops"] / out["matmul_gflops"]
+    return out[columns].reset_index(drop=True)
+
+
+def _versions(text: Any) -> dict[str, str]:
+    if isinstance(text, Mapping):
+        return {str(k): str(v) for k, v in text.items()}
+    try:
+        value = json.loads(str(text))
+    except (TypeError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per device: what it is, the backend versions, and how its cells went.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows (all statuses).
+    facts : mapping of str to mapping
+        Device name -> facts snapshot (`devices.facts.DeviceFacts.to_dict`); may miss devices.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, platform, arch, cpu, cores, mem_mib, os, onnxruntime, torch, backends,
+        cells, ok, failed, throttled, noisy, matmul_gflops``.
+    """
+    columns = [
+        "device",
+        "platform",
+        "arch",
+        "cpu",
+        "cores",
+        "mem_mib",
+        "os",
+        "onnxruntime",
+        "torch",
+        "backends",
+        "cells",
+        "ok",
+        "failed",
+        "throttled",
+        "noisy",
+        "matmul_gflops",
+    ]
+    rows: list[dict[str, Any]] = []
+    devices = sorted(set(cells["device"]) if not cells.empty else set()) or sorted(facts)
+    for device in devices:
+        group = cells[cells["device"] == device] if not cells.empty else cells
+        info = facts.get(device, {})
+        ok = group[group["status"] == "ok"] if not group.empty else group
+        probes = pd.to_numeric(ok["matmul_gflops"], errors="coerce") if not ok.empty else pd.Series(dtype=float)
+        versions: dict[str, str] = {}
+        for text in group["versions"] if not group.empty else []:
+            versions.update(_versions(text))
+        rows.append(
+            {
+                "device": device,
+                "platform": info.get("platform") or "",
+                "arch": info.get("arch") or "",
+                "cpu": info.get("cpu_model") or info.get("board") or "",
+                "cores": info.get("cores"),
+                "mem_mib": info.get("mem_total_mb"),
+                "os": info.get("os") or "",
+                "onnxruntime": info.get("onnxruntime") or versions.get("onnxruntime", ""),
+                "torch": info.get("torch") or versions.get("torch", ""),
+                "backends": ", ".join(sorted(set(group["backend"]))) if not group.empty else "",
+                "cells": len(group),
+                "ok": len(ok),
+                "failed": len(group) - len(ok),
+                "throttled": int(ok["throttled"].astype(bool).sum()) if not ok.empty else 0,
+                "noisy": int(ok["noisy"].fillna(False).astype(bool).sum()) if not ok.empty else 0,
+                "matmul_gflops": float(probes.median()) if probes.notna().any() else math.nan,
+            }
+        )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def failures_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Return the cells whose latest attempt failed, with the reason.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, model, batch, backend, width, status, message``.
+    """
+    columns = [*CONFIG, "width", "status", "message"]
+    if cells.empty:
+        return pd.DataFrame(columns=columns)
+    failed = cells[cells["status"] != "ok"]
+    return failed[columns].sort_values([*CONFIG, "width"]).reset_index(drop=True)
+
+
+def prediction_error_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Leave-one-width-out latency-model error per device (`harness.latency.leave_one_out_error`).
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, model, batch, backend, width, predicted_us, measured_us, error``
+        (relative: ``(predicted - measured) / measured``).
+    """
+    columns = [*CONFIG, "width", "predicted_us", "measured_us", "error"]
+    ok = with_flops(ok_cells(cells))
+    ok = ok[np.isfinite(ok["train_flops"])] if not ok.empty else ok
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    rows = [
+        {
+            "device": device,
+            "model": p.model,
+            "batch": p.batch,
+            "backend": p.backend,
+            "width": p.width,
+            "predicted_us": p.predicted_us,
+            "measured_us": p.measured_us,
+            "error": p.relative_error,
+        }
+        for device, report in sorted(leave_one_out_error(ok).items())
+        for p in report.points
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def prediction_summary(errors: pd.DataFrame) -> pd.DataFrame:
+    """Median and worst absolute leave-one-out error per device and configuration.
+
+    Parameters
+    ----------
+    errors : pandas.DataFrame
+        `prediction_error_table` output.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, model, batch, backend, widths, median_abs_error, max_abs_error``.
+    """
+    columns = [*CONFIG, "widths", "median_abs_error", "max_abs_error"]
+    if errors.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = errors.assign(abs_error=errors["error"].abs()).groupby(CONFIG, sort=True)
+    out = grouped.agg(
+        widths=("width", "count"), median_abs_error=("abs_error", "median"), max_abs_error=("abs_error", "max")
+    )
+    return out.reset_index()[columns]
+
+
+def backend_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """ONNX Runtime against PyTorch wherever a device measured both at the same cell.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, model, batch, width, ort_us, torch_us, ort_over_torch`` (below 1: ORT is
+        faster), ``ort_mib, torch_mib`` (peak memory).
+    """
+    columns = ["device", "model", "batch", "width", "ort_us", "torch_us", "ort_over_torch", "ort_mib", "torch_mib"]
+    ok = ok_cells(cells)
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    key = ["device", "model", "batch", "width"]
+    ort = ok[ok["backend"] == "ort"][[*key, "median_us", "peak_memory_bytes"]]
+    torch = ok[ok["backend"] == "torch"][[*key, "median_us", "peak_memory_bytes"]]
+    both = ort.merge(torch, on=key, suffixes=("_ort", "_torch"))
+    if both.empty:
+        return pd.DataFrame(columns=columns)
+    out = both[key].copy()
+    out["ort_us"] = both["median_us_ort"]
+    out["torch_us"] = both["median_us_torch"]
+    out["ort_over_torch"] = out["ort_us"] / out["torch_us"]
+    out["ort_mib"] = pd.to_numeric(both["peak_memory_bytes_ort"], errors="coerce").astype("float64") / _MIB
+    out["torch_mib"] = pd.to_numeric(both["peak_memory_bytes_torch"], errors="coerce").astype("float64") / _MIB
+    return out[columns].sort_values(key).reset_index(drop=True)
+
+
+def headline_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Return the headline: median per-image latency per configuration and width, and the speed-up.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per configuration: ``device, model, batch, backend``, one column
+        ``w=<width> us`` per measured width (median per-image microseconds, NaN where
+        not measured), ``speedup`` (measured, narrowest against widest width),
+        ``theory`` (FLOPs ratio of the same pair), ``fixed_share``, ``failed`` (cells of
+        the configuration whose latest attempt failed).
+    """
+    ok = ok_cells(cells)
+    if cells.empty:
+        return pd.DataFrame(columns=[*CONFIG, "speedup", "theory", "fixed_share", "failed"])
+    configs = cells[CONFIG].drop_duplicates().sort_values(CONFIG)
+    widths = sorted(ok["width"].unique()) if not ok.empty else []
+    speed = speedup_table(cells)
+    rows: list[dict[str, Any]] = []
+    for _, cfg in configs.iterrows():
+        match = (cells[CONFIG] == cfg.values).all(axis=1)
+        group = ok[(ok[CONFIG] == cfg.values).all(axis=1)] if not ok.empty else ok
+        row: dict[str, Any] = dict(cfg)
+        for w in widths:
+            hit = group[group["width"] == w]["median_us"]
+            row[f"w={w:g} us"] = float(hit.iloc[0]) if len(hit) else math.nan
+        s = speed[(speed[CONFIG] == cfg.values).all(axis=1)] if not speed.empty else speed
+        if len(s):
+            narrow = s.loc[s["width"].idxmin()]
+            row.update(
+                speedup=float(narrow["measured_speedup"]),
+                theory=float(narrow["flops_ratio"]),
+                fixed_share=float(narrow["fixed_share"]),
+            )
+        else:
+            row.update(speedup=math.nan, theory=math.nan, fixed_share=math.nan)
+        row["failed"] = int((cells[match]["status"] != "ok").sum())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- FL runs
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def fl_accuracy_table(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy and loss of every evaluated width per round, from ``fl_rounds.evaluation``.
+
+    Parameters
+    ----------
+    rounds : pandas.DataFrame
+        ``fl_rounds`` rows (``run_id, round, evaluation`` JSON ``{width: {loss, accuracy}}``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, round, width, accuracy, loss``.
+    """
+    columns = ["run_id", "round", "width", "accuracy", "loss"]
+    rows: list[dict[str, Any]] = []
+    for _, r in rounds.iterrows():
+        evaluation = json.loads(r["evaluation"]) if isinstance(r["evaluation"], str) else r["evaluation"]
+        for width, metrics in (evaluation or {}).items():
+            try:
+                w = float(width)
+            except ValueError:
+                continue
+            if not isinstance(metrics, Mapping):
+                metrics = {"accuracy": metrics}
+            rows.append(
+                {
+                    "run_id": int(r["run_id"]),
+                    "round": int(r["round"]),
+                    "width": w,
+                    "accuracy": _number(metrics.get("accuracy")),
+                    "loss": _number(metrics.get("loss")),
+                }
+            )
+    out = pd.DataFrame(rows, columns=columns)
+    return out.sort_values(["run_id", "width", "round"]).reset_index(drop=True) if rows else out
+
+
+def fl_timeline_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per round and client: where its round time went, and whether it straggled.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, round, cid, device, width, tier, straggler, status, download_s,
+        compute_s, upload_s, wait_s, total_s`` (missing times count as 0).
+    """
+    columns = [
+        "run_id",
+        "round",
+        "cid",
+        "device",
+        "width",
+        "tier",
+        "straggler",
+        "status",
+        "download_s",
+        "compute_s",
+        "upload_s",
+        "wait_s",
+        "total_s",
+    ]
+    if client_rounds.empty:
+        return pd.DataFrame(columns=columns)
+    out = client_rounds[["run_id", "round", "cid", "device", "width", "tier", "straggler", "status"]].copy()
+    out["straggler"] = out["straggler"].astype(bool)
+    for src, dst in (
+        ("download_seconds", "download_s"),
+        ("compute_seconds", "compute_s"),
+        ("upload_seconds", "upload_s"),
+        ("wait_seconds", "wait_s"),
+    ):
+        out[dst] = pd.to_numeric(client_rounds[src], errors="coerce").fillna(0.0).astype("float64")
+    out["total_s"] = out["download_s"] + out["compute_s"] + out["upload_s"]
+    return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
+
+
+def fl_tier_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Tier membership: how many clients each tier held per round.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, round, tier, width, clients, stragglers``.
+    """
+    columns = ["run_id", "round", "tier", "width", "clients", "stragglers"]
+    if client_rounds.empty:
+        return pd.DataFrame(columns=columns)
+    frame = client_rounds.assign(straggler=client_rounds["straggler"].astype(bool))
+    grouped = frame.groupby(["run_id", "round", "tier"], sort=True)
+    out = grouped.agg(width=("width", "max"), clients=("cid", "count"), stragglers=("straggler", "sum"))
+    out["stragglers"] = out["stragglers"].astype(int)
+    return out.reset_index()[columns]

@@ -1,0 +1,161 @@
+"""The report files: what is written, that tables on the page and in CSV match the records, partial stores."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.store import ProfileStore
+from reports.report import load_sources, write_report
+from tests.reports.fixtures import PHONE_FAILURES, WIDTHS, build_store, failed_measurement, median_us
+from tests.reports.pagetools import read_page, table_dicts
+
+NOW = datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("full")
+    src = load_sources(build_store(root / "fleetbench.db"))
+    path, _ = write_report(src, root / "out", now=NOW)
+    return path
+
+
+def test_every_figure_is_png_and_svg_and_embedded(full: Path) -> None:
+    out = full.parent
+    stems = {p.stem for p in out.glob("*.png")}
+    assert stems == {p.stem for p in out.glob("*.svg")}
+    expected = {
+        "latency_vs_width",
+        "memory_vs_width",
+        "speedup",
+        "roofline",
+        "prediction_error",
+        "ort_vs_torch",
+        "fl_run1_accuracy",
+        "fl_run1_timeline",
+        "fl_run1_tiers",
+    }
+    assert expected <= stems
+    page = read_page(full.read_text())
+    assert len(page.images) == len(stems)
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,"), src[:40]
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)
+    for stem in stems:
+        assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
+        assert b"<svg" in (out / f"{stem}.svg").read_bytes()[:2000]
+
+
+def test_page_is_self_contained(full: Path) -> None:
+    text = full.read_text()
+    page = read_page(text)
+    assert page.scripts == 0
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text
+    # Links point only at files written next to the page (or data: and in-page anchors).
+    for href in page.links:
+        assert href.startswith(("#", "data:")) or (full.parent / href).is_file(), href
+
+
+def test_csv_tables_equal_the_records(full: Path) -> None:
+    lat = pd.read_csv(full.parent / "latency.csv")
+    for w in WIDTHS:
+        r = lat[(lat["device"] == "pi4") & (lat["width"] == w)].iloc[0]
+        assert r["median_us"] == pytest.approx(median_us("pi4", "ort", w), rel=1e-12)
+        assert r["p95_us"] == pytest.approx(1.026 * median_us("pi4", "ort", w), rel=1e-12)
+    fails = pd.read_csv(full.parent / "failures.csv")
+    assert sorted(fails["status"]) == sorted(s for s, _ in PHONE_FAILURES.values())
+    speed = pd.read_csv(full.parent / "speedup.csv")
+    assert speed.loc[(speed["device"] == "pi4") & (speed["width"] == 0.25), "measured_speedup"].item() == pytest.approx(
+        6
+    )
+
+
+def test_html_tables_show_the_record_values(full: Path) -> None:
+    page = read_page(full.read_text())
+    latency = table_dicts(page, "latency")
+    shown = {(r["device"], r["backend"], r["width"]): r for r in latency}
+    assert len(shown) == 12
+    for (device, backend, width), r in shown.items():
+        m = median_us(device, backend, float(width))
+        assert r["median µs"] == f"{m:,.1f}"
+        assert r["p5 µs"] == f"{0.982 * m:,.1f}"
+    head = {(r["device"], r["backend"]): r for r in table_dicts(page, "headline")}
+    assert head[("pi4", "ort")]["w=1 us"] == "900.0" and head[("pi4", "ort")]["speedup"] == "6.00×"
+    assert head[("phone", "ort")]["failed"] == "2"
+    both = table_dicts(page, "ort_vs_torch")
+    assert [r["ORT / PyTorch"] for r in both] == [
+        f"{50 / 75:.2f}×",
+        f"{80 / 120:.2f}×",
+        f"{130 / 195:.2f}×",
+        f"{200 / 300:.2f}×",
+    ]
+    outcomes = {r["device"]: r for r in table_dicts(page, "device_cells")}
+    assert (outcomes["phone"]["ok"], outcomes["phone"]["failed"]) == ("0", "2")
+    assert outcomes["pi4"]["throttled"] == "1"
+    text = full.read_text()
+    assert "phone has failures only" in text and "no answer within 300 s" in text
+
+
+def test_empty_store_explains(tmp_path: Path) -> None:
+    ProfileStore(tmp_path / "empty.db").close()
+    path, head = write_report(load_sources(tmp_path / "empty.db"), tmp_path / "out", now=NOW)
+    text = path.read_text()
+    assert head.empty
+    assert "holds no measured cells yet" in text
+    assert "No federated learning run is logged" in text
+    assert "No campaign is recorded" in text
+    assert not list((tmp_path / "out").glob("*.png"))
+
+
+def test_failures_only_store_explains(tmp_path: Path) -> None:
+    with ProfileStore(tmp_path / "f.db") as store:
+        cid = store.start_campaign(model="fjord-cnn", versions={}, commit=None)
+        for w, (status, message) in PHONE_FAILURES.items():
+            store.record(cid, failed_measurement("phone", w, status, message))
+    path, _ = write_report(load_sources(tmp_path / "f.db"), tmp_path / "out", now=NOW)
+    text = path.read_text()
+    assert "No cell was measured successfully" in text
+    assert "phone has failures only (2 cells: out of memory, timeout)" in text
+    assert "runner exited with code 4" in text
+    assert "No configuration was measured at two or more widths" in text
+
+
+def test_single_width_store_explains(tmp_path: Path) -> None:
+    db = build_store(tmp_path / "one.db", widths=(1.0,), fl=False, failures=False)
+    path, head = write_report(load_sources(db), tmp_path / "out", now=NOW)
+    text = path.read_text()
+    assert "Only one width was measured" in text
+    assert "No configuration was measured at two or more widths" in text
+    assert "Leave-one-out needs at least two measured widths" in text
+    assert "No federated learning run is logged" in text
+    assert (tmp_path / "out" / "latency_vs_width.png").is_file()
+    assert list(head["w=1 us"]) == [200.0, 300.0, 900.0]
+
+
+def test_rewrite_replaces_files_atomically(full: Path, tmp_path: Path) -> None:
+    db = build_store(tmp_path / "s.db", fl=False)
+    out = tmp_path / "out"
+    write_report(load_sources(db), out, now=NOW)
+    write_report(load_sources(db), out, log_scale=True, now=NOW)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert "logarithmic latency axis" in (out / "report.html").read_text()
+
+
+def test_speedup_beyond_theory_is_flagged(tmp_path: Path) -> None:
+    from reports.report import Sources, build_sections
+
+    src = load_sources(build_store(tmp_path / "s.db", widths=(0.5, 1.0), fl=False, failures=False))
+    cells = src.cells.copy()
+    slow = (cells["device"] == "pi4") & (cells["width"] == 1.0)
+    cells.loc[slow, "median_us"] = 5000.0  # 5000 / 300 = 16.7x measured for a 4x FLOPs ratio
+    drafts, _ = build_sections(Sources(cells, src.campaigns))
+    speed = next(d for d in drafts if d.key == "speedup")
+    assert any(note.startswith("pi4 (ort): a measured speed-up exceeds its FLOPs ratio") for note in speed.notes)
+    plain, _ = build_sections(src)
+    assert next(d for d in plain if d.key == "speedup").notes == ()

@@ -1,0 +1,199 @@
+"""Report tables: every number checked against values worked by hand from the stored records."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.store import ProfileStore
+from reports import tables
+from tests.reports.fixtures import BATCH, FLOPS, MATMUL, WIDTHS, build_store, median_us, peak_mib
+
+# Sorted step multipliers 0.98, 0.99, 1.00, 1.01, 1.03. NumPy's linear rule, n = 5:
+# p5: h = 4 * 0.05 = 0.2 -> 0.98 + 0.2 * (0.99 - 0.98) = 0.982
+# p95: h = 4 * 0.95 = 3.8 -> 1.01 + 0.8 * (1.03 - 1.01) = 1.026
+# IQR: p75 (h = 3) 1.01 - p25 (h = 1) 0.99 = 0.02
+P5, P95, IQR = 0.982, 1.026, 0.02
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    path = build_store(tmp_path_factory.mktemp("store") / "fleetbench.db")
+    with ProfileStore(path) as store:
+        return store.latest_cells()
+
+
+def row(frame: pd.DataFrame, **match: object) -> pd.Series:
+    hit = frame
+    for key, value in match.items():
+        hit = hit[hit[key] == value]
+    assert len(hit) == 1, f"{len(hit)} rows match {match}"
+    return hit.iloc[0]
+
+
+def test_latency_table_matches_the_raw_steps(cells: pd.DataFrame) -> None:
+    lat = tables.latency_table(cells)
+    assert len(lat) == 12  # 4 widths x (pi4 ort, jetson ort, jetson torch); the phone failed
+    assert "phone" not in set(lat["device"])
+    for device, backend in (("pi4", "ort"), ("jetson", "ort"), ("jetson", "torch")):
+        for w in WIDTHS:
+            r = row(lat, device=device, backend=backend, width=w)
+            m = median_us(device, backend, w)
+            assert r["median_us"] == pytest.approx(m, rel=1e-9)
+            assert r["p5_us"] == pytest.approx(P5 * m, rel=1e-9)
+            assert r["p95_us"] == pytest.approx(P95 * m, rel=1e-9)
+            assert r["iqr_us"] == pytest.approx(IQR * m, rel=1e-9)
+            assert r["peak_memory_mib"] == pytest.approx(peak_mib(device, backend, w))
+            assert r["train_mflops"] == pytest.approx(FLOPS[w] / 1e6)
+            assert r["n"] == 5 and r["batch"] == BATCH
+    assert bool(row(lat, device="pi4", width=1.0)["throttled"])
+    assert not bool(row(lat, device="pi4", width=0.5)["throttled"])
+
+
+def test_speedup_is_explained_by_the_fixed_share(cells: pd.DataFrame) -> None:
+    speed = tables.speedup_table(cells)
+    r = row(speed, device="pi4", backend="ort", width=0.25)
+    # pi4: 900 us at width 1, 150 us at 0.25; FLOPs 16e5 / 1e5.
+    assert r["measured_speedup"] == pytest.approx(900 / 150)
+    assert r["flops_ratio"] == pytest.approx(16.0)
+    assert r["efficiency"] == pytest.approx(6.0 / 16.0)
+    # Fit a = 100 us: share 100 / 900; Amdahl 1 / (1/9 + (8/9) / 16) = 6 exactly (the data are affine).
+    assert r["fixed_us"] == pytest.approx(100.0, rel=1e-6)
+    assert r["fixed_share"] == pytest.approx(100 / 900, rel=1e-6)
+    assert r["modelled_speedup"] == pytest.approx(6.0, rel=1e-6)
+    half = row(speed, device="jetson", backend="torch", width=0.5)
+    assert half["measured_speedup"] == pytest.approx(300 / 120)
+    assert half["flops_ratio"] == pytest.approx(4.0)
+    assert row(speed, device="jetson", backend="ort", width=1.0)["measured_speedup"] == pytest.approx(1.0)
+
+
+def test_amdahl_reproduces_feddrop_table_10() -> None:
+    # FedDrop Table 10: 983 us at FLOPs ratio 1, 562 us at 0.5. With L = a + b F: a + b = 983,
+    # a + b / 2 = 562 -> b = 842, a = 141, phi = 141 / 983; the model gives 983 / 562 = 1.749x.
+    share = 141 / 983
+    assert tables.amdahl_speedup(2.0, share) == pytest.approx(983 / 562, rel=1e-9)
+    assert tables.amdahl_speedup(4.0, 0.0) == 4.0
+
+
+def test_roofline_fraction(cells: pd.DataFrame) -> None:
+    roof = tables.roofline_table(cells)
+    r = row(roof, device="pi4", width=1.0)
+    # 1.6e6 FLOPs in 900 us = 1.7778 GFLOP/s; probe 10 GFLOP/s.
+    assert r["achieved_gflops"] == pytest.approx(1.6e6 / 900e-6 / 1e9)
+    assert r["matmul_gflops"] == MATMUL["pi4"]
+    assert r["fraction"] == pytest.approx(1.6e6 / 900e-6 / 1e9 / 10.0)
+    small = row(roof, device="jetson", backend="ort", width=0.25)
+    assert small["fraction"] == pytest.approx(1e5 / 50e-6 / 1e9 / 20.0)
+
+
+def test_backend_table_pairs_ort_and_torch(cells: pd.DataFrame) -> None:
+    both = tables.backend_table(cells)
+    assert set(both["device"]) == {"jetson"}
+    assert list(both["width"]) == list(WIDTHS)
+    for w in WIDTHS:
+        r = row(both, width=w)
+        assert r["ort_us"] == pytest.approx(median_us("jetson", "ort", w))
+        assert r["torch_us"] == pytest.approx(median_us("jetson", "torch", w))
+        assert r["ort_over_torch"] == pytest.approx(median_us("jetson", "ort", w) / median_us("jetson", "torch", w))
+
+
+def test_device_and_failure_tables(cells: pd.DataFrame) -> None:
+    facts = {"pi4": {"platform": "raspberry-pi", "cpu_model": "Cortex-A72", "cores": 4}}
+    dev = tables.device_table(cells, facts)
+    assert list(dev["device"]) == ["jetson", "phone", "pi4"]
+    phone = row(dev, device="phone")
+    assert (phone["cells"], phone["ok"], phone["failed"]) == (2, 0, 2)
+    assert math.isnan(phone["matmul_gflops"])
+    pi4 = row(dev, device="pi4")
+    assert (pi4["ok"], pi4["failed"], pi4["throttled"], pi4["noisy"]) == (4, 0, 1, 0)
+    assert pi4["cpu"] == "Cortex-A72" and pi4["matmul_gflops"] == 10.0
+    assert row(dev, device="jetson")["backends"] == "ort, torch"
+    fail = tables.failures_table(cells)
+    assert list(zip(fail["width"], fail["status"], strict=True)) == [(0.25, "timeout"), (0.5, "out of memory")]
+    assert "VmHWM" in fail.iloc[1]["message"]
+
+
+def test_prediction_error_is_zero_on_affine_medians(cells: pd.DataFrame) -> None:
+    errors = tables.prediction_error_table(cells)
+    assert len(errors) == 12
+    assert errors["error"].abs().max() < 1e-9
+    r = row(errors, device="pi4", width=0.5)
+    assert r["measured_us"] == pytest.approx(300.0) and r["predicted_us"] == pytest.approx(300.0)
+    summary = tables.prediction_summary(errors)
+    assert list(summary["widths"]) == [4, 4, 4]
+
+
+def test_prediction_error_sees_a_bent_curve() -> None:
+    # Medians 10, 20, 26 us at FLOPs 1, 2, 3 (x 1e5): leaving out the middle width, the line through
+    # (1, 10) and (3, 26) (a = 2 >= 0, b = 8) predicts 18 at 2 -> error (18 - 20) / 20 = -10 %.
+    frame = pd.DataFrame(
+        {
+            "device": "d",
+            "model": "m",
+            "batch": 1,
+            "backend": "ort",
+            "status": "ok",
+            "width": [0.25, 0.5, 0.75],
+            "median_us": [10.0, 20.0, 26.0],
+            "train_flops": [1e5, 2e5, 3e5],
+        }
+    )
+    errors = tables.prediction_error_table(frame)
+    assert row(errors, width=0.5)["error"] == pytest.approx(-0.10)
+
+
+def test_headline(cells: pd.DataFrame) -> None:
+    head = tables.headline_table(cells)
+    pi4 = row(head, device="pi4")
+    assert [pi4[f"w={w:g} us"] for w in WIDTHS] == pytest.approx([150.0, 300.0, 550.0, 900.0])
+    assert pi4["speedup"] == pytest.approx(6.0) and pi4["theory"] == pytest.approx(16.0)
+    phone = row(head, device="phone")
+    assert phone["failed"] == 2 and math.isnan(phone["speedup"])
+
+
+def test_empty_and_single_width_inputs() -> None:
+    empty = pd.DataFrame(columns=["device", "model", "batch", "backend", "width", "status", "median_us"])
+    for build in (
+        tables.latency_table,
+        tables.speedup_table,
+        tables.roofline_table,
+        tables.backend_table,
+        tables.prediction_error_table,
+        tables.failures_table,
+        tables.headline_table,
+    ):
+        assert build(empty).empty
+    single = pd.DataFrame(
+        {
+            "device": ["d"],
+            "model": ["m"],
+            "batch": [1],
+            "backend": ["ort"],
+            "status": ["ok"],
+            "width": [1.0],
+            "median_us": [5.0],
+            "train_flops": [1e5],
+        }
+    )
+    assert tables.speedup_table(single).empty
+    assert tables.prediction_error_table(single).empty
+
+
+def test_fl_tables(tmp_path: Path) -> None:
+    from reports.report import load_sources
+
+    src = load_sources(build_store(tmp_path / "s.db"))
+    acc = tables.fl_accuracy_table(src.fl_rounds)
+    assert len(acc) == 9
+    assert row(acc, round=3, width=1.0)["accuracy"] == pytest.approx(0.75)
+    assert row(acc, round=1, width=0.25)["loss"] == pytest.approx(2.1)
+    tl = tables.fl_timeline_table(src.fl_client_rounds)
+    c2 = row(tl, round=1, cid="c2")
+    assert c2["total_s"] == pytest.approx(6.0 + 0.5 + 0.5) and bool(c2["straggler"])
+    assert row(tl, round=2, cid="c2")["status"] == "timeout"
+    tiers = tables.fl_tier_table(src.fl_client_rounds)
+    assert (row(tiers, round=1, tier=0)["clients"], row(tiers, round=1, tier=0)["stragglers"]) == (2, 1)
+    assert row(tiers, round=3, tier=1)["clients"] == 2
