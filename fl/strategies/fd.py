@@ -1,0 +1,87 @@
+"""Federated Dropout (Caldas et al.): random sub-models, redrawn every round.
+
+* Extraction (FedRolex eq. 5): every round each layer keeps ``ceil(r*K)`` neurons drawn
+  uniformly at random, one draw per neuron group, so layers coupled by a residual
+  addition share their draw (`fl.submodels.random_submodel`; the public reference draws
+  per layer and adds mismatched channels).
+* ``mask="same"`` (default; the baseline of the Coded FD paper): one draw per round for
+  all clients. The draw is a random permutation per group seeded by ``(seed, round)``;
+  a client keeps its first ``ceil(r*K)`` entries, so clients of equal rate get the
+  identical mask and a smaller client's mask is a subset of a larger one's.
+  ``mask="per_client"``: each client draws its own, seeded by ``(seed, round, client)``.
+* Rate: the client's capacity, or option ``rate`` for everyone (Caldas' single rate).
+* Aggregation: per weight over the clients that held it, weighted by examples as FedAvg
+  does (Caldas builds on FedAvg; the Coded FD paper's FAVG weights by ``n_k/n``);
+  ``weighted=false`` gives FedRolex's unweighted variant (its Algorithm 3).
+  Weights no client held keep their value. No rescaling of kept neurons.
+
+All randomness is keyed by the round, so a resumed run draws the same masks.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from exporters.arch import SubModel
+from exporters.errors import InputError
+from exporters.zoo import ZooModel
+from fl.records import ClientSpec, Params
+from fl.strategies.fedavg import FedAvg
+from fl.submodels import random_submodel, width_rate
+
+#: Values of the ``mask`` option.
+MASKS = ("same", "per_client")
+
+
+def client_key(cid: str) -> int:
+    """Return a stable integer for a client id (CRC-32 of its UTF-8 bytes), for seeding."""
+    return zlib.crc32(cid.encode("utf-8"))
+
+
+class FederatedDropout(FedAvg):
+    """Federated Dropout: a random sub-model per round (one shared mask or one per client).
+
+    Parameters
+    ----------
+    model : ZooModel
+    initial : Params
+    seed : int
+    local : mapping
+    **options
+        ``mask`` (``"same"`` or ``"per_client"``, default ``"same"``), ``rate`` (float in
+        (0, 1]; default: each client's capacity), ``weighted`` (bool, default True).
+    """
+
+    name = "fd"
+    defaults: Mapping[str, Any] = {"mask": "same", "rate": None, "weighted": True}
+
+    def __init__(
+        self,
+        model: ZooModel,
+        initial: Params,
+        seed: int = 0,
+        local: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(model, initial, seed=seed, local=local, **options)
+        if self.options["mask"] not in MASKS:
+            raise InputError(f"fd: mask={self.options['mask']!r} is not one of {', '.join(MASKS)}")
+        if self.options["rate"] is not None:
+            self.options["rate"] = width_rate(self.options["rate"])
+
+    def rate_for(self, client: ClientSpec) -> float:
+        """Return the kept fraction of ``client``: option ``rate`` or its capacity."""
+        rate = self.options["rate"]
+        return float(client.capacity if rate is None else rate)
+
+    def submodel_for(self, rnd: int, client: ClientSpec) -> SubModel:
+        """Return the client's random sub-model of round ``rnd``."""
+        if self.options["mask"] == "same":
+            rng = np.random.default_rng((self.seed, rnd))
+        else:
+            rng = np.random.default_rng((self.seed, rnd, client_key(client.cid)))
+        return random_submodel(self.model, self.rate_for(client), rng)

@@ -1,0 +1,184 @@
+"""Which neurons a client's sub-model keeps: static, rolling and random extraction (pure).
+
+The three index rules of the FedRolex paper (section 3), per layer ``i`` with ``K_i``
+neurons and a client of capacity ``beta``, keeping ``ceil(beta * K_i)`` neurons
+(`exporters.arch.width_for_rate`):
+
+* static (HeteroFL, FjORD; FedRolex eq. 6): ``{0, ..., ceil(beta*K_i) - 1}`` in every round;
+* rolling (FedRolex eq. 4): in round ``j`` the window of that length starting at
+  ``j mod K_i``, wrapping around past ``K_i - 1``. The start depends only on the
+  round and ``K_i``, so every client of a round shares it (a smaller client's
+  window is a prefix of a larger one's) and layers of equal size get equal windows.
+  The paper prints the length as ``beta*K_i`` rounded down; this project rounds up
+  everywhere (ALGORITHMS.md), which is the same at the paper's power-of-two
+  capacities and sizes;
+* random (Federated Dropout; FedRolex eq. 5): ``ceil(beta*K_i)`` neurons drawn
+  uniformly without replacement.
+
+Coupling. Layers tied by an identity shortcut must keep the same neurons. In the
+zoo, coupling is expressed by the neuron groups themselves: every tensor added by a
+shortcut indexes its channels with the stage's stream group (``"layerS"`` in the
+ResNets, see `exporters.zoo.fjord.resnet_groups`), so a sub-model is one index set
+per *group*, and one draw per group is exactly "one draw per set of coupled layers".
+(The public FD reference draws per layer and so adds mismatched channels.)
+
+Random draws are prefixes of one permutation per group: two calls with identically
+seeded generators give nested index sets for different rates, which is what a round
+with one shared mask ("same") needs when clients differ in capacity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from exporters.arch import SubModel, width_for_rate
+from exporters.errors import InputError
+from exporters.zoo import ZooModel
+
+
+def _check(size: int, width: int) -> None:
+    if size < 1 or not 1 <= width <= size:
+        raise InputError(f"width {width} is outside [1, {size}] for a layer of {size} neurons")
+
+
+def static_indices(size: int, width: int) -> np.ndarray:
+    """Return the prefix ``0 .. width-1`` of a layer with ``size`` neurons (FedRolex eq. 6).
+
+    Parameters
+    ----------
+    size : int
+        Neurons ``K`` of the global layer.
+    width : int
+        Neurons kept, in ``[1, size]``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted int64 indices.
+    """
+    _check(size, width)
+    return np.arange(width, dtype=np.int64)
+
+
+def rolling_indices(rnd: int, size: int, width: int) -> np.ndarray:
+    """Return FedRolex's rolling window of round ``rnd`` (paper eq. 4), sorted.
+
+    Parameters
+    ----------
+    rnd : int
+        Communication round ``j`` (0-based, >= 0).
+    size : int
+        Neurons ``K`` of the global layer.
+    width : int
+        Window length ``ceil(beta * K)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``{(j mod K) + t mod K : t = 0 .. width-1}`` as sorted int64 indices; for
+        ``K = 8``, width 3 and round 6 this is ``[0, 6, 7]``.
+    """
+    _check(size, width)
+    if rnd < 0:
+        raise InputError(f"round {rnd} is negative")
+    start = rnd % size
+    return np.sort((start + np.arange(width, dtype=np.int64)) % size)
+
+
+def random_indices(rng: np.random.Generator, size: int, width: int) -> np.ndarray:
+    """Return ``width`` of ``size`` neurons drawn uniformly without replacement (FedRolex eq. 5).
+
+    The draw is the first ``width`` entries of one permutation of ``range(size)``,
+    so equally seeded generators give nested sets for different widths.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    size : int
+    width : int
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted int64 indices.
+    """
+    _check(size, width)
+    return np.sort(rng.permutation(size)[:width].astype(np.int64))
+
+
+def static_submodel(model: ZooModel, rate: float) -> SubModel:
+    """Return the prefix sub-model of ``model`` at ``rate`` (HeteroFL / FjORD).
+
+    Parameters
+    ----------
+    model : ZooModel
+    rate : float
+        Kept fraction in (0, 1].
+
+    Returns
+    -------
+    SubModel
+    """
+    return model.static(rate)
+
+
+def rolling_submodel(model: ZooModel, rate: float, rnd: int) -> SubModel:
+    """Return FedRolex's rolling sub-model of round ``rnd`` at ``rate`` (eq. 4 per group).
+
+    Parameters
+    ----------
+    model : ZooModel
+    rate : float
+        The client's capacity ``beta`` in (0, 1].
+    rnd : int
+        Communication round.
+
+    Returns
+    -------
+    SubModel
+    """
+    arch = model.arch(rate)
+    indices = [rolling_indices(rnd, k, w) for k, w in zip(model.group_sizes, arch.widths, strict=True)]
+    return SubModel(arch, tuple(indices))
+
+
+def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> SubModel:
+    """Return a Federated Dropout sub-model at ``rate``: one uniform draw per neuron group.
+
+    Groups are drawn in the model's group order from ``rng``; coupled layers share a
+    group and therefore a draw (see the module docstring).
+
+    Parameters
+    ----------
+    model : ZooModel
+    rate : float
+        Kept fraction in (0, 1].
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    SubModel
+    """
+    arch = model.arch(rate)
+    indices = [random_indices(rng, k, w) for k, w in zip(model.group_sizes, arch.widths, strict=True)]
+    return SubModel(arch, tuple(indices))
+
+
+def width_rate(rate: float) -> float:
+    """Validate a rate in (0, 1] and return it as a float.
+
+    Parameters
+    ----------
+    rate : float
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    InputError
+        If ``rate`` is outside (0, 1].
+    """
+    width_for_rate(rate, 1)
+    return float(rate)
