@@ -1,11 +1,268 @@
-"""The ``fleetbench fl`` commands (``fl run``)."""
+"""The ``fleetbench fl`` commands: ``fl run`` (train, log, checkpoint, resume) and ``fl runs``.
+
+``fl run`` builds a `fl.server.RunConfig` from its options and calls
+`fl.server.run_fl`; progress goes to stderr one line per round, the summary to
+stdout (one JSON document with ``--json``). ``--resume RUN`` continues a logged
+run from its last checkpoint with the stored configuration; options given again
+must equal the stored ones, except ``--rounds``, ``--workers``, ``--eval-every``
+and ``--timeout``, which may change.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from exporters.errors import InputError
+
+#: Defaults of ``fl run`` (also the `RunConfig` defaults).
+DEFAULTS: dict[str, Any] = {
+    "strategy": "fedavg",
+    "model": "fjord-cnn",
+    "dataset": "mnist5k",
+    "clients": 10,
+    "rounds": 5,
+    "capacities": "1",
+    "partition": "iid",
+    "seed": 0,
+    "epochs": 1,
+    "batch": 20,
+    "lr": 0.05,
+    "eval_every": 1,
+    "workers": 0,
+    "db": "fleetbench.db",
+}
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """Parse ``key=value`` items; values are JSON when they parse, else strings.
+
+    Parameters
+    ----------
+    items : sequence of str
+        ``["rate=0.5", "mode=random", "levels=[1, 0.5]"]``.
+
+    Returns
+    -------
+    dict
+        ``{"rate": 0.5, "mode": "random", "levels": [1, 0.5]}``.
+
+    Raises
+    ------
+    InputError
+        If an item has no ``=`` or an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(f"--opt {item!r} is not key=value")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``fl`` command group to the ``fleetbench`` parser."""
+    from fl.strategies import STRATEGIES
+
     fl = commands.add_parser("fl", help="federated learning runs")
-    fl.add_subparsers(dest="fl_command", required=True, parser_class=type(fl))
+    actions = fl.add_subparsers(dest="fl_command", required=True, parser_class=type(fl))
+
+    run = actions.add_parser("run", help="run (or resume) FL rounds in process, logged in the profile store")
+    run.add_argument("--strategy", choices=sorted(STRATEGIES), help="FL method (default fedavg)")
+    run.add_argument("--model", help="zoo model (default fjord-cnn)")
+    run.add_argument("--dataset", help="mnist5k, digits, shakespeare or synthetic (default mnist5k)")
+    run.add_argument("--clients", type=_positive_int, help="number of clients (default 10)")
+    run.add_argument("--rounds", type=_positive_int, help="rounds in total (default 5)")
+    per_round = run.add_mutually_exclusive_group()
+    per_round.add_argument("--fraction", type=_number, help="fraction of clients per round (default 1)")
+    per_round.add_argument("--per-round", type=_positive_int, help="clients per round")
+    run.add_argument("--capacities", help="capacity spec, e.g. 1 or uniform:1,0.5,0.25 (default 1)")
+    run.add_argument("--partition", help="iid, dirichlet:ALPHA, labels:K or natural (default iid)")
+    run.add_argument("--seed", type=int, help="run seed (default 0)")
+    run.add_argument("--epochs", type=_positive_int, help="local epochs (default 1)")
+    run.add_argument("--batch", type=_positive_int, help="local batch size (default 20)")
+    run.add_argument("--lr", type=_number, help="local learning rate (default 0.05)")
+    run.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="strategy option (repeatable)")
+    run.add_argument("--eval-every", type=_positive_int, help="evaluate every N rounds (default 1)")
+    run.add_argument("--timeout", type=_number, help="seconds a client may train before it counts as failed")
+    run.add_argument("--workers", type=_non_negative_int, help="training processes (default 0: one at a time)")
+    run.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch threads for in-process training (default 1)"
+    )
+    run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
+    run.add_argument("--resume", type=_positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
+    run.add_argument("--json", action="store_true", help="print one JSON summary")
+    run.set_defaults(handler=cmd_run)
+
+    runs = actions.add_parser("runs", help="list the FL runs in a profile store")
+    runs.add_argument("--db", default=DEFAULTS["db"], help="profile store (default fleetbench.db)")
+    runs.add_argument("--json", action="store_true", help="print one JSON document")
+    runs.set_defaults(handler=cmd_runs)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """Build the `fl.server.RunConfig` of ``fl run`` (a new run, not ``--resume``).
+
+    Raises
+    ------
+    InputError
+        On a value the configuration rejects.
+    """
+    from fl.server import RunConfig
+
+    def pick(name: str, attr: str | None = None) -> Any:
+        value = getattr(args, attr or name)
+        return DEFAULTS[name] if value is None else value
+
+    fraction = 1.0 if args.fraction is None else args.fraction
+    config = RunConfig(
+        strategy=pick("strategy"),
+        model=pick("model"),
+        dataset=pick("dataset"),
+        clients=pick("clients"),
+        rounds=pick("rounds"),
+        fraction=fraction,
+        per_round=args.per_round,
+        capacities=pick("capacities"),
+        partition=pick("partition"),
+        seed=pick("seed"),
+        epochs=pick("epochs"),
+        batch_size=pick("batch"),
+        lr=pick("lr"),
+        options=parse_options(args.opt),
+        eval_every=pick("eval_every"),
+        workers=pick("workers"),
+        db=pick("db"),
+        timeout_s=args.timeout,
+    )
+    config.validate()
+    return config
+
+
+def _resume_config(args: argparse.Namespace) -> Any:
+    """Return the stored configuration of ``--resume RUN`` with the options given on this command line.
+
+    `fl.server.run_fl` then refuses any change other than `fl.server.RESUMABLE_CHANGES`.
+    """
+    import dataclasses
+
+    from fl.runlog import RunLog
+    from fl.server import RunConfig
+    from harness.store import ProfileStore
+
+    db = args.db or DEFAULTS["db"]
+    with ProfileStore(db) as store:
+        stored = RunConfig.from_dict(RunLog(store).run(args.resume)["config"])
+    given = {field: getattr(args, attr) for attr, field in _ARG_FIELDS.items() if getattr(args, attr) is not None}
+    if args.opt:
+        given["options"] = parse_options(args.opt)
+    config = dataclasses.replace(stored, db=db, **given)
+    config.validate()
+    return config
+
+
+#: ``fl run`` argument -> `RunConfig` field.
+_ARG_FIELDS = {
+    "strategy": "strategy",
+    "model": "model",
+    "dataset": "dataset",
+    "clients": "clients",
+    "rounds": "rounds",
+    "fraction": "fraction",
+    "per_round": "per_round",
+    "capacities": "capacities",
+    "partition": "partition",
+    "seed": "seed",
+    "epochs": "epochs",
+    "batch": "batch_size",
+    "lr": "lr",
+    "eval_every": "eval_every",
+    "workers": "workers",
+    "timeout": "timeout_s",
+}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run ``fleetbench fl run``."""
+    from fl.server import run_fl
+
+    config = _resume_config(args) if args.resume is not None else config_from_args(args)
+    import torch
+
+    # Small models train fastest on one thread; more only oversubscribe a shared machine.
+    torch.set_num_threads(args.threads)
+    summary = run_fl(config, resume_run=args.resume)
+    if args.json:
+        print(json.dumps(summary.to_json()))
+        return 0
+    accuracy = ", ".join(f"{w:g}: {a:.4f}" for w, a in summary.accuracy.items()) or "not evaluated"
+    print(
+        f"FL run {summary.run_id} ({config.strategy}, {config.model} on {config.dataset}, {config.clients} clients, "
+        f"seed {config.seed}): {summary.rounds} rounds; final global accuracy per width: {accuracy}"
+    )
+    resume = f"fleetbench fl run --resume {summary.run_id} --rounds N --db {config.db}"
+    print(f"Logged in {config.db}; resume with: {resume}")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Run ``fleetbench fl runs``."""
+    from pathlib import Path
+
+    from fl.runlog import RunLog
+    from harness.store import ProfileStore
+
+    if not Path(args.db).exists():
+        raise InputError(f"profile store {args.db} does not exist")
+    with ProfileStore(args.db) as store:
+        frame = RunLog(store).runs()
+    columns = ["id", "strategy", "model", "dataset", "seed", "rounds", "rounds_done", "status"]
+    rows = frame[columns].to_dict("records") if not frame.empty else []
+    if args.json:
+        print(json.dumps(rows, default=str))
+        return 0
+    print(f"{'run':>4} {'strategy':<10} {'model':<18} {'dataset':<12} {'seed':>5} {'rounds':>9} status")
+    for row in rows:
+        done = f"{row['rounds_done']}/{row['rounds']}"
+        print(
+            f"{row['id']:>4} {row['strategy']:<10} {row['model']:<18} {row['dataset']:<12} {row['seed']:>5} "
+            f"{done:>9} {row['status']}"
+        )
+    if not rows:
+        print(f"no FL runs in {args.db}", file=sys.stderr)
+    return 0

@@ -1,0 +1,89 @@
+"""Executors: where the clients of a round train.
+
+An executor takes the round's `TrainIns` per client plus each client's data
+shard and returns the results of the clients that finished and a
+`ClientFailure` for each one that did not; one failing client never stops the
+others. Executors are looked up by name in `EXECUTORS` (``"module:Class"``,
+imported on first use) so that new ones (``devices``, ``ray``) plug in without
+touching the server loop. `make_executor` builds one as ``cls(model,
+workers=N, **options)``; an executor that needs more (a fleet, a placement) can
+also be built by the caller and passed to `fl.server.run_fl`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from exporters.errors import InputError
+from exporters.zoo import ZooModel
+from fl.records import ClientFailure, TrainIns, TrainRes
+
+#: One client's training data: examples and labels.
+Shard = tuple[np.ndarray, np.ndarray]
+
+#: Executor name (``RunConfig.executor``) -> ``"module:Class"``.
+EXECUTORS: dict[str, str] = {
+    "inprocess": "fl.executors.inprocess:InProcessExecutor",
+}
+
+
+class Executor(Protocol):
+    """Runs one round of local training (see the module docstring)."""
+
+    def run(
+        self, instructions: Mapping[str, TrainIns], shards: Mapping[str, Shard], timeout_s: float | None = None
+    ) -> tuple[list[TrainRes], list[ClientFailure]]:
+        """Train every instructed client on its shard.
+
+        Parameters
+        ----------
+        instructions : mapping of str to TrainIns
+            The round's instructions by client id.
+        shards : mapping of str to (x, y)
+            Training data by client id (at least every instructed client).
+        timeout_s : float or None
+            Seconds a client may take; a slower client becomes a failure with
+            reason ``"timeout"``.
+
+        Returns
+        -------
+        results : list of TrainRes
+            Clients that finished, in the order of ``instructions``.
+        failures : list of ClientFailure
+            Clients that did not, in the order of ``instructions``.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release workers and connections (idempotent)."""
+        ...
+
+
+def make_executor(name: str, model: ZooModel, *, workers: int = 0, **options: Any) -> Executor:
+    """Build the executor registered as ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A key of `EXECUTORS`.
+    model : ZooModel
+        The run's global model.
+    workers : int
+        Parallel workers (0: the executor's own default, e.g. one client after another).
+    **options
+        Further keyword arguments of the executor class.
+
+    Raises
+    ------
+    InputError
+        If no executor has that name.
+    """
+    if name not in EXECUTORS:
+        raise InputError(f"unknown executor {name!r}; known: {', '.join(sorted(EXECUTORS))}")
+    module, _, cls = EXECUTORS[name].partition(":")
+    executor: Executor = getattr(importlib.import_module(module), cls)(model, workers=workers, **options)
+    return executor

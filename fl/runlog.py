@@ -1,0 +1,401 @@
+"""The FL run log: runs, clients, rounds and checkpoints in the profile store.
+
+Writes the ``fl_*`` tables of `harness.store` migration 3 through
+`ProfileStore.transaction`. Every round is **one** transaction holding its
+``fl_rounds`` row, its ``fl_client_rounds`` rows and the run's checkpoint (which
+replaces the previous one), so a run killed at any moment resumes from the last
+round that is fully in the log, and the log never holds a round the checkpoint
+does not.
+
+Checkpoint encoding
+-------------------
+A checkpoint is a tree of dicts, lists and tuples whose leaves are numpy arrays,
+numpy scalars or JSON values (str, int, float, bool, None). `encode_state`
+writes it as ``np.savez`` bytes with ``allow_pickle=False``: each array is one
+member ``a0``, ``a1``, ...; the tree itself is one uint8 member ``__tree__``
+holding JSON in which an array is ``{"__array__": "a3"}``, a dict is
+``{"__dict__": [[key, value], ...]}`` (keys may be str, int, float, bool or None
+and keep their type) and a tuple is ``{"__tuple__": [...]}``. Nothing is ever
+unpickled on load, and a dtype numpy cannot save without pickling (object
+arrays) is refused on write.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from exporters.errors import InputError
+from harness.store import ProfileStore, git_commit, host_versions
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_TREE = "__tree__"
+
+
+class CheckpointError(InputError):
+    """A checkpoint that cannot be written or read (unsupported value, corrupt bytes)."""
+
+
+def encode_state(state: Any) -> bytes:
+    """Serialise a checkpoint tree to ``np.savez`` bytes (see the module docstring).
+
+    Parameters
+    ----------
+    state : tree
+        Dicts, lists and tuples of numpy arrays, numpy scalars and JSON values.
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    CheckpointError
+        If a leaf is of another type, a dict key is not a JSON scalar, or an array has object dtype.
+    """
+    arrays: dict[str, np.ndarray] = {}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, np.ndarray):
+            if node.dtype.hasobject:
+                raise CheckpointError(f"checkpoint array of dtype {node.dtype} needs pickling; refused")
+            key = f"a{len(arrays)}"
+            arrays[key] = node
+            return {"__array__": key}
+        if isinstance(node, np.generic):
+            return node.item()
+        if isinstance(node, Mapping):
+            items = []
+            for k, v in node.items():
+                if isinstance(k, np.generic):
+                    k = k.item()
+                if not (k is None or isinstance(k, str | int | float | bool)):
+                    raise CheckpointError(f"checkpoint dict key {k!r} is not a str, number, bool or None")
+                items.append([k, walk(v)])
+            return {"__dict__": items}
+        if isinstance(node, tuple):
+            return {"__tuple__": [walk(v) for v in node]}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if node is None or isinstance(node, str | int | float | bool):
+            return node
+        raise CheckpointError(f"checkpoint value of type {type(node).__name__} is not supported")
+
+    tree = json.dumps(walk(state)).encode()
+    buffer = io.BytesIO()
+    members: dict[str, Any] = {_TREE: np.frombuffer(tree, dtype=np.uint8), **arrays}
+    np.savez(buffer, allow_pickle=False, **members)
+    return buffer.getvalue()
+
+
+def decode_state(blob: bytes) -> Any:
+    """Inverse of `encode_state` (never unpickles).
+
+    Raises
+    ------
+    CheckpointError
+        If the bytes are not a checkpoint written by `encode_state`.
+    """
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
+            members = {name: archive[name] for name in archive.files}
+        tree = json.loads(members.pop(_TREE).tobytes().decode())
+    except (ValueError, KeyError, OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"not a fleetbench checkpoint: {exc}") from None
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, dict):
+            if "__array__" in node:
+                return members[node["__array__"]]
+            if "__tuple__" in node:
+                return tuple(walk(v) for v in node["__tuple__"])
+            return {k: walk(v) for k, v in node["__dict__"]}
+        return node
+
+    return walk(tree)
+
+
+@dataclass(frozen=True)
+class ClientRound:
+    """One client's row of one round (``fl_client_rounds``).
+
+    ``status`` is ``"ok"`` or a `fl.records.FAILURE_REASONS` value; the optional
+    fields are None for a failed client.
+    """
+
+    cid: str
+    width: float
+    status: str
+    device: str | None = None
+    arch_widths: tuple[int, ...] = ()
+    tier: int = 0
+    straggler: bool = False
+    message: str = ""
+    num_examples: int = 0
+    loss: float | None = None
+    accuracy: float | None = None
+    steps: int | None = None
+    compute_seconds: float | None = None
+    download_seconds: float | None = None
+    upload_seconds: float | None = None
+    wait_seconds: float | None = None
+    train_flops: float | None = None
+    metrics: Mapping[str, Any] | None = None
+
+
+class RunLog:
+    """Read and write FL runs in a `ProfileStore`.
+
+    Parameters
+    ----------
+    store : ProfileStore
+        An open store (schema version 3 or later).
+    clock : callable
+        Wall clock in seconds since the epoch (injected for tests).
+    """
+
+    def __init__(self, store: ProfileStore, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        *,
+        strategy: str,
+        model: str,
+        dataset: str,
+        executor: str,
+        seed: int,
+        rounds: int,
+        config: Mapping[str, Any],
+        clients: Sequence[Any],
+        label_counts: Mapping[str, Mapping[int, int]] | None = None,
+    ) -> int:
+        """Insert a run and its clients; return the run id.
+
+        Parameters
+        ----------
+        strategy, model, dataset, executor : str
+        seed, rounds : int
+        config : mapping
+            The full run configuration (JSON values).
+        clients : sequence of fl.records.ClientSpec
+        label_counts : mapping of cid to {label: count}, optional
+        """
+        label_counts = label_counts or {}
+        with self.store.transaction() as conn:
+            cursor = conn.execute(
+                "INSERT INTO fl_runs (started_at, strategy, model, dataset, executor, seed, rounds, config, "
+                "status, versions, git_commit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+                (
+                    self.clock(),
+                    strategy,
+                    model,
+                    dataset,
+                    executor,
+                    int(seed),
+                    int(rounds),
+                    json.dumps(dict(config), sort_keys=True),
+                    json.dumps(host_versions(), sort_keys=True),
+                    git_commit(),
+                ),
+            )
+            run_id = int(cursor.lastrowid or 0)
+            conn.executemany(
+                "INSERT INTO fl_clients (run_id, cid, device, capacity, tier, num_examples, label_counts) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        c.cid,
+                        c.device,
+                        float(c.capacity),
+                        int(c.tier),
+                        int(c.num_examples),
+                        json.dumps({str(k): int(v) for k, v in label_counts.get(c.cid, {}).items()}),
+                    )
+                    for c in clients
+                ],
+            )
+        return run_id
+
+    def log_round(
+        self,
+        run_id: int,
+        rnd: int,
+        *,
+        started_at: float,
+        finished_at: float,
+        wall_seconds: float,
+        metrics: Mapping[str, Any],
+        evaluation: Mapping[str, Any],
+        clients: Sequence[ClientRound],
+        checkpoint: Any,
+    ) -> None:
+        """Write one round (round row, client rows, checkpoint) in one transaction.
+
+        Parameters
+        ----------
+        run_id, rnd : int
+        started_at, finished_at : float
+            Wall-clock times (seconds since the epoch).
+        wall_seconds : float
+            Round duration on the monotonic clock.
+        metrics, evaluation : mapping
+            JSON values (round metrics; ``{width: {"loss", "accuracy"}}``).
+        clients : sequence of ClientRound
+        checkpoint : tree
+            State to resume from after this round (see `encode_state`); replaces the run's previous one.
+        """
+        blob = encode_state(checkpoint)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, metrics, evaluation) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    int(rnd),
+                    started_at,
+                    finished_at,
+                    wall_seconds,
+                    json.dumps(_jsonable(metrics), sort_keys=True),
+                    json.dumps(_jsonable(evaluation), sort_keys=True),
+                ),
+            )
+            conn.executemany(
+                "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
+                "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
+                "upload_seconds, wait_seconds, train_flops, metrics) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        int(rnd),
+                        c.cid,
+                        c.device,
+                        float(c.width),
+                        json.dumps([int(w) for w in c.arch_widths]),
+                        int(c.tier),
+                        int(bool(c.straggler)),
+                        c.status,
+                        c.message,
+                        int(c.num_examples),
+                        c.loss,
+                        c.accuracy,
+                        c.steps,
+                        c.compute_seconds,
+                        c.download_seconds,
+                        c.upload_seconds,
+                        c.wait_seconds,
+                        c.train_flops,
+                        json.dumps(_jsonable(c.metrics or {}), sort_keys=True),
+                    )
+                    for c in clients
+                ],
+            )
+            conn.execute(
+                "INSERT INTO fl_checkpoints (run_id, round, state) VALUES (?, ?, ?) "
+                "ON CONFLICT(run_id) DO UPDATE SET round = excluded.round, state = excluded.state",
+                (run_id, int(rnd), blob),
+            )
+
+    def mark_resumed(self, run_id: int, rounds: int, config: Mapping[str, Any]) -> None:
+        """Record a resumed run's new round target and configuration; mark it running again."""
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE fl_runs SET rounds = ?, config = ?, status = 'running', finished_at = NULL WHERE id = ?",
+                (int(rounds), json.dumps(dict(config), sort_keys=True), run_id),
+            )
+
+    def finish_run(self, run_id: int, status: str = "finished") -> None:
+        """Mark a run finished (or ``"failed"`` / ``"interrupted"``) now."""
+        with self.store.transaction() as conn:
+            conn.execute("UPDATE fl_runs SET status = ?, finished_at = ? WHERE id = ?", (status, self.clock(), run_id))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        """Return one run's row as a dict (``config`` and ``versions`` decoded).
+
+        Raises
+        ------
+        InputError
+            If the store has no run with that id.
+        """
+        frame = self._frame("SELECT * FROM fl_runs WHERE id = ?", (run_id,))
+        if frame.empty:
+            raise InputError(f"no FL run {run_id} in {self.store.path}")
+        row = frame.iloc[0].to_dict()
+        row["config"] = json.loads(row["config"])
+        row["versions"] = json.loads(row["versions"])
+        return row
+
+    def runs(self) -> pd.DataFrame:
+        """Return every run, one row each, with its completed round count (``rounds_done``)."""
+        return self._frame(
+            "SELECT r.*, (SELECT COUNT(*) FROM fl_rounds WHERE run_id = r.id) AS rounds_done "
+            "FROM fl_runs r ORDER BY r.id"
+        )
+
+    def rounds(self, run_id: int) -> pd.DataFrame:
+        """Return a run's rounds in order (``metrics`` and ``evaluation`` decoded to dicts)."""
+        frame = self._frame("SELECT * FROM fl_rounds WHERE run_id = ? ORDER BY round", (run_id,))
+        for column in ("metrics", "evaluation"):
+            frame[column] = [json.loads(v) for v in frame[column]]
+        return frame
+
+    def client_rounds(self, run_id: int) -> pd.DataFrame:
+        """Return a run's per-client round rows, by round then client id."""
+        frame = self._frame("SELECT * FROM fl_client_rounds WHERE run_id = ? ORDER BY round, cid", (run_id,))
+        frame["arch_widths"] = [tuple(json.loads(v)) for v in frame["arch_widths"]]
+        frame["metrics"] = [json.loads(v) for v in frame["metrics"]]
+        frame["straggler"] = frame["straggler"].astype(bool)
+        return frame
+
+    def clients(self, run_id: int) -> pd.DataFrame:
+        """Return a run's clients (``label_counts`` decoded to ``{label: count}``)."""
+        frame = self._frame("SELECT * FROM fl_clients WHERE run_id = ? ORDER BY rowid", (run_id,))
+        frame["label_counts"] = [{int(k): v for k, v in json.loads(s).items()} for s in frame["label_counts"]]
+        return frame
+
+    def load_checkpoint(self, run_id: int) -> tuple[int, Any] | None:
+        """Return ``(round, state)`` of the run's latest checkpoint, or None when it has none."""
+        with self.store.transaction() as conn:
+            row = conn.execute("SELECT round, state FROM fl_checkpoints WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        return int(row[0]), decode_state(bytes(row[1]))
+
+    def _frame(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        import pandas as pd
+
+        with self.store.transaction() as conn:
+            cursor = conn.execute(sql, tuple(params))
+            columns = [d[0] for d in cursor.description]
+            rows = cursor.fetchall()
+        return pd.DataFrame(rows, columns=columns)
+
+
+def _jsonable(value: Any) -> Any:
+    """Convert numpy scalars and non-string keys so that ``json.dumps`` accepts a metrics tree."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,662 @@
+"""The FL server loop: sample clients, train them, aggregate, evaluate, log, checkpoint.
+
+One run is a `RunConfig`; `run_fl` executes it round by round:
+
+1. **Sampling.** Round ``rnd`` (0-based) draws its clients with
+   ``numpy.random.default_rng((seed, rnd))`` (see `sample_clients`), so the draw of
+   a round depends on nothing but the seed and the round number; a resumed run
+   draws exactly what an uninterrupted one would.
+2. **Training.** ``strategy.configure_round`` gives one `TrainIns` per sampled
+   client; the executor (``inprocess`` by default) trains them; failed clients
+   come back as `ClientFailure` and the round goes on without them.
+3. **Aggregation** by ``strategy.aggregate_round``.
+4. **Evaluation** of the global model on the test set at every width of
+   ``strategy.eval_submodels(clients)``, every ``eval_every`` rounds and always
+   after the last round.
+5. **Log and checkpoint**: one transaction of the profile store holds the
+   round's row, its client rows and a checkpoint ``{"round", "strategy"}``
+   (see `fl.runlog`). ``resume_run`` reloads the stored configuration and the
+   checkpoint and continues with the next round.
+
+Exactness of resume: the global model's initial parameters come from
+``torch.manual_seed(seed)``; data partition and capacities from the seed;
+client sampling and every client's local seed from ``(seed, rnd, ...)``; the
+strategy's memory from its checkpointed ``state()``. Nothing else carries from
+round to round, so "2 rounds, then resume to 3" ends bit-identical to "3 rounds".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from exporters.errors import InputError
+from exporters.zoo import ZooModel, get_model
+from fl.executors import EXECUTORS, Executor, Shard, make_executor
+from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
+from fl.runlog import ClientRound, RunLog
+from fl.strategies import STRATEGIES, strategy_class
+from fl.strategies.base import Profiles, Strategy
+from harness.store import DEFAULT_DB, ProfileStore
+
+#: Config fields a resumed run may change (they do not affect the trained model).
+RESUMABLE_CHANGES = frozenset({"rounds", "executor", "workers", "db", "eval_every", "timeout_s"})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines an FL run.
+
+    Attributes
+    ----------
+    strategy : str
+        A `fl.strategies.STRATEGIES` name.
+    model : str
+        A zoo model name.
+    dataset : str
+        A `fl.data` dataset name (``mnist5k``, ``digits``, ``shakespeare``, ``synthetic``).
+    clients : int
+        Number of clients.
+    rounds : int
+        Rounds to run in total.
+    fraction : float
+        Fraction of the clients sampled per round (``floor(fraction * clients)``, at least 1).
+    per_round : int or None
+        Clients per round; overrides ``fraction`` when given.
+    capacities : str
+        Capacity spec for `fl.capacity.assign` (``"1"``, ``"uniform:1,0.5,0.25"``, ...).
+    partition : str
+        Partition spec (``iid``, ``dirichlet:0.3``, ``labels:2``, ``natural``).
+    seed : int
+        Run seed.
+    epochs, batch_size : int
+        Local epochs and batch size.
+    lr : float
+        Local learning rate.
+    options : mapping
+        Strategy keyword options (``--opt key=value``).
+    eval_every : int
+        Evaluate the global model every this many rounds (and after the last).
+    executor : str
+        An `fl.executors.EXECUTORS` name.
+    workers : int
+        Executor workers (0: one client after another).
+    db : str
+        Profile store file the run is logged in.
+    timeout_s : float or None
+        Seconds a client may train before it counts as failed.
+    """
+
+    strategy: str = "fedavg"
+    model: str = "fjord-cnn"
+    dataset: str = "mnist5k"
+    clients: int = 10
+    rounds: int = 5
+    fraction: float = 1.0
+    per_round: int | None = None
+    capacities: str = "1"
+    partition: str = "iid"
+    seed: int = 0
+    epochs: int = 1
+    batch_size: int = 20
+    lr: float = 0.05
+    options: Mapping[str, Any] = field(default_factory=dict)
+    eval_every: int = 1
+    executor: str = "inprocess"
+    workers: int = 0
+    db: str = DEFAULT_DB
+    timeout_s: float | None = None
+
+    def validate(self) -> None:
+        """Check the fields that can be checked without loading anything.
+
+        Raises
+        ------
+        InputError
+            Naming the first bad field and its value.
+        """
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"unknown strategy {self.strategy!r}; known: {', '.join(sorted(STRATEGIES))}")
+        if self.executor not in EXECUTORS:
+            raise InputError(f"unknown executor {self.executor!r}; known: {', '.join(sorted(EXECUTORS))}")
+        for name in ("clients", "rounds", "epochs", "batch_size", "eval_every"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.workers < 0:
+            raise InputError(f"workers must be 0 or more, got {self.workers}")
+        if not 0.0 < self.fraction <= 1.0:
+            raise InputError(f"fraction {self.fraction:g} is outside (0, 1]")
+        if self.per_round is not None and not 1 <= self.per_round <= self.clients:
+            raise InputError(f"per-round count {self.per_round} is outside 1..{self.clients} clients")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise InputError(f"learning rate {self.lr!r} must be a positive number")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise InputError(f"timeout {self.timeout_s!r} must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the configuration as JSON values (stored in ``fl_runs.config``)."""
+        out = dataclasses.asdict(self)
+        out["options"] = dict(self.options)
+        return dict(json.loads(json.dumps(out)))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Inverse of `to_dict` (unknown keys are ignored, missing ones take defaults)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """What one round did (one progress line).
+
+    Attributes
+    ----------
+    round : int
+        0-based round number.
+    clients_ok, clients_failed : int
+    mean_loss : float or None
+        Mean local training loss over the clients that finished.
+    accuracy : mapping of float to float
+        Global test accuracy per evaluated width (empty when not evaluated).
+    seconds : float
+        Round wall time.
+    """
+
+    round: int
+    clients_ok: int
+    clients_failed: int
+    mean_loss: float | None
+    accuracy: Mapping[float, float]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The outcome of `run_fl`.
+
+    Attributes
+    ----------
+    run_id : int
+        The run's id in the profile store.
+    rounds : int
+        Rounds completed (in total, including those before a resume).
+    accuracy : mapping of float to float
+        Final global test accuracy per evaluated width.
+    history : tuple of RoundSummary
+        Every completed round, in order.
+    config : RunConfig
+    """
+
+    run_id: int
+    rounds: int
+    accuracy: Mapping[float, float]
+    history: tuple[RoundSummary, ...]
+    config: RunConfig
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-ready dict; widths become string keys (``"0.5"``)."""
+        return {
+            "run_id": self.run_id,
+            "rounds": self.rounds,
+            "strategy": self.config.strategy,
+            "model": self.config.model,
+            "dataset": self.config.dataset,
+            "seed": self.config.seed,
+            "accuracy": {str(float(w)): a for w, a in self.accuracy.items()},
+            "history": [
+                {
+                    "round": r.round,
+                    "clients_ok": r.clients_ok,
+                    "clients_failed": r.clients_failed,
+                    "mean_loss": r.mean_loss,
+                    "accuracy": {str(float(w)): a for w, a in r.accuracy.items()},
+                    "seconds": r.seconds,
+                }
+                for r in self.history
+            ],
+            "db": self.config.db,
+        }
+
+
+class FederatedDataLike(Protocol):
+    """What the server needs of `fl.data.FederatedData`."""
+
+    @property
+    def train(self) -> Sequence[Shard]:
+        """One ``(x, y)`` training shard per client."""
+        ...
+
+    @property
+    def test(self) -> Shard:
+        """The held-out ``(x, y)`` set."""
+        ...
+
+
+def clients_per_round(num_clients: int, fraction: float, per_round: int | None) -> int:
+    """Return how many clients a round samples: ``per_round``, else ``max(1, floor(fraction * n))``."""
+    if per_round is not None:
+        return min(int(per_round), num_clients)
+    return max(1, min(num_clients, math.floor(fraction * num_clients + 1e-9)))
+
+
+def sample_clients(
+    clients: Sequence[ClientSpec], rnd: int, *, seed: int, fraction: float = 1.0, per_round: int | None = None
+) -> list[ClientSpec]:
+    """Draw round ``rnd``'s clients without replacement, from ``default_rng((seed, rnd))``.
+
+    Parameters
+    ----------
+    clients : sequence of ClientSpec
+        All clients of the run.
+    rnd : int
+        Round number.
+    seed : int
+        Run seed.
+    fraction, per_round
+        See `clients_per_round`.
+
+    Returns
+    -------
+    list of ClientSpec
+        The sampled clients in their run order.
+    """
+    count = clients_per_round(len(clients), fraction, per_round)
+    chosen = np.random.default_rng((seed, rnd)).choice(len(clients), size=count, replace=False)
+    return [clients[i] for i in sorted(int(i) for i in chosen)]
+
+
+def evaluate_global(strategy: Strategy, clients: Sequence[ClientSpec], test: Shard) -> dict[float, dict[str, float]]:
+    """Evaluate the strategy's global model at each of its evaluation widths.
+
+    Returns
+    -------
+    dict of float to dict
+        ``{width: {"loss": ..., "accuracy": ...}}``.
+    """
+    from fl.client import evaluate
+
+    x, y = test
+    out: dict[float, dict[str, float]] = {}
+    for width, submodel in strategy.eval_submodels(clients).items():
+        params = strategy.model.extract(strategy.global_state, submodel)
+        out[float(width)] = evaluate(strategy.model, submodel.arch, params, x, y)
+    return out
+
+
+def initial_parameters(model: ZooModel, seed: int) -> dict[str, np.ndarray]:
+    """Return the full-width model's parameters as built after ``torch.manual_seed(seed)``."""
+    import torch
+
+    from fl.client import module_params
+
+    torch.manual_seed(seed)
+    return module_params(model.build())
+
+
+def profiles_for(store: ProfileStore, clients: Sequence[ClientSpec]) -> Profiles:
+    """Return the store's latest measured cells grouped by device, for the clients' devices ({} when none)."""
+    devices = {c.device for c in clients if c.device}
+    if not devices:
+        return {}
+    cells = store.latest_cells()
+    if cells.empty:
+        return {}
+    cells = cells[cells["device"].isin(devices)]
+    return {str(device): group.to_dict("records") for device, group in cells.groupby("device")}
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_fl(
+    config: RunConfig,
+    *,
+    store: ProfileStore | None = None,
+    executor: Executor | None = None,
+    resume_run: int | None = None,
+    progress: Callable[[str], None] | None = _stderr,
+    clock: Callable[[], float] = time.perf_counter,
+    wall_clock: Callable[[], float] = time.time,
+    data: FederatedDataLike | None = None,
+    capacities: Sequence[float] | None = None,
+    placement: Mapping[str, str] | None = None,
+) -> RunSummary:
+    """Run (or resume) an FL run and log it in the profile store.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run. With ``resume_run``, every field but `RESUMABLE_CHANGES` must
+        equal the stored run's.
+    store : ProfileStore, optional
+        Where the run is logged; default: open ``config.db`` (closed at the end).
+    executor : Executor, optional
+        Default: ``make_executor(config.executor, model, workers=config.workers)`` (closed at the end).
+    resume_run : int, optional
+        Continue this stored run from its last checkpoint up to ``config.rounds``.
+    progress : callable or None
+        Receives one line per round (default: print to stderr).
+    clock : callable
+        Monotonic clock for durations.
+    wall_clock : callable
+        Seconds since the epoch, for the log's timestamps.
+    data : FederatedData, optional
+        The federated data (``train`` shards, ``test``); default:
+        ``fl.data.load_federated(config.dataset, model, config.clients, config.partition, config.seed)``.
+    capacities : sequence of float, optional
+        Per-client capacity; default: ``fl.capacity.assign(config.capacities, config.clients, config.seed)``.
+    placement : mapping of str to str, optional
+        Device name per client id (``ClientSpec.device``), for an executor that trains on
+        devices; clients with a device get the store's profiles of that device.
+
+    Returns
+    -------
+    RunSummary
+
+    Raises
+    ------
+    InputError
+        On a bad configuration, an unknown strategy option, or a run to resume
+        that does not exist, has no checkpoint, or was configured differently.
+    """
+    config.validate()
+    own_store = store is None
+    store = store if store is not None else ProfileStore(config.db)
+    own_executor = executor is None
+    try:
+        log = RunLog(store, clock=wall_clock)
+        checkpoint: tuple[int, Any] | None = None
+        if resume_run is not None:
+            _check_resumable(config, log.run(resume_run)["config"], resume_run)
+            checkpoint = log.load_checkpoint(resume_run)
+            if checkpoint is None:
+                raise InputError(f"FL run {resume_run} has no checkpoint to resume from")
+        model = get_model(config.model)
+        fed: FederatedDataLike
+        if data is None:
+            from fl.data import load_federated
+
+            fed = load_federated(config.dataset, model, config.clients, config.partition, config.seed)
+        else:
+            fed = data
+        shards = list(fed.train)
+        if len(shards) != config.clients:
+            raise InputError(f"data set has {len(shards)} client shards for {config.clients} clients")
+        if capacities is None:
+            from fl.capacity import assign
+
+            capacities = assign(config.capacities, config.clients, config.seed)
+        clients = _client_specs(shards, capacities, placement or {})
+        strategy = _make_strategy(config, model)
+        if executor is None:
+            executor = make_executor(config.executor, model, workers=config.workers)
+        history: list[RoundSummary] = []
+        if checkpoint is not None and resume_run is not None:
+            run_id = resume_run
+            last_round, state = checkpoint
+            strategy.load_state(state["strategy"])
+            first = last_round + 1
+            history = _history(log, run_id)
+            log.mark_resumed(run_id, max(config.rounds, first), config.to_dict())
+        else:
+            run_id = log.start_run(
+                strategy=config.strategy,
+                model=config.model,
+                dataset=config.dataset,
+                executor=config.executor,
+                seed=config.seed,
+                rounds=config.rounds,
+                config=config.to_dict(),
+                clients=clients,
+                label_counts={c.cid: _label_counts(y) for c, (_, y) in zip(clients, shards, strict=True)},
+            )
+            first = 0
+        profiles = profiles_for(store, clients)
+        by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
+        shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
+        try:
+            for rnd in range(first, config.rounds):
+                summary = _run_round(
+                    rnd,
+                    config,
+                    strategy,
+                    executor,
+                    log,
+                    run_id,
+                    clients,
+                    by_cid,
+                    shard_of,
+                    fed.test,
+                    profiles,
+                    clock,
+                    wall_clock,
+                )
+                history.append(summary)
+                if progress is not None:
+                    progress(format_round(summary, config.rounds))
+        except KeyboardInterrupt:
+            log.finish_run(run_id, "interrupted")
+            raise
+        except BaseException:
+            log.finish_run(run_id, "failed")
+            raise
+        log.finish_run(run_id, "finished")
+        accuracy: Mapping[float, float] = next((h.accuracy for h in reversed(history) if h.accuracy), {})
+        return RunSummary(run_id, len(history), dict(accuracy), tuple(history), config)
+    finally:
+        if own_executor and executor is not None:
+            executor.close()
+        if own_store:
+            store.close()
+
+
+def _run_round(
+    rnd: int,
+    config: RunConfig,
+    strategy: Strategy,
+    executor: Executor,
+    log: RunLog,
+    run_id: int,
+    clients: Sequence[ClientSpec],
+    by_cid: Mapping[str, ClientSpec],
+    shard_of: Mapping[str, Shard],
+    test: Shard,
+    profiles: Profiles,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float],
+) -> RoundSummary:
+    start, started_at = clock(), wall_clock()
+    sampled = sample_clients(clients, rnd, seed=config.seed, fraction=config.fraction, per_round=config.per_round)
+    instructions = strategy.configure_round(rnd, sampled, profiles)
+    # FLuID names the clients it treats as stragglers this round; other strategies have none.
+    stragglers = {str(c) for c in getattr(strategy, "stragglers", ())}
+    results, failures = executor.run(instructions, {cid: shard_of[cid] for cid in instructions}, config.timeout_s)
+    _, strategy_metrics = strategy.aggregate_round(rnd, results, failures)
+    evaluation: dict[float, dict[str, float]] = {}
+    if (rnd + 1) % config.eval_every == 0 or rnd + 1 == config.rounds:
+        evaluation = evaluate_global(strategy, clients, test)
+    seconds = clock() - start
+    losses = [float(r.metrics["loss"]) for r in results if "loss" in r.metrics]
+    mean_loss = float(np.mean(losses)) if losses else None
+    metrics = {
+        **{str(k): v for k, v in strategy_metrics.items()},
+        "clients_ok": len(results),
+        "clients_failed": len(failures),
+        "mean_loss": mean_loss,
+    }
+    rows = _client_rows(strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers)
+    log.log_round(
+        run_id,
+        rnd,
+        started_at=started_at,
+        finished_at=wall_clock(),
+        wall_seconds=seconds,
+        metrics=metrics,
+        evaluation={str(w): v for w, v in evaluation.items()},
+        clients=rows,
+        checkpoint={"round": rnd, "strategy": strategy.state()},
+    )
+    accuracy = {w: v["accuracy"] for w, v in evaluation.items()}
+    return RoundSummary(rnd, len(results), len(failures), mean_loss, accuracy, seconds)
+
+
+def format_round(summary: RoundSummary, rounds: int) -> str:
+    """Return the progress line of one round."""
+    loss = "-" if summary.mean_loss is None else f"{summary.mean_loss:.4f}"
+    accuracy = " ".join(f"{w:g}:{a:.4f}" for w, a in summary.accuracy.items()) or "-"
+    return (
+        f"round {summary.round + 1}/{rounds}: clients ok {summary.clients_ok} failed {summary.clients_failed}, "
+        f"loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s"
+    )
+
+
+def _check_resumable(config: RunConfig, stored: Mapping[str, Any], run_id: int) -> None:
+    mine = config.to_dict()
+    for key, value in stored.items():
+        if key in RESUMABLE_CHANGES or key not in mine:
+            continue
+        if mine[key] != value:
+            raise InputError(f"cannot resume FL run {run_id}: it has {key}={value!r}, the request has {mine[key]!r}")
+
+
+def _make_strategy(config: RunConfig, model: ZooModel) -> Strategy:
+    cls = strategy_class(config.strategy)
+    local = {"epochs": config.epochs, "batch_size": config.batch_size, "lr": config.lr}
+    try:
+        return cls(model, initial_parameters(model, config.seed), seed=config.seed, local=local, **dict(config.options))
+    except TypeError as exc:
+        raise InputError(f"strategy {config.strategy!r} rejected options {dict(config.options)}: {exc}") from None
+
+
+def _client_specs(
+    shards: Sequence[Shard], capacities: Sequence[float], placement: Mapping[str, str]
+) -> list[ClientSpec]:
+    caps = [float(c) for c in capacities]
+    if len(caps) != len(shards):
+        raise InputError(f"{len(caps)} capacities for {len(shards)} clients")
+    from fl.capacity import tiers
+
+    return [
+        ClientSpec(cid=f"c{i}", num_examples=int(len(y)), capacity=cap, tier=tier, device=placement.get(f"c{i}"))
+        for i, ((_, y), cap, tier) in enumerate(zip(shards, caps, tiers(caps), strict=True))
+    ]
+
+
+def _label_counts(y: np.ndarray) -> dict[int, int]:
+    labels = np.asarray(y)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        return {}
+    values, counts = np.unique(labels, return_counts=True)
+    return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
+
+
+def _width_of(model: ZooModel, ins: TrainIns, capacity: float) -> float:
+    """Return the rate a client trained: the config's ``width``, else its capacity when the shapes match it."""
+    if "width" in ins.config:
+        return float(ins.config["width"])
+    if model.arch(capacity).widths == ins.submodel.arch.widths:
+        return float(capacity)
+    ratios = [w / k for w, k in zip(ins.submodel.arch.widths, model.group_sizes, strict=True)]
+    return round(min(ratios), 6) if ratios else capacity
+
+
+_FLOPS_CACHE: dict[str, float] = {}
+
+
+def _train_flops(model: ZooModel, ins: TrainIns) -> float | None:
+    key = ins.submodel.arch.key()
+    if key not in _FLOPS_CACHE:
+        try:
+            from exporters.flops import count
+
+            _FLOPS_CACHE[key] = float(count(model, ins.submodel.arch).train_flops)
+        except Exception:  # noqa: BLE001 - FLOPs are informative; a model the counter lacks logs none
+            return None
+    return _FLOPS_CACHE[key]
+
+
+def _client_rows(
+    model: ZooModel,
+    instructions: Mapping[str, TrainIns],
+    results: Sequence[TrainRes],
+    failures: Sequence[ClientFailure],
+    by_cid: Mapping[str, ClientSpec],
+    epochs: int,
+    stragglers: set[str],
+) -> list[ClientRound]:
+    rows: list[ClientRound] = []
+    result_of = {r.cid: r for r in results}
+    failure_of = {f.cid: f for f in failures}
+    for cid, ins in instructions.items():
+        client = by_cid[cid]
+        common = ClientRound(
+            cid=cid,
+            width=_width_of(model, ins, client.capacity),
+            status="ok",
+            device=client.device,
+            arch_widths=tuple(ins.submodel.arch.widths),
+            tier=client.tier,
+            straggler=cid in stragglers or bool(ins.config.get("straggler", False)),
+        )
+        if cid in result_of:
+            res = result_of[cid]
+            per_example = _train_flops(model, ins)
+            epochs_run = int(ins.config.get("epochs", epochs))
+            rows.append(
+                dataclasses.replace(
+                    common,
+                    num_examples=res.num_examples,
+                    loss=_float_or_none(res.metrics.get("loss")),
+                    accuracy=_float_or_none(res.metrics.get("accuracy")),
+                    steps=None if "steps" not in res.metrics else int(res.metrics["steps"]),
+                    compute_seconds=res.compute_seconds,
+                    download_seconds=res.download_seconds,
+                    upload_seconds=res.upload_seconds,
+                    train_flops=None if per_example is None else per_example * res.num_examples * epochs_run,
+                    metrics=dict(res.metrics),
+                )
+            )
+        else:
+            failure = failure_of.get(cid, ClientFailure(cid, "error", "no result and no failure reported"))
+            rows.append(
+                dataclasses.replace(
+                    common,
+                    status=failure.reason,
+                    message=failure.message,
+                    num_examples=client.num_examples,
+                    wait_seconds=failure.seconds,
+                )
+            )
+    return rows
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
+    frame = log.rounds(run_id)
+    out = []
+    for row in frame.itertuples(index=False):
+        metrics, evaluation = row.metrics, row.evaluation
+        out.append(
+            RoundSummary(
+                round=int(row.round),
+                clients_ok=int(metrics.get("clients_ok", 0)),
+                clients_failed=int(metrics.get("clients_failed", 0)),
+                mean_loss=metrics.get("mean_loss"),
+                accuracy={float(w): float(v["accuracy"]) for w, v in evaluation.items()},
+                seconds=float(row.wall_seconds),
+            )
+        )
+    return out

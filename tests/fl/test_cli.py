@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fl.cli import parse_options
+from harness.cli import main
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["fl", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+SMALL = ("--dataset", "digits", "--clients", "3", "--batch", "32", "--lr", "0.1")
+
+
+def test_json_summary_contract_and_resume(tmp_path, capsys):
+    db = str(tmp_path / "fl.db")
+    rc, out, err = run(capsys, "run", "--strategy", "fedavg", *SMALL, "--rounds", "1", "--db", db, "--json")
+    assert rc == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    summary = json.loads(lines[0])
+    assert summary["run_id"] == 1 and summary["rounds"] == 1
+    assert list(summary["accuracy"]) == ["1.0"] and 0.0 <= summary["accuracy"]["1.0"] <= 1.0
+    assert err.count("round 1/1: clients ok 3 failed 0") == 1
+    rc, out, err = run(capsys, "run", "--resume", "1", "--rounds", "2", "--db", db, "--json")
+    assert rc == 0, err
+    resumed = json.loads(out)
+    assert resumed["run_id"] == 1 and resumed["rounds"] == 2 and len(resumed["history"]) == 2
+    assert "round 2/2" in err and "round 1/2" not in err  # only the missing round ran
+    rc, out, err = run(capsys, "runs", "--db", db, "--json")
+    assert rc == 0
+    assert json.loads(out) == [
+        {
+            "id": 1,
+            "strategy": "fedavg",
+            "model": "fjord-cnn",
+            "dataset": "digits",
+            "seed": 0,
+            "rounds": 2,
+            "rounds_done": 2,
+            "status": "finished",
+        }
+    ]
+
+
+def test_sub_model_strategy_reports_every_width(tmp_path, capsys):
+    db = str(tmp_path / "fl.db")
+    argv = ("run", "--strategy", "heterofl", *SMALL, "--rounds", "1", "--capacities", "uniform:1,0.5", "--db", db)
+    rc, out, err = run(capsys, *argv, "--per-round", "2", "--opt", "weighted=true", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert sorted(summary["accuracy"]) == ["0.5", "1.0"]
+    assert summary["history"][0]["clients_ok"] == 2
+    rc, out, err = run(capsys, "runs", "--db", db)
+    assert rc == 0 and "heterofl" in out and "1/1" in out
+
+
+def test_text_output_names_the_run_and_how_to_resume(tmp_path, capsys):
+    db = str(tmp_path / "fl.db")
+    rc, out, err = run(capsys, "run", *SMALL, "--rounds", "1", "--db", db)
+    assert rc == 0, err
+    assert out.startswith("FL run 1 (fedavg, fjord-cnn on digits, 3 clients, seed 0): 1 rounds")
+    assert f"fleetbench fl run --resume 1 --rounds N --db {db}" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (("--strategy", "nope"), "nope"),
+        (("--fraction", "2"), "2"),
+        (("--fraction", "0.5", "--per-round", "2"), "not allowed with"),
+        (("--clients", "0"), "0"),
+        (("--rounds", "x"), "'x'"),
+        (("--per-round", "9"), "9"),
+        (("--opt", "novalue"), "novalue"),
+        (("--strategy", "fd", "--opt", "colour=red"), "colour"),
+        (("--capacities", "bogus:1"), "bogus"),
+        (("--partition", "bogus"), "bogus"),
+        (("--dataset", "imagenet"), "imagenet"),
+        (("--model", "gpt5"), "gpt5"),
+        (("--resume", "5"), "no FL run 5"),
+        (("--resume", "1", "--lr", "0.3"), "lr=0.1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, word):
+    db = str(tmp_path / "fl.db")
+    if "--resume" in argv and "5" not in argv:
+        assert run(capsys, "run", *SMALL, "--rounds", "1", "--db", db)[0] == 0
+    rc, out, err = run(capsys, "run", *SMALL[:4], *argv, "--db", db)
+    assert rc == 2
+    assert err.startswith("fleetbench: error:") and len(err.strip().splitlines()) == 1
+    assert word in err
+    assert "Traceback" not in err
+
+
+def test_runs_of_a_missing_store_is_exit_2(tmp_path, capsys):
+    rc, out, err = run(capsys, "runs", "--db", str(tmp_path / "none.db"))
+    assert rc == 2 and "none.db" in err
+
+
+def test_options_parse_as_json_else_strings():
+    assert parse_options(["rate=0.5", "mask=per_client", "kd=true", "levels=[1, 0.5]", "name=", "x=a=b"]) == {
+        "rate": 0.5,
+        "mask": "per_client",
+        "kd": True,
+        "levels": [1, 0.5],
+        "name": "",
+        "x": "a=b",
+    }

@@ -1,0 +1,407 @@
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from exporters.errors import InputError
+from exporters.zoo import ZooModel, get_model
+from fl.aggregate import selective_average
+from fl.client import TRAINERS, evaluate
+from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.runlog import RunLog
+from fl.server import (
+    RunConfig,
+    clients_per_round,
+    format_round,
+    initial_parameters,
+    profiles_for,
+    run_fl,
+    sample_clients,
+)
+from fl.strategies import STRATEGIES
+from fl.strategies.base import Strategy
+from harness.store import ProfileStore
+
+# -- test-local strategy and data -------------------------------------------------------------
+
+
+class StaticAvg(Strategy):
+    """Each client trains the prefix sub-model at its capacity; per-weight weighted average."""
+
+    name = "test-static"
+
+    def __init__(
+        self, model: ZooModel, initial: Params, seed: int = 0, local=None, *, fail: str = "", slow: str = ""
+    ) -> None:
+        super().__init__(model, initial, seed, local)
+        self.fail = fail
+        self.stragglers = [slow] if slow else []  # as FLuID names its stragglers
+        self.aggregated: list[tuple[int, list[str], list[str]]] = []
+
+    def configure_round(self, rnd, clients, profiles=None):
+        out = {}
+        for client in clients:
+            sub = self.model.static(client.capacity)
+            extra = {"trainer": "test-boom"} if client.cid == self.fail else {}
+            config = self.client_config(rnd, client.cid, width=client.capacity, **extra)
+            out[client.cid] = TrainIns(client.cid, sub, self.model.extract(self.global_state, sub), config)
+        return out
+
+    def aggregate_round(self, rnd, results: Sequence[TrainRes], failures: Sequence[ClientFailure]):
+        self.aggregated.append((rnd, [r.cid for r in results], [f.cid for f in failures]))
+        updates = [(r.submodel, r.parameters, float(r.num_examples)) for r in results]
+        self.global_state = selective_average(self.model, self.global_state, updates)
+        return self.global_state, {"aggregated": float(len(results))}
+
+
+def boom_trainer(model, ins, x, y):
+    raise RuntimeError("client exploded")
+
+
+def blob_data(num_clients: int, per_client: int, seed: int = 0, num_test: int = 100):
+    """Class k lights a 6x6 block at position k of a 28x28 image (plus noise): easy to learn."""
+
+    def make(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.integers(0, 10, size=n)
+        x = rng.normal(0.0, 0.1, size=(n, 1, 28, 28)).astype(np.float32)
+        for i, label in enumerate(y):
+            row, col = divmod(int(label), 4)
+            x[i, 0, 2 + 6 * row : 8 + 6 * row, 2 + 6 * col : 8 + 6 * col] += 1.0
+        return x, y.astype(np.int64)
+
+    rng = np.random.default_rng(seed)
+    train = tuple(make(per_client + i, rng) for i in range(num_clients))
+    return Data(train=train, test=make(num_test, rng))
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    train: tuple[tuple[np.ndarray, np.ndarray], ...]
+    test: tuple[np.ndarray, np.ndarray]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(STRATEGIES, "test-static", "tests.fl.test_server:StaticAvg")
+    monkeypatch.setitem(TRAINERS, "test-boom", "tests.fl.test_server:boom_trainer")
+
+
+def config(tmp_path: Path, **changes) -> RunConfig:
+    base = RunConfig(
+        strategy="test-static",
+        model="fjord-cnn",
+        dataset="test-blobs",
+        clients=4,
+        rounds=3,
+        seed=3,
+        epochs=2,
+        batch_size=10,
+        lr=0.2,
+        db=str(tmp_path / "fl.db"),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+CAPACITIES = (1.0, 1.0, 0.5, 0.5)
+
+
+# -- sampling ----------------------------------------------------------------------------------
+
+
+def test_clients_per_round_follows_fraction_and_count():
+    assert clients_per_round(10, 0.3, None) == 3
+    assert clients_per_round(10, 1.0, None) == 10
+    assert clients_per_round(10, 0.05, None) == 1  # never fewer than one
+    assert clients_per_round(7, 0.5, None) == 3  # floor(3.5)
+    assert clients_per_round(10, 0.3, 4) == 4  # the count wins over the fraction
+
+
+def test_sampling_is_deterministic_per_seed_and_round():
+    clients = [ClientSpec(f"c{i}", 10) for i in range(20)]
+    first = [c.cid for c in sample_clients(clients, 5, seed=1, fraction=0.25)]
+    assert first == [c.cid for c in sample_clients(clients, 5, seed=1, fraction=0.25)]
+    assert len(first) == 5 and len(set(first)) == 5
+    # the draw is numpy's default_rng((seed, round)) choice without replacement, in client order
+    expected = sorted(int(i) for i in np.random.default_rng((1, 5)).choice(20, size=5, replace=False))
+    assert first == [f"c{i}" for i in expected]
+    rounds = {tuple(c.cid for c in sample_clients(clients, r, seed=1, fraction=0.25)) for r in range(6)}
+    assert len(rounds) > 1  # rounds draw differently
+    other_seed = [c.cid for c in sample_clients(clients, 5, seed=2, fraction=0.25)]
+    assert other_seed != first
+    assert len(sample_clients(clients, 0, seed=1, per_round=7)) == 7
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "word"),
+    [
+        ({"strategy": "nope"}, "nope"),
+        ({"clients": 0}, "clients"),
+        ({"fraction": 1.5}, "1.5"),
+        ({"per_round": 11}, "11"),
+        ({"lr": -1.0}, "-1.0"),
+        ({"executor": "carrier-pigeon"}, "carrier-pigeon"),
+    ],
+)
+def test_bad_config_names_the_value(tmp_path, change, word):
+    with pytest.raises(InputError, match=word):
+        dataclasses.replace(RunConfig(db=str(tmp_path / "x.db")), **change).validate()
+
+
+def test_config_round_trips_through_json(tmp_path):
+    cfg = config(tmp_path, options={"rate": 0.5, "mode": "x"}, per_round=2)
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# -- a run -------------------------------------------------------------------------------------
+
+
+def test_run_logs_what_happened(tmp_path, registered):
+    data = blob_data(4, 30)
+    lines: list[str] = []
+    cfg = config(tmp_path, per_round=3)
+    summary = run_fl(cfg, data=data, capacities=CAPACITIES, progress=lines.append)
+    assert summary.rounds == 3 and len(summary.history) == 3 and len(lines) == 3
+    assert lines[0].startswith("round 1/3: clients ok 3 failed 0")
+    with ProfileStore(cfg.db) as store:
+        log = RunLog(store)
+        runs = log.runs()
+        assert list(runs["id"]) == [summary.run_id]
+        assert runs.iloc[0]["status"] == "finished" and runs.iloc[0]["rounds_done"] == 3
+        run = log.run(summary.run_id)
+        assert run["strategy"] == "test-static" and run["seed"] == 3 and run["config"]["per_round"] == 2 + 1
+        assert "python" in run["versions"]
+        clients = log.clients(summary.run_id)
+        assert list(clients["cid"]) == ["c0", "c1", "c2", "c3"]
+        assert list(clients["capacity"]) == list(CAPACITIES)
+        assert list(clients["tier"]) == [0, 0, 1, 1]
+        assert list(clients["num_examples"]) == [30, 31, 32, 33]
+        for cid, counts, (_, y) in zip(clients["cid"], clients["label_counts"], data.train, strict=True):
+            assert counts == {int(k): int(v) for k, v in zip(*np.unique(y, return_counts=True), strict=True)}, cid
+        rows = log.client_rounds(summary.run_id)
+        specs = [ClientSpec(f"c{i}", 30 + i, cap) for i, cap in enumerate(CAPACITIES)]
+        for rnd in range(3):
+            logged = rows[rows["round"] == rnd]
+            expected = [c.cid for c in sample_clients(specs, rnd, seed=3, per_round=3)]
+            assert list(logged["cid"]) == expected
+            assert set(logged["status"]) == {"ok"}
+            assert list(logged["width"]) == [CAPACITIES[int(c[1:])] for c in expected]
+            assert list(logged["num_examples"]) == [30 + int(c[1:]) for c in expected]
+            # fjord-cnn groups (conv1 20, conv2 15) at width 0.5 keep ceil(10), ceil(7.5) = 10, 8
+            assert [w for c, w in zip(expected, logged["arch_widths"], strict=True) if c in ("c2", "c3")] in (
+                [],
+                [(10, 8)],
+                [(10, 8), (10, 8)],
+            )
+            assert (logged["compute_seconds"] > 0).all() and (logged["train_flops"] > 0).all()
+        rounds = log.rounds(summary.run_id)
+        assert list(rounds["round"]) == [0, 1, 2]
+        assert [m["clients_ok"] for m in rounds["metrics"]] == [3, 3, 3]
+        assert [m["aggregated"] for m in rounds["metrics"]] == [3.0, 3.0, 3.0]
+        last, state = log.load_checkpoint(summary.run_id)
+    assert last == 2
+    # the checkpointed global model, evaluated independently, has the logged and returned accuracy
+    model = get_model("fjord-cnn")
+    for width in (1.0, 0.5):
+        sub = model.static(width)
+        acc = evaluate(model, sub.arch, model.extract(state["strategy"]["global"], sub), *data.test)["accuracy"]
+        assert summary.accuracy[width] == acc
+        assert rounds.iloc[2]["evaluation"][str(width)]["accuracy"] == acc
+    # the blobs are easy: the full model is well above chance (10 %) after 3 rounds
+    assert summary.accuracy[1.0] > 0.5
+
+
+def test_a_failing_client_does_not_stop_the_round(tmp_path, registered):
+    cfg = config(tmp_path, rounds=1, options={"fail": "c1"})
+    lines: list[str] = []
+    summary = run_fl(cfg, data=blob_data(4, 20), capacities=CAPACITIES, progress=lines.append)
+    assert summary.history[0].clients_ok == 3 and summary.history[0].clients_failed == 1
+    assert "failed 1" in lines[0]
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id)
+    failed = rows[rows["cid"] == "c1"].iloc[0]
+    assert failed["status"] == "error" and "client exploded" in failed["message"]
+    assert np.isnan(failed["loss"]) and np.isnan(failed["compute_seconds"])
+    assert set(rows[rows["cid"] != "c1"]["status"]) == {"ok"}
+
+
+def test_the_strategys_stragglers_are_flagged_in_the_log(tmp_path, registered):
+    cfg = config(tmp_path, rounds=1, options={"slow": "c3"})
+    summary = run_fl(cfg, data=blob_data(4, 10), capacities=CAPACITIES, progress=None)
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id)
+    assert dict(zip(rows["cid"], rows["straggler"], strict=True)) == {"c0": False, "c1": False, "c2": False, "c3": True}
+
+
+def test_failed_clients_are_left_out_of_aggregation(tmp_path, registered, monkeypatch):
+    seen: list[tuple[int, list[str], list[str]]] = []
+    original = StaticAvg.aggregate_round
+
+    def spy(self, rnd, results, failures):
+        out = original(self, rnd, results, failures)
+        seen.extend(self.aggregated[-1:])
+        return out
+
+    monkeypatch.setattr(StaticAvg, "aggregate_round", spy)
+    cfg = config(tmp_path, rounds=1, options={"fail": "c2"})
+    run_fl(cfg, data=blob_data(4, 20), capacities=CAPACITIES, progress=None)
+    assert seen == [(0, ["c0", "c1", "c3"], ["c2"])]
+
+
+@pytest.mark.parametrize("strategy", ["test-static", "fjord", "fedrolex", "fd"])
+def test_resume_is_bit_exact(tmp_path, registered, strategy):
+    data = blob_data(4, 25)
+    base = config(tmp_path, strategy=strategy)
+    straight = run_fl(
+        dataclasses.replace(base, db=str(tmp_path / "a.db")), data=data, capacities=CAPACITIES, progress=None
+    )
+    cut = dataclasses.replace(base, db=str(tmp_path / "b.db"), rounds=2)
+    first = run_fl(cut, data=data, capacities=CAPACITIES, progress=None)
+    assert first.rounds == 2
+    resumed = run_fl(
+        dataclasses.replace(cut, rounds=3), data=data, capacities=CAPACITIES, resume_run=first.run_id, progress=None
+    )
+    assert resumed.run_id == first.run_id and resumed.rounds == 3
+    assert [h.round for h in resumed.history] == [0, 1, 2]
+    assert resumed.accuracy == straight.accuracy
+    states = []
+    for db, run_id in ((tmp_path / "a.db", straight.run_id), (tmp_path / "b.db", resumed.run_id)):
+        with ProfileStore(db) as store:
+            log = RunLog(store)
+            states.append(log.load_checkpoint(run_id))
+            assert log.runs().iloc[0]["rounds"] == 3 and log.runs().iloc[0]["status"] == "finished"
+            assert log.run(run_id)["config"]["rounds"] == 3
+            assert list(log.rounds(run_id)["round"]) == [0, 1, 2]
+    (round_a, state_a), (round_b, state_b) = states
+    assert round_a == round_b == 2
+    global_a, global_b = state_a["strategy"]["global"], state_b["strategy"]["global"]
+    assert list(global_a) == list(global_b)
+    for name in global_a:
+        assert np.array_equal(global_a[name], global_b[name]), name
+    # and the training moved the model away from its initial parameters
+    initial = initial_parameters(get_model("fjord-cnn"), 3)
+    assert not all(np.array_equal(initial[n], global_a[n]) for n in initial)
+
+
+def test_resume_refuses_a_changed_configuration(tmp_path, registered):
+    data = blob_data(4, 20)
+    cfg = config(tmp_path, rounds=1)
+    first = run_fl(cfg, data=data, capacities=CAPACITIES, progress=None)
+    with pytest.raises(InputError, match="lr"):
+        run_fl(dataclasses.replace(cfg, rounds=2, lr=0.3), data=data, capacities=CAPACITIES, resume_run=first.run_id)
+    with pytest.raises(InputError, match="no FL run 99"):
+        run_fl(dataclasses.replace(cfg, rounds=2), data=data, capacities=CAPACITIES, resume_run=99)
+
+
+def test_resume_of_a_finished_run_runs_nothing(tmp_path, registered):
+    data = blob_data(4, 20)
+    cfg = config(tmp_path, rounds=1)
+    first = run_fl(cfg, data=data, capacities=CAPACITIES, progress=None)
+    again = run_fl(cfg, data=data, capacities=CAPACITIES, resume_run=first.run_id, progress=None)
+    assert again.rounds == 1 and again.accuracy == first.accuracy
+
+
+def test_unknown_strategy_option_is_input_error(tmp_path, registered):
+    with pytest.raises(InputError, match="colour"):
+        run_fl(config(tmp_path, options={"colour": "red"}), data=blob_data(4, 10), capacities=CAPACITIES)
+
+
+def test_initial_parameters_follow_the_seed():
+    model = get_model("fjord-cnn")
+    a, b, c = initial_parameters(model, 1), initial_parameters(model, 1), initial_parameters(model, 2)
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    assert not all(np.array_equal(a[n], c[n]) for n in a)
+
+
+def test_profiles_are_empty_without_devices(tmp_path):
+    with ProfileStore(tmp_path / "p.db") as store:
+        assert profiles_for(store, [ClientSpec("c0", 5)]) == {}
+
+
+def test_profiles_are_grouped_by_the_clients_devices():
+    import pandas as pd
+
+    class FakeStore:
+        def latest_cells(self):
+            return pd.DataFrame(
+                {"device": ["pi4", "pi4", "nano", "other"], "width": [0.5, 1.0, 1.0, 1.0], "median_us": [1, 2, 3, 4]}
+            )
+
+    clients = [ClientSpec("c0", 5, device="pi4"), ClientSpec("c1", 5, device="nano"), ClientSpec("c2", 5)]
+    profiles = profiles_for(FakeStore(), clients)
+    assert sorted(profiles) == ["nano", "pi4"]
+    assert [row["width"] for row in profiles["pi4"]] == [0.5, 1.0]
+    assert [row["median_us"] for row in profiles["nano"]] == [3]
+
+
+def test_placement_puts_devices_in_the_log(tmp_path, registered):
+    cfg = config(tmp_path, rounds=1)
+    placement = {"c0": "pi4", "c2": "nano"}
+    summary = run_fl(cfg, data=blob_data(4, 10), capacities=CAPACITIES, placement=placement, progress=None)
+    with ProfileStore(cfg.db) as store:
+        log = RunLog(store)
+        clients, rows = log.clients(summary.run_id), log.client_rounds(summary.run_id)
+    assert list(clients["device"].fillna("-")) == ["pi4", "-", "nano", "-"]
+    assert list(rows["device"].fillna("-")) == ["pi4", "-", "nano", "-"]
+
+
+def test_progress_line_names_round_clients_loss_accuracy_seconds():
+    from fl.server import RoundSummary
+
+    line = format_round(RoundSummary(1, 4, 1, 0.25, {1.0: 0.9, 0.5: 0.75}, 1.5), 10)
+    assert line == "round 2/10: clients ok 4 failed 1, loss 0.2500, accuracy 1:0.9000 0.5:0.7500, 1.50 s"
+
+
+# -- the real strategies on non-IID data -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "capacities"),
+    [
+        ("fedavg", "1"),
+        ("heterofl", "uniform:1,0.5"),
+        ("fjord", "uniform:1,0.5"),
+        ("fedrolex", "uniform:1,0.5"),
+        ("fd", "uniform:1,0.5"),
+    ],
+)
+def test_each_strategy_learns_non_iid_digits(tmp_path, strategy, capacities):
+    from fl.data import load_federated
+
+    data = load_federated("digits", get_model("fjord-cnn"), 6, "dirichlet:0.5", 0, max_examples=800)
+    cfg = RunConfig(
+        strategy=strategy,
+        dataset="digits",
+        clients=6,
+        rounds=5,
+        capacities=capacities,
+        partition="dirichlet:0.5",
+        seed=0,
+        epochs=2,
+        batch_size=16,
+        lr=0.1,
+        db=str(tmp_path / "fl.db"),
+    )
+    summary = run_fl(cfg, data=data, progress=None)
+    # ten digits: chance is 0.1; the global model at full width is clearly above it
+    assert summary.accuracy[1.0] > 0.35, summary.accuracy
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id)
+    assert len(rows) == 5 * 6 and set(rows["status"]) == {"ok"}
+    if capacities != "1":
+        assert set(rows["tier"]) == {0, 1}
