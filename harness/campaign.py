@@ -247,6 +247,30 @@ def export_sets(specs: Sequence[BenchSpec], artifacts_dir: Path) -> dict[tuple[s
 # --------------------------------------------------------------------------- one cell
 
 
+#: Seconds per timed sample on a device held to a CPU share: 20 CFS periods of
+#: `devices.limits.PERIOD_US` (see the runner's ``--sample-seconds``).
+EMULATED_SAMPLE_S = 0.2
+
+
+def sample_seconds_for(device: Device) -> float:
+    """Return the runner's ``--sample-seconds`` for ``device``.
+
+    Parameters
+    ----------
+    device : Device
+
+    Returns
+    -------
+    float
+        `EMULATED_SAMPLE_S` when the device is emulated with a CPU share (its own or its
+        preset's), else 0 (every step is one sample).
+    """
+    emulation = device.emulate
+    if emulation is not None and (emulation.cpu_share is not None or emulation.preset is not None):
+        return EMULATED_SAMPLE_S
+    return 0.0
+
+
 def runner_argv(device: Device, runner_remote: str, remote_set: str, spec: BenchSpec) -> list[str]:
     """Return the command that measures ``spec`` on ``device``.
 
@@ -277,6 +301,8 @@ def runner_argv(device: Device, runner_remote: str, remote_set: str, spec: Bench
         str(spec.steps),
         "--threads",
         str(spec.threads),
+        "--sample-seconds",
+        repr(sample_seconds_for(device)),
     ]
 
 

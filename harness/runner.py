@@ -9,7 +9,7 @@ naming it.
 Command line::
 
     python3 runner.py bench --artifacts DIR --backend ort|torch --warmup W --steps N
-                            --threads T [--seed S]
+                            --threads T [--seed S] [--sample-seconds S]
     python3 runner.py train --artifacts DIR --backend ort|torch --params IN.npy
                             --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
                             [--batch B] [--seed S]
@@ -23,7 +23,10 @@ stderr while the runner works). Keys::
     error              message or null
     missing            the module that could not be imported (status "missing runtime"), else null
     backend, batch, warmup, steps, threads, seed
-    step_seconds       wall time of every timed step (bench: warm-up excluded; train: every step)
+    step_seconds       wall time of every timed step (bench: warm-up excluded; train: every step);
+                       bench with --sample-seconds S > 0: one entry per sample, a block of
+                       consecutive steps lasting at least S, as the block's time / its steps
+    steps_per_sample   bench: how many steps each entry of step_seconds covers
     loss               loss of every step in step_seconds (before that step's update)
     peak_memory_bytes  peak resident set of the process (VmHWM, else ru_maxrss)
     peak_memory_source "VmHWM" | "ru_maxrss" | null
@@ -44,6 +47,12 @@ killed by the kernel's OOM killer prints nothing: the caller sees the signal
 
 Decisions:
 
+* ``--sample-seconds``: a device held to a CPU share by a CFS quota (an emulated
+  device) runs at full speed until the period's quota is spent and then not at all,
+  so single steps shorter than a period come out bimodal (fast, or fast plus the rest
+  of the period) and their median can sit on either mode. Timing blocks of steps that
+  span many periods averages the quota out; the campaign asks for it on emulated
+  devices (`harness.campaign.sample_seconds_for`).
 * bench data is one random batch built from the manifest's input shapes and dtypes
   (float inputs standard normal, int64 inputs and labels uniform below the
   model's ``num_classes``), seeded by ``--seed``, bound once as ``OrtValue``s;
@@ -163,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", parents=[common], help="time training steps")
     bench.add_argument("--warmup", type=int, required=True)
     bench.add_argument("--steps", type=int, required=True)
+    bench.add_argument(
+        "--sample-seconds", type=float, default=0.0, help="time blocks of consecutive steps lasting at least this"
+    )
     train = sub.add_parser("train", parents=[common], help="train on a local shard")
     train.add_argument("--params", required=True, help="flat float32 .npy in manifest order")
     train.add_argument("--data", required=True, help=".npz shard with x and y")
@@ -857,6 +869,8 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         raise bad(f"--warmup must be at least 0, got {args.warmup}")
     if args.steps < 1:
         raise bad(f"--steps must be at least 1, got {args.steps}")
+    if not (math.isfinite(args.sample_seconds) and args.sample_seconds >= 0):
+        raise bad(f"--sample-seconds must be a number of at least 0, got {args.sample_seconds!r}")
     manifest = load_manifest(args.artifacts, args.backend)
     result["batch"] = int(manifest["batch"])
     np = import_numpy(args.threads)
@@ -867,13 +881,20 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
     passive = _before(result)
     clock = time.perf_counter
     seconds, losses = result["step_seconds"], result["loss"]
-    for i in range(args.warmup + args.steps):
-        start = clock()
-        out = backend.step()
-        elapsed = clock() - start
-        if i >= args.warmup:
-            seconds.append(elapsed)
-            losses.append(backend.loss_value(out))
+    for _ in range(args.warmup):
+        backend.step()
+    per_sample = result["steps_per_sample"] = []
+    for _ in range(args.steps):
+        count, start = 0, clock()
+        while True:
+            out = backend.step()
+            count += 1
+            elapsed = clock() - start
+            if elapsed >= args.sample_seconds:
+                break
+        seconds.append(elapsed / count)
+        losses.append(backend.loss_value(out))
+        per_sample.append(count)
     _after(result, passive)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devices import emulate
-from devices.fleet import Device, Fleet
+from devices.fleet import Device, Emulation, Fleet
 from devices.sshd import free_port
 from exporters.errors import InputError
 from exporters.flops import count
@@ -42,6 +42,14 @@ def test_plan_cells_is_device_major_and_uses_device_threads() -> None:
         plan_cells(devices, "no-such-model", WIDTHS, [4], ["ort"], 3, 1)
     with pytest.raises(InputError):
         plan_cells(devices, MODEL, WIDTHS, [4], ["tflite"], 3, 1)
+
+
+def test_only_devices_held_to_a_cpu_share_time_blocks_of_steps() -> None:
+    block = campaign.EMULATED_SAMPLE_S
+    assert campaign.sample_seconds_for(Device("a", "ssh", emulate=Emulation(cpu_share=0.3))) == block
+    assert campaign.sample_seconds_for(Device("b", "ssh", emulate=Emulation(preset="pi3"))) == block
+    assert campaign.sample_seconds_for(Device("c", "ssh", emulate=Emulation(memory_mb=512))) == 0.0
+    assert campaign.sample_seconds_for(Device("d", "local")) == 0.0
 
 
 def test_parse_runner_output_statuses() -> None:

@@ -172,6 +172,19 @@ def test_bench_reports_timed_steps_memory_probe_and_versions(sets: dict[str, Pat
     assert versions["onnxruntime"] and (backend != "torch" or versions["torch"])
 
 
+def test_bench_samples_span_at_least_the_requested_seconds(sets: dict[str, Path]) -> None:
+    rc, doc, err = run_runner(*bench_args(sets["cnn"], warmup=1, steps=3), "--sample-seconds", "0.05")
+    assert rc == 0, (doc, err[-2000:])
+    assert len(doc["step_seconds"]) == 3 and len(doc["steps_per_sample"]) == 3
+    # each sample is a block of whole steps lasting at least 0.05 s, recorded per step
+    assert all(t * k >= 0.05 for t, k in zip(doc["step_seconds"], doc["steps_per_sample"], strict=True))
+    assert all(k > 1 for k in doc["steps_per_sample"])  # a 4-image cnn step is far below 50 ms
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"], warmup=1, steps=3))
+    assert doc["steps_per_sample"] == [1, 1, 1]
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"]), "--sample-seconds", "-1")
+    assert rc == 2 and "--sample-seconds" in doc["error"]
+
+
 def test_bench_losses_agree_between_backends_on_the_same_random_batch(sets: dict[str, Path]) -> None:
     # Same seeded weights (checkpoint vs model.pt) and the same seeded batch: SGD steps agree.
     _, ort, _ = run_runner(*bench_args(sets["cnn"], "ort", warmup=0, steps=3))
