@@ -1,0 +1,215 @@
+"""FedDrop strategy and SyncDrop trainer (fl/strategies/feddrop.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from exporters.errors import InputError
+from fl import feddrop as fd
+from fl.client import build_module, get_trainer, module_params, train_plain
+from fl.records import ClientSpec, TrainIns, TrainRes
+from fl.strategies import strategy_class
+from fl.strategies.feddrop import FedDrop, _SyncDrop, train_syncdrop
+from tests.fl.test_feddrop import tiny_model
+
+
+def _initial(model):
+    torch.manual_seed(0)
+    return module_params(model.build())
+
+
+def _data(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 1, 4, 4)).astype(np.float32), rng.integers(0, 3, n)
+
+
+def _ins(model, params, keep, sync_seed=5, seed=1, **extra):
+    config = {"epochs": 1, "batch_size": 4, "lr": 0.1, "seed": seed, "sync_seed": sync_seed, "keep": keep, **extra}
+    return TrainIns("c0", model.static(1.0), params, config)
+
+
+def test_registered_names_resolve():
+    assert strategy_class("feddrop") is FedDrop
+    assert get_trainer("syncdrop") is train_syncdrop
+
+
+def test_hooks_apply_inverted_masks_in_training_only():
+    model = tiny_model()
+    params = _initial(model)
+    module = build_module(model, model.full_arch(), params)
+    drop = _SyncDrop(module, model, [True, True])
+    scales = [np.array([2.0, 0.0]), np.array([0.0, 1.25])]
+    drop.set(scales)
+    x = torch.as_tensor(_data(3)[0])
+    module.train()
+    got = module(x)
+    conv = torch.nn.functional.conv2d
+    with torch.no_grad():  # the hooked modules' maths by hand, without the modules
+        h = conv(x, module.conv1.weight, module.conv1.bias, padding=1)
+        h = torch.relu(h * torch.tensor([2.0, 0.0]).view(1, 2, 1, 1))
+        h = conv(h, module.conv2.weight, module.conv2.bias, padding=1)
+        h = torch.relu(h * torch.tensor([0.0, 1.25]).view(1, 2, 1, 1))
+        want = module.fc(torch.flatten(h, 1))
+    torch.testing.assert_close(got, want)
+    module.eval()  # no dropout at inference
+    dense = build_module(model, model.full_arch(), params).eval()
+    torch.testing.assert_close(module(x), dense(x))
+
+
+def test_keep_one_everywhere_is_plain_training():
+    model = tiny_model()
+    params = _initial(model)
+    x, y = _data()
+    keep = {"conv1": [1.0, 1.0], "conv2": [1.0, 1.0]}
+    drop_params, metrics = train_syncdrop(model, _ins(model, params, keep), x, y)
+    plain_params, _ = train_plain(model, _ins(model, params, keep), x, y)
+    for name in plain_params:
+        np.testing.assert_allclose(drop_params[name], plain_params[name], rtol=1e-6, atol=1e-7)
+    assert metrics["sampled_train_flops"] == pytest.approx(metrics["dense_train_flops"])
+    assert metrics["kept_fraction"] == 1.0
+
+
+def test_always_dropped_channel_is_not_trained():
+    model = tiny_model()
+    params = _initial(model)
+    x, y = _data()
+    keep = {"conv1": [1.0, 1e-12], "conv2": [1.0, 1.0]}
+    out, _ = train_syncdrop(model, _ins(model, params, keep), x, y)
+    np.testing.assert_array_equal(out["conv1.weight"][1], params["conv1.weight"][1])
+    assert not np.array_equal(out["conv1.weight"][0], params["conv1.weight"][0])
+
+
+def test_clients_share_masks_and_report_flops():
+    model = tiny_model()
+    params = _initial(model)
+    keep = {"conv1": [0.5, 0.5], "conv2": [0.5, 0.5]}
+    _, m1 = train_syncdrop(model, _ins(model, params, keep, seed=1), *_data(12, 0))
+    _, m2 = train_syncdrop(model, _ins(model, params, keep, seed=2), *_data(12, 1))
+    assert m1["kept_fraction"] == m2["kept_fraction"]  # same sync seed: same draws per step
+    assert m1["sampled_train_flops"] == m2["sampled_train_flops"]
+    train = fd.flops_model(model, "training")
+    assert m1["expected_train_flops"] == pytest.approx(float(train.flops(np.array([0.5, 0.5]))))
+    assert m1["train_flops"] == pytest.approx(m1["sampled_train_flops"] * 12)
+    _, m3 = train_syncdrop(model, _ins(model, params, keep, sync_seed=99), *_data(12, 0))
+    assert m3["steps"] == 3.0
+
+
+def test_trainer_rejects_submodels_and_bad_keep():
+    model = tiny_model()
+    params = _initial(model)
+    x, y = _data()
+    with pytest.raises(InputError, match="keep"):
+        train_syncdrop(model, _ins(model, params, {"conv1": [1.5, 1.0]}), x, y)
+    sub = model.static(0.5)
+    bad = TrainIns("c0", sub, model.extract(params, sub), {"keep": {}})
+    with pytest.raises(InputError, match="full model"):
+        train_syncdrop(model, bad, x, y)
+
+
+def _strategy(mode="feddrop", **options):
+    model = tiny_model()
+    local = {"epochs": 1, "batch_size": 4, "lr": 0.1}
+    return FedDrop(model, _initial(model), seed=3, local=local, mode=mode, budget=0.5, iterations=200, **options)
+
+
+CLIENTS = [ClientSpec("c0", 12), ClientSpec("c1", 36)]
+
+
+def _results(strategy, ins, shift=(1.0, 3.0)):
+    out = []
+    for (cid, item), delta, n in zip(ins.items(), shift, (12, 36), strict=True):
+        params = {
+            k: v + np.float32(delta) * (np.arange(v.size).reshape(v.shape) % 3 - 1) for k, v in item.parameters.items()
+        }
+        out.append(TrainRes(cid, item.submodel, params, n, metrics={"train_flops": 10.0}))
+    return out
+
+
+def test_configure_sends_full_model_shared_seed_and_initial_keep():
+    strategy = _strategy()
+    ins = strategy.configure_round(0, CLIENTS)
+    p = fd.uniform_keep(strategy.flops, 0.5)
+    seeds = {i.config["sync_seed"] for i in ins.values()}
+    assert len(seeds) == 1
+    for item in ins.values():
+        assert item.submodel.arch == strategy.model.full_arch()
+        assert item.config["trainer"] == "syncdrop"
+        assert item.config["keep"] == {"conv1": [p, p], "conv2": [p, p]}
+    assert strategy.configure_round(1, CLIENTS)["c0"].config["sync_seed"] not in seeds
+
+
+def test_aggregate_is_weighted_fedavg_and_reoptimises_keep_within_budget():
+    strategy = _strategy()
+    ins = strategy.configure_round(0, CLIENTS)
+    results = _results(strategy, ins)
+    new, metrics = strategy.aggregate_round(0, results, [])
+    for name in new:
+        want = (12 * results[0].parameters[name] + 36 * results[1].parameters[name]) / 48
+        np.testing.assert_allclose(new[name], want, rtol=1e-5, atol=1e-6)
+    assert metrics["budget_gap"] >= 0
+    assert metrics["objective_end"] <= metrics["objective_start"]
+    assert metrics["train_flops"] == 20.0
+    keep = strategy.configure_round(1, CLIENTS)["c0"].config["keep"]
+    assert keep != {"conv1": [strategy.initial_keep] * 2, "conv2": [strategy.initial_keep] * 2}
+    assert strategy.eval_submodels(CLIENTS)[1.0].arch == strategy.model.full_arch()
+
+
+def test_unidrop_keeps_the_uniform_probability():
+    strategy = _strategy("unidrop")
+    ins = strategy.configure_round(0, CLIENTS)
+    _, metrics = strategy.aggregate_round(0, _results(strategy, ins), [])
+    assert "objective_end" not in metrics
+    assert strategy.configure_round(1, CLIENTS)["c1"].config["keep"]["conv2"] == [strategy.initial_keep] * 2
+
+
+def test_caldas_sends_random_unscaled_submodels():
+    strategy = _strategy("caldas")
+    ins = strategy.configure_round(0, CLIENTS)
+    width = math.ceil(strategy.initial_keep * 2)
+    for item in ins.values():
+        assert item.config["trainer"] == "plain"
+        assert item.submodel.arch.widths == (width, width)
+    old = strategy.global_state["conv1.bias"].copy()
+    results = _results(strategy, ins)
+    new, _ = strategy.aggregate_round(0, results, [])
+    held = {r.cid: dict(zip(r.submodel.indices[0].tolist(), r.parameters["conv1.bias"], strict=True)) for r in results}
+    for channel in range(2):  # per weight: count-weighted average over the clients that held it
+        values = [(n, held[cid][channel]) for cid, n in (("c0", 12), ("c1", 36)) if channel in held[cid]]
+        want = sum(n * v for n, v in values) / sum(n for n, _ in values) if values else old[channel]
+        assert new["conv1.bias"][channel] == pytest.approx(want, rel=1e-5)
+
+
+def test_he_init_option_and_string_options():
+    model = tiny_model()
+    initial = _initial(model)
+    off = FedDrop(model, initial, mode="feddrop", budget="0.5", he_init="false")
+    np.testing.assert_array_equal(off.global_state["conv2.weight"], initial["conv2.weight"])
+    on = FedDrop(model, initial, mode="feddrop", budget=0.5)
+    assert not np.array_equal(on.global_state["conv2.weight"], initial["conv2.weight"])
+    assert not on.global_state["conv2.bias"].any()
+    with pytest.raises(InputError, match="mode"):
+        FedDrop(model, initial, mode="random")
+    with pytest.raises(InputError, match="boolean"):
+        FedDrop(model, initial, he_init="maybe")
+
+
+def test_state_round_trip_resumes_exactly():
+    first = _strategy()
+    ins = first.configure_round(0, CLIENTS)
+    first.aggregate_round(0, _results(first, ins), [])
+    state = first.state()
+    second = _strategy()
+    second.load_state(state)
+    assert state["keep_clients"] == ["c0", "c1"]
+    a, b = first.configure_round(1, CLIENTS), second.configure_round(1, CLIENTS)
+    for cid in a:
+        assert a[cid].config == b[cid].config
+    ga, _ = first.aggregate_round(1, _results(first, a), [])
+    gb, _ = second.aggregate_round(1, _results(second, b), [])
+    for name in ga:
+        np.testing.assert_array_equal(ga[name], gb[name])
+    np.testing.assert_array_equal(first.state()["keep"], second.state()["keep"])
