@@ -124,6 +124,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--threads", type=_positive_int, default=1, help="torch threads for in-process training (default 1)"
     )
+    run.add_argument(
+        "--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)"
+    )
+    run.add_argument("--artifacts", default="artifacts", help="artifact cache for --fleet (default ./artifacts)")
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=_positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
@@ -226,7 +230,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Small models train fastest on one thread; more only oversubscribe a shared machine.
     torch.set_num_threads(args.threads)
-    summary = run_fl(config, resume_run=args.resume)
+    if args.fleet:
+        summary = _run_on_fleet(args, config)
+    else:
+        summary = run_fl(config, resume_run=args.resume)
     if args.json:
         print(json.dumps(summary.to_json()))
         return 0
@@ -238,6 +245,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     resume = f"fleetbench fl run --resume {summary.run_id} --rounds N --db {config.db}"
     print(f"Logged in {config.db}; resume with: {resume}")
     return 0
+
+
+def _run_on_fleet(args: argparse.Namespace, config: Any) -> Any:
+    """Run ``config`` with the devices executor on ``--fleet`` (client ``i`` on device ``i mod n``)."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from devices.connect import connect
+    from devices.fleetfile import load_fleet
+    from exporters.zoo import get_model
+    from fl.executors.devices import DevicesExecutor
+    from fl.server import run_fl
+
+    fleet = load_fleet(Path(args.fleet))
+    if not fleet.devices:
+        raise InputError(f"{args.fleet}: the fleet has no devices")
+    config = dataclasses.replace(config, executor="devices")
+    placement = {f"c{i}": fleet.devices[i % len(fleet.devices)] for i in range(config.clients)}
+    with tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work:
+        executor = DevicesExecutor(
+            get_model(config.model),
+            placement,
+            artifacts_dir=Path(args.artifacts),
+            work_dir=Path(work),
+            batch=config.batch_size,
+            connect=connect,
+            timeout_s=config.timeout_s or 300.0,
+        )
+        return run_fl(
+            config,
+            executor=executor,
+            resume_run=args.resume,
+            placement={cid: device.name for cid, device in placement.items()},
+        )
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -399,6 +399,8 @@ def run_fl(
         clients = _client_specs(shards, capacities, placement or {})
         strategy = _make_strategy(config, model)
         if executor is None:
+            if config.executor == "devices":
+                raise InputError("the devices executor needs a fleet: fleetbench fl run --fleet FILE")
             executor = make_executor(config.executor, model, workers=config.workers)
         history: list[RoundSummary] = []
         if checkpoint is not None and resume_run is not None:

@@ -164,8 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_fleet(commands)
     _register_harness(commands)
     from fl.cli import register as register_fl
+    from fl.demo import register as register_demo
     from reports.cli import register as register_report
 
+    register_demo(commands)
     register_fl(commands)
     register_report(commands)
     return parser

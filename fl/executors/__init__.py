@@ -28,6 +28,7 @@ Shard = tuple[np.ndarray, np.ndarray]
 #: Executor name (``RunConfig.executor``) -> ``"module:Class"``.
 EXECUTORS: dict[str, str] = {
     "inprocess": "fl.executors.inprocess:InProcessExecutor",
+    "devices": "fl.executors.devices:DevicesExecutor",
 }
 
 

@@ -120,3 +120,25 @@ def test_options_parse_as_json_else_strings():
         "name": "",
         "x": "a=b",
     }
+
+
+def test_fleet_runs_clients_on_its_devices_with_the_runner(tmp_path, capsys):
+    import sqlite3
+    import sys
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "devices:\n"
+        + "".join(
+            f"  - name: {name}\n    kind: local\n    python: {sys.executable}\n    workdir: {tmp_path / name}\n"
+            for name in ("a", "b")
+        )
+    )
+    db = str(tmp_path / "fl.db")
+    argv = ["run", "--fleet", str(fleet), "--artifacts", str(tmp_path / "artifacts"), "--model", "fjord-cnn"]
+    rc, out, err = run(capsys, *argv, "--dataset", "digits", "--clients", "3", "--rounds", "1", "--db", db, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["rounds"] == 1
+    rows = sqlite3.connect(db).execute("SELECT cid, device, status FROM fl_client_rounds ORDER BY cid").fetchall()
+    assert rows == [("c0", "a", "ok"), ("c1", "b", "ok"), ("c2", "a", "ok")]
+    assert (tmp_path / "a" / "cas").is_dir() and (tmp_path / "b" / "cas").is_dir()  # the runner ran on each device

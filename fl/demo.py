@@ -1,0 +1,255 @@
+"""``fleetbench demo``: the three journeys on an emulated fleet, in one command.
+
+1. **Fleet**: the example emulated fleet (fast / mid / slow SSH devices and the phone,
+   `devices/fleets/emulated.yaml`) is written into the demo directory on free loopback
+   ports and brought up. Without OpenSSH's ``sshd`` (or when ``--local`` is given) the
+   demo says so and uses three local devices instead, which run at the host's speed.
+2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
+   optimizer graph, which both the profile and the FL rounds train with.
+3. **Profile**: every device x width, a few timed steps each, into the demo's store.
+4. **FL**: hardware-in-the-loop rounds on MNIST 5k with the ``devices`` executor, one
+   client per device. Tiers come from the profiles (`fl.scheduling.assign_tiers`: the
+   widest width whose predicted round time meets the deadline, the median device's
+   full-width round time), and FLuID handles stragglers from the measured round
+   times, sizing each straggler's sub-model from its device's measured curve.
+5. **Report**: ``report.html`` with the profile and FL sections.
+
+Everything lands in ``--out`` (default ``./fleetbench-demo``): ``fleetbench.db``,
+``report/``, ``artifacts/`` and the fleet's state. The emulated fleet is stopped at
+the end unless ``--keep-up``. This module is top-level glue: it calls the
+packages the way the individual commands do and holds no logic of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Widths the demo exports, profiles and offers to tiers.
+DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
+
+#: Training batch of every artifact set the demo uses.
+DEMO_BATCH = 20
+
+
+class Progress:
+    """Print numbered steps and indented detail lines with the elapsed time.
+
+    Parameters
+    ----------
+    steps : int
+        Number of steps announced.
+    out : callable
+        Receives each line (``print`` to stdout by default).
+    clock : callable
+        Monotonic clock in seconds.
+    """
+
+    def __init__(self, steps: int, out: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+        self.steps, self.out, self.clock = steps, out, clock
+        self.start = clock()
+        self.step_no = 0
+
+    def step(self, title: str) -> None:
+        """Announce the next step."""
+        self.step_no += 1
+        self.out(f"[{self.step_no}/{self.steps}] {title}  (+{self.clock() - self.start:.0f} s)")
+
+    def detail(self, line: str) -> None:
+        """Print one indented line under the current step."""
+        self.out(f"      {line}")
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the demo started."""
+        return self.clock() - self.start
+
+
+def local_fleet_text(directory: Path) -> str:
+    """Return a fleet file of three local devices (the demo without ``sshd``)."""
+    lines = ["devices:"]
+    for name in ("fast", "mid", "slow"):
+        lines += [f"  - name: {name}", "    kind: local", "    threads: 1", f"    workdir: {directory / name}"]
+    return "\n".join(lines) + "\n"
+
+
+def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool]:
+    """Write and (for emulated devices) start the demo fleet.
+
+    Returns
+    -------
+    fleet : devices.fleet.Fleet
+    emulated : bool
+        Whether emulated devices were started (and must be stopped).
+    """
+    from devices import emulate
+    from devices.fleetfile import load_fleet
+    from devices.sshd import SshdError, free_port, sshd_binary
+    from exporters.errors import InputError
+
+    if not local:
+        try:
+            sshd_binary()
+        except SshdError as exc:
+            progress.detail(f"OpenSSH sshd is not available ({exc}); running on local devices only")
+            local = True
+    if local:
+        path = out / "fleet" / "fleet.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(local_fleet_text(out / "fleet"))
+        return load_fleet(path), False
+    fleet = load_fleet(emulate.write_example_fleet(out / "fleet", free_port))
+    result = emulate.up(fleet, say=progress.detail)
+    if result.failed:
+        for name, reason in result.failed.items():
+            progress.detail(f"{name} did not start: {reason}")
+    up = [d for d in fleet.devices if d.name not in result.failed]
+    if not up:
+        raise InputError("no emulated device started; try `fleetbench demo --local`")
+    return dataclasses.replace(fleet, devices=tuple(up)), True
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; return the exit status (0 when every step produced its output)."""
+    from devices import emulate
+    from exporters.zoo import DEFAULT_MODEL
+    from harness import campaign
+    from harness.store import ProfileStore
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "fleetbench.db"
+    artifacts = out / "artifacts"
+    report_dir = out / "report"
+    from devices.sshd import free_port
+
+    # The demo's own adb server, never a user's running one.
+    os.environ.setdefault("ANDROID_ADB_SERVER_PORT", str(free_port()))
+    progress = Progress(5)
+    model = DEFAULT_MODEL
+
+    progress.step("bringing up the fleet")
+    fleet, emulated = prepare_fleet(out, args.local, progress)
+    progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
+    status = 0
+    try:
+        progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
+        specs = campaign.plan_cells(fleet, model, DEMO_WIDTHS, [DEMO_BATCH], ["ort"], args.steps, 2, "sgd")
+        sets = campaign.export_sets(specs, artifacts)
+        progress.detail(f"{len(sets)} artifact sets in {artifacts}")
+        with ProfileStore(db) as store:
+            result = campaign.run_campaign(
+                fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
+                progress=lambda event: progress.detail(campaign.format_event(event)),
+            )  # fmt: skip
+            ok = sum(m.ok for m in result.measurements)
+            progress.detail(f"{ok} of {len(result.measurements)} cells measured")
+
+            progress.step(f"hardware-in-the-loop FL: {args.rounds} rounds of FLuID on MNIST 5k")
+            summary = run_fl_rounds(fleet, store, artifacts, out, args, progress)
+            if summary is not None:
+                accuracy = ", ".join(f"width {w}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
+                progress.detail(f"run {summary.run_id}: final accuracy {accuracy}")
+            else:
+                status = 1
+
+        progress.step("writing the report")
+        from reports.report import format_headline, load_sources, write_report
+
+        html, headline = write_report(load_sources(db), report_dir)
+        print(format_headline(headline))
+    finally:
+        if emulated and not args.keep_up:
+            progress.step("stopping the emulated fleet")
+            for problem in emulate.down(fleet, say=lambda line: None):
+                progress.detail(problem)
+    print(f"\nreport:  {html}\nstore:   {db}\nelapsed: {progress.elapsed:.0f} s")
+    return status
+
+
+def run_fl_rounds(
+    fleet: Any, store: Any, artifacts: Path, out: Path, args: argparse.Namespace, progress: Progress
+) -> Any:
+    """Plan tiers from the stored profiles and run FLuID rounds on the devices.
+
+    Returns
+    -------
+    fl.server.RunSummary or None
+        None when no device could take part.
+    """
+    from devices.connect import connect
+    from exporters.zoo import DEFAULT_MODEL, get_model
+    from fl import scheduling
+    from fl.data import load_federated
+    from fl.executors.devices import DevicesExecutor
+    from fl.server import RunConfig, run_fl
+
+    model = get_model(DEFAULT_MODEL)
+    devices = list(fleet.devices)
+    data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
+    examples = {d.name: len(shard[1]) for d, shard in zip(devices, data.train, strict=True)}
+    cells = store.latest_cells()
+    full_times = {}
+    for device in devices:
+        rows = cells[(cells.device == device.name) & (cells.status == "ok") & (cells.width == 1.0)]
+        if len(rows):
+            full_times[device.name] = float(rows.median_us.iloc[0]) * 1e-6 * examples[device.name] * args.epochs
+    if not full_times:
+        progress.detail("no device has a full-width profile; FL skipped")
+        return None
+    deadline = sorted(full_times.values())[len(full_times) // 2]
+    plan = scheduling.assign_tiers(
+        cells, model.name, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=args.epochs,
+        batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
+    )  # fmt: skip
+    capacities = []
+    for device in devices:
+        choice = plan.choice(device.name)
+        width = choice.tier_width if choice.tier_width is not None else min(DEMO_WIDTHS)
+        capacities.append(width)
+        tier = "none" if choice.tier is None else str(choice.tier)
+        progress.detail(f"{device.name}: tier {tier}, width {width:g} ({choice.reason or 'meets the deadline'})")
+    progress.detail(f"round deadline {deadline:.1f} s (median device at full width)")
+    placement = {f"c{i}": d for i, d in enumerate(devices)}
+    executor = DevicesExecutor(
+        model, placement, artifacts_dir=artifacts, work_dir=out / "fl-work", batch=DEMO_BATCH,
+        connect=connect, timeout_s=args.timeout,
+    )  # fmt: skip
+    config = RunConfig(
+        strategy="fluid", model=model.name, dataset="mnist5k", clients=len(devices), rounds=args.rounds,
+        capacities="explicit:" + ",".join(f"{c:g}" for c in capacities), partition="iid", seed=args.seed,
+        epochs=args.epochs, batch_size=DEMO_BATCH, lr=0.05, executor="devices", db=str(store.path),
+        options={"sizes": list(DEMO_WIDTHS)},
+    )  # fmt: skip
+    return run_fl(
+        config, store=store, executor=executor, data=data, capacities=capacities,
+        placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
+    )  # fmt: skip
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``demo`` to the ``fleetbench`` parser."""
+    demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
+    demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")
+    demo.add_argument("--rounds", type=int, default=4, help="FL rounds (default 4)")
+    demo.add_argument("--epochs", type=int, default=1, help="local epochs per round (default 1)")
+    demo.add_argument("--examples", type=int, default=2000, help="MNIST examples used in all (default 2000)")
+    demo.add_argument("--steps", type=int, default=5, help="timed steps per profiled cell (default 5)")
+    demo.add_argument("--timeout", type=float, default=120.0, help="seconds per device command (default 120)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--local", action="store_true", help="use local devices instead of the emulated fleet")
+    demo.add_argument("--keep-up", action="store_true", help="leave the emulated fleet running")
+    demo.set_defaults(handler=run_demo)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fleetbench demo`` with ``argv`` (for ``python -m fl.demo``)."""
+    parser = argparse.ArgumentParser(prog="fleetbench demo")
+    register(parser.add_subparsers(dest="command"))
+    return int(run_demo(parser.parse_args(["demo", *(argv or sys.argv[1:])])))
