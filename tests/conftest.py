@@ -8,6 +8,7 @@ from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every t
     adb_path,
     adb_server,
     adb_transport,
+    example_fleet_file,
     phone,
     sshd_path,
     sshd_server,

@@ -129,3 +129,27 @@ def adb_transport(adb_server: tuple[str, int], phone: AdbEndpoint) -> Iterator[A
     t = ADBTransport(f"127.0.0.1:{phone.port}", server_port=adb_server[1])
     yield t
     t.close()
+
+
+@pytest.fixture(scope="module")
+def example_fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The shipped example fleet (fast / mid / slow SSH devices and the phone), up for the module.
+
+    Its ports are moved to free ones and its state to a temporary directory; the phone is
+    attached to a private adb server (its own ANDROID_ADB_SERVER_PORT), so a user's adb
+    server is never touched; `emulate.down` stops it.
+    """
+    from devices.fleetfile import load_fleet
+
+    require_tool("sshd")
+    require_tool("adb")
+    path = copy_example_fleet(tmp_path_factory.mktemp("fleet"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
+        fleet = load_fleet(path)
+        assert [d.name for d in fleet.devices] == ["fast", "mid", "slow", "phone"]
+        try:
+            assert emulate.up(fleet, say=lambda line: None).ok
+            yield path
+        finally:
+            emulate.down(fleet, say=lambda line: None)

@@ -8,14 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from devices import emulate
 from devices.fleet import Device, Emulation, Fleet
-from devices.sshd import free_port
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
@@ -73,27 +72,8 @@ def _load(path: Path) -> Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The shipped example fleet (fast / mid / slow SSH devices and the phone), up for the module.
-
-    Its ports are moved to free ones and its state to a temporary directory; the phone is
-    attached to a private adb server (its own ANDROID_ADB_SERVER_PORT), so a user's adb
-    server is never touched; `emulate.down` stops it.
-    """
-    from tests.devices.conftest import copy_example_fleet, require_tool
-
-    require_tool("sshd")
-    require_tool("adb")
-    path = copy_example_fleet(tmp_path_factory.mktemp("campaign"))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
-        fleet = _load(path)
-        assert [d.name for d in fleet.devices] == ["fast", "mid", "slow", "phone"]
-        try:
-            assert emulate.up(fleet, say=lambda line: None).ok
-            yield path
-        finally:
-            emulate.down(fleet, say=lambda line: None)
+def fleet_file(example_fleet_file: Path) -> Path:
+    return example_fleet_file
 
 
 @pytest.fixture(scope="module")
