@@ -136,6 +136,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     progress.step("bringing up the fleet")
     fleet, emulated = prepare_fleet(out, args.local, progress)
+    if not emulated:
+        progress.steps = 4  # nothing to stop at the end
     progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
     status = 0
     try:
