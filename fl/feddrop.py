@@ -24,6 +24,13 @@ Budget (eq. 5)
     ``g(p) = r - mean_c flops(p_c) / flops(dense)``; the initial uniform keep probability solves
     ``g = 0`` in closed form (a quadratic in ``p``).
 
+Per-device budgets (our extension, fleetbench issue 8)
+    Hardware budgets are per device, so the budget may also be a vector ``r_c`` (one per client of
+    the round): one constraint per client ``g_c(q) = r_c - flops(q_c) / flops(dense) >= 0`` and the
+    barrier ``-mu sum_c log g_c``; the uniform start is each client's own closed-form root. A client
+    with ``r_c >= 1`` has no barrier term: ``q <= 1`` already implies ``g_c >= 0``, so its keep
+    probabilities may reach 1 (a barrier would keep them strictly below).
+
 Optimisation (eq. 7-8)
     ``min_q sum_{n,i,j} S_ij^n / max(q_i^n, q_j^n) - mu log g(q)``. The first sum equals
     ``sum_{n,i} U_i^n / q_i^n`` where ``U_i^n = S_ii^n + 2 sum_{j ranked after i} S_ij^n`` depends
@@ -43,6 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -61,6 +69,9 @@ _FLOPS_CONVENTIONS = ("paper", "training")
 
 #: Step-size growth after an accepted step (halved on every rejected trial).
 GROWTH = 1.1
+
+#: Per-client gaps below this are moved off the budget boundary before optimising (vector budgets).
+BOUNDARY_GAP = 1e-9
 
 
 # --------------------------------------------------------------------------- FLOPs model
@@ -215,64 +226,121 @@ def flops_model(model: ZooModel, convention: str = "paper") -> FlopsModel:
     return FlopsModel(model.group_sizes, np.asarray(coefficients), np.stack(exponents))
 
 
-def budget_gap(flops: FlopsModel, keep: np.ndarray, budget: float) -> float:
-    """Return ``g(p) = r - mean_c flops(p_c) / flops(dense)`` (eq. 5).
+def client_gaps(flops: FlopsModel, keep: np.ndarray, budgets: float | np.ndarray) -> np.ndarray:
+    """Return every client's own gap ``g_c(p) = r_c - flops(p_c) / flops(dense)``.
 
     Parameters
     ----------
     flops : FlopsModel
     keep : numpy.ndarray
         ``(C, N)`` keep probabilities of the round's clients.
-    budget : float
-        FLOPs budget ratio ``r`` in (0, 1].
+    budgets : float or numpy.ndarray
+        One FLOPs budget ratio for all clients or ``(C,)``, one per client.
 
     Returns
     -------
-    float
+    numpy.ndarray
+        ``(C,)``.
 
     """
     means = flops.channel_means(np.atleast_2d(keep))
-    return float(budget - flops.flops(means).mean() / flops.dense)
+    return np.asarray(budgets, dtype=np.float64) - flops.flops(means) / flops.dense
 
 
-def uniform_keep(flops: FlopsModel, budget: float, sites: Sequence[bool] | None = None) -> float:
+@overload
+def budget_gap(flops: FlopsModel, keep: np.ndarray, budget: float) -> float: ...
+
+
+@overload
+def budget_gap(flops: FlopsModel, keep: np.ndarray, budget: np.ndarray) -> np.ndarray: ...
+
+
+def budget_gap(flops: FlopsModel, keep: np.ndarray, budget: float | np.ndarray) -> float | np.ndarray:
+    """Return ``g(p) = r - mean_c flops(p_c) / flops(dense)`` (eq. 5), or per-client gaps.
+
+    Parameters
+    ----------
+    flops : FlopsModel
+    keep : numpy.ndarray
+        ``(C, N)`` keep probabilities of the round's clients.
+    budget : float or numpy.ndarray
+        FLOPs budget ratio ``r`` in (0, 1] (the paper's mean constraint), or ``(C,)`` per-client
+        ratios ``r_c``.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        ``g`` for a scalar budget; `client_gaps` ``(C,)`` for a vector.
+
+    """
+    if np.ndim(budget) == 0:
+        means = flops.channel_means(np.atleast_2d(keep))
+        return float(float(budget) - flops.flops(means).mean() / flops.dense)
+    return client_gaps(flops, keep, np.asarray(budget, dtype=np.float64))
+
+
+def _check_budgets(budgets: np.ndarray) -> None:
+    bad = ~((budgets > 0.0) & (budgets <= 1.0))  # NaN is bad too
+    if bad.any():
+        raise InputError(f"FLOPs budget ratio {budgets[bad][0]!r} is outside (0, 1]")
+
+
+@overload
+def uniform_keep(flops: FlopsModel, budget: float, sites: Sequence[bool] | None = None) -> float: ...
+
+
+@overload
+def uniform_keep(flops: FlopsModel, budget: np.ndarray, sites: Sequence[bool] | None = None) -> np.ndarray: ...
+
+
+def uniform_keep(
+    flops: FlopsModel, budget: float | np.ndarray, sites: Sequence[bool] | None = None
+) -> float | np.ndarray:
     """Return the uniform keep probability ``p`` with ``g(p) = 0`` (Section 3.5), in closed form.
 
     Parameters
     ----------
     flops : FlopsModel
-    budget : float
-        FLOPs budget ratio ``r`` in (0, 1].
+    budget : float or numpy.ndarray
+        FLOPs budget ratio ``r`` in (0, 1], or ``(C,)`` per-client ratios: each client then gets its
+        own root of ``g_c(p) = 0``.
     sites : sequence of bool, optional
         Per group, whether it is a dropout site (others stay at ``p = 1``); all by default.
 
     Returns
     -------
-    float
-        ``p`` in (0, 1]: the positive root of ``A p^2 + B p + C = r flops(dense)``.
+    float or numpy.ndarray
+        ``p`` in (0, 1]: the positive root of ``A p^2 + B p + C = r flops(dense)`` (``(C,)`` roots
+        for a vector budget).
 
     Raises
     ------
     InputError
-        If ``budget`` is outside (0, 1], the budget is below the FLOPs no dropout removes, or a
-        term is of degree above 2 in ``p``.
+        If a budget is outside (0, 1], a budget is below the FLOPs no dropout removes, or a term is
+        of degree above 2 in ``p``.
 
     """
-    if not 0.0 < budget <= 1.0 or math.isnan(budget):
-        raise InputError(f"FLOPs budget ratio {budget!r} is outside (0, 1]")
+    scalar = np.ndim(budget) == 0
+    r = np.atleast_1d(np.asarray(budget, dtype=np.float64))
+    if r.ndim != 1:
+        raise InputError(f"FLOPs budget must be a number or a vector, got shape {np.shape(budget)}")
+    _check_budgets(r)
     mask = np.ones(len(flops.group_sizes), dtype=bool) if sites is None else np.asarray(sites, dtype=bool)
     degree = flops.exponents[:, mask].sum(axis=1)
     if degree.max(initial=0) > 2:
         raise InputError("FLOPs model has a term of degree > 2 in the keep probability")
     a, b, c = (float(flops.coefficients[degree == d].sum()) for d in (2, 1, 0))
-    target = budget * flops.dense
-    if c >= target:
-        raise InputError(f"FLOPs budget ratio {budget} is below the undroppable share {c / flops.dense:.4f}")
+    target = r * flops.dense
+    low = target <= c
+    if low.any():
+        share = c / flops.dense
+        raise InputError(f"FLOPs budget ratio {float(r[low][0])} is below the undroppable share {share:.4f}")
     if a == 0.0:
         p = (target - c) / b
     else:
-        p = (-b + math.sqrt(b * b - 4.0 * a * (c - target))) / (2.0 * a)
-    return min(1.0, p)
+        p = (-b + np.sqrt(b * b - 4.0 * a * (c - target))) / (2.0 * a)
+    p = np.minimum(1.0, p)
+    return float(p[0]) if scalar else p
 
 
 # --------------------------------------------------------------------------- SyncDrop
@@ -449,7 +517,8 @@ class KeepOptimum:
     objective : numpy.ndarray
         Eq. 8 (eq. 7 term plus barrier) at the start and after every accepted step.
     gap : numpy.ndarray
-        ``g(q)`` at the same points (all > 0).
+        ``g(q)`` at the same points (all > 0); ``(points, C)`` per-client gaps ``g_c`` for a vector
+        budget (> 0 for every client with ``r_c < 1``).
     iterations : int
         Accepted gradient steps.
     converged : bool
@@ -508,14 +577,26 @@ def pair_weights(s: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 
 class _Objective:
-    """Eq. 8 on channel-major ``q`` ``(N, C)``, with ``U`` recomputed for re-ordered channels only."""
+    """Eq. 8 on channel-major ``q`` ``(N, C)``, with ``U`` recomputed for re-ordered channels only.
+
+    ``budget`` is the paper's scalar ``r`` (gap: one float) or per-client ``r_c`` ``(C,)`` (gap: the
+    ``(C,)`` vector ``g_c``; clients with ``r_c >= 1`` carry no barrier term).
+    """
 
     def __init__(
-        self, s: np.ndarray, flops: FlopsModel, budget: float, mu: float, q: np.ndarray, priority: np.ndarray
+        self,
+        s: np.ndarray,
+        flops: FlopsModel,
+        budget: float | np.ndarray,
+        mu: float,
+        q: np.ndarray,
+        priority: np.ndarray,
     ) -> None:
         self.s = s.astype(np.float32)
         self.flops = flops
-        self.budget = budget
+        self.per_client = np.ndim(budget) == 1
+        self.budget: float | np.ndarray = np.asarray(budget, dtype=np.float64) if self.per_client else float(budget)
+        self.constrained = np.asarray(self.budget < 1.0) if self.per_client else np.ones(1, dtype=bool)
         self.mu = mu
         self.priority = priority
         self.sizes = np.asarray(flops.group_sizes)
@@ -545,24 +626,71 @@ class _Objective:
     def means(self, q: np.ndarray) -> np.ndarray:
         return np.add.reduceat(q, self.offsets, axis=0) / self.sizes[:, None]  # (G, C)
 
-    def gap(self, q: np.ndarray) -> float:
+    def client_gaps(self, q: np.ndarray) -> np.ndarray:
+        """Return ``r_c - flops(q_c) / flops(dense)`` ``(C,)`` (scalar ``r`` broadcast)."""
+        return np.asarray(self.budget - self.flops.flops(self.means(q).T) / self.flops.dense)
+
+    def gap(self, q: np.ndarray) -> float | np.ndarray:
+        if self.per_client:
+            return self.client_gaps(q)
         return float(self.budget - self.flops.flops(self.means(q).T).mean() / self.flops.dense)
 
-    def value(self, q: np.ndarray, gap: float) -> float:
-        return float((self.u / q).sum() - self.mu * math.log(gap))
+    def feasible(self, gap: float | np.ndarray) -> bool:
+        if self.per_client:
+            return bool(np.all(np.asarray(gap)[self.constrained] > 0))
+        return bool(gap > 0)
 
-    def gradient(self, q: np.ndarray, gap: float) -> np.ndarray:
+    def value(self, q: np.ndarray, gap: float | np.ndarray) -> float:
+        if self.per_client:
+            barrier = float(np.log(np.asarray(gap)[self.constrained]).sum())
+            return float((self.u / q).sum() - self.mu * barrier)
+        return float((self.u / q).sum() - self.mu * math.log(float(gap)))
+
+    def gradient(self, q: np.ndarray, gap: float | np.ndarray) -> np.ndarray:
         dflops = self.flops.gradient(self.means(q).T)  # (C, G)
-        # d(-mu log g)/dq = (mu / g) * dflops/dmean_g / (K_g C flops(dense)): one value per group
-        barrier = (self.mu / (gap * self.clients * self.flops.dense)) * dflops.T / self.sizes[:, None]
+        if self.per_client:
+            # d(-mu sum_c log g_c)/dq_c = (mu / g_c) * dflops_c/dmean_g / (K_g flops(dense)); 0 if unconstrained
+            weight = np.where(self.constrained, self.mu / np.where(self.constrained, gap, 1.0), 0.0) / self.flops.dense
+            barrier = weight[None, :] * dflops.T / self.sizes[:, None]  # (G, C)
+        else:
+            # d(-mu log g)/dq = (mu / g) * dflops/dmean_g / (K_g C flops(dense)): one value per group
+            barrier = (self.mu / (float(gap) * self.clients * self.flops.dense)) * dflops.T / self.sizes[:, None]
         return np.repeat(barrier, self.sizes, axis=0) - self.u / (q * q)
+
+
+def _scale_into_budgets(obj: _Objective, q: np.ndarray, movable: np.ndarray, min_keep: float) -> np.ndarray:
+    """Scale every infeasible client's movable ``q`` down until its own ``g_c > 0`` (vectorised bisection).
+
+    The factor ``s_c`` with ``g_c = 0`` is bracketed by bisection (``flops`` grows with ``s``), then
+    ``0.999 s_c`` is taken for a strict margin, as the scalar path's ``0.999`` steps do. A gap below
+    `BOUNDARY_GAP` counts as on the boundary (a closed-form root leaves ``g_c`` of rounding size,
+    whose barrier gradient would shrink the first steps by about ``1e12``).
+    """
+    bad = obj.constrained & ~(obj.client_gaps(q) > BOUNDARY_GAP)
+    if not bad.any():
+        return q
+
+    def scaled(factor: np.ndarray) -> np.ndarray:
+        return np.where(movable[:, None], np.maximum(q * factor[None, :], min_keep), q)
+
+    lo, hi = np.zeros(q.shape[1]), np.ones(q.shape[1])
+    floor_gaps = obj.client_gaps(scaled(lo))
+    if not np.all(floor_gaps[bad] > 0):
+        worst = int(np.flatnonzero(bad & ~(floor_gaps > 0))[0])
+        budgets = np.broadcast_to(np.asarray(obj.budget), (q.shape[1],))
+        raise InputError(f"no strictly feasible keep probabilities for client {worst}'s budget {budgets[worst]}")
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        ok = obj.client_gaps(scaled(mid)) > 0
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+    return scaled(np.where(bad, 0.999 * lo, 1.0))
 
 
 def optimise_keep(
     s: np.ndarray,
     start: np.ndarray,
     flops: FlopsModel,
-    budget: float,
+    budget: float | np.ndarray,
     *,
     mu: float = DEFAULT_MU,
     iterations: int = 10_000,
@@ -580,10 +708,12 @@ def optimise_keep(
         ``(N, C, C)`` positive semi-definite similarity (see `make_psd`); normalised to unit total
         trace here (module docstring).
     start : numpy.ndarray
-        ``(C, N)`` starting keep probabilities; scaled down until strictly feasible (``g > 0``).
+        ``(C, N)`` starting keep probabilities; scaled down until strictly feasible (``g > 0``;
+        per client for a vector budget, each infeasible client by its own factor).
     flops : FlopsModel
-    budget : float
-        FLOPs budget ratio ``r``.
+    budget : float or numpy.ndarray
+        FLOPs budget ratio ``r`` (eq. 5, the clients' mean FLOPs), or ``(C,)`` per-client ratios
+        ``r_c`` in (0, 1] (every client's own FLOPs; see the module docstring).
     mu : float
         Barrier weight.
     iterations : int
@@ -604,11 +734,13 @@ def optimise_keep(
     -------
     KeepOptimum
         Every recorded point is feasible and the objective never increases (Armijo condition).
+        For a vector budget ``gap`` is ``(points, C)``.
 
     Raises
     ------
     InputError
-        If the shapes disagree or no strictly feasible start exists.
+        If the shapes disagree, a per-client budget is outside (0, 1] or no strictly feasible start
+        exists.
 
     """
     s = np.asarray(s, dtype=np.float64)
@@ -621,18 +753,30 @@ def optimise_keep(
     if trace > 0:
         s = s / trace
     ranks = np.arange(q.shape[1]) if priority is None else np.asarray(priority, dtype=np.int64)
+    if np.ndim(budget) == 1:
+        budget = np.asarray(budget, dtype=np.float64)
+        if budget.shape != (q.shape[1],):
+            raise InputError(f"per-client budgets of shape {budget.shape} do not fit {q.shape[1]} clients")
+        _check_budgets(budget)
+    elif np.ndim(budget) != 0:
+        raise InputError(f"FLOPs budget must be a number or a vector, got shape {np.shape(budget)}")
     obj = _Objective(s, flops, budget, mu, q, ranks)
-    gap = obj.gap(q)
-    for _ in range(200):
-        if gap > 0:
-            break
-        q = np.where(movable[:, None], np.maximum(q * 0.999, min_keep), q)
+    if obj.per_client:
+        q = _scale_into_budgets(obj, q, movable, min_keep)
         gap = obj.gap(q)
-    if gap <= 0:
-        raise InputError(f"no strictly feasible keep probabilities for budget {budget}")
+    else:
+        gap = obj.gap(q)
+        for _ in range(200):
+            if gap > 0:
+                break
+            q = np.where(movable[:, None], np.maximum(q * 0.999, min_keep), q)
+            gap = obj.gap(q)
+        if gap <= 0:
+            raise InputError(f"no strictly feasible keep probabilities for budget {budget}")
     obj.refresh(q)
     value = obj.value(q, gap)
-    values, gaps = [value], [gap]
+    values: list[float] = [value]
+    gaps: list[float | np.ndarray] = [gap]
     step: float | None = None
     quiet = 0
     converged = False
@@ -647,7 +791,7 @@ def optimise_keep(
         while step > 1e-300:
             trial = np.clip(q - step * grad, min_keep, 1.0)
             trial_gap = obj.gap(trial)
-            if trial_gap > 0:
+            if obj.feasible(trial_gap):
                 saved = obj.refresh(trial)
                 trial_value = obj.value(trial, trial_gap)
                 if trial_value <= value + 1e-4 * float(np.vdot(grad, trial - q)):

@@ -23,6 +23,16 @@ dropout, as the paper evaluates). Modified He init (Theorem 1, option ``he_init`
 the layers producing a dropout site with the initial uniform ``p``. Partial participation: the
 budget constraint couples the clients of one round (eq. 5); clients keep their last ``p``.
 
+Per-device budgets (option ``budgets``, fleetbench issue 8): a mapping client id -> ``r_c`` (e.g.
+from `fl.scheduling.budgets_for_fleet`); clients missing from it use ``budget``. With it, every
+sampled client's own expected FLOPs must stay within its own ``r_c`` (`fl.feddrop.optimise_keep`
+with a budget vector), UniDrop and Caldas give each client its own uniform ``p`` (``g_c = 0``), and
+a client's first keep vector is its own uniform ``p``. Without it the paper's mean constraint holds.
+Round metrics report per client ``flops_ratio/<cid>`` (expected FLOPs of the keep probabilities it
+holds after the round, over dense, in the constraint's FLOPs model), ``budget/<cid>`` and
+``max_budget_excess`` (max over the round's clients of ratio minus budget; <= 0 up to rounding
+whenever every client's constraint holds, positive when the mean constraint lets one exceed).
+
 On a device (DESIGN.md open point): the masks could enter the ONNX graph as inputs; that trains
 correctly but saves no time without sparse kernels, so the reported FLOPs are *expected* (and
 sampled) FLOPs, never measured time.
@@ -30,6 +40,8 @@ sampled) FLOPs, never measured time.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,6 +60,7 @@ from fl.feddrop import (
     FlopsModel,
     budget_gap,
     channel_gram,
+    client_gaps,
     flops_model,
     inverted_scales,
     keep_masks,
@@ -64,6 +77,8 @@ from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 
 MODES = ("feddrop", "unidrop", "caldas")
+
+_CONVENTIONS = ("paper", "training")
 
 _FLOPS_CACHE: dict[tuple[int, str], tuple[ZooModel, FlopsModel]] = {}
 
@@ -268,6 +283,45 @@ def _as_bool(value: Any) -> bool:
     return bool(value)
 
 
+def parse_budgets(value: Mapping[str, Any] | str | None) -> dict[str, float]:
+    """Return per-client FLOPs budget ratios from a mapping or its JSON text.
+
+    Parameters
+    ----------
+    value : mapping of str to float, str or None
+        ``{client id: r_c}``, or the same as JSON (``'{"c0": 0.8, "c1": 0.4}'``); None or ``""``
+        for none.
+
+    Returns
+    -------
+    dict of str to float
+
+    Raises
+    ------
+    InputError
+        If the text is not a JSON object or a ratio is not a number in (0, 1].
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise InputError(f"budgets {value!r} is not valid JSON: {err.msg}") from None
+    if not isinstance(value, Mapping):
+        raise InputError(f"budgets must map client ids to FLOPs budget ratios, got {value!r}")
+    out: dict[str, float] = {}
+    for cid, ratio in value.items():
+        try:
+            r = float(ratio)
+        except (TypeError, ValueError):
+            raise InputError(f"budget of client {cid!r} is not a number: {ratio!r}") from None
+        if not 0.0 < r <= 1.0 or math.isnan(r):
+            raise InputError(f"budget of client {cid!r} is {ratio!r}, outside (0, 1]")
+        out[str(cid)] = r
+    return out
+
+
 class FedDrop(Strategy):
     """FedDrop, UniDrop and Caldas et al. (see the module docstring).
 
@@ -291,6 +345,12 @@ class FedDrop(Strategy):
         Re-initialise the initial global parameters with the modified He init (Theorem 1).
     drop_dense : bool
         Whether hidden dense layers are dropout sites too (convs and LSTMs always are).
+    budgets : mapping of str to float or str, optional
+        Per-client FLOPs budget ratios (or their JSON text); clients missing use ``budget``. When
+        given, every client's own FLOPs are constrained (module docstring).
+    convention : str
+        FLOPs model of the budget constraint: ``"paper"`` (eq. 10, default) or ``"training"``
+        (forward plus backward FLOPs, closer to budgets derived from measured training latency).
     """
 
     name = "feddrop"
@@ -310,6 +370,8 @@ class FedDrop(Strategy):
         min_keep: float = DEFAULT_MIN_KEEP,
         he_init: bool | str = True,
         drop_dense: bool | str = True,
+        budgets: Mapping[str, Any] | str | None = None,
+        convention: str = "paper",
     ) -> None:
         super().__init__(model, initial, seed, local)
         if mode not in MODES:
@@ -320,10 +382,17 @@ class FedDrop(Strategy):
         self.iterations = int(iterations)
         self.tol = float(tol)
         self.min_keep = float(min_keep)
-        self.flops = cached_flops_model(model, "paper")
+        if convention not in _CONVENTIONS:
+            raise InputError(f"unknown FLOPs convention {convention!r}; known: {', '.join(_CONVENTIONS)}")
+        self.budgets = parse_budgets(budgets)
+        self.flops = cached_flops_model(model, convention)
         self.train_flops = cached_flops_model(model, "training")
         self.sites = dense_sites(model, _as_bool(drop_dense))
-        self.initial_keep = uniform_keep(self.flops, self.budget, [bool(s) for s in self.sites])
+        site_list = [bool(s) for s in self.sites]
+        self.initial_keep = uniform_keep(self.flops, self.budget, site_list)
+        cids = sorted(self.budgets)
+        roots = uniform_keep(self.flops, np.array([self.budgets[c] for c in cids]), site_list) if cids else np.zeros(0)
+        self.client_initial_keep: dict[str, float] = {c: float(p) for c, p in zip(cids, roots, strict=True)}
         self.channel_free = np.repeat(self.sites, model.group_sizes)
         self.keep: dict[str, np.ndarray] = {}
         self._issued: dict[str, np.ndarray] = {}
@@ -333,15 +402,23 @@ class FedDrop(Strategy):
             self.global_state = modified_he_init(model, self.global_state, per_group, he_rng)
 
     # ---------------------------------------------------------------- keep probabilities
-    def start_keep(self) -> np.ndarray:
-        """Return the initial channel keep vector: the uniform ``p`` at every site, 1 elsewhere."""
-        return np.where(self.channel_free, self.initial_keep, 1.0)
+    def client_budget(self, cid: str) -> float:
+        """Return client ``cid``'s FLOPs budget ratio (its entry of ``budgets``, else ``budget``)."""
+        return self.budgets.get(cid, self.budget)
+
+    def uniform_for(self, cid: str | None) -> float:
+        """Return the uniform keep probability of client ``cid`` (its own ``g_c = 0`` root)."""
+        return self.initial_keep if cid is None else self.client_initial_keep.get(cid, self.initial_keep)
+
+    def start_keep(self, cid: str | None = None) -> np.ndarray:
+        """Return the initial channel keep vector: the (client's) uniform ``p`` at every site, 1 elsewhere."""
+        return np.where(self.channel_free, self.uniform_for(cid), 1.0)
 
     def client_keep(self, cid: str) -> np.ndarray:
         """Return the keep probabilities client ``cid`` trains with next (channels ``(N,)``)."""
         if self.mode == "feddrop" and cid in self.keep:
             return self.keep[cid].copy()
-        return self.start_keep()
+        return self.start_keep(cid)
 
     def sync_seed(self, rnd: int) -> int:
         """Return the SyncDrop seed shared by every client of round ``rnd``."""
@@ -361,7 +438,7 @@ class FedDrop(Strategy):
             self._issued[client.cid] = keep
             if self.mode == "caldas":
                 config = self.client_config(rnd, client.cid, trainer="plain")
-                submodel = self._random_submodel(int(config["seed"]))
+                submodel = self._random_submodel(int(config["seed"]), self.uniform_for(client.cid))
             else:
                 groups = split_channels(keep, self.model.group_sizes)
                 config = self.client_config(
@@ -376,12 +453,12 @@ class FedDrop(Strategy):
             out[client.cid] = TrainIns(client.cid, submodel, params, config)
         return out
 
-    def _random_submodel(self, seed: int) -> SubModel:
+    def _random_submodel(self, seed: int, keep: float) -> SubModel:
         rng = np.random.default_rng((seed, 0xCA))
         widths = []
         indices: list[list[int]] = []
         for (_, size), site in zip(self.model.groups, self.sites, strict=True):
-            width = width_for_rate(self.initial_keep, size) if site else size
+            width = width_for_rate(keep, size) if site else size
             widths.append(width)
             indices.append([int(i) for i in rng.choice(size, size=width, replace=False)])
         return make_submodel(Arch(self.model.name, tuple(widths)), self.model.group_sizes, indices)
@@ -410,7 +487,24 @@ class FedDrop(Strategy):
         metrics.update(self._flops_metrics(results))
         if self.mode == "feddrop":
             metrics.update(self._optimise(rnd, results, weights, old))
+        metrics.update(self._budget_metrics(results))
         return self.global_state, metrics
+
+    def _budget_metrics(self, results: Sequence[TrainRes]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        excess = -math.inf
+        for r in results:
+            if self.mode == "caldas":  # the sub-model it trained (next round's is drawn afresh)
+                means = np.array(r.submodel.arch.widths, dtype=np.float64) / np.array(self.model.group_sizes)
+            else:
+                means = self.flops.channel_means(self.client_keep(r.cid))
+            ratio = float(self.flops.flops(means)) / self.flops.dense
+            budget = self.client_budget(r.cid)
+            out[f"flops_ratio/{r.cid}"] = ratio
+            out[f"budget/{r.cid}"] = budget
+            excess = max(excess, ratio - budget)
+        out["max_budget_excess"] = excess
+        return out
 
     def _flops_metrics(self, results: Sequence[TrainRes]) -> dict[str, float]:
         epochs = float(self.local.get("epochs", 1))
@@ -419,7 +513,7 @@ class FedDrop(Strategy):
             if self.mode == "caldas":
                 means = np.array(r.submodel.arch.widths, dtype=np.float64) / np.array(self.model.group_sizes)
             else:
-                means = self.flops.channel_means(self._issued.get(r.cid, self.start_keep()))
+                means = self.flops.channel_means(self._issued.get(r.cid, self.start_keep(r.cid)))
             per_example = float(self.train_flops.flops(means))
             expected += per_example * r.num_examples * epochs
             sampled += float(r.metrics.get("train_flops", per_example * r.num_examples * epochs))
@@ -436,14 +530,17 @@ class FedDrop(Strategy):
         for group in self.model.group_names:
             base = neuron_vectors(self.model, old, group)
             deltas.append(np.stack([base - neuron_vectors(self.model, r.parameters, group) for r in results]))
-        keep = np.stack([self._issued.get(r.cid, self.start_keep()) for r in results])  # (C, N)
+        keep = np.stack([self._issued.get(r.cid, self.start_keep(r.cid)) for r in results])  # (C, N)
         s = make_psd(similarity(channel_gram(deltas), weights, keep))
         priority = np.random.default_rng((self.seed, rnd, 0x7A)).permutation(len(results))
+        budget: float | np.ndarray = self.budget
+        if self.budgets:  # every client its own constraint g_c
+            budget = np.array([self.client_budget(r.cid) for r in results])
         found = optimise_keep(
             s,
             keep,
             self.flops,
-            self.budget,
+            budget,
             mu=self.mu,
             iterations=self.iterations,
             tol=self.tol,
@@ -453,11 +550,12 @@ class FedDrop(Strategy):
         )
         for r, q in zip(results, found.keep, strict=True):
             self.keep[r.cid] = q
+        gaps = client_gaps(self.flops, found.keep, budget)
         return {
             "objective_start": float(found.objective[0]),
             "objective_end": float(found.objective[-1]),
             "optimiser_iterations": float(found.iterations),
-            "budget_gap": budget_gap(self.flops, found.keep, self.budget),
+            "budget_gap": float(gaps.min()) if self.budgets else budget_gap(self.flops, found.keep, self.budget),
             "mean_keep": float(found.keep[:, self.channel_free].mean()) if self.channel_free.any() else 1.0,
         }
 

@@ -237,3 +237,83 @@ def test_optimiser_respects_fixed_channels_and_shapes():
     np.testing.assert_array_equal(found.keep[:, :2], 0.6)
     with pytest.raises(InputError, match="shape"):
         fd.optimise_keep(s[:3], np.full((2, 4), 0.6), fm, 0.9)
+
+
+# --------------------------------------------------------------------------- per-client budgets
+
+
+def _hand_root(r: float) -> float:
+    # 1152 p^2 + 896 p + 6 = r * 2054 (every channel at p), positive root, capped at 1
+    return min(1.0, (-896 + math.sqrt(896**2 + 4 * 1152 * (r * 2054 - 6))) / (2 * 1152))
+
+
+def test_client_gaps_are_each_clients_own_budget_minus_ratio():
+    fm = fd.flops_model(tiny_model())
+    keep = np.array([[1.0, 1.0, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])
+    want = [0.9 - hand_flops(1, 0.5) / 2054, 0.4 - hand_flops(0.5, 0.5) / 2054]
+    np.testing.assert_allclose(fd.client_gaps(fm, keep, np.array([0.9, 0.4])), want, rtol=1e-12)
+    np.testing.assert_allclose(fd.budget_gap(fm, keep, np.array([0.9, 0.4])), want, rtol=1e-12)
+    assert isinstance(fd.budget_gap(fm, keep, 0.6), float)  # the scalar path is eq. 5 unchanged
+
+
+def test_uniform_keep_per_client_roots_plug_back_to_zero_gaps():
+    fm = fd.flops_model(tiny_model())
+    r = np.array([1.0, 0.5, 0.3])
+    p = fd.uniform_keep(fm, r)
+    np.testing.assert_allclose(p, [1.0, _hand_root(0.5), _hand_root(0.3)], rtol=1e-12)
+    gaps = fd.client_gaps(fm, np.repeat(p[:, None], 4, axis=1), r)
+    np.testing.assert_allclose(gaps, 0.0, atol=1e-12)
+    for bad in (np.array([0.5, 1.2]), np.array([0.5, np.nan]), np.array([0.5, 0.001])):
+        with pytest.raises(InputError):
+            fd.uniform_keep(fm, bad)
+
+
+def test_vector_budget_keeps_every_client_feasible_at_every_step():
+    fm = fd.flops_model(tiny_model())
+    r = np.array([0.8, 0.5, 0.3])
+    p = fd.uniform_keep(fm, r)  # on each client's own boundary: the start must be scaled down
+    s = _random_psd(4, 3, 0)
+    found = fd.optimise_keep(s, np.repeat(p[:, None], 4, axis=1), fm, r, iterations=300, tol=0.0)
+    assert found.iterations > 10
+    assert found.gap.shape == (found.iterations + 1, 3)
+    assert np.all(found.gap > 0)  # every g_c at every recorded step
+    assert np.all(np.diff(found.objective) <= 1e-12)
+    assert found.objective[-1] < found.objective[0]
+    np.testing.assert_allclose(fd.client_gaps(fm, found.keep, r), found.gap[-1], rtol=1e-9)
+    means = found.keep.reshape(3, 2, 2).mean(axis=2)  # (client, group): a, b
+    ratios = [hand_flops(a, b) / 2054 for a, b in means]
+    assert all(ratio < budget for ratio, budget in zip(ratios, r, strict=True))
+
+
+def test_infeasible_start_is_scaled_per_client():
+    fm = fd.flops_model(tiny_model())
+    r = np.array([0.9, 0.3])
+    found = fd.optimise_keep(_random_psd(4, 2, 1), np.ones((2, 4)), fm, r, iterations=0)
+    assert np.all(found.gap[0] > 0)
+    # each client scaled by its own factor: the 0.3 client much lower than the 0.9 one
+    assert found.keep[1].max() < _hand_root(0.3) < _hand_root(0.9) * 0.999 <= found.keep[0].min() + 1e-12
+
+
+def test_unconstrained_client_reaches_full_keep_while_tight_one_stays_in_budget():
+    # S = identity per channel: U_i^n = S_ii = 1 > 0, so the objective falls as any q rises. Client 0
+    # (r = 1) has no barrier: its q rises to the box bound 1; client 1 (r = 0.3) stays within 0.3.
+    fm = fd.flops_model(tiny_model())
+    s = np.tile(np.eye(2), (4, 1, 1))
+    r = np.array([1.0, 0.3])
+    start = np.repeat(fd.uniform_keep(fm, r)[:, None], 4, axis=1)
+    found = fd.optimise_keep(s, start, fm, r, iterations=2000)
+    np.testing.assert_array_equal(found.keep[0], 1.0)
+    a, b = found.keep[1].reshape(2, 2).mean(axis=1)
+    assert hand_flops(a, b) / 2054 <= 0.3
+    assert np.all(found.gap[:, 1] > 0)
+
+
+def test_vector_budget_shape_and_range_errors():
+    fm = fd.flops_model(tiny_model())
+    s = _random_psd(4, 2, 3)
+    with pytest.raises(InputError, match="do not fit"):
+        fd.optimise_keep(s, np.full((2, 4), 0.6), fm, np.array([0.5, 0.5, 0.5]))
+    with pytest.raises(InputError, match="outside"):
+        fd.optimise_keep(s, np.full((2, 4), 0.6), fm, np.array([0.5, 1.5]))
+    with pytest.raises(InputError, match="client 1"):
+        fd.optimise_keep(s, np.full((2, 4), 0.6), fm, np.array([0.5, 0.002]))

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from exporters.errors import InputError
+from exporters.zoo import get_model
 from fl import feddrop as fd
-from fl.client import build_module, get_trainer, module_params, train_plain
+from fl.client import build_module, get_trainer, module_params, run_local, train_plain
 from fl.records import ClientSpec, TrainIns, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.feddrop import FedDrop, _SyncDrop, train_syncdrop
@@ -213,3 +214,126 @@ def test_state_round_trip_resumes_exactly():
     for name in ga:
         np.testing.assert_array_equal(ga[name], gb[name])
     np.testing.assert_array_equal(first.state()["keep"], second.state()["keep"])
+
+
+# --------------------------------------------------------------------------- per-client budgets
+
+
+def _hand_ratio(keep_config):
+    # tiny net, eq. 10 by hand (tests/fl/test_feddrop.py): a, b = mean keep of conv1, conv2
+    a, b = np.mean(keep_config["conv1"]), np.mean(keep_config["conv2"])
+    return (640 * a + 1152 * a * b + 64 * b + 192 * b + 6) / 2054
+
+
+def _hand_root(r):
+    return min(1.0, (-896 + math.sqrt(896**2 + 4 * 1152 * (r * 2054 - 6))) / (2 * 1152))
+
+
+def test_budgets_option_from_json_or_dict_with_fallback():
+    model = tiny_model()
+    initial = _initial(model)
+    from_json = FedDrop(model, initial, budget=0.5, budgets='{"c0": 0.8, "c1": 0.4}')
+    from_dict = FedDrop(model, initial, budget=0.5, budgets={"c0": 0.8, "c1": 0.4})
+    for strategy in (from_json, from_dict):
+        assert [strategy.client_budget(c) for c in ("c0", "c1", "c9")] == [0.8, 0.4, 0.5]
+    for bad, match in (('{"c0": 1.5}', "outside"), ("{c0: 1}", "JSON"), ('["c0"]', "map"), ('{"c0": "x"}', "number")):
+        with pytest.raises(InputError, match=match):
+            FedDrop(model, initial, budgets=bad)
+    with pytest.raises(InputError, match="undroppable"):
+        FedDrop(model, initial, budgets={"c0": 0.001})
+
+
+def test_per_client_budgets_give_own_uniform_start_and_keep_every_client_in_budget():
+    strategy = _strategy(budgets={"c0": 0.9, "c1": 0.3})
+    ins = strategy.configure_round(0, CLIENTS)
+    for cid, r in (("c0", 0.9), ("c1", 0.3)):  # each client's own root of g_c = 0
+        np.testing.assert_allclose(ins[cid].config["keep"]["conv1"], [_hand_root(r)] * 2, rtol=1e-12)
+    _, metrics = strategy.aggregate_round(0, _results(strategy, ins), [])
+    assert metrics["objective_end"] <= metrics["objective_start"]
+    nxt = strategy.configure_round(1, CLIENTS)
+    for cid, r in (("c0", 0.9), ("c1", 0.3)):
+        ratio = _hand_ratio(nxt[cid].config["keep"])
+        assert ratio < r
+        assert metrics[f"budget/{cid}"] == r
+        assert metrics[f"flops_ratio/{cid}"] == pytest.approx(ratio, rel=1e-12)
+    assert metrics["max_budget_excess"] < 0
+    assert metrics["max_budget_excess"] == pytest.approx(
+        max(_hand_ratio(nxt[c].config["keep"]) - r for c, r in (("c0", 0.9), ("c1", 0.3))), rel=1e-9
+    )
+
+
+def test_mean_budget_reports_excess_honestly():
+    # the paper's mean constraint only bounds the average: report each client against the scalar budget
+    strategy = _strategy()
+    ins = strategy.configure_round(0, CLIENTS)
+    _, metrics = strategy.aggregate_round(0, _results(strategy, ins), [])
+    nxt = strategy.configure_round(1, CLIENTS)
+    ratios = [_hand_ratio(nxt[c].config["keep"]) for c in ("c0", "c1")]
+    assert np.mean(ratios) < 0.5
+    assert metrics["max_budget_excess"] == pytest.approx(max(ratios) - 0.5, rel=1e-9)
+
+
+def test_unidrop_per_client_uniform_keep_meets_each_budget():
+    strategy = _strategy("unidrop", budgets={"c0": 1.0, "c1": 0.3})
+    ins = strategy.configure_round(0, CLIENTS)
+    assert ins["c0"].config["keep"]["conv2"] == [1.0, 1.0]
+    assert _hand_ratio(ins["c1"].config["keep"]) == pytest.approx(0.3, abs=1e-12)
+    _, metrics = strategy.aggregate_round(0, _results(strategy, ins), [])
+    assert metrics["flops_ratio/c0"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["max_budget_excess"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_lenet_rounds_with_budgets_stay_within_each_clients_budget():
+    model = get_model("feddrop-lenet")
+    torch.manual_seed(0)
+    initial = module_params(model.build())
+    budgets = {"c0": 0.9, "c1": 0.5, "c2": 0.3}
+    local = {"epochs": 1, "batch_size": 4, "lr": 0.05}
+    strategy = FedDrop(model, initial, seed=1, local=local, budget=0.5, budgets=budgets, iterations=150)
+    rng = np.random.default_rng(0)
+    shards = {c: (rng.normal(size=(8, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 8)) for c in budgets}
+    clients = [ClientSpec(c, 8) for c in budgets]
+    dense = fd.flops_model(model).dense
+    for rnd in range(2):
+        ins = strategy.configure_round(rnd, clients)
+        for cid, item in ins.items():
+            means = np.array([np.mean(item.config["keep"][g]) for g in model.group_names])
+            assert float(strategy.flops.flops(means)) / dense <= budgets[cid] + 1e-12
+        results = [run_local(model, ins[c.cid], *shards[c.cid]) for c in clients]
+        _, metrics = strategy.aggregate_round(rnd, results, [])
+        assert metrics["max_budget_excess"] < 0
+        assert {metrics[f"budget/{c}"] for c in budgets} == set(budgets.values())
+    assert strategy.client_keep("c0").mean() > strategy.client_keep("c2").mean()
+
+
+def test_state_round_trip_with_budgets_resumes_exactly():
+    first = _strategy(budgets='{"c0": 0.8, "c1": 0.35}')
+    ins = first.configure_round(0, CLIENTS)
+    first.aggregate_round(0, _results(first, ins), [])
+    second = _strategy(budgets='{"c0": 0.8, "c1": 0.35}')
+    second.load_state(first.state())
+    a, b = first.configure_round(1, CLIENTS), second.configure_round(1, CLIENTS)
+    for cid in a:
+        assert a[cid].config == b[cid].config
+    _, ma = first.aggregate_round(1, _results(first, a), [])
+    _, mb = second.aggregate_round(1, _results(second, b), [])
+    assert ma == mb
+    np.testing.assert_array_equal(first.state()["keep"], second.state()["keep"])
+
+
+def test_caldas_widths_follow_each_clients_uniform_keep():
+    strategy = _strategy("caldas", budgets={"c0": 0.9, "c1": 0.3})
+    ins = strategy.configure_round(0, CLIENTS)
+    # p_c = 0.934 -> ceil(1.87) = 2 of 2 channels; p_c = 0.436 -> ceil(0.87) = 1
+    assert ins["c0"].submodel.arch.widths == (2, 2)
+    assert ins["c1"].submodel.arch.widths == (1, 1)
+
+
+def test_convention_option_picks_the_constraint_flops_model():
+    model = tiny_model()
+    initial = _initial(model)
+    training = FedDrop(model, initial, convention="training", budgets={"c0": 0.4})
+    assert training.flops.dense == pytest.approx(fd.flops_model(model, "training").dense)
+    assert training.uniform_for("c0") == pytest.approx(fd.uniform_keep(fd.flops_model(model, "training"), 0.4))
+    with pytest.raises(InputError, match="convention"):
+        FedDrop(model, initial, convention="nonsense")
