@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporters.errors import InputError
+from harness.cli import non_negative_int, positive_int
 
 #: Defaults of ``fl run`` (also the `RunConfig` defaults).
 DEFAULTS: dict[str, Any] = {
@@ -68,26 +69,6 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
-
-
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -106,30 +87,30 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--strategy", choices=sorted(STRATEGIES), help="FL method (default fedavg)")
     run.add_argument("--model", help="zoo model (default fjord-cnn)")
     run.add_argument("--dataset", help="mnist5k, digits, shakespeare or synthetic (default mnist5k)")
-    run.add_argument("--clients", type=_positive_int, help="number of clients (default 10)")
-    run.add_argument("--rounds", type=_positive_int, help="rounds in total (default 5)")
+    run.add_argument("--clients", type=positive_int, help="number of clients (default 10)")
+    run.add_argument("--rounds", type=positive_int, help="rounds in total (default 5)")
     per_round = run.add_mutually_exclusive_group()
     per_round.add_argument("--fraction", type=_number, help="fraction of clients per round (default 1)")
-    per_round.add_argument("--per-round", type=_positive_int, help="clients per round")
+    per_round.add_argument("--per-round", type=positive_int, help="clients per round")
     run.add_argument("--capacities", help="capacity spec, e.g. 1 or uniform:1,0.5,0.25 (default 1)")
     run.add_argument("--partition", help="iid, dirichlet:ALPHA, labels:K or natural (default iid)")
     run.add_argument("--seed", type=int, help="run seed (default 0)")
-    run.add_argument("--epochs", type=_positive_int, help="local epochs (default 1)")
-    run.add_argument("--batch", type=_positive_int, help="local batch size (default 20)")
+    run.add_argument("--epochs", type=positive_int, help="local epochs (default 1)")
+    run.add_argument("--batch", type=positive_int, help="local batch size (default 20)")
     run.add_argument("--lr", type=_number, help="local learning rate (default 0.05)")
     run.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="strategy option (repeatable)")
-    run.add_argument("--eval-every", type=_positive_int, help="evaluate every N rounds (default 1)")
+    run.add_argument("--eval-every", type=positive_int, help="evaluate every N rounds (default 1)")
     run.add_argument("--timeout", type=_number, help="seconds a client may train before it counts as failed")
-    run.add_argument("--workers", type=_non_negative_int, help="training processes (default 0: one at a time)")
+    run.add_argument("--workers", type=non_negative_int, help="training processes (default 0: one at a time)")
     run.add_argument(
-        "--threads", type=_positive_int, default=1, help="torch threads for in-process training (default 1)"
+        "--threads", type=positive_int, default=1, help="torch threads for in-process training (default 1)"
     )
     run.add_argument(
         "--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)"
     )
     run.add_argument("--artifacts", default="artifacts", help="artifact cache for --fleet (default ./artifacts)")
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
-    run.add_argument("--resume", type=_positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
+    run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
     run.set_defaults(handler=cmd_run)
 

@@ -119,11 +119,48 @@ def train_plain(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) ->
         weight_decay=float(cfg.get("weight_decay", 0.0)),
     )
     xt, yt = to_tensors(model, x, y)
+    metrics = sgd_epochs(module, opt, xt, yt, int(cfg.get("epochs", 1)), int(cfg.get("batch_size", 20)), rng)
+    return module_params(module), metrics
+
+
+def sgd_epochs(
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    xt: torch.Tensor,
+    yt: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    rng: np.random.Generator,
+    before_step: Callable[[int, np.ndarray], None] | None = None,
+) -> dict[str, float]:
+    """Take one ``opt`` step of cross-entropy per shuffled batch (`batches`), ``epochs`` times over the data.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        In training mode.
+    opt : torch.optim.Optimizer
+        Over ``module``'s parameters.
+    xt, yt : torch.Tensor
+        Examples and int64 labels.
+    epochs, batch_size : int
+    rng : numpy.random.Generator
+        Shuffles every epoch.
+    before_step : callable, optional
+        Called as ``before_step(step, batch indices)`` before each step (``step`` counts from 0).
+
+    Returns
+    -------
+    dict of str to float
+        ``loss`` and ``accuracy`` over the last epoch, ``steps`` in total.
+    """
     steps = 0
     loss_sum = correct = seen = 0.0
-    for _ in range(int(cfg.get("epochs", 1))):
+    for _ in range(epochs):
         loss_sum = correct = seen = 0.0
-        for idx in batches(len(yt), int(cfg.get("batch_size", 20)), rng):
+        for idx in batches(len(yt), batch_size, rng):
+            if before_step is not None:
+                before_step(steps, idx)
             opt.zero_grad(set_to_none=True)
             out = module(xt[idx])
             loss = nn.functional.cross_entropy(out, yt[idx])
@@ -134,7 +171,7 @@ def train_plain(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) ->
             correct += float((out.argmax(1) == yt[idx]).sum())
             seen += len(idx)
     seen = max(seen, 1.0)
-    return module_params(module), {"loss": loss_sum / seen, "accuracy": correct / seen, "steps": float(steps)}
+    return {"loss": loss_sum / seen, "accuracy": correct / seen, "steps": float(steps)}
 
 
 def run_local(

@@ -72,6 +72,7 @@ import numpy as np
 from exporters.errors import InputError
 from harness.latency import (
     DeviceModels,
+    finite_positive,
     fit,
     footprint_bytes,
     memory_features,
@@ -135,14 +136,6 @@ def _clean(value: Any) -> Any:
     import pandas as pd
 
     return None if value is pd.NA or value is pd.NaT else value
-
-
-def _finite_positive(value: Any) -> bool:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return False
-    return math.isfinite(v) and v > 0
 
 
 def _same_width(a: float, b: float) -> bool:
@@ -210,7 +203,7 @@ def width_flops(model: str, width: float, rows: Iterable[Mapping[str, Any]] = ()
     found = [
         float(r["train_flops"])
         for r in rows
-        if str(r.get("model")) == model and _same_width(r["width"], width) and _finite_positive(r.get("train_flops"))
+        if str(r.get("model")) == model and _same_width(r["width"], width) and finite_positive(r.get("train_flops"))
     ]
     if found:
         return float(np.median(found))
@@ -225,7 +218,7 @@ def _memory_footprint(model: str, width: float, batch: int, bytes_per_param: flo
         if (
             str(r.get("model")) == model
             and _same_width(r["width"], width)
-            and _finite_positive(r.get("params"))
+            and finite_positive(r.get("params"))
             and r.get("activation_elements") is not None
         ):
             return footprint_bytes(float(r["params"]), float(r["activation_elements"]), batch, bytes_per_param)

@@ -29,6 +29,8 @@ with one shared mask ("same") needs when clients differ in capacity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from exporters.arch import SubModel, width_for_rate
@@ -137,9 +139,7 @@ def rolling_submodel(model: ZooModel, rate: float, rnd: int) -> SubModel:
     -------
     SubModel
     """
-    arch = model.arch(rate)
-    indices = [rolling_indices(rnd, k, w) for k, w in zip(model.group_sizes, arch.widths, strict=True)]
-    return SubModel(arch, tuple(indices))
+    return _per_group_submodel(model, rate, lambda size, width: rolling_indices(rnd, size, width))
 
 
 def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> SubModel:
@@ -159,9 +159,13 @@ def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> S
     -------
     SubModel
     """
+    return _per_group_submodel(model, rate, lambda size, width: random_indices(rng, size, width))
+
+
+def _per_group_submodel(model: ZooModel, rate: float, indices: Callable[[int, int], np.ndarray]) -> SubModel:
+    """Return the sub-model at ``rate`` keeping ``indices(group size, kept width)`` of each group, in group order."""
     arch = model.arch(rate)
-    indices = [random_indices(rng, k, w) for k, w in zip(model.group_sizes, arch.widths, strict=True)]
-    return SubModel(arch, tuple(indices))
+    return SubModel(arch, tuple(indices(k, w) for k, w in zip(model.group_sizes, arch.widths, strict=True)))
 
 
 def width_rate(rate: float) -> float:

@@ -60,15 +60,24 @@ def parse_widths(text: str) -> tuple[float, ...]:
     return tuple(widths)
 
 
-def positive_int(text: str) -> int:
-    """Parse a strictly positive integer (argparse type)."""
+def _int_at_least(text: str, minimum: int, bound: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} must be {bound}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """Parse a strictly positive integer (argparse type)."""
+    return _int_at_least(text, 1, "at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    """Parse an integer of 0 or more (argparse type)."""
+    return _int_at_least(text, 0, "0 or more")
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

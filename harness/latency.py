@@ -334,7 +334,17 @@ def _records(rows: Rows) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
-def _finite_positive(value: Any) -> bool:
+def finite_positive(value: Any) -> bool:
+    """Return whether ``value`` converts to a finite number above 0 (``None`` and text do not).
+
+    Parameters
+    ----------
+    value : Any
+
+    Returns
+    -------
+    bool
+    """
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -358,19 +368,19 @@ def usable_rows(rows: Rows) -> list[dict[str, Any]]:
         status = r.get("status")
         if status is not None and not (isinstance(status, float) and math.isnan(status)) and status != "ok":
             continue
-        if _finite_positive(r.get("median_us")):
+        if finite_positive(r.get("median_us")):
             out.append(r)
     return out
 
 
 def _flops(r: Mapping[str, Any]) -> float:
-    if _finite_positive(r.get("train_flops")):
+    if finite_positive(r.get("train_flops")):
         return float(r["train_flops"])
     return float(train_flops_per_example(str(r["model"]), float(r["width"])))
 
 
 def _footprint(r: Mapping[str, Any], bytes_per_param: float) -> float:
-    if _finite_positive(r.get("params")) and r.get("activation_elements") is not None:
+    if finite_positive(r.get("params")) and r.get("activation_elements") is not None:
         params, acts = float(r["params"]), float(r["activation_elements"])
     else:
         params, acts = (float(v) for v in memory_features(str(r["model"]), float(r["width"])))
@@ -387,7 +397,7 @@ def _fit_config(
     a, b, kind = fit_line([_flops(r) for r in rows], [float(r["median_us"]) for r in rows])
     widths = tuple(sorted({float(r["width"]) for r in rows}))
     lat = LatencyModel(a, b, kind, len(rows), widths)
-    mem_rows = [r for r in rows if _finite_positive(r.get("peak_memory_bytes"))]
+    mem_rows = [r for r in rows if finite_positive(r.get("peak_memory_bytes"))]
     mem = None
     if mem_rows:
         c, d, mkind = fit_line(

@@ -114,6 +114,15 @@ def _width_axis(ax: Any, widths: Any) -> None:
 _CONFIG = ["device", "model", "batch", "backend"]
 
 
+def _width_lines(
+    ax: Any, frame: pd.DataFrame, column: str, colours: dict[str, str], scale: float = 1.0, keys: list[str] = _CONFIG
+) -> None:
+    """Plot ``scale * frame[column]`` against width, one styled line per configuration, and label the width axis."""
+    for label, key, g in _configs(frame, keys):
+        ax.plot(g["width"], scale * g[column], label=label, **_style(key, colours))
+    _width_axis(ax, frame["width"])
+
+
 @_styled
 def latency_figure(latency: pd.DataFrame, log_scale: bool = False) -> Figure:
     """Median per-image training latency against width, with p5-p95 bars.
@@ -169,10 +178,7 @@ def memory_figure(latency: pd.DataFrame) -> Figure:
     """
     fig, ax = _figure()
     colours = device_colours(list(latency["device"]))
-    frame = latency[np.isfinite(latency["peak_memory_mib"].astype(float))]
-    for label, key, g in _configs(frame, _CONFIG):
-        ax.plot(g["width"], g["peak_memory_mib"], label=label, **_style(key, colours))
-    _width_axis(ax, frame["width"])
+    _width_lines(ax, latency[np.isfinite(latency["peak_memory_mib"].astype(float))], "peak_memory_mib", colours)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("peak memory (MiB)")
     ax.set_title("Peak memory of a training step vs width")
@@ -230,10 +236,7 @@ def roofline_figure(roof: pd.DataFrame) -> Figure:
     """
     fig, ax = _figure()
     colours = device_colours(list(roof["device"]))
-    frame = roof[np.isfinite(roof["fraction"].astype(float))]
-    for label, key, g in _configs(frame, _CONFIG):
-        ax.plot(g["width"], 100.0 * g["fraction"], label=label, **_style(key, colours))
-    _width_axis(ax, frame["width"])
+    _width_lines(ax, roof[np.isfinite(roof["fraction"].astype(float))], "fraction", colours, scale=100.0)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("achieved / matmul peak (%)")
     ax.set_title("Roofline efficiency of training vs width")
@@ -255,12 +258,9 @@ def prediction_figure(errors: pd.DataFrame) -> Figure:
     Figure
     """
     fig, ax = _figure()
-    colours = device_colours(list(errors["device"]))
     ax.axhspan(-10, 10, color="#e8f4e8", zorder=0, label="±10 %")
     ax.axhline(0, color="#7f7f7f", linewidth=0.8)
-    for label, key, g in _configs(errors, _CONFIG):
-        ax.plot(g["width"], 100.0 * g["error"], label=label, **_style(key, colours))
-    _width_axis(ax, errors["width"])
+    _width_lines(ax, errors, "error", device_colours(list(errors["device"])), scale=100.0)
     ax.set_ylabel("prediction error (% of measured)")
     ax.set_title("Latency model a + b·FLOPs, width left out of the fit")
     ax.legend(loc="best")
@@ -281,11 +281,11 @@ def backend_figure(backends: pd.DataFrame) -> Figure:
     Figure
     """
     fig, ax = _figure()
-    colours = device_colours(list(backends["device"]))
     ax.axhline(1.0, color="#7f7f7f", linewidth=0.8, linestyle=":")
-    for label, key, g in _configs(backends, ["device", "model", "batch"]):
-        ax.plot(g["width"], g["ort_over_torch"], label=label, color=colours[str(key["device"])], marker="o")
-    _width_axis(ax, backends["width"])
+    # Without a backend key the style is the "ort" one: solid line, round markers.
+    _width_lines(
+        ax, backends, "ort_over_torch", device_colours(list(backends["device"])), keys=["device", "model", "batch"]
+    )
     ax.set_ylim(bottom=0)
     ax.set_ylabel("ORT latency / PyTorch latency")
     ax.set_title("ONNX Runtime vs PyTorch (below 1: ORT faster)")
@@ -317,6 +317,13 @@ def fl_accuracy_figure(accuracy: pd.DataFrame) -> Figure:
     ax.set_title("Accuracy per round per width")
     ax.legend(loc="lower right")
     return fig
+
+
+def _client_axis(ax: Any, clients: list[Any]) -> None:
+    """Label the y axis with one row per client, in the given order."""
+    ax.set_yticks(range(len(clients)))
+    ax.set_yticklabels([str(c) for c in clients])
+    ax.set_ylabel("client")
 
 
 _PHASES = (
@@ -367,11 +374,9 @@ def fl_timeline_figure(timeline: pd.DataFrame) -> Figure:
         offset += float(g["total_s"].max() if len(g) else 0.0) * 1.04
     for start in starts[1:]:
         ax.axvline(start, color="#7f7f7f", linewidth=0.7, linestyle=":")
-    ax.set_yticks(range(len(clients)))
-    ax.set_yticklabels([str(c) for c in clients])
+    _client_axis(ax, clients)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first round's start (rounds back to back)")
-    ax.set_ylabel("client")
     ax.set_title("Round timeline (stragglers outlined)")
     handles = [Patch(color=colour, label=name) for _c, name, colour in _PHASES]
     handles.append(Patch(fill=False, edgecolor="#D55E00", linewidth=1.6, label="straggler"))
@@ -407,10 +412,8 @@ def fl_tier_figure(timeline: pd.DataFrame) -> Figure:
     ax.imshow(grid, aspect="auto", cmap=cmap, vmin=-0.5, vmax=max(len(tiers), 2) - 0.5, interpolation="nearest")
     ax.set_xticks(range(len(rounds)))
     ax.set_xticklabels([str(r) for r in rounds])
-    ax.set_yticks(range(len(clients)))
-    ax.set_yticklabels([str(c) for c in clients])
+    _client_axis(ax, clients)
     ax.set_xlabel("round")
-    ax.set_ylabel("client")
     ax.grid(False)
     low, high = timeline.groupby("tier")["width"].min(), timeline.groupby("tier")["width"].max()
     handles = [
@@ -425,7 +428,15 @@ def fl_tier_figure(timeline: pd.DataFrame) -> Figure:
     return fig
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it (no half-written file).
+
+    Parameters
+    ----------
+    path : Path
+        Target file; its directory must exist.
+    data : bytes
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_bytes(data)
@@ -472,6 +483,6 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> bytes:
     png = render_png(fig)
     svg = io.BytesIO()
     fig.savefig(svg, format="svg", facecolor="white", metadata={"Date": None})
-    _atomic_write(out_dir / f"{name}.png", png)
-    _atomic_write(out_dir / f"{name}.svg", svg.getvalue())
+    atomic_write(out_dir / f"{name}.png", png)
+    atomic_write(out_dir / f"{name}.svg", svg.getvalue())
     return png

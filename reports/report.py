@@ -532,16 +532,6 @@ def build_sections(src: Sources, log_scale: bool = False) -> tuple[list[Draft], 
     return drafts, headline
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_report(
     src: Sources, out_dir: str | os.PathLike[str], *, log_scale: bool = False, now: datetime | None = None
 ) -> tuple[Path, pd.DataFrame]:
@@ -570,7 +560,7 @@ def write_report(
     for d in drafts:
         figures = tuple(EmbeddedFigure(f.name, f.caption, plots.save_figure(f.figure, out, f.name)) for f in d.figures)
         for block in d.tables:
-            _atomic_text(out / f"{block.name}.csv", block.frame.to_csv(index=False))
+            plots.atomic_write(out / f"{block.name}.csv", block.frame.to_csv(index=False).encode("utf-8"))
         sections.append(Section(d.key, d.title, d.paragraphs, figures, d.tables, d.notes))
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     cells = src.cells
@@ -587,7 +577,7 @@ def write_report(
     )
     page = Page("fleetbench report: training cost of sub-models per device", facts, tuple(sections))
     path = out / REPORT_FILE
-    _atomic_text(path, render_page(page))
+    plots.atomic_write(path, render_page(page).encode("utf-8"))
     return path, headline
 
 

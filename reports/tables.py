@@ -80,7 +80,7 @@ def with_flops(cells: pd.DataFrame) -> pd.DataFrame:
     out = cells.copy()
     if out.empty:
         return out
-    flops = pd.to_numeric(out["train_flops"], errors="coerce").astype("float64")
+    flops = _floats(out["train_flops"])
     missing = ~np.isfinite(flops)
     if missing.any():
         flops[missing] = [
@@ -89,6 +89,17 @@ def with_flops(cells: pd.DataFrame) -> pd.DataFrame:
         ]
     out["train_flops"] = flops
     return out
+
+
+def _floats(values: pd.Series) -> pd.Series:
+    """Return ``values`` as float64, NaN where a value is missing or not a number."""
+    return pd.to_numeric(values, errors="coerce").astype("float64")
+
+
+def _with_known_flops(cells: pd.DataFrame) -> pd.DataFrame:
+    """Return the measured cells (`ok_cells`) whose per-example training FLOPs are known (`with_flops`)."""
+    ok = with_flops(ok_cells(cells))
+    return ok[np.isfinite(ok["train_flops"])] if not ok.empty else ok
 
 
 def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
@@ -123,7 +134,7 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     if ok.empty:
         return pd.DataFrame(columns=columns)
     out = ok[[*CONFIG, "width", "n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "noisy", "throttled"]].copy()
-    out["peak_memory_mib"] = pd.to_numeric(ok["peak_memory_bytes"], errors="coerce").astype("float64") / _MIB
+    out["peak_memory_mib"] = _floats(ok["peak_memory_bytes"]) / _MIB
     out["train_mflops"] = ok["train_flops"] / 1e6
     return out[columns].reset_index(drop=True)
 
@@ -156,8 +167,7 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
         "fixed_share",
         "modelled_speedup",
     ]
-    ok = with_flops(ok_cells(cells))
-    ok = ok[np.isfinite(ok["train_flops"])] if not ok.empty else ok
+    ok = _with_known_flops(cells)
     if ok.empty:
         return pd.DataFrame(columns=columns)
     models = fit(ok)
@@ -232,7 +242,7 @@ def roofline_table(cells: pd.DataFrame) -> pd.DataFrame:
     out = ok[[*CONFIG, "width"]].copy()
     out["train_mflops"] = ok["train_flops"] / 1e6
     out["achieved_gflops"] = ok["train_flops"] / (ok["median_us"] * 1e-6) / 1e9
-    out["matmul_gflops"] = pd.to_numeric(ok["matmul_gflops"], errors="coerce").astype("float64")
+    out["matmul_gflops"] = _floats(ok["matmul_gflops"])
     out["fraction"] = out["achieved_gflops"] / out["matmul_gflops"]
     return out[columns].reset_index(drop=True)
 
@@ -349,8 +359,7 @@ def prediction_error_table(cells: pd.DataFrame) -> pd.DataFrame:
         (relative: ``(predicted - measured) / measured``).
     """
     columns = [*CONFIG, "width", "predicted_us", "measured_us", "error"]
-    ok = with_flops(ok_cells(cells))
-    ok = ok[np.isfinite(ok["train_flops"])] if not ok.empty else ok
+    ok = _with_known_flops(cells)
     if ok.empty:
         return pd.DataFrame(columns=columns)
     rows = [
@@ -421,8 +430,8 @@ def backend_table(cells: pd.DataFrame) -> pd.DataFrame:
     out["ort_us"] = both["median_us_ort"]
     out["torch_us"] = both["median_us_torch"]
     out["ort_over_torch"] = out["ort_us"] / out["torch_us"]
-    out["ort_mib"] = pd.to_numeric(both["peak_memory_bytes_ort"], errors="coerce").astype("float64") / _MIB
-    out["torch_mib"] = pd.to_numeric(both["peak_memory_bytes_torch"], errors="coerce").astype("float64") / _MIB
+    out["ort_mib"] = _floats(both["peak_memory_bytes_ort"]) / _MIB
+    out["torch_mib"] = _floats(both["peak_memory_bytes_torch"]) / _MIB
     return out[columns].sort_values(key).reset_index(drop=True)
 
 
@@ -558,7 +567,7 @@ def fl_timeline_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
         ("upload_seconds", "upload_s"),
         ("wait_seconds", "wait_s"),
     ):
-        out[dst] = pd.to_numeric(client_rounds[src], errors="coerce").fillna(0.0).astype("float64")
+        out[dst] = _floats(client_rounds[src]).fillna(0.0)
     out["total_s"] = out["download_s"] + out["compute_s"] + out["upload_s"]
     return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
 

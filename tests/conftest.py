@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every test directory
@@ -13,6 +15,17 @@ from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every t
     sshd_path,
     sshd_server,
 )
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Run a test with one torch intra-op thread (small models on a busy machine), then restore the count."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -43,6 +43,7 @@ from fl.codes import assign_rows, constant_weight_code, gold_code_matrix, random
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 from fl.server_opt import ServerOptimizer, mean_update
 from fl.strategies.base import Profiles, Strategy
+from fl.strategies.fedavg import parse_bool
 
 #: Values of the ``code`` option.
 CODES = ("gold", "constant_weight", "random", "same")
@@ -93,7 +94,7 @@ class CodedFD(Strategy):
         self.code = code
         self.rate = float(rate)
         self.arch = model.arch(self.rate)  # validates the rate
-        self.weighted = _as_bool(weighted, "weighted")
+        self.weighted = parse_bool(weighted, "weighted")
         self.optimizer = ServerOptimizer(str(server_opt), float(server_lr), float(beta1), float(beta2), float(tau))
 
     def masks(self, rnd: int, clients: int) -> list[np.ndarray]:
@@ -213,13 +214,3 @@ def _coverage(model: ZooModel, indices: Sequence[Sequence[np.ndarray]]) -> float
         fractions.append(float(held.mean()))
     return float(np.mean(fractions)) if fractions else 1.0
 
-
-def _as_bool(value: bool | str, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise InputError(f"option {name}={value!r} is not a boolean")

@@ -28,8 +28,7 @@ import numpy as np
 
 from exporters.arch import SubModel
 from exporters.errors import InputError
-from exporters.zoo import ZooModel
-from fl.records import ClientSpec, Params
+from fl.records import ClientSpec
 from fl.strategies.fedavg import FedAvg
 from fl.submodels import random_submodel, width_rate
 
@@ -47,10 +46,8 @@ class FederatedDropout(FedAvg):
 
     Parameters
     ----------
-    model : ZooModel
-    initial : Params
-    seed : int
-    local : mapping
+    model, initial, seed, local
+        As for `FedAvg`.
     **options
         ``mask`` (``"same"`` or ``"per_client"``, default ``"same"``), ``rate`` (float in
         (0, 1]; default: each client's capacity), ``weighted`` (bool, default True).
@@ -59,15 +56,8 @@ class FederatedDropout(FedAvg):
     name = "fd"
     defaults: Mapping[str, Any] = {"mask": "same", "rate": None, "weighted": True}
 
-    def __init__(
-        self,
-        model: ZooModel,
-        initial: Params,
-        seed: int = 0,
-        local: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, initial, seed=seed, local=local, **options)
+    def check_options(self) -> None:
+        """Check ``mask`` and validate ``rate``."""
         if self.options["mask"] not in MASKS:
             raise InputError(f"fd: mask={self.options['mask']!r} is not one of {', '.join(MASKS)}")
         if self.options["rate"] is not None:

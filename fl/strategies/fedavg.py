@@ -61,17 +61,38 @@ def parse_options(strategy: str, options: Mapping[str, Any], defaults: Mapping[s
     return out
 
 
+def parse_bool(value: bool | str, name: str) -> bool:
+    """Read a boolean option given as a bool or as a word (``1/true/yes/on``, ``0/false/no/off``).
+
+    Parameters
+    ----------
+    value : bool or str
+    name : str
+        Option name, for the error message.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    InputError
+        If ``value`` is neither a bool nor one of the words.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise InputError(f"option {name}={value!r} is not a boolean")
+
+
 def _convert(strategy: str, key: str, value: Any, default: Any) -> Any:
     try:
         if isinstance(default, bool):
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-            raise ValueError(value)
+            return parse_bool(value, key)
         if isinstance(default, int):
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
@@ -79,7 +100,7 @@ def _convert(strategy: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(default, float) or default is None:
             return None if value is None else float(value)
         return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # InputError is a ValueError
         raise InputError(f"{strategy}: option {key}={value!r} is not a valid {type(default).__name__}") from None
 
 
@@ -118,6 +139,10 @@ class FedAvg(Strategy):
                 f"{self.name}: initial parameters do not match {model.name}: missing {missing}, extra {extra}"
             )
         self.options = parse_options(self.name, options, self.defaults)
+        self.check_options()
+
+    def check_options(self) -> None:
+        """Validate ``self.options`` and derive state from them (the constructor's last step; subclasses extend)."""
 
     def submodel_for(self, rnd: int, client: ClientSpec) -> SubModel:
         """Return the sub-model ``client`` trains in round ``rnd`` (here: the full model)."""

@@ -30,10 +30,8 @@ class FedRolex(FedAvg):
 
     Parameters
     ----------
-    model : ZooModel
-    initial : Params
-    seed : int
-    local : mapping
+    model, initial, seed, local
+        As for `FedAvg`.
     **options
         ``weighted`` (bool, default False): weight clients by example counts.
     """

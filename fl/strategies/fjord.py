@@ -103,10 +103,8 @@ class FjORD(FedAvg):
 
     Parameters
     ----------
-    model : ZooModel
-    initial : Params
-    seed : int
-    local : mapping
+    model, initial, seed, local
+        As for `FedAvg`.
     **options
         ``k`` (int, default 5): the uniform-k width set; ``kd`` (bool, default False):
         self-distillation; ``weighted`` (bool, default True): eq. 1's weighting by
@@ -116,15 +114,8 @@ class FjORD(FedAvg):
     name = "fjord"
     defaults: Mapping[str, Any] = {"k": 5, "kd": False, "weighted": True}
 
-    def __init__(
-        self,
-        model: ZooModel,
-        initial: Params,
-        seed: int = 0,
-        local: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, initial, seed=seed, local=local, **options)
+    def check_options(self) -> None:
+        """Build the uniform-k width set from ``k``."""
         self.widths = width_set(int(self.options["k"]))
 
     def submodel_for(self, rnd: int, client: ClientSpec) -> SubModel:

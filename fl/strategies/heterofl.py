@@ -32,7 +32,7 @@ from torch import nn
 from exporters.arch import SubModel
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
-from fl.records import ClientSpec, Params
+from fl.records import ClientSpec
 from fl.strategies.fedavg import FedAvg
 from fl.submodels import static_submodel
 
@@ -50,10 +50,8 @@ class HeteroFL(FedAvg):
 
     Parameters
     ----------
-    model : ZooModel
-    initial : Params
-    seed : int
-    local : mapping
+    model, initial, seed, local
+        As for `FedAvg`.
     **options
         ``weighted`` (bool, default False): weight clients by example counts;
         ``bn_recompute`` (bool, default False): see the module docstring.
@@ -62,23 +60,16 @@ class HeteroFL(FedAvg):
     name = "heterofl"
     defaults: Mapping[str, Any] = {"weighted": False, "bn_recompute": False}
 
-    def __init__(
-        self,
-        model: ZooModel,
-        initial: Params,
-        seed: int = 0,
-        local: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, initial, seed=seed, local=local, **options)
+    def check_options(self) -> None:
+        """Refuse ``bn_recompute`` (see the module docstring)."""
         if self.options["bn_recompute"]:
-            if has_running_stats(model):
+            if has_running_stats(self.model):
                 raise InputError(
-                    f"{self.name}: bn_recompute is not supported: {model.name} has BN running statistics, "
+                    f"{self.name}: bn_recompute is not supported: {self.model.name} has BN running statistics, "
                     "which are buffers and do not travel with the parameters"
                 )
             raise InputError(
-                f"{self.name}: bn_recompute does not apply to {model.name}: its BatchNorm layers keep no running "
+                f"{self.name}: bn_recompute does not apply to {self.model.name}: its BatchNorm layers keep no running "
                 "statistics (batch statistics in training and evaluation), so there is nothing to recompute"
             )
 

@@ -42,6 +42,21 @@ def start(log: RunLog, **changes) -> int:
     return log.start_run(**args)
 
 
+def log_bare_round(log: RunLog, run_id: int, rnd: int, clients: list[ClientRound], checkpoint: dict) -> None:
+    """Log a round timed 0 to 1 s with no metrics and no evaluation."""
+    log.log_round(
+        run_id,
+        rnd,
+        started_at=0,
+        finished_at=1,
+        wall_seconds=1,
+        metrics={},
+        evaluation={},
+        clients=clients,
+        checkpoint=checkpoint,
+    )
+
+
 def round_rows() -> list[ClientRound]:
     return [
         ClientRound(
@@ -157,17 +172,7 @@ def test_round_rows_and_checkpoint_replace(store):
             clients=round_rows(),
             checkpoint={"round": rnd, "w": np.full(2, rnd, np.float32)},
         )
-    log.log_round(
-        other,
-        0,
-        started_at=0,
-        finished_at=1,
-        wall_seconds=1,
-        metrics={},
-        evaluation={},
-        clients=[],
-        checkpoint={"round": 0, "w": np.full(2, 9, np.float32)},
-    )
+    log_bare_round(log, other, 0, [], {"round": 0, "w": np.full(2, 9, np.float32)})
     rounds = log.rounds(run_id)
     assert list(rounds["round"]) == [0, 1]
     assert rounds.iloc[1]["evaluation"] == {"1.0": {"accuracy": 0.6}}
@@ -192,30 +197,10 @@ def test_round_rows_and_checkpoint_replace(store):
 def test_a_failed_round_write_leaves_no_partial_round(store):
     log = RunLog(store, clock=Tick())
     run_id = start(log)
-    log.log_round(
-        run_id,
-        0,
-        started_at=0,
-        finished_at=1,
-        wall_seconds=1,
-        metrics={},
-        evaluation={},
-        clients=round_rows(),
-        checkpoint={"round": 0},
-    )
+    log_bare_round(log, run_id, 0, round_rows(), {"round": 0})
     duplicate = [round_rows()[0], round_rows()[0]]  # same (run, round, cid) twice: the insert fails
     with pytest.raises(sqlite3.IntegrityError):
-        log.log_round(
-            run_id,
-            1,
-            started_at=0,
-            finished_at=1,
-            wall_seconds=1,
-            metrics={},
-            evaluation={},
-            clients=duplicate,
-            checkpoint={"round": 1},
-        )
+        log_bare_round(log, run_id, 1, duplicate, {"round": 1})
     assert list(log.rounds(run_id)["round"]) == [0]
     assert set(log.client_rounds(run_id)["round"]) == {0}
     assert log.load_checkpoint(run_id)[0] == 0

@@ -188,13 +188,18 @@ def fleet_rows() -> tuple[list[dict[str, object]], dict[str, int]]:
     return rows, {**EXAMPLES, "E": 1000, "G": 150}
 
 
+def fleet_plan(k: int, **more_examples: int):
+    """`assign_tiers` of `fleet_rows` at the 0.9 s deadline, 2 epochs, batch 20, no memory budget."""
+    rows, examples = fleet_rows()
+    return assign_tiers(
+        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round={**examples, **more_examples}, epochs=2, batch=20,
+        memory_budget_bytes=None, k=k,
+    )  # fmt: skip
+
+
 def test_k2_tiers_cluster_chosen_widths_and_tier_width_is_the_smallest_member() -> None:
     # Widths {1.0, 0.75} | {0.25, 0.25}: SSE 2 * 0.125^2 = 0.03125, against 0.1667 for {1.0} | {0.75, 0.25, 0.25}.
-    rows, examples = fleet_rows()
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round=examples, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2,
-    )  # fmt: skip
+    plan = fleet_plan(2)
     assert plan.choice("E").width == 1.0
     assert plan.tier_widths == (0.75, 0.25)
     assert plan.tiers == (("A", "E"), ("B", "G"))
@@ -203,11 +208,7 @@ def test_k2_tiers_cluster_chosen_widths_and_tier_width_is_the_smallest_member() 
 
 
 def test_capacities_snap_tier_widths_down_to_level_sets() -> None:
-    rows, examples = fleet_rows()
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round={**examples, "C": 5}, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2,
-    )  # fmt: skip
+    plan = fleet_plan(2, C=5)
     hetero = capacities_for(plan, HETEROFL_LEVELS)
     assert hetero.capacity == {"A": 0.5, "B": 0.25, "E": 0.5, "G": 0.25}
     assert hetero.tier == {"A": 0, "B": 1, "E": 0, "G": 1}
@@ -221,11 +222,7 @@ def test_capacities_snap_tier_widths_down_to_level_sets() -> None:
 
 
 def test_more_tiers_than_distinct_widths() -> None:
-    rows, examples = fleet_rows()
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round=examples, epochs=2, batch=20,
-        memory_budget_bytes=None, k=5,
-    )  # fmt: skip
+    plan = fleet_plan(5)
     assert plan.tier_widths == (1.0, 0.75, 0.25)
     assert plan.tiers == (("E",), ("A",), ("B", "G"))
 

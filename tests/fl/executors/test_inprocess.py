@@ -14,12 +14,7 @@ from fl.records import TrainIns
 MODEL = get_model("fjord-cnn")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def instructions(cids, width=0.5):

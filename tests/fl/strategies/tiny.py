@@ -86,6 +86,14 @@ def run_rounds(
     return history
 
 
+def learn_blobs(strategy: Strategy, clients: Sequence[ClientSpec], rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train on one 30-example blob shard per client, check the training loss fell, return a 150-example test set."""
+    data = {c.cid: blobs(30, seed=i) for i, c in enumerate(clients)}
+    history = run_rounds(strategy, clients, rounds, data)
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    return blobs(150, seed=99)
+
+
 def accuracy(strategy: Strategy, x: np.ndarray, y: np.ndarray, rate: float = 1.0) -> float:
     sub = strategy.model.static(rate)
     return evaluate(strategy.model, sub.arch, strategy.model.extract(strategy.global_state, sub), x, y)["accuracy"]
