@@ -1,0 +1,520 @@
+"""FLuID's maths: straggler calibration and Invariant Dropout (pure functions, no I/O).
+
+Paper: "FLuID: Mitigating Stragglers in Federated Learning using Invariant Dropout"
+(papers/003, section 5, Algorithm 1, Appendices A.2 and A.3).
+
+Straggler calibration (Algorithm 1, lines 18-21)
+    From the clients' measured end-to-end round times (compute + transfers), the
+    slowest clients are the stragglers; the target time is the next-slowest
+    client's time (the slowest non-straggler); each straggler's required speed-up
+    is ``T_straggler / T_target``. Times are compared as *full-model* times: a
+    client measured while training a sub-model of size ``r`` is re-estimated as
+    ``T / r`` (linear rule, Appendix A.3) or ``T * lat(1) / lat(r)`` with its
+    device's measured latency-vs-width curve. The sub-model size is
+
+    * linear rule (Appendix A.3): the available size closest to ``1 / speed-up``;
+    * measured curve: the largest available size whose predicted time
+      ``T_full * lat(r) / lat(1)`` is at most the target.
+
+Invariant neurons (section 5, Algorithm 1 lines 9, 16, 22)
+    A weight is invariant at threshold ``th`` when ``|w_client - w_global| <=
+    th * |w_global|``; where ``w_global == 0`` that allows no change at all (the
+    relative change is 0 for an unchanged weight and infinite otherwise). A
+    neuron's change for one client is the largest relative change over its
+    incoming weights and bias (the paper's "minimum g" bounding every weight of the
+    neuron), so the neuron is invariant for that client iff that change is
+    ``<= th``. It is invariant for the round when that holds for at least
+    ``quorum`` (75 %) of the non-stragglers; equivalently when its *score*, the
+    ``ceil(quorum * N)``-th smallest change over the N non-stragglers, is ``<= th``.
+    Thresholds are per layer (neuron group): initialised as the mean, over the
+    first calibration rounds, of the minimum change of the layer's neurons
+    (Algorithm 1 line 9), then raised in multiplicative steps ``th <- th * (1 +
+    step)`` (``step`` = 0.1 by default: the paper gives no step size) until at
+    least as many neurons are invariant as the stragglers must drop (line 22).
+    Stragglers drop invariant neurons first, least-changing first, and fill up at
+    random when there are too few.
+
+"Incoming weights" of a neuron of group ``g`` are the slices, along dimension 0,
+of every parameter whose first dimension is indexed by ``g`` (conv filters and
+biases, linear rows and biases, the four LSTM gate rows with their recurrent
+weights, BatchNorm affine parameters). A dimension indexed by ``g`` elsewhere is
+an *input* of the next layer and is not used; in particular a conv -> linear
+flatten column belongs to the next layer. Coupled layers (residual additions)
+share one group, so their neuron is invariant only if every coupled tensor is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from exporters.arch import SubModel, make_submodel, width_for_rate
+from exporters.errors import InputError
+from exporters.zoo import ZooModel
+
+#: Sub-model sizes of the paper's Table 2 (0.4 also appears in Table 5).
+PAPER_SIZES = (0.95, 0.85, 0.75, 0.65, 0.5)
+
+#: Fraction of non-stragglers for which a neuron must be invariant (reference: 75 %).
+DEFAULT_QUORUM = 0.75
+
+#: Multiplicative threshold increment per step (the paper leaves the step open).
+DEFAULT_THRESHOLD_STEP = 0.1
+
+#: Upper bound on increments in one calibration (the loop ends long before in practice).
+MAX_THRESHOLD_STEPS = 10_000
+
+#: Predicts per-image training latency (any unit) at a width in (0, 1].
+LatencyPredictor = Callable[[float], float]
+
+
+def straggler_count(num_clients: int, num_stragglers: int = 1, fraction: float | None = None) -> int:
+    """Return how many of ``num_clients`` are treated as stragglers.
+
+    Parameters
+    ----------
+    num_clients : int
+        Clients with a known round time.
+    num_stragglers : int
+        Fixed count (the paper's five-phone experiments use one).
+    fraction : float, optional
+        If given, ``round(fraction * num_clients)`` (at least 1) instead: the paper's
+        simulations treat the slowest 20 % as stragglers.
+
+    Returns
+    -------
+    int
+        Between 0 and ``num_clients - 1``: at least one client must set the target.
+    """
+    if fraction is not None:
+        if not 0.0 <= fraction < 1.0:
+            raise InputError(f"straggler fraction {fraction!r} is outside [0, 1)")
+        wanted = max(1, round(fraction * num_clients)) if fraction > 0 else 0
+    else:
+        if num_stragglers < 0:
+            raise InputError(f"number of stragglers {num_stragglers!r} is negative")
+        wanted = num_stragglers
+    return max(0, min(wanted, num_clients - 1))
+
+
+def find_stragglers(times: Mapping[str, float], count: int) -> tuple[list[str], float]:
+    """Return the ``count`` slowest clients (slowest first) and the target time.
+
+    Parameters
+    ----------
+    times : mapping of str to float
+        Full-model end-to-end seconds per client.
+    count : int
+        Number of stragglers (`straggler_count`).
+
+    Returns
+    -------
+    stragglers : list of str
+        Client ids, slowest first; ties broken by client id.
+    target : float
+        ``T_target``: the time of the next-slowest client, i.e. the slowest client
+        that is not a straggler (NaN when every client is a straggler or none is known).
+    """
+    order = sorted(times, key=lambda cid: (-float(times[cid]), cid))
+    count = max(0, min(count, len(order) - 1))
+    target = float(times[order[count]]) if len(order) > count else math.nan
+    return order[:count], target
+
+
+def _check_sizes(sizes: Sequence[float]) -> tuple[float, ...]:
+    if not sizes:
+        raise InputError("no sub-model sizes given")
+    for s in sizes:
+        if not 0.0 < float(s) <= 1.0:
+            raise InputError(f"sub-model size {s!r} is outside (0, 1]")
+    return tuple(sorted({float(s) for s in sizes}))
+
+
+def linear_rate(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
+    """Return the available size closest to ``1 / speedup`` (Appendix A.3).
+
+    Parameters
+    ----------
+    speedup : float
+        ``T_straggler / T_target`` with the straggler's full-model time.
+    sizes : sequence of float
+        Available sub-model sizes.
+
+    Returns
+    -------
+    float
+        1.0 when no speed-up is needed (``speedup <= 1``); otherwise the closest
+        size, the larger one on a tie (a larger sub-model keeps more accuracy).
+    """
+    available = _check_sizes(sizes)
+    if not speedup > 0 or math.isnan(speedup):
+        raise InputError(f"speed-up {speedup!r} is not positive")
+    if speedup <= 1.0:
+        return 1.0
+    goal = 1.0 / speedup
+    return min(available, key=lambda s: (abs(s - goal), -s))
+
+
+def curve_predictor(widths: Sequence[float], latencies: Sequence[float]) -> LatencyPredictor:
+    """Return a piecewise-linear latency predictor through measured ``(width, latency)`` points.
+
+    Parameters
+    ----------
+    widths : sequence of float
+        Measured widths (at least two distinct).
+    latencies : sequence of float
+        Per-image latency at each width (positive).
+
+    Returns
+    -------
+    callable
+        ``predict(width)``: linear interpolation, extended linearly past the first
+        and last points, never below 1e-3 of the smallest measured latency.
+    """
+    w = np.asarray(widths, dtype=np.float64)
+    lat = np.asarray(latencies, dtype=np.float64)
+    if w.shape != lat.shape or w.ndim != 1:
+        raise InputError(f"curve needs equally long widths and latencies, got {w.shape} and {lat.shape}")
+    if len(np.unique(w)) < 2 or len(np.unique(w)) != len(w):
+        raise InputError(f"curve needs at least two distinct widths, got {list(w)}")
+    if not np.all(np.isfinite(lat)) or np.any(lat <= 0):
+        raise InputError(f"curve latencies must be positive, got {list(lat)}")
+    order = np.argsort(w)
+    w, lat = w[order], lat[order]
+    floor = 1e-3 * float(lat.min())
+
+    def predict(width: float) -> float:
+        if width < w[0]:
+            slope = (lat[1] - lat[0]) / (w[1] - w[0])
+            value = lat[0] + slope * (width - w[0])
+        elif width > w[-1]:
+            slope = (lat[-1] - lat[-2]) / (w[-1] - w[-2])
+            value = lat[-1] + slope * (width - w[-1])
+        else:
+            value = float(np.interp(width, w, lat))
+        return max(float(value), floor)
+
+    return predict
+
+
+def full_model_seconds(seconds: float, rate: float, predict: LatencyPredictor | None = None) -> float:
+    """Re-estimate a client's full-model time from a time measured on a sub-model of size ``rate``.
+
+    Parameters
+    ----------
+    seconds : float
+        Measured end-to-end time at ``rate``.
+    rate : float
+        Sub-model size the client trained, in (0, 1].
+    predict : callable, optional
+        The client's latency-vs-width curve; without one the linear rule ``seconds / rate``.
+
+    Returns
+    -------
+    float
+    """
+    if not 0.0 < rate <= 1.0:
+        raise InputError(f"sub-model size {rate!r} is outside (0, 1]")
+    if rate == 1.0:
+        return float(seconds)
+    if predict is None:
+        return float(seconds) / rate
+    return float(seconds) * predict(1.0) / predict(rate)
+
+
+def curve_rate(full_seconds: float, target_seconds: float, sizes: Sequence[float], predict: LatencyPredictor) -> float:
+    """Return the largest size whose predicted time meets the target, from a measured curve.
+
+    Parameters
+    ----------
+    full_seconds : float
+        The straggler's (estimated) full-model time.
+    target_seconds : float
+        ``T_target``.
+    sizes : sequence of float
+        Available sub-model sizes; 1.0 is always a candidate.
+    predict : callable
+        Per-image latency at a width (`curve_predictor` or any model of it).
+
+    Returns
+    -------
+    float
+        The largest candidate ``s`` with ``full_seconds * predict(s) / predict(1) <=
+        target_seconds``; the smallest available size when none meets it.
+    """
+    available = _check_sizes(sizes)
+    full_latency = predict(1.0)
+    for s in sorted({*available, 1.0}, reverse=True):
+        if full_seconds * predict(s) / full_latency <= target_seconds:
+            return s
+    return available[0]
+
+
+def profile_curve(
+    rows: Sequence[Mapping[str, Any]], model: str, batch: int | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Return one device's latency-vs-width curve for ``model`` from its profile rows.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        ``ProfileStore.latest_cells`` records of one device (keys ``model``,
+        ``width``, ``batch``, ``backend``, ``status``, ``median_us``).
+    model : str
+        Zoo model name.
+    batch : int, optional
+        Preferred batch size (the run's local batch size).
+
+    Returns
+    -------
+    (widths, latencies) or None
+        Per width the median of ``median_us`` over the chosen (backend, batch)
+        series: the preferred batch if it has at least two widths, otherwise the
+        series with the most widths (ties: smallest backend name, then batch).
+        None when no series has two measured widths.
+    """
+    series: dict[tuple[str, int], dict[float, list[float]]] = {}
+    for row in rows:
+        if row.get("model") != model or row.get("status", "ok") != "ok":
+            continue
+        latency = row.get("median_us")
+        width = row.get("width")
+        if latency is None or width is None or not math.isfinite(float(latency)) or float(latency) <= 0:
+            continue
+        key = (str(row.get("backend", "")), int(row.get("batch", 0) or 0))
+        series.setdefault(key, {}).setdefault(float(width), []).append(float(latency))
+    usable = {k: v for k, v in series.items() if len(v) >= 2}
+    if not usable:
+        return None
+    preferred = sorted(k for k in usable if batch is not None and k[1] == batch)
+    key = preferred[0] if preferred else min(usable, key=lambda k: (-len(usable[k]), k))
+    points = sorted(usable[key].items())
+    return tuple(w for w, _ in points), tuple(float(np.median(v)) for _, v in points)
+
+
+def relative_change(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Return ``|new - old| / |old|`` elementwise, guarding ``old == 0``.
+
+    Where ``old == 0`` the result is 0 if the weight did not change and ``inf``
+    otherwise, so that ``|new - old| <= th * |old|`` holds exactly when the result
+    is ``<= th`` for every finite ``th >= 0``.
+    """
+    old64 = np.asarray(old, dtype=np.float64)
+    diff = np.abs(np.asarray(new, dtype=np.float64) - old64)
+    scale = np.abs(old64)
+    out = np.full(diff.shape, np.inf)
+    nonzero = scale > 0
+    out[nonzero] = diff[nonzero] / scale[nonzero]
+    out[~nonzero & (diff == 0)] = 0.0
+    return out
+
+
+def neuron_changes(
+    model: ZooModel, client_params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Return, per neuron group, each neuron's largest relative change over its incoming weights.
+
+    Parameters
+    ----------
+    model : ZooModel
+    client_params : mapping of str to numpy.ndarray
+        Full-width parameters a client returned.
+    global_params : mapping of str to numpy.ndarray
+        The full-width parameters it was sent.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``{group: float64 array of K}``; a neuron is invariant for this client at
+        ``th`` iff its entry is ``<= th``. A group without incoming weights gets ``inf``.
+    """
+    sizes = dict(model.groups)
+    out = {g: np.full(k, -np.inf) for g, k in sizes.items()}
+    for name, layout in model.layouts.items():
+        if not layout or layout[0] is None:
+            continue
+        dim = layout[0]
+        if name not in client_params or name not in global_params:
+            raise InputError(f"{model.name}: parameter {name!r} missing from the update")
+        new, old = np.asarray(client_params[name]), np.asarray(global_params[name])
+        if new.shape != old.shape:
+            raise InputError(f"{model.name}: {name!r} has shape {new.shape}, global {old.shape}")
+        rel = relative_change(new, old)
+        k = sizes[dim.group]
+        # dim 0 is (blocks, K, inner): LSTM gate blocks, the neuron, positions per neuron
+        per_neuron = rel.reshape(dim.blocks, k, dim.inner, -1).max(axis=(0, 2, 3))
+        out[dim.group] = np.maximum(out[dim.group], per_neuron)
+    return {g: np.where(np.isneginf(v), np.inf, v) for g, v in out.items()}
+
+
+def invariance_scores(
+    changes: Sequence[Mapping[str, np.ndarray]], quorum: float = DEFAULT_QUORUM
+) -> dict[str, np.ndarray]:
+    """Combine non-stragglers' neuron changes into one score per neuron.
+
+    Parameters
+    ----------
+    changes : sequence of mapping
+        `neuron_changes` of every non-straggler of the round.
+    quorum : float
+        Fraction of non-stragglers for which a neuron must be invariant, in (0, 1].
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Per group, the ``ceil(quorum * N)``-th smallest change of each neuron: the
+        neuron is invariant at ``th`` (for at least ``quorum`` of the N clients)
+        iff its score is ``<= th``.
+    """
+    if not 0.0 < quorum <= 1.0:
+        raise InputError(f"invariance quorum {quorum!r} is outside (0, 1]")
+    if not changes:
+        raise InputError("no non-straggler updates to find invariant neurons in")
+    need = max(1, math.ceil(quorum * len(changes) - 1e-9))
+    out: dict[str, np.ndarray] = {}
+    for group in changes[0]:
+        stacked = np.sort(np.stack([np.asarray(c[group], dtype=np.float64) for c in changes]), axis=0)
+        out[group] = stacked[need - 1]
+    return out
+
+
+def minimum_changes(changes: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """Return per group the smallest finite neuron change over all clients (Algorithm 1, line 9).
+
+    Returns
+    -------
+    dict of str to float
+        NaN for a group whose changes are all infinite.
+    """
+    out: dict[str, float] = {}
+    for group in changes[0] if changes else {}:
+        values = np.concatenate([np.asarray(c[group], dtype=np.float64).ravel() for c in changes])
+        finite = values[np.isfinite(values)]
+        out[group] = float(finite.min()) if finite.size else math.nan
+    return out
+
+
+def invariant_count(scores: np.ndarray, threshold: float) -> int:
+    """Return how many neurons are invariant at ``threshold``."""
+    return int(np.count_nonzero(np.asarray(scores) <= threshold))
+
+
+def raise_threshold(threshold: float, scores: np.ndarray, needed: int, step: float = DEFAULT_THRESHOLD_STEP) -> float:
+    """Raise a layer's threshold in steps until at least ``needed`` neurons are invariant.
+
+    Parameters
+    ----------
+    threshold : float
+        Current threshold (>= 0); it is never lowered.
+    scores : numpy.ndarray
+        The layer's `invariance_scores`.
+    needed : int
+        Neurons the stragglers must drop from this layer.
+    step : float
+        Each step multiplies the threshold by ``1 + step``; a zero threshold first
+        jumps to the smallest positive finite score.
+
+    Returns
+    -------
+    float
+        The first threshold of the sequence with ``invariant_count >= needed``, or
+        the last one tried when that is impossible (too few finite scores).
+    """
+    if step <= 0:
+        raise InputError(f"threshold step {step!r} is not positive")
+    finite = np.sort(np.asarray(scores, dtype=np.float64)[np.isfinite(scores)])
+    needed = min(int(needed), finite.size)
+    if needed <= 0 or invariant_count(scores, threshold) >= needed:
+        return float(threshold)
+    goal = float(finite[needed - 1])
+    th = float(threshold)
+    for _ in range(MAX_THRESHOLD_STEPS):
+        if th >= goal:
+            break
+        if th <= 0:
+            positive = finite[finite > 0]
+            th = float(positive[0])
+        else:
+            th *= 1.0 + step
+    return th
+
+
+def invariant_keep(scores: np.ndarray, threshold: float, width: int, rng: np.random.Generator) -> np.ndarray:
+    """Return the ``width`` neurons a straggler keeps: invariant ones dropped first, then random.
+
+    Parameters
+    ----------
+    scores : numpy.ndarray
+        The layer's invariance scores (K entries).
+    threshold : float
+        The layer's threshold.
+    width : int
+        Neurons to keep.
+    rng : numpy.random.Generator
+        Draws the fill when fewer than ``K - width`` neurons are invariant.
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted int64 kept indices. Dropped: the invariant neurons with the smallest
+        scores (ties by index), then non-invariant neurons drawn uniformly.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    size = scores.size
+    if not 1 <= width <= size:
+        raise InputError(f"width {width!r} outside [1, {size}]")
+    n_drop = size - width
+    invariant = np.flatnonzero(scores <= threshold)
+    invariant = invariant[np.lexsort((invariant, scores[invariant]))]
+    dropped = invariant[:n_drop]
+    short = n_drop - dropped.size
+    if short > 0:
+        others = np.setdiff1d(np.arange(size), dropped)
+        dropped = np.concatenate([dropped, rng.choice(others, size=short, replace=False)])
+    keep = np.setdiff1d(np.arange(size, dtype=np.int64), dropped)
+    return keep.astype(np.int64)
+
+
+def invariant_submodel(
+    model: ZooModel,
+    rate: float,
+    scores: Mapping[str, np.ndarray] | None,
+    thresholds: Mapping[str, float],
+    rng: np.random.Generator,
+) -> SubModel:
+    """Return a straggler's Invariant Dropout sub-model at ``rate``.
+
+    Parameters
+    ----------
+    model : ZooModel
+    rate : float
+        Sub-model size in (0, 1]; each group keeps ``ceil(rate * K)`` neurons.
+    scores : mapping of str to numpy.ndarray or None
+        Per-group invariance scores; None (nothing measured yet) drops at random.
+    thresholds : mapping of str to float
+        Per-group thresholds (a missing group has no invariant neurons).
+    rng : numpy.random.Generator
+        Random fill, drawn group by group in model order.
+
+    Returns
+    -------
+    SubModel
+        Built with `exporters.arch.make_submodel`. The zoo layouts map a conv ->
+        linear flatten channel-major (NCHW), so dropping a channel drops its whole
+        block of linear columns; the FLuID reference maps it in the wrong order and
+        this project does not repeat that.
+    """
+    arch = model.arch(rate)
+    indices: list[Any] = []
+    for (group, size), width in zip(model.groups, arch.widths, strict=True):
+        layer = np.full(size, np.inf) if scores is None or group not in scores else scores[group]
+        indices.append(invariant_keep(layer, float(thresholds.get(group, -np.inf)), width, rng))
+    return make_submodel(arch, model.group_sizes, indices)
+
+
+def neurons_to_drop(model: ZooModel, rates: Sequence[float]) -> dict[str, int]:
+    """Return per group the most neurons any of ``rates`` drops (``K - ceil(r*K)``)."""
+    return {group: max((size - width_for_rate(r, size) for r in rates), default=0) for group, size in model.groups}

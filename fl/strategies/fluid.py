@@ -1,0 +1,413 @@
+"""FLuID: stragglers train Invariant Dropout sub-models sized from their measured times.
+
+Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
+
+``configure_round``
+    On a calibration round (the first round with known times, then every
+    ``calibration_period`` rounds) the stragglers are re-determined from every
+    sampled client's latest end-to-end time, re-estimated as a full-model time
+    (``T / r`` for a client that trained a sub-model of size ``r``, or with its
+    device's measured curve), so that a different client that became slowest
+    takes over as straggler and every straggler's size is recomputed. A
+    straggler's size comes from its device's latency-vs-width profile for this
+    model when ``profiles`` has one (largest size meeting the target time), else
+    from the linear rule (size closest to 1 / speed-up). Stragglers train
+    sub-models of the chosen dropout (``invariant``: invariant neurons first,
+    random fill; ``ordered``: FjORD prefix; ``random``: uniform draw), everyone
+    else the full model. Per-layer thresholds are raised until enough neurons are
+    invariant.
+``aggregate_round``
+    Non-stragglers' updates give each neuron's invariance score (and, in the first
+    ``threshold_init_rounds`` rounds, the initial thresholds); the clients' round
+    times are recorded; the global model is the sample-count weighted average per
+    weight over the clients that held it (`fl.aggregate.selective_average`). A
+    client that timed out counts with the seconds it was waited for.
+
+Round times are ``TrainRes.round_seconds`` (download + compute + upload). For
+in-process runs, where every client runs on the same machine, ``slowdown``
+(``{"c0": 3.0}``) multiplies a client's measured compute seconds: a *simulation*
+of a slower device that lets the straggler logic run without hardware; with real
+devices leave it empty.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from exporters.arch import SubModel
+from exporters.errors import InputError
+from exporters.zoo import ZooModel
+from fl import fluid
+from fl.aggregate import selective_average
+from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.strategies.base import Profiles, Strategy
+from fl.submodels import random_submodel
+
+#: Values of the ``dropout`` option.
+DROPOUTS = ("invariant", "ordered", "random")
+
+
+class FLuID(Strategy):
+    """Federated Learning using Invariant Dropout (Wang et al.).
+
+    Parameters
+    ----------
+    model, initial, seed, local
+        See `fl.strategies.base.Strategy`.
+    dropout : {"invariant", "ordered", "random"}
+        How stragglers' sub-models are chosen (the paper's method and its two baselines).
+    sizes : sequence of float or str
+        Available sub-model sizes (paper Table 2: 0.95, 0.85, 0.75, 0.65, 0.5);
+        a string is JSON or comma-separated.
+    rate : float, optional
+        Fixed size for every straggler (Table 2's experiments), bypassing the
+        time-based choice; stragglers are still detected from times.
+    num_stragglers : int
+        Stragglers per calibration (the paper's phones: 1).
+    straggler_fraction : float, optional
+        Instead the slowest fraction of the sampled clients (the paper's simulations: 0.2).
+    calibration_period : int
+        Rounds between calibrations (the paper calibrates every epoch: 1).
+    quorum : float
+        Fraction of non-stragglers for which a neuron must be invariant (0.75).
+    threshold_step : float
+        Multiplicative threshold increment (0.1: ``th <- 1.1 * th``).
+    threshold_init_rounds : int
+        Rounds whose minimum neuron change is averaged into the initial thresholds.
+    slowdown : mapping of str to float or str
+        Simulated slow-down factor of a client's compute time (in-process runs).
+    use_profiles : bool
+        Use the devices' measured curves when available (else always the linear rule).
+    """
+
+    name = "fluid"
+
+    def __init__(
+        self,
+        model: ZooModel,
+        initial: Params,
+        seed: int = 0,
+        local: Mapping[str, Any] | None = None,
+        *,
+        dropout: str = "invariant",
+        sizes: Sequence[float] | float | str = fluid.PAPER_SIZES,
+        rate: float | str | None = None,
+        num_stragglers: int | str = 1,
+        straggler_fraction: float | str | None = None,
+        calibration_period: int | str = 1,
+        quorum: float | str = fluid.DEFAULT_QUORUM,
+        threshold_step: float | str = fluid.DEFAULT_THRESHOLD_STEP,
+        threshold_init_rounds: int | str = 1,
+        slowdown: Mapping[str, float] | str | None = None,
+        use_profiles: bool | str = True,
+    ) -> None:
+        super().__init__(model, initial, seed=seed, local=local)
+        if dropout not in DROPOUTS:
+            raise InputError(f"unknown FLuID dropout {dropout!r}; known: {', '.join(DROPOUTS)}")
+        self.dropout = dropout
+        self.sizes = _parse_sizes(sizes)
+        self.fixed_rate = None if rate in (None, "", "none", "None") else float(rate)
+        if self.fixed_rate is not None and not 0.0 < self.fixed_rate <= 1.0:
+            raise InputError(f"FLuID rate {rate!r} is outside (0, 1]")
+        self.num_stragglers = int(num_stragglers)
+        self.straggler_fraction = (
+            None if straggler_fraction in (None, "", "none", "None") else float(straggler_fraction)
+        )
+        fluid.straggler_count(2, self.num_stragglers, self.straggler_fraction)  # validates both
+        self.calibration_period = int(calibration_period)
+        if self.calibration_period < 1:
+            raise InputError(f"calibration_period {calibration_period!r} must be at least 1")
+        self.quorum = float(quorum)
+        if not 0.0 < self.quorum <= 1.0:
+            raise InputError(f"quorum {quorum!r} is outside (0, 1]")
+        self.threshold_step = float(threshold_step)
+        if not self.threshold_step > 0:
+            raise InputError(f"threshold_step {threshold_step!r} is not positive")
+        self.threshold_init_rounds = int(threshold_init_rounds)
+        if self.threshold_init_rounds < 1:
+            raise InputError(f"threshold_init_rounds {threshold_init_rounds!r} must be at least 1")
+        self.slowdown = _parse_slowdown(slowdown)
+        self.use_profiles = _parse_bool(use_profiles)
+        # memory across rounds (all of it in state())
+        self.stragglers: list[str] = []
+        self.rates: dict[str, float] = {}
+        self.assigned: dict[str, float] = {}
+        self.last_seconds: dict[str, float] = {}
+        self.last_rate: dict[str, float] = {}
+        self.thresholds: dict[str, float] = {}
+        self.threshold_history: dict[str, list[float]] = {}
+        self.scores: dict[str, np.ndarray] | None = None
+        self.last_calibration: int | None = None
+        self.target_seconds: float | None = None
+
+    # -- round logic -------------------------------------------------------------------
+
+    def configure_round(
+        self, rnd: int, clients: Sequence[ClientSpec], profiles: Profiles | None = None
+    ) -> dict[str, TrainIns]:
+        """Calibrate when due, then give stragglers their sub-models and the others the full model."""
+        predictors = self._predictors(clients, profiles)
+        if self._calibration_due(rnd, clients):
+            self.calibrate(rnd, clients, predictors)
+        sampled = {c.cid for c in clients}
+        active = {cid: r for cid, r in self.rates.items() if cid in sampled and cid in self.stragglers}
+        if self.dropout == "invariant" and self.scores is not None and active:
+            self._raise_thresholds(active.values())
+        full = self.model.static(1.0)
+        out: dict[str, TrainIns] = {}
+        self.assigned = {}
+        for client in clients:
+            rate = active.get(client.cid, 1.0)
+            submodel = full if rate >= 1.0 else self._straggler_submodel(rnd, client.cid, rate)
+            self.assigned[client.cid] = rate
+            config = self.client_config(rnd, client.cid, straggler=client.cid in active, width=rate)
+            out[client.cid] = TrainIns(client.cid, submodel, self.model.extract(self.global_state, submodel), config)
+        return out
+
+    def aggregate_round(
+        self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]
+    ) -> tuple[Params, dict[str, float]]:
+        """Update invariance scores and round times, then average per weight over its holders."""
+        full_results = [r for r in results if self.assigned.get(r.cid, 1.0) >= 1.0]
+        if full_results:
+            changes = [fluid.neuron_changes(self.model, r.parameters, self.global_state) for r in full_results]
+            self.scores = fluid.invariance_scores(changes, self.quorum)
+            self._update_initial_thresholds(fluid.minimum_changes(changes))
+        seconds: dict[str, float] = {}
+        for res in results:
+            seconds[res.cid] = self.simulated_seconds(res)
+            self.last_seconds[res.cid] = seconds[res.cid]
+            self.last_rate[res.cid] = self.assigned.get(res.cid, 1.0)
+        for failure in failures:
+            if failure.reason == "timeout" and failure.seconds > 0:
+                # a lower bound on its time: enough to make it a straggler at the next calibration
+                self.last_seconds[failure.cid] = float(failure.seconds)
+                self.last_rate[failure.cid] = self.assigned.get(failure.cid, 1.0)
+        if results:
+            self.global_state = selective_average(
+                self.model, self.global_state, [(r.submodel, r.parameters, float(r.num_examples)) for r in results]
+            )
+        return self.global_state, self._metrics(seconds, failures)
+
+    def eval_submodels(self, clients: Sequence[ClientSpec]) -> dict[float, SubModel]:
+        """Evaluate the full model only: every client, stragglers included, infers with it."""
+        return {1.0: self.model.static(1.0)}
+
+    def simulated_seconds(self, res: TrainRes) -> float:
+        """Return a result's end-to-end time with the client's simulated compute slow-down applied."""
+        factor = self.slowdown.get(res.cid, 1.0)
+        return float(res.download_seconds + factor * res.compute_seconds + res.upload_seconds)
+
+    def calibrate(
+        self, rnd: int, clients: Sequence[ClientSpec], predictors: Mapping[str, fluid.LatencyPredictor]
+    ) -> None:
+        """Re-determine stragglers, the target time and every straggler's sub-model size.
+
+        Parameters
+        ----------
+        rnd : int
+            The round being configured.
+        clients : sequence of ClientSpec
+            Sampled clients; those without a measured time are not considered.
+        predictors : mapping of str to callable
+            Latency-vs-width curves of the clients that have one.
+        """
+        full_times = {
+            c.cid: fluid.full_model_seconds(
+                self.last_seconds[c.cid], self.last_rate.get(c.cid, 1.0), predictors.get(c.cid)
+            )
+            for c in clients
+            if c.cid in self.last_seconds
+        }
+        count = fluid.straggler_count(len(full_times), self.num_stragglers, self.straggler_fraction)
+        stragglers, target = fluid.find_stragglers(full_times, count)
+        rates: dict[str, float] = {}
+        for cid in stragglers:
+            if self.fixed_rate is not None:
+                rates[cid] = self.fixed_rate
+            elif cid in predictors:
+                rates[cid] = fluid.curve_rate(full_times[cid], target, self.sizes, predictors[cid])
+            else:
+                rates[cid] = fluid.linear_rate(full_times[cid] / target, self.sizes)
+        self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
+        self.stragglers = [cid for cid in stragglers if cid in self.rates]
+        self.target_seconds = None if math.isnan(target) else target
+        self.last_calibration = rnd
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _calibration_due(self, rnd: int, clients: Sequence[ClientSpec]) -> bool:
+        known = sum(1 for c in clients if c.cid in self.last_seconds)
+        if known < 2:
+            return False
+        return self.last_calibration is None or rnd - self.last_calibration >= self.calibration_period
+
+    def _predictors(
+        self, clients: Sequence[ClientSpec], profiles: Profiles | None
+    ) -> dict[str, fluid.LatencyPredictor]:
+        if not profiles or not self.use_profiles:
+            return {}
+        curves: dict[str, fluid.LatencyPredictor | None] = {}
+        out: dict[str, fluid.LatencyPredictor] = {}
+        for client in clients:
+            device = client.device
+            if device is None or device not in profiles:
+                continue
+            if device not in curves:
+                batch = _int_or_none(self.local.get("batch_size"))
+                curve = fluid.profile_curve(profiles[device], self.model.name, batch)
+                curves[device] = None if curve is None else fluid.curve_predictor(*curve)
+            predictor = curves[device]
+            if predictor is not None:
+                out[client.cid] = predictor
+        return out
+
+    def _raise_thresholds(self, rates: Any) -> None:
+        assert self.scores is not None
+        needed = fluid.neurons_to_drop(self.model, list(rates))
+        for group, scores in self.scores.items():
+            current = self.thresholds.get(group, 0.0)
+            self.thresholds[group] = fluid.raise_threshold(current, scores, needed[group], self.threshold_step)
+
+    def _update_initial_thresholds(self, minima: Mapping[str, float]) -> None:
+        for group, value in minima.items():
+            history = self.threshold_history.setdefault(group, [])
+            if len(history) >= self.threshold_init_rounds:
+                continue
+            if math.isfinite(value):
+                history.append(float(value))
+            if history:
+                self.thresholds[group] = float(np.mean(history))
+
+    def _straggler_submodel(self, rnd: int, cid: str, rate: float) -> SubModel:
+        rng = np.random.default_rng((self.seed, rnd, zlib.crc32(cid.encode())))
+        if self.dropout == "ordered":
+            return self.model.static(rate)
+        if self.dropout == "random":
+            return random_submodel(self.model, rate, rng)
+        return fluid.invariant_submodel(self.model, rate, self.scores, self.thresholds, rng)
+
+    def _metrics(self, seconds: Mapping[str, float], failures: Sequence[ClientFailure]) -> dict[str, float]:
+        stragglers = [cid for cid in seconds if self.assigned.get(cid, 1.0) < 1.0]
+        others = [seconds[cid] for cid in seconds if cid not in stragglers]
+        metrics: dict[str, float] = {
+            "stragglers": float(len(stragglers)),
+            "failures": float(len(failures)),
+            "round_seconds": max(seconds.values(), default=0.0),
+        }
+        if self.target_seconds is not None:
+            metrics["target_seconds"] = self.target_seconds
+        if stragglers:
+            metrics["straggler_rate"] = min(self.assigned[cid] for cid in stragglers)
+            metrics["straggler_seconds"] = max(seconds[cid] for cid in stragglers)
+            if others:
+                # the paper's Fig. 4a check: straggler time vs the slowest non-straggler this round
+                metrics["straggler_over_target"] = metrics["straggler_seconds"] / max(others)
+        if self.scores is not None:
+            counts = [fluid.invariant_count(s, self.thresholds.get(g, -math.inf)) for g, s in self.scores.items()]
+            metrics["invariant_fraction"] = float(sum(counts)) / float(sum(self.model.group_sizes))
+        return metrics
+
+    # -- checkpointing -----------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Return the global model, invariance scores and the calibration memory (numpy / JSON)."""
+        return {
+            "global": self.global_state,
+            "scores": {} if self.scores is None else {g: np.array(s, copy=True) for g, s in self.scores.items()},
+            "fluid": {
+                "has_scores": self.scores is not None,
+                "stragglers": list(self.stragglers),
+                "rates": dict(self.rates),
+                "assigned": dict(self.assigned),
+                "last_seconds": dict(self.last_seconds),
+                "last_rate": dict(self.last_rate),
+                "thresholds": dict(self.thresholds),
+                "threshold_history": {g: list(h) for g, h in self.threshold_history.items()},
+                "last_calibration": self.last_calibration,
+                "target_seconds": self.target_seconds,
+            },
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state` returned."""
+        super().load_state(state)
+        memory = state["fluid"]
+        self.scores = (
+            {g: np.asarray(s, dtype=np.float64).copy() for g, s in state["scores"].items()}
+            if memory["has_scores"]
+            else None
+        )
+        self.stragglers = [str(c) for c in memory["stragglers"]]
+        self.rates = {str(k): float(v) for k, v in memory["rates"].items()}
+        self.assigned = {str(k): float(v) for k, v in memory["assigned"].items()}
+        self.last_seconds = {str(k): float(v) for k, v in memory["last_seconds"].items()}
+        self.last_rate = {str(k): float(v) for k, v in memory["last_rate"].items()}
+        self.thresholds = {str(k): float(v) for k, v in memory["thresholds"].items()}
+        self.threshold_history = {str(g): [float(x) for x in h] for g, h in memory["threshold_history"].items()}
+        last = memory["last_calibration"]
+        self.last_calibration = None if last is None else int(last)
+        target = memory["target_seconds"]
+        self.target_seconds = None if target is None else float(target)
+
+
+def _parse_sizes(sizes: Sequence[float] | float | str) -> tuple[float, ...]:
+    if isinstance(sizes, int | float):
+        sizes = [float(sizes)]
+    if isinstance(sizes, str):
+        text = sizes.strip()
+        try:
+            parsed = json.loads(text) if text.startswith("[") else [float(s) for s in text.split(",") if s.strip()]
+        except ValueError:
+            raise InputError(f"FLuID sizes {sizes!r} are not a list of numbers") from None
+        sizes = parsed
+    try:
+        values = tuple(float(s) for s in sizes)
+    except (TypeError, ValueError):
+        raise InputError(f"FLuID sizes {sizes!r} are not a list of numbers") from None
+    if not values or any(not 0.0 < s <= 1.0 for s in values):
+        raise InputError(f"FLuID sizes {sizes!r} must be non-empty and inside (0, 1]")
+    return tuple(sorted(set(values), reverse=True))
+
+
+def _parse_slowdown(slowdown: Mapping[str, float] | str | None) -> dict[str, float]:
+    if slowdown is None or slowdown == "":
+        return {}
+    if isinstance(slowdown, str):
+        try:
+            slowdown = json.loads(slowdown)
+        except ValueError:
+            raise InputError(f'slowdown {slowdown!r} is not a JSON object like {{"c0": 3.0}}') from None
+    if not isinstance(slowdown, Mapping):
+        raise InputError(f"slowdown {slowdown!r} is not a mapping of client id to factor")
+    out = {}
+    for cid, factor in slowdown.items():
+        value = float(factor)
+        if not value > 0 or math.isinf(value):
+            raise InputError(f"slowdown factor {factor!r} of client {cid!r} is not a positive number")
+        out[str(cid)] = value
+    return out
+
+
+def _parse_bool(value: bool | str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise InputError(f"{value!r} is not a boolean")
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None

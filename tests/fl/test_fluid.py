@@ -1,0 +1,249 @@
+import math
+
+import numpy as np
+import pytest
+
+from exporters.arch import Dim
+from exporters.errors import InputError
+from exporters.zoo import ZooModel, get_model
+from fl import fluid
+
+
+def tiny_model(blocks: int = 1) -> ZooModel:
+    """Two dense layers around one hidden group ``h`` of 4 neurons (builder unused here)."""
+    layouts = {
+        "fc1.weight": (Dim("h", blocks=blocks), None),  # (blocks*4, 2)
+        "fc1.bias": (Dim("h", blocks=blocks),),
+        "fc2.weight": (None, Dim("h")),  # (2, 4): input of the next layer, not incoming
+        "fc2.bias": (None,),
+    }
+    return ZooModel("tiny", "test", (("h", 4),), lambda widths: None, layouts, (2,), "float32", 2)
+
+
+def tiny_state(blocks: int = 1) -> dict[str, np.ndarray]:
+    return {
+        "fc1.weight": np.ones((4 * blocks, 2), dtype=np.float32),
+        "fc1.bias": np.ones(4 * blocks, dtype=np.float32),
+        "fc2.weight": np.ones((2, 4), dtype=np.float32),
+        "fc2.bias": np.zeros(2, dtype=np.float32),
+    }
+
+
+# -- straggler detection and sub-model size --------------------------------------------
+
+
+def test_straggler_count_fixed_and_fraction():
+    assert fluid.straggler_count(5) == 1
+    assert fluid.straggler_count(5, fraction=0.2) == 1  # the paper's slowest 20 %
+    assert fluid.straggler_count(10, fraction=0.2) == 2
+    assert fluid.straggler_count(50, fraction=0.2) == 10
+    assert fluid.straggler_count(3, num_stragglers=5) == 2  # one client must remain to set the target
+    assert fluid.straggler_count(1) == 0
+    with pytest.raises(InputError):
+        fluid.straggler_count(5, fraction=1.0)
+
+
+def test_find_stragglers_target_is_next_slowest():
+    times = {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}
+    assert fluid.find_stragglers(times, 1) == (["c0"], 8.0)
+    assert fluid.find_stragglers(times, 2) == (["c0", "c2"], 5.0)
+    assert fluid.find_stragglers(times, 0) == ([], 12.0)
+    # ties broken by client id
+    assert fluid.find_stragglers({"b": 3.0, "a": 3.0, "c": 1.0}, 1) == (["a"], 3.0)
+
+
+def test_linear_rate_closest_to_inverse_speedup():
+    # speed-up 12/8 = 1.5 -> 1/1.5 = 0.667 -> 0.65 (distance 0.017 vs 0.083 for 0.75)
+    assert fluid.linear_rate(12.0 / 8.0) == 0.65
+    # 12/5 = 2.4 -> 0.417 -> 0.5 is the smallest available size
+    assert fluid.linear_rate(12.0 / 5.0) == 0.5
+    # 1/1.05 = 0.952 -> 0.95
+    assert fluid.linear_rate(1.05) == 0.95
+    # no speed-up needed -> full model
+    assert fluid.linear_rate(1.0) == 1.0
+    assert fluid.linear_rate(0.8) == 1.0
+    # exact tie (0.5 is 0.25 from both) -> the larger size
+    assert fluid.linear_rate(2.0, sizes=(0.25, 0.75)) == 0.75
+    with pytest.raises(InputError):
+        fluid.linear_rate(1.5, sizes=(0.5, 1.5))
+
+
+CONVEX = ((0.25, 0.5, 0.75, 1.0), (300.0, 700.0, 1300.0, 2000.0))
+OVERHEAD = ((0.25, 0.5, 0.75, 1.0), (1000.0, 1200.0, 1400.0, 1600.0))
+
+
+def test_curve_rate_picks_largest_size_meeting_target():
+    predict = fluid.curve_predictor(*CONVEX)
+    # full 10 s, target 7 s: predicted 10 * lat(s) / 2000:
+    # 0.95 -> lat 1300 + 0.8 * 700 = 1860 -> 9.3 s; 0.85 -> 1580 -> 7.9 s; 0.75 -> 6.5 s <= 7
+    assert fluid.curve_rate(10.0, 7.0, fluid.PAPER_SIZES, predict) == 0.75
+    assert fluid.curve_rate(10.0, 11.0, fluid.PAPER_SIZES, predict) == 1.0
+    assert fluid.curve_rate(10.0, 1.0, fluid.PAPER_SIZES, predict) == 0.5  # nothing meets it: smallest
+
+
+def test_curve_rate_differs_from_linear_rule_when_time_is_not_proportional():
+    predict = fluid.curve_predictor(*OVERHEAD)
+    # full 10 s, target 9.2 s. Linear: 1/speed-up = 0.92 -> 0.95.
+    assert fluid.linear_rate(10.0 / 9.2) == 0.95
+    # Curve: 0.95 -> 1560/1600 -> 9.75 s; 0.85 -> 1480/1600 -> 9.25 s; 0.75 -> 1400/1600 -> 8.75 s
+    assert fluid.curve_rate(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.75
+
+
+def test_curve_predictor_interpolates_and_extrapolates():
+    predict = fluid.curve_predictor((1.0, 0.5), (2000.0, 700.0))  # any order
+    assert predict(0.75) == pytest.approx(1350.0)
+    assert predict(0.25) == pytest.approx(50.0)  # 700 - 0.25 * (1300 / 0.5)
+    assert predict(0.1) == pytest.approx(0.7)  # would be negative: floored at 1e-3 * 700
+    with pytest.raises(InputError):
+        fluid.curve_predictor((0.5,), (700.0,))
+    with pytest.raises(InputError):
+        fluid.curve_predictor((0.5, 1.0), (700.0, -1.0))
+
+
+def test_full_model_seconds_reestimates_time_over_rate():
+    assert fluid.full_model_seconds(6.0, 0.75) == pytest.approx(8.0)
+    assert fluid.full_model_seconds(6.0, 1.0) == 6.0
+    # with a curve: 6.5 s at 0.75 -> 6.5 * 2000 / 1300 = 10 s
+    assert fluid.full_model_seconds(6.5, 0.75, fluid.curve_predictor(*CONVEX)) == pytest.approx(10.0)
+    with pytest.raises(InputError):
+        fluid.full_model_seconds(6.0, 0.0)
+
+
+def test_profile_curve_selects_model_status_and_batch():
+    rows = [
+        {"model": "m", "width": 0.5, "batch": 20, "backend": "ort", "status": "ok", "median_us": 700.0},
+        {"model": "m", "width": 1.0, "batch": 20, "backend": "ort", "status": "ok", "median_us": 2000.0},
+        {"model": "m", "width": 1.0, "batch": 20, "backend": "ort", "status": "ok", "median_us": 2200.0},
+        {"model": "m", "width": 0.75, "batch": 20, "backend": "ort", "status": "error", "median_us": 1.0},
+        {"model": "m", "width": 0.25, "batch": 10, "backend": "ort", "status": "ok", "median_us": 100.0},
+        {"model": "m", "width": 0.5, "batch": 10, "backend": "ort", "status": "ok", "median_us": 200.0},
+        {"model": "m", "width": 1.0, "batch": 10, "backend": "ort", "status": "ok", "median_us": 400.0},
+        {"model": "other", "width": 0.5, "batch": 20, "backend": "ort", "status": "ok", "median_us": 5.0},
+        {"model": "m", "width": 0.75, "batch": 20, "backend": "ort", "status": "ok", "median_us": float("nan")},
+    ]
+    # preferred batch 20: widths 0.5 and 1.0, the two 1.0 rows give their median 2100
+    assert fluid.profile_curve(rows, "m", batch=20) == ((0.5, 1.0), (700.0, 2100.0))
+    # no preference: the series with the most widths (batch 10)
+    assert fluid.profile_curve(rows, "m") == ((0.25, 0.5, 1.0), (100.0, 200.0, 400.0))
+    assert fluid.profile_curve(rows, "other") is None  # one width is no curve
+    assert fluid.profile_curve([], "m") is None
+
+
+# -- invariant neurons ------------------------------------------------------------------
+
+
+def test_relative_change_guards_zero_global_weight():
+    new = np.array([1.1, 0.0, 0.0, 2.0, 0.5])
+    old = np.array([1.0, 0.0, 1.0, -1.0, 0.0])
+    out = fluid.relative_change(new, old)
+    assert out[:4] == pytest.approx([0.1, 0.0, 1.0, 3.0])
+    assert out[4] == math.inf  # w_global == 0 and the weight moved: never invariant
+
+
+def test_neuron_changes_take_the_largest_incoming_change():
+    model = tiny_model()
+    base = tiny_state()
+    base["fc1.weight"][2] = [0.0, 1.0]
+    client = {k: v.copy() for k, v in base.items()}
+    client["fc1.weight"][0] = [1.01, 1.0]  # neuron 0: 1 %
+    client["fc1.bias"][1] = 1.5  # neuron 1: 50 % through its bias
+    client["fc1.weight"][2] = [0.0, 1.02]  # neuron 2: zero weight unchanged, the other 2 %
+    client["fc1.weight"][3] = [1.0, 1.0]  # neuron 3: unchanged
+    client["fc2.weight"][:] = 9.0  # the next layer's input columns are not incoming weights
+    changes = fluid.neuron_changes(model, client, base)
+    assert changes["h"] == pytest.approx([0.01, 0.5, 0.02, 0.0], rel=1e-5)
+    client["fc1.weight"][2, 0] = 0.1  # the zero global weight moved
+    assert fluid.neuron_changes(model, client, base)["h"][2] == math.inf
+
+
+def test_neuron_changes_move_lstm_gate_blocks_together():
+    model = tiny_model(blocks=4)
+    base = tiny_state(blocks=4)
+    client = {k: v.copy() for k, v in base.items()}
+    client["fc1.bias"][2 * 4 + 1] = 1.3  # block 2 (g gate), neuron 1
+    assert fluid.neuron_changes(model, client, base)["h"] == pytest.approx([0.0, 0.3, 0.0, 0.0], rel=1e-5)
+
+
+def test_invariance_scores_need_75_percent_of_non_stragglers():
+    # per client changes of 3 neurons, 4 clients; quorum 0.75 -> at least 3 clients
+    per_client = [
+        {"h": np.array([0.01, 0.01, 0.0])},
+        {"h": np.array([0.02, 0.02, 0.0])},
+        {"h": np.array([0.03, 0.50, 0.0])},
+        {"h": np.array([0.50, 0.60, math.inf])},
+    ]
+    scores = fluid.invariance_scores(per_client)["h"]
+    # 3rd smallest: neuron 0 -> 0.03 (invariant for 3 of 4 at th 0.05), neuron 1 -> 0.5 (only 2 of 4)
+    assert scores == pytest.approx([0.03, 0.5, 0.0])
+    assert list(scores <= 0.05) == [True, False, True]
+    # quorum 1.0 needs every client: neuron 2 moved a zero weight on client 3
+    assert fluid.invariance_scores(per_client, quorum=1.0)["h"][2] == math.inf
+    # 5 clients, 0.75 -> ceil(3.75) = 4 clients
+    five = [*per_client, {"h": np.array([0.04, 0.0, 0.0])}]
+    assert fluid.invariance_scores(five)["h"][0] == pytest.approx(0.04)
+    with pytest.raises(InputError):
+        fluid.invariance_scores([])
+
+
+def test_minimum_changes_ignore_infinite():
+    per_client = [
+        {"h": np.array([0.2, math.inf]), "g": np.array([math.inf])},
+        {"h": np.array([0.05, 0.3]), "g": np.array([math.inf])},
+    ]
+    minima = fluid.minimum_changes(per_client)
+    assert minima["h"] == pytest.approx(0.05)
+    assert math.isnan(minima["g"])
+
+
+def test_raise_threshold_multiplies_by_step_until_enough_invariant():
+    scores = np.array([0.005, 0.02, 0.03, 0.5, math.inf])
+    # need 3 invariant: 0.01 * 1.1^k >= 0.03 first at k = 12 (1.1^11 = 2.853, 1.1^12 = 3.138)
+    assert fluid.raise_threshold(0.01, scores, 3) == pytest.approx(0.01 * 1.1**12)
+    # already enough: unchanged (never lowered)
+    assert fluid.raise_threshold(0.01, scores, 1) == 0.01
+    assert fluid.raise_threshold(1.0, scores, 2) == 1.0
+    # a bigger step: 0.01 * 2^k >= 0.03 at k = 2
+    assert fluid.raise_threshold(0.01, scores, 3, step=1.0) == pytest.approx(0.04)
+    # more needed than finite scores: stops at the largest finite one (0.01 * 1.1^42 >= 0.5)
+    assert fluid.raise_threshold(0.01, scores, 5) == pytest.approx(0.01 * 1.1**42)
+    # a zero threshold first jumps to the smallest positive score
+    assert fluid.raise_threshold(0.0, np.array([0.0, 0.2, 0.4]), 2) == pytest.approx(0.2)
+
+
+def test_invariant_keep_drops_invariant_first_then_random():
+    scores = np.array([0.3, 0.01, 0.5, 0.02, 0.04, 0.9])
+    rng = np.random.default_rng(0)
+    # drop 2: the two least-changing invariant neurons (1 and 3)
+    assert list(fluid.invariant_keep(scores, 0.05, 4, rng)) == [0, 2, 4, 5]
+    # drop 4: all three invariant (1, 3, 4) plus one drawn from {0, 2, 5}
+    kept_sets = set()
+    for seed in range(30):
+        keep = fluid.invariant_keep(scores, 0.05, 2, np.random.default_rng(seed))
+        assert len(keep) == 2 and set(keep) <= {0, 2, 5}
+        kept_sets.add(tuple(keep))
+    assert kept_sets == {(0, 2), (0, 5), (2, 5)}
+    again = [tuple(fluid.invariant_keep(scores, 0.05, 2, np.random.default_rng(7))) for _ in range(2)]
+    assert again[0] == again[1]
+    with pytest.raises(InputError):
+        fluid.invariant_keep(scores, 0.05, 0, rng)
+
+
+def test_invariant_submodel_widths_and_random_fill_without_scores():
+    model = get_model("fluid-cnn")
+    sub = fluid.invariant_submodel(model, 0.5, None, {}, np.random.default_rng(1))
+    assert sub.arch.widths == (8, 32, 60)
+    assert [len(i) for i in sub.indices] == [8, 32, 60]
+    scores = {g: np.arange(k, dtype=np.float64) for g, k in model.groups}  # neuron i changed by i
+    sub = fluid.invariant_submodel(
+        model, 0.5, scores, {"conv1": 7.5, "conv2": 31.5, "fc1": 59.5}, np.random.default_rng(1)
+    )
+    # neurons 0 .. K/2-1 are invariant and dropped
+    assert [list(i) for i in sub.indices] == [list(range(8, 16)), list(range(32, 64)), list(range(60, 120))]
+
+
+def test_neurons_to_drop_uses_ceil_widths():
+    model = get_model("fluid-cnn")  # conv1 16, conv2 64, fc1 120
+    assert fluid.neurons_to_drop(model, [0.75, 0.5]) == {"conv1": 8, "conv2": 32, "fc1": 60}
+    # 0.95: ceil(15.2) = 16, ceil(60.8) = 61, ceil(114) = 114
+    assert fluid.neurons_to_drop(model, [0.95]) == {"conv1": 0, "conv2": 3, "fc1": 6}
+    assert fluid.neurons_to_drop(model, []) == {"conv1": 0, "conv2": 0, "fc1": 0}
