@@ -154,7 +154,7 @@ def linear_rate(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
         raise InputError(f"speed-up {speedup!r} is not positive")
     if speedup <= 1.0:
         return 1.0
-    goal = 1.0 / speedup
+    goal = 0.0 if math.isinf(speedup) else 1.0 / speedup
     return min(available, key=lambda s: (abs(s - goal), -s))
 
 
@@ -200,7 +200,9 @@ def curve_predictor(widths: Sequence[float], latencies: Sequence[float]) -> Late
     return predict
 
 
-def full_model_seconds(seconds: float, rate: float, predict: LatencyPredictor | None = None) -> float:
+def full_model_seconds(
+    seconds: float, rate: float, predict: LatencyPredictor | None = None, fixed: float = 0.0
+) -> float:
     """Re-estimate a client's full-model time from a time measured on a sub-model of size ``rate``.
 
     Parameters
@@ -210,22 +212,33 @@ def full_model_seconds(seconds: float, rate: float, predict: LatencyPredictor | 
     rate : float
         Sub-model size the client trained, in (0, 1].
     predict : callable, optional
-        The client's latency-vs-width curve; without one the linear rule ``seconds / rate``.
+        The client's latency-vs-width curve; without one the linear rule.
+    fixed : float
+        The part of ``seconds`` that does not depend on the size (a device runner's start,
+        transfers); only the rest scales: ``fixed + (seconds - fixed) * scale``.
 
     Returns
     -------
     float
+        ``fixed + (seconds - fixed) / rate`` (linear rule) or ``fixed + (seconds - fixed) *
+        predict(1) / predict(rate)`` (curve).
     """
     if not 0.0 < rate <= 1.0:
         raise InputError(f"sub-model size {rate!r} is outside (0, 1]")
+    fixed = min(max(float(fixed), 0.0), float(seconds))
     if rate == 1.0:
         return float(seconds)
-    if predict is None:
-        return float(seconds) / rate
-    return float(seconds) * predict(1.0) / predict(rate)
+    scale = 1.0 / rate if predict is None else predict(1.0) / predict(rate)
+    return fixed + (float(seconds) - fixed) * scale
 
 
-def curve_rate(full_seconds: float, target_seconds: float, sizes: Sequence[float], predict: LatencyPredictor) -> float:
+def curve_rate(
+    full_seconds: float,
+    target_seconds: float,
+    sizes: Sequence[float],
+    predict: LatencyPredictor,
+    fixed: float = 0.0,
+) -> float:
     """Return the largest size whose predicted time meets the target, from a measured curve.
 
     Parameters
@@ -238,19 +251,44 @@ def curve_rate(full_seconds: float, target_seconds: float, sizes: Sequence[float
         Available sub-model sizes; 1.0 is always a candidate.
     predict : callable
         Per-image latency at a width (`curve_predictor` or any model of it).
+    fixed : float
+        The size-independent part of ``full_seconds`` (see `full_model_seconds`).
 
     Returns
     -------
     float
-        The largest candidate ``s`` with ``full_seconds * predict(s) / predict(1) <=
-        target_seconds``; the smallest available size when none meets it.
+        The largest candidate ``s`` with ``fixed + (full_seconds - fixed) * predict(s) /
+        predict(1) <= target_seconds``; the smallest available size when none meets it.
     """
     available = _check_sizes(sizes)
     full_latency = predict(1.0)
+    fixed = min(max(float(fixed), 0.0), float(full_seconds))
     for s in sorted({*available, 1.0}, reverse=True):
-        if full_seconds * predict(s) / full_latency <= target_seconds:
+        if fixed + (full_seconds - fixed) * predict(s) / full_latency <= target_seconds:
             return s
     return available[0]
+
+
+def variable_speedup(full_seconds: float, target_seconds: float, fixed: float = 0.0) -> float:
+    """Return the speed-up the size-dependent part of a straggler's time needs.
+
+    Parameters
+    ----------
+    full_seconds, target_seconds : float
+        The straggler's full-model time and the target time.
+    fixed : float
+        The size-independent part of ``full_seconds``.
+
+    Returns
+    -------
+    float
+        ``(full - fixed) / (target - fixed)`` (Appendix A.3's ``T / T_target`` when ``fixed``
+        is 0); infinite when the target is not above the fixed part (no size can meet it).
+    """
+    fixed = min(max(float(fixed), 0.0), float(full_seconds))
+    if target_seconds <= fixed:
+        return math.inf
+    return (float(full_seconds) - fixed) / (float(target_seconds) - fixed)
 
 
 def profile_curve(

@@ -23,7 +23,10 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
     weight over the clients that held it (`fl.aggregate.selective_average`). A
     client that timed out counts with the seconds it was waited for.
 
-Round times are ``TrainRes.round_seconds`` (download + compute + upload). For
+Round times are ``TrainRes.round_seconds`` (download + compute + upload). Only the
+training steps scale with the sub-model size: the rest of a client's time (transfers and, on
+a device, the runner's start and loading, see `FLuID.fixed_seconds`) is carried over
+unchanged when times are re-estimated or predicted for another size. For
 in-process runs, where every client runs on the same machine, ``slowdown``
 (``{"c0": 3.0}``) multiplies a client's measured compute seconds: a *simulation*
 of a slower device that lets the straggler logic run without hardware; with real
@@ -140,6 +143,7 @@ class FLuID(Strategy):
         self.assigned: dict[str, float] = {}
         self.last_seconds: dict[str, float] = {}
         self.last_rate: dict[str, float] = {}
+        self.last_fixed: dict[str, float] = {}
         self.thresholds: dict[str, float] = {}
         self.threshold_history: dict[str, list[float]] = {}
         self.scores: dict[str, np.ndarray] | None = None
@@ -183,6 +187,7 @@ class FLuID(Strategy):
         for res in results:
             seconds[res.cid] = self.simulated_seconds(res)
             self.last_seconds[res.cid] = seconds[res.cid]
+            self.last_fixed[res.cid] = self.fixed_seconds(res)
             self.last_rate[res.cid] = self.assigned.get(res.cid, 1.0)
         for failure in failures:
             if failure.reason == "timeout" and failure.seconds > 0:
@@ -204,6 +209,19 @@ class FLuID(Strategy):
         factor = self.slowdown.get(res.cid, 1.0)
         return float(res.download_seconds + factor * res.compute_seconds + res.upload_seconds)
 
+    def fixed_seconds(self, res: TrainRes) -> float:
+        """Return the part of a result's time that does not shrink with the sub-model.
+
+        Transfers, plus, on a device, everything of the runner's wall time outside its
+        training steps (interpreter and runtime start, loading artifacts and data): the
+        ``devices`` executor reports the steps' sum as ``metrics["step_seconds"]``. In
+        process the compute time is all training.
+        """
+        compute = float(res.compute_seconds)
+        steps = float(res.metrics.get("step_seconds", compute))
+        factor = self.slowdown.get(res.cid, 1.0)
+        return float(res.download_seconds + res.upload_seconds + factor * max(compute - steps, 0.0))
+
     def calibrate(
         self, rnd: int, clients: Sequence[ClientSpec], predictors: Mapping[str, fluid.LatencyPredictor]
     ) -> None:
@@ -220,7 +238,10 @@ class FLuID(Strategy):
         """
         full_times = {
             c.cid: fluid.full_model_seconds(
-                self.last_seconds[c.cid], self.last_rate.get(c.cid, 1.0), predictors.get(c.cid)
+                self.last_seconds[c.cid],
+                self.last_rate.get(c.cid, 1.0),
+                predictors.get(c.cid),
+                self.last_fixed.get(c.cid, 0.0),
             )
             for c in clients
             if c.cid in self.last_seconds
@@ -232,9 +253,11 @@ class FLuID(Strategy):
             if self.fixed_rate is not None:
                 rates[cid] = self.fixed_rate
             elif cid in predictors:
-                rates[cid] = fluid.curve_rate(full_times[cid], target, self.sizes, predictors[cid])
+                fixed = self.last_fixed.get(cid, 0.0)
+                rates[cid] = fluid.curve_rate(full_times[cid], target, self.sizes, predictors[cid], fixed)
             else:
-                rates[cid] = fluid.linear_rate(full_times[cid] / target, self.sizes)
+                speedup = fluid.variable_speedup(full_times[cid], target, self.last_fixed.get(cid, 0.0))
+                rates[cid] = fluid.linear_rate(speedup, self.sizes)
         self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
         self.stragglers = [cid for cid in stragglers if cid in self.rates]
         self.target_seconds = None if math.isnan(target) else target
@@ -328,6 +351,7 @@ class FLuID(Strategy):
                 "assigned": dict(self.assigned),
                 "last_seconds": dict(self.last_seconds),
                 "last_rate": dict(self.last_rate),
+                "last_fixed": dict(self.last_fixed),
                 "thresholds": dict(self.thresholds),
                 "threshold_history": {g: list(h) for g, h in self.threshold_history.items()},
                 "last_calibration": self.last_calibration,
@@ -349,6 +373,7 @@ class FLuID(Strategy):
         self.assigned = {str(k): float(v) for k, v in memory["assigned"].items()}
         self.last_seconds = {str(k): float(v) for k, v in memory["last_seconds"].items()}
         self.last_rate = {str(k): float(v) for k, v in memory["last_rate"].items()}
+        self.last_fixed = {str(k): float(v) for k, v in memory.get("last_fixed", {}).items()}
         self.thresholds = {str(k): float(v) for k, v in memory["thresholds"].items()}
         self.threshold_history = {str(g): [float(x) for x in h] for g, h in memory["threshold_history"].items()}
         last = memory["last_calibration"]

@@ -247,3 +247,20 @@ def test_neurons_to_drop_uses_ceil_widths():
     # 0.95: ceil(15.2) = 16, ceil(60.8) = 61, ceil(114) = 114
     assert fluid.neurons_to_drop(model, [0.95]) == {"conv1": 0, "conv2": 3, "fc1": 6}
     assert fluid.neurons_to_drop(model, []) == {"conv1": 0, "conv2": 0, "fc1": 0}
+
+
+def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
+    # 10 s at size 0.5, of which 4 s fixed (runner start, transfers): linear rule 4 + 6 / 0.5 = 16 s
+    assert fluid.full_model_seconds(10.0, 0.5, None, fixed=4.0) == pytest.approx(16.0)
+    assert fluid.full_model_seconds(10.0, 0.5, None) == pytest.approx(20.0)
+    # curve with latency 1 at size 1 and 0.25 at 0.5: 4 + 6 * 4 = 28 s
+    curve = fluid.curve_predictor([0.5, 1.0], [0.25, 1.0])
+    assert fluid.full_model_seconds(10.0, 0.5, curve, fixed=4.0) == pytest.approx(28.0)
+    # full 28 s, 4 s fixed, target 10 s: needs latency ratio <= 6 / 24 = 0.25 -> size 0.5 exactly
+    assert fluid.curve_rate(28.0, 10.0, [0.5, 0.75], curve, fixed=4.0) == 0.5
+    assert fluid.curve_rate(28.0, 10.5, [0.5, 0.75], curve, fixed=4.0) == 0.5  # 0.75 predicts 4 + 24 * 0.625 = 19
+    # without the split the same full time would ask for a speed-up of 2.8 instead of 4
+    assert fluid.variable_speedup(28.0, 10.0, 4.0) == pytest.approx(4.0)
+    assert fluid.variable_speedup(28.0, 10.0) == pytest.approx(2.8)
+    assert fluid.variable_speedup(28.0, 3.0, 4.0) == math.inf  # the fixed part alone exceeds the target
+    assert fluid.linear_rate(math.inf, [0.5, 0.75]) == 0.5

@@ -90,6 +90,20 @@ def test_straggler_and_linear_rate_from_times():
     assert all(ins[c].submodel.arch.widths == (4,) for c in ("c1", "c2", "c3"))
 
 
+def test_a_device_clients_fixed_start_cost_does_not_scale_with_the_size():
+    strategy = FLuID(tiny_model(), initial())
+    ins = strategy.configure_round(0, CLIENTS, None)
+    seconds = {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}
+    results = [result(ins[c.cid], seconds[c.cid]) for c in CLIENTS]
+    # c0's runner spent 6 of its 12 s outside the training steps (start, loading)
+    results[0] = TrainRes("c0", ins["c0"].submodel, results[0].parameters, 10, compute_seconds=12.0,
+                          metrics={"step_seconds": 6.0})  # fmt: skip
+    strategy.aggregate_round(0, results, [])
+    strategy.configure_round(1, CLIENTS, None)
+    # target 8 s: only the 6 s of steps scale, speed-up (12 - 6) / (8 - 6) = 3 -> 1/3 -> 0.5 (not 1/1.5 -> 0.65)
+    assert strategy.rates == {"c0": 0.5}
+
+
 def test_straggler_fraction_gives_each_straggler_its_own_rate():
     strategy = FLuID(tiny_model(), initial(), straggler_fraction=0.5)
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
