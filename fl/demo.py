@@ -7,12 +7,14 @@
 2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
    optimizer graph, which both the profile and the FL rounds train with.
 3. **Profile**: every device x width, a few timed steps each, into the demo's store.
-4. **FL**: hardware-in-the-loop rounds on MNIST 5k with the ``devices`` executor, one
-   client per device. Tiers come from the profiles (`fl.scheduling.assign_tiers`: the
-   widest width whose predicted round time meets the deadline, the median device's
-   full-width round time), and FLuID handles stragglers from the measured round
-   times, sizing each straggler's sub-model from its device's measured curve.
-5. **Report**: ``report.html`` with the profile and FL sections.
+4. **Tiers**: from the profiles (`fl.scheduling.assign_tiers`): each device's widest width
+   whose predicted training time meets the deadline (the median device's full-width
+   time), devices clustered into two tiers.
+5. **FL**: hardware-in-the-loop rounds on MNIST 5k with the ``devices`` executor, one
+   client per device: FjORD with each client's p_max from its tier (width sampled per
+   round on a device), then FLuID, which finds the straggler from the measured round
+   times and sizes its sub-model from its device's measured latency curve.
+6. **Report**: ``report.html`` with the profile and both FL runs.
 
 Everything lands in ``--out`` (default ``./fleetbench-demo``): ``fleetbench.db``,
 ``report/``, ``artifacts/`` and the fleet's state. The emulated fleet is stopped at
@@ -131,13 +133,13 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # The demo's own adb server, never a user's running one.
     os.environ.setdefault("ANDROID_ADB_SERVER_PORT", str(free_port()))
-    progress = Progress(5)
+    progress = Progress(7)
     model = DEFAULT_MODEL
 
     progress.step("bringing up the fleet")
     fleet, emulated = prepare_fleet(out, args.local, progress)
     if not emulated:
-        progress.steps = 4  # nothing to stop at the end
+        progress.steps -= 1  # nothing to stop at the end
     progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
     status = 0
     try:
@@ -153,13 +155,25 @@ def run_demo(args: argparse.Namespace) -> int:
             ok = sum(m.ok for m in result.measurements)
             progress.detail(f"{ok} of {len(result.measurements)} cells measured")
 
-            progress.step(f"hardware-in-the-loop FL: {args.rounds} rounds of FLuID on MNIST 5k")
-            summary = run_fl_rounds(fleet, store, artifacts, out, args, progress)
-            if summary is not None:
-                accuracy = ", ".join(f"width {w}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
-                progress.detail(f"run {summary.run_id}: final accuracy {accuracy}")
-            else:
+            progress.step("planning tiers from the profiles")
+            from exporters.zoo import get_model
+            from fl.data import load_federated
+
+            data = load_federated("mnist5k", get_model(model), len(fleet.devices), "iid", args.seed,
+                                  max_examples=args.examples)  # fmt: skip
+            examples = {d.name: len(shard[1]) for d, shard in zip(fleet.devices, data.train, strict=True)}
+            capacities = plan_capacities(fleet, store, examples, args.epochs, progress)
+            if capacities is None:
                 status = 1
+            else:
+                paths = (artifacts, out / "fl-work")
+                progress.step(f"hardware-in-the-loop FL: FjORD with the tiers' p_max, {args.rounds} rounds")
+                run_fl_rounds("fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4})
+                progress.step(f"hardware-in-the-loop FL: FLuID straggler handling, {args.rounds} rounds")
+                run_fl_rounds(
+                    "fluid", fleet, store, data, [1.0] * len(capacities), paths, args, progress,
+                    {"sizes": list(DEMO_WIDTHS)},
+                )  # fmt: skip
 
         progress.step("writing the report")
         from reports.report import format_headline, load_sources, write_report
@@ -175,64 +189,90 @@ def run_demo(args: argparse.Namespace) -> int:
     return status
 
 
-def run_fl_rounds(
-    fleet: Any, store: Any, artifacts: Path, out: Path, args: argparse.Namespace, progress: Progress
-) -> Any:
-    """Plan tiers from the stored profiles and run FLuID rounds on the devices.
+def plan_capacities(
+    fleet: Any, store: Any, examples: dict[str, int], epochs: int, progress: Progress
+) -> list[float] | None:
+    """Give every device the width of its tier, planned from the stored profiles.
+
+    The round deadline is the median device's predicted full-width training time; each
+    device gets the widest width that meets it (and fits its memory budget), and devices
+    are clustered into two tiers (`fl.scheduling.assign_tiers`).
 
     Returns
     -------
-    fl.server.RunSummary or None
-        None when no device could take part.
+    list of float or None
+        One capacity per device, in fleet order; None when no device has a full-width profile.
     """
-    from devices.connect import connect
-    from exporters.zoo import DEFAULT_MODEL, get_model
+    from exporters.zoo import DEFAULT_MODEL
     from fl import scheduling
-    from fl.data import load_federated
-    from fl.executors.devices import DevicesExecutor
-    from fl.server import RunConfig, run_fl
 
-    model = get_model(DEFAULT_MODEL)
-    devices = list(fleet.devices)
-    data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
-    examples = {d.name: len(shard[1]) for d, shard in zip(devices, data.train, strict=True)}
     cells = store.latest_cells()
-    full_times = {}
-    for device in devices:
+    full_times = []
+    for device in fleet.devices:
         rows = cells[(cells.device == device.name) & (cells.status == "ok") & (cells.width == 1.0)]
         if len(rows):
-            full_times[device.name] = float(rows.median_us.iloc[0]) * 1e-6 * examples[device.name] * args.epochs
+            full_times.append(float(rows.median_us.iloc[0]) * 1e-6 * examples[device.name] * epochs)
     if not full_times:
         progress.detail("no device has a full-width profile; FL skipped")
         return None
-    deadline = sorted(full_times.values())[len(full_times) // 2]
+    deadline = sorted(full_times)[len(full_times) // 2]
     plan = scheduling.assign_tiers(
-        cells, model.name, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=args.epochs,
+        cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
         batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
     )  # fmt: skip
+    progress.detail(f"round deadline {deadline:.2f} s of training (the median device at full width)")
     capacities = []
-    for device in devices:
+    for device in fleet.devices:
         choice = plan.choice(device.name)
         width = choice.tier_width if choice.tier_width is not None else min(DEMO_WIDTHS)
         capacities.append(width)
         tier = "none" if choice.tier is None else str(choice.tier)
         progress.detail(f"{device.name}: tier {tier}, width {width:g} ({choice.reason or 'meets the deadline'})")
-    progress.detail(f"round deadline {deadline:.1f} s (median device at full width)")
-    placement = {f"c{i}": d for i, d in enumerate(devices)}
+    return capacities
+
+
+def run_fl_rounds(
+    strategy: str,
+    fleet: Any,
+    store: Any,
+    data: Any,
+    capacities: list[float],
+    paths: tuple[Path, Path],
+    args: argparse.Namespace,
+    progress: Progress,
+    options: dict[str, Any],
+) -> Any:
+    """Run ``strategy`` for ``args.rounds`` rounds on the devices, one client per device.
+
+    Returns
+    -------
+    fl.server.RunSummary
+    """
+    from devices.connect import connect
+    from exporters.zoo import DEFAULT_MODEL, get_model
+    from fl.executors.devices import DevicesExecutor
+    from fl.server import RunConfig, run_fl
+
+    artifacts, work = paths
+    model = get_model(DEFAULT_MODEL)
+    placement = {f"c{i}": d for i, d in enumerate(fleet.devices)}
     executor = DevicesExecutor(
-        model, placement, artifacts_dir=artifacts, work_dir=out / "fl-work", batch=DEMO_BATCH,
-        connect=connect, timeout_s=args.timeout,
+        model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
+        timeout_s=args.timeout,
     )  # fmt: skip
     config = RunConfig(
-        strategy="fluid", model=model.name, dataset="mnist5k", clients=len(devices), rounds=args.rounds,
+        strategy=strategy, model=model.name, dataset="mnist5k", clients=len(placement), rounds=args.rounds,
         capacities="explicit:" + ",".join(f"{c:g}" for c in capacities), partition="iid", seed=args.seed,
         epochs=args.epochs, batch_size=DEMO_BATCH, lr=0.05, executor="devices", db=str(store.path),
-        options={"sizes": list(DEMO_WIDTHS)},
+        options=options,
     )  # fmt: skip
-    return run_fl(
+    summary = run_fl(
         config, store=store, executor=executor, data=data, capacities=capacities,
         placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
     )  # fmt: skip
+    accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
+    progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
+    return summary
 
 
 def register(commands: argparse._SubParsersAction) -> None:
