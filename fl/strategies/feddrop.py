@@ -53,7 +53,7 @@ from exporters.arch import Arch, SubModel, make_submodel, width_for_rate
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.aggregate import selective_average
-from fl.client import batches, build_module, module_params, to_tensors
+from fl.client import build_module, module_params, sgd_epochs, to_tensors
 from fl.feddrop import (
     DEFAULT_MIN_KEEP,
     DEFAULT_MU,
@@ -75,6 +75,7 @@ from fl.feddrop import (
 )
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
+from fl.strategies.fedavg import parse_bool
 
 MODES = ("feddrop", "unidrop", "caldas")
 
@@ -237,50 +238,27 @@ def train_syncdrop(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray)
     )
     xt, yt = to_tensors(model, x, y)
     sizes = model.group_sizes
-    steps = 0
-    sampled_sum = kept_sum = examples = 0.0
-    loss_sum = correct = seen = 0.0
-    for _ in range(int(cfg.get("epochs", 1))):
-        loss_sum = correct = seen = 0.0
-        for idx in batches(len(yt), int(cfg.get("batch_size", 20)), rng):
-            masks = keep_masks(sync_thresholds(sync_seed, steps, sizes), keep)
-            scales = inverted_scales(masks, keep) if scaled else [m.astype(np.float64) for m in masks]
-            drop.set(scales)
-            means = np.array([m.mean() for m in masks])
-            sampled_sum += float(train_flops.flops(means)) * len(idx)
-            kept_sum += float(np.concatenate(masks).mean())
-            examples += len(idx)
-            opt.zero_grad(set_to_none=True)
-            out = module(xt[idx])
-            loss = nn.functional.cross_entropy(out, yt[idx])
-            loss.backward()
-            opt.step()
-            steps += 1
-            loss_sum += loss.item() * len(idx)
-            correct += float((out.argmax(1) == yt[idx]).sum())
-            seen += len(idx)
+    tally = {"sampled": 0.0, "kept": 0.0, "examples": 0.0}
+
+    def draw_masks(step: int, idx: np.ndarray) -> None:
+        masks = keep_masks(sync_thresholds(sync_seed, step, sizes), keep)
+        drop.set(inverted_scales(masks, keep) if scaled else [m.astype(np.float64) for m in masks])
+        tally["sampled"] += float(train_flops.flops(np.array([m.mean() for m in masks]))) * len(idx)
+        tally["kept"] += float(np.concatenate(masks).mean())
+        tally["examples"] += len(idx)
+
+    fit = sgd_epochs(
+        module, opt, xt, yt, int(cfg.get("epochs", 1)), int(cfg.get("batch_size", 20)), rng, before_step=draw_masks
+    )
     drop.clear()
-    seen = max(seen, 1.0)
     return module_params(module), {
-        "loss": loss_sum / seen,
-        "accuracy": correct / seen,
-        "steps": float(steps),
+        **fit,
         "expected_train_flops": expected,
-        "sampled_train_flops": sampled_sum / max(examples, 1.0),
+        "sampled_train_flops": tally["sampled"] / max(tally["examples"], 1.0),
         "dense_train_flops": train_flops.dense,
-        "train_flops": sampled_sum,
-        "kept_fraction": kept_sum / max(steps, 1),
+        "train_flops": tally["sampled"],
+        "kept_fraction": tally["kept"] / max(fit["steps"], 1.0),
     }
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise InputError(f"expected a boolean, got {value!r}")
-    return bool(value)
 
 
 def parse_budgets(value: Mapping[str, Any] | str | None) -> dict[str, float]:
@@ -387,7 +365,7 @@ class FedDrop(Strategy):
         self.budgets = parse_budgets(budgets)
         self.flops = cached_flops_model(model, convention)
         self.train_flops = cached_flops_model(model, "training")
-        self.sites = dense_sites(model, _as_bool(drop_dense))
+        self.sites = dense_sites(model, parse_bool(drop_dense, "drop_dense"))
         site_list = [bool(s) for s in self.sites]
         self.initial_keep = uniform_keep(self.flops, self.budget, site_list)
         cids = sorted(self.budgets)
@@ -396,7 +374,7 @@ class FedDrop(Strategy):
         self.channel_free = np.repeat(self.sites, model.group_sizes)
         self.keep: dict[str, np.ndarray] = {}
         self._issued: dict[str, np.ndarray] = {}
-        if _as_bool(he_init) and mode != "caldas":
+        if parse_bool(he_init, "he_init") and mode != "caldas":
             per_group = {g: self.initial_keep for g, site in zip(model.group_names, self.sites, strict=True) if site}
             he_rng = np.random.default_rng((seed, 0x4E))
             self.global_state = modified_he_init(model, self.global_state, per_group, he_rng)

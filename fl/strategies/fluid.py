@@ -50,6 +50,7 @@ from fl import fluid
 from fl.aggregate import selective_average
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
+from fl.strategies.fedavg import parse_bool
 from fl.submodels import random_submodel
 
 #: Values of the ``dropout`` option.
@@ -136,7 +137,7 @@ class FLuID(Strategy):
         if self.threshold_init_rounds < 1:
             raise InputError(f"threshold_init_rounds {threshold_init_rounds!r} must be at least 1")
         self.slowdown = _parse_slowdown(slowdown)
-        self.use_profiles = _parse_bool(use_profiles)
+        self.use_profiles = parse_bool(use_profiles, "use_profiles")
         # memory across rounds (all of it in state())
         self.stragglers: list[str] = []
         self.rates: dict[str, float] = {}
@@ -418,17 +419,6 @@ def _parse_slowdown(slowdown: Mapping[str, float] | str | None) -> dict[str, flo
             raise InputError(f"slowdown factor {factor!r} of client {cid!r} is not a positive number")
         out[str(cid)] = value
     return out
-
-
-def _parse_bool(value: bool | str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise InputError(f"{value!r} is not a boolean")
 
 
 def _int_or_none(value: Any) -> int | None:
