@@ -177,7 +177,7 @@ class DevicesExecutor:
         self._transports: dict[str, Transport] = {}
         self._runner: dict[str, str] = {}
         self._sets: dict[tuple[str, str], str] = {}
-        self._shards: dict[tuple[str, str], str] = {}
+        self._shards: dict[tuple[str, str], tuple[str, str]] = {}
         self._lock = threading.Lock()
 
     # -- host side -----------------------------------------------------------------------
@@ -242,23 +242,20 @@ class DevicesExecutor:
     def _prepared(self, transport: Transport, job: _Job) -> tuple[str, str, str, str]:
         """Deploy runner, artifact set and shard once per device; return their remote paths and the workdir."""
         from harness.campaign import RUNNER_PATH
-        from harness.deploy import deploy_artifact_set, deploy_files
+        from harness.deploy import deploy_artifact_set, deploy_files, deploy_runner
 
         name = job.device.name
         if name not in self._runner:
-            deployed = deploy_files(
-                transport, job.device, [RUNNER_PATH], into=f"runner/{_sha(RUNNER_PATH)[:16]}", timeout=self.timeout_s
-            )
-            self._runner[name] = deployed.remote_paths[RUNNER_PATH.name] + "\0" + deployed.workdir
-        runner, workdir = self._runner[name].split("\0")
+            self._runner[name] = deploy_runner(transport, job.device, RUNNER_PATH, timeout=self.timeout_s)
         key = (name, job.set_dir.name)
         if key not in self._sets:
             self._sets[key] = deploy_artifact_set(transport, job.device, job.set_dir, timeout=self.timeout_s).remote_dir
         shard_key = (name, job.shard.name)
         if shard_key not in self._shards:
             deployed = deploy_files(transport, job.device, [job.shard], timeout=self.timeout_s)
-            self._shards[shard_key] = deployed.remote_paths[job.shard.name]
-        return runner, self._sets[key], self._shards[shard_key], workdir
+            self._shards[shard_key] = (deployed.remote_paths[job.shard.name], deployed.workdir)
+        remote_shard, workdir = self._shards[shard_key]
+        return self._runner[name], self._sets[key], remote_shard, workdir
 
     def _train(self, job: _Job) -> TrainRes | ClientFailure:
         from harness.campaign import parse_runner_output
@@ -386,11 +383,6 @@ class DevicesExecutor:
             self._forget(name)
 
 
-def prefix_of(inner: Arch) -> SubModel:
-    """Return the prefix sub-model of ``inner`` (indices ``0 .. width-1`` per group)."""
-    return static_submodel(inner)
-
-
 def cut_prefix(model: ZooModel, outer: Arch, outer_params: Mapping[str, np.ndarray], inner: Arch) -> Params:
     """Cut the prefix ``inner`` out of an already extracted, wider prefix sub-model.
 
@@ -408,7 +400,7 @@ def cut_prefix(model: ZooModel, outer: Arch, outer_params: Mapping[str, np.ndarr
     -------
     Params
     """
-    return extract(outer_params, prefix_of(inner), model.layouts, model.group_names, outer.widths)
+    return extract(outer_params, static_submodel(inner), model.layouts, model.group_names, outer.widths)
 
 
 def write_prefix(
@@ -437,13 +429,7 @@ def write_prefix(
     order = {g: i for i, g in enumerate(model.group_names)}
     out = {k: np.array(v, dtype=np.float32, copy=True) for k, v in outer_params.items()}
     for name, tensor in out.items():
-        per_dim = tensor_index(model.layouts[name], prefix_of(inner), order, outer.widths)
+        per_dim = tensor_index(model.layouts[name], static_submodel(inner), order, outer.widths)
         positions = [np.arange(n) if isinstance(p, slice) else p for p, n in zip(per_dim, tensor.shape, strict=True)]
         tensor[np.ix_(*positions)] = inner_params[name]
     return out
-
-
-def _sha(path: Path) -> str:
-    from harness.deploy import sha256_file
-
-    return sha256_file(path)
