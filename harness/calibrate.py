@@ -374,7 +374,7 @@ def set_share(fleet: Fleet, device: str, share: float) -> DeviceState:
 def window_steps(per_image_us: float, batch: int, window_s: float, min_steps: int, max_steps: int) -> int:
     """Return the timed steps that make one cell span about ``window_s`` seconds.
 
-    A cgroup CPU quota is enforced per CFS period (100 ms): a step shorter than the
+    A cgroup CPU quota is enforced per CFS period (`devices.limits.PERIOD_US`): a step shorter than the
     period runs at full speed until the period's quota is spent, then stalls. The
     per-step MEDIAN of a few short steps therefore barely sees the share; the MEAN
     over a window of many periods is ``1 / share`` times the unlimited time. This
