@@ -22,8 +22,9 @@ from exporters.arch import SubModel
 #: Parameters by name, float32, in the model's parameter order.
 Params = dict[str, np.ndarray]
 
-#: Why a client produced no result (stored in the round log).
-FAILURE_REASONS = ("unreachable", "timeout", "out_of_memory", "error")
+#: Why a client produced no result (stored in the round log). ``refused``: the executor or
+#: the device's backend cannot run what the client was asked to do.
+FAILURE_REASONS = ("unreachable", "timeout", "out_of_memory", "refused", "error")
 
 
 @dataclass(frozen=True)

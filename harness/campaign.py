@@ -20,9 +20,9 @@ Failure policy (decided here):
   ``authentication failed``, ``host key rejected``) the device's remaining cells
   are recorded as failed with the same kind without being tried, so a dead device
   costs at most one connect timeout, never one per cell;
-- the runner's status (its JSON ``status``, else its exit code through
-  `RUNNER_EXIT_CODES`) becomes the cell's status; output that is not a JSON
-  document is a ``runner error``.
+- the runner's status (its JSON ``status``, else its exit code; see
+  `harness.contract.parse_output`) becomes the cell's status; output that is not
+  a JSON document is a ``runner error``.
 
 Ctrl-C sets a stop event; each device thread finishes (or times out) its current
 cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
@@ -46,7 +46,8 @@ from devices.connect import connect as default_connect
 from devices.errors import TransportError
 from devices.fleet import Device, Fleet
 from devices.transport import Transport
-from harness.records import RUNNER_EXIT_CODES, Backend, BenchSpec, Measurement
+from harness import contract
+from harness.records import Backend, BenchSpec, Measurement
 
 if TYPE_CHECKING:
     from harness.store import ProfileStore
@@ -59,9 +60,6 @@ DEVICE_DOWN_KINDS = frozenset({"unreachable", "authentication failed", "host key
 
 #: Seconds the facts probe may take (bounded by the cell timeout too).
 FACTS_TIMEOUT_S = 30.0
-
-#: The on-device runner shipped with fleetbench.
-RUNNER_PATH = Path(__file__).resolve().with_name("runner.py")
 
 #: Exit status when some cell was not measured.
 EXIT_INCOMPLETE = 1
@@ -271,74 +269,6 @@ def sample_seconds_for(device: Device) -> float:
     return 0.0
 
 
-def runner_argv(device: Device, runner_remote: str, remote_set: str, spec: BenchSpec) -> list[str]:
-    """Return the command that measures ``spec`` on ``device``.
-
-    Parameters
-    ----------
-    device : Device
-    runner_remote : str
-        Path of the deployed runner on the device.
-    remote_set : str
-        Directory of the deployed artifact set on the device.
-    spec : BenchSpec
-
-    Returns
-    -------
-    list of str
-    """
-    return [
-        device.python,
-        runner_remote,
-        "bench",
-        "--artifacts",
-        remote_set,
-        "--backend",
-        spec.backend,
-        "--warmup",
-        str(spec.warmup),
-        "--steps",
-        str(spec.steps),
-        "--threads",
-        str(spec.threads),
-        "--sample-seconds",
-        repr(sample_seconds_for(device)),
-    ]
-
-
-def parse_runner_output(rc: int, stdout: str, stderr: str) -> tuple[str, str, dict[str, Any]]:
-    """Turn the runner's exit status and output into ``(status, message, document)``.
-
-    Parameters
-    ----------
-    rc : int
-        Exit status of the runner.
-    stdout, stderr : str
-        Its output; stdout must be one JSON object.
-
-    Returns
-    -------
-    tuple
-        Status (``"ok"`` or a failure kind), a one-line message ("" when ok), and the
-        parsed document (empty when stdout was not a JSON object).
-    """
-    tail = stderr.strip()[-300:]
-    try:
-        doc = json.loads(stdout)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        what = "no output" if not stdout.strip() else "output that is not a JSON object"
-        return "runner error", f"runner exited {rc} with {what}" + (f"; stderr: {tail}" if tail else ""), {}
-    status = str(doc.get("status") or RUNNER_EXIT_CODES.get(rc, "runner error"))
-    if status == "ok" and rc != 0:
-        status = RUNNER_EXIT_CODES.get(rc, "runner error")
-    if status == "ok":
-        return status, "", doc
-    message = str(doc.get("error") or "") or (f"runner exited {rc}" + (f"; stderr: {tail}" if tail else ""))
-    return status, message, doc
-
-
 def measurement_from_doc(
     spec: BenchSpec,
     status: str,
@@ -357,7 +287,7 @@ def measurement_from_doc(
     ----------
     spec : BenchSpec
     status, message : str
-        From `parse_runner_output` (or a transport failure).
+        From `harness.contract.parse_output` (or a transport failure).
     doc : Mapping
         The runner's JSON document (may be empty).
     facts : Mapping
@@ -493,7 +423,7 @@ class _DeviceRun:
             facts = probe_device(transport, self.device.python, timeout=min(FACTS_TIMEOUT_S, self.timeout))
             self.facts = facts.to_dict()
         if self.runner_remote is None:
-            self.runner_remote = str(deploy_runner(transport, self.device, RUNNER_PATH, timeout=self.timeout))
+            self.runner_remote = str(deploy_runner(transport, self.device, contract.RUNNER_PATH, timeout=self.timeout))
         key = (set_dir, backend == "torch")
         if key not in self.remote_sets:
             if backend == "torch":
@@ -515,8 +445,13 @@ class _DeviceRun:
             transport, runner, remote_set = self._prepare(set_dir, spec.backend)
             with self.lock:
                 self.result.runner_invocations += 1
-            run = transport.run(runner_argv(self.device, runner, remote_set, spec), timeout=self.timeout)
-            status, message, doc = parse_runner_output(run.rc, run.stdout, run.stderr)
+            argv = contract.bench_argv(
+                self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
+                steps=spec.steps, threads=spec.threads, sample_seconds=sample_seconds_for(self.device),
+            )  # fmt: skip
+            run = transport.run(argv, timeout=self.timeout)
+            output = contract.parse_output(run.rc, run.stdout, run.stderr)
+            status, message, doc = output.status, output.message, output.document
             if doc:
                 # The analytic counts travel with the cell, so stored rows carry train FLOPs.
                 manifest = json.loads((set_dir / "manifest.json").read_text())
@@ -756,8 +691,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         0 when every cell is measured, 1 otherwise (2 for bad input, via `InputError`).
     """
     from devices.fleetfile import load_fleet
+    from exporters.arch import parse_widths
     from exporters.errors import InputError
-    from harness.cli import parse_widths
     from harness.store import ProfileStore
 
     widths = parse_widths(args.widths)

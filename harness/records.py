@@ -4,7 +4,7 @@
 backend x settings); `Measurement` holds the raw samples and provenance of one
 attempt at it. Statistics are derived from the samples (`harness.stats`), never
 stored by hand. The on-device runner's JSON document is the wire format between
-the two (see `RUNNER_EXIT_CODES` and `harness/runner.py`).
+the two (see `harness.contract` and `harness/runner.py`).
 """
 
 from __future__ import annotations
@@ -29,16 +29,6 @@ Status = Literal[
     "runner error",
     "connection lost",
 ]
-
-#: Exit codes of the on-device runner and the status each one means.
-RUNNER_EXIT_CODES: Mapping[int, str] = {
-    0: "ok",
-    2: "bad arguments",
-    3: "missing runtime",
-    4: "out of memory",
-    5: "runner error",
-}
-
 
 @dataclass(frozen=True)
 class BenchSpec:

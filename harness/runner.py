@@ -37,7 +37,7 @@ stderr while the runner works). Keys::
     versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
     train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out
 
-Exit status (``harness.records.RUNNER_EXIT_CODES``): 0 ok, 2 bad arguments (also
+Exit status (`EXIT_CODES`; the host reads it through ``harness.contract``): 0 ok, 2 bad arguments (also
 an artifact set that the backend cannot use, a parameter vector of the wrong
 length, a shard smaller than one batch), 3 missing runtime, 4 out of memory
 (``MemoryError``, and ORT / PyTorch allocation failures recognised by their

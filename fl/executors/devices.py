@@ -49,16 +49,13 @@ from devices.errors import TransportError
 from devices.fleet import Device
 from devices.transport import Transport
 from exporters.arch import Arch, SubModel, extract, static_submodel, tensor_index
-from exporters.artifacts import export_artifacts, flatten, unflatten
+from exporters.artifacts import export_artifacts
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 
 #: Seconds allowed for one remote command when the caller gives no timeout.
 DEFAULT_TIMEOUT_S = 300.0
-
-#: Runner statuses mapped to the round log's failure reasons.
-_RUNNER_REASONS = {"out of memory": "out_of_memory", "timeout": "timeout", "unreachable": "unreachable"}
 
 
 @dataclass(frozen=True)
@@ -241,7 +238,7 @@ class DevicesExecutor:
 
     def _prepared(self, transport: Transport, job: _Job) -> tuple[str, str, str, str]:
         """Deploy runner, artifact set and shard once per device; return their remote paths and the workdir."""
-        from harness.campaign import RUNNER_PATH
+        from harness.contract import RUNNER_PATH
         from harness.deploy import deploy_artifact_set, deploy_files, deploy_runner
 
         name = job.device.name
@@ -258,41 +255,41 @@ class DevicesExecutor:
         return self._runner[name], self._sets[key], remote_shard, workdir
 
     def _train(self, job: _Job) -> TrainRes | ClientFailure:
-        from harness.campaign import parse_runner_output
+        from harness import contract
 
         ins, device = job.ins, job.device
         started = self.clock()
         local_in = self.work_dir / f"{ins.cid}-in.npy"
         local_out = self.work_dir / f"{ins.cid}-out.npy"
         try:
-            np.save(local_in, flatten(job.manifest, job.params), allow_pickle=False)
+            contract.write_params(local_in, job.manifest, job.params)
             transport = self._transport(device)
             runner, remote_set, remote_shard, workdir = self._prepared(transport, job)
             remote_in, remote_out = f"{workdir}/fl-{ins.cid}-in.npy", f"{workdir}/fl-{ins.cid}-out.npy"
             t0 = self.clock()
             transport.put(local_in, remote_in)
             download = self.clock() - t0
-            argv = [
-                device.python, runner, "train", "--artifacts", remote_set, "--backend", "ort",
-                "--params", remote_in, "--data", remote_shard, "--epochs", str(int(ins.config.get("epochs", 1))),
-                "--lr", repr(float(ins.config.get("lr", 0.05))), "--threads", str(self.threads),
-                "--seed", str(int(ins.config.get("seed", 0))), "--out", remote_out,
-            ]  # fmt: skip
+            argv = contract.train_argv(
+                device.python, runner, remote_set, backend="ort", params=remote_in, data=remote_shard,
+                out=remote_out, epochs=int(ins.config.get("epochs", 1)), lr=float(ins.config.get("lr", 0.05)),
+                threads=self.threads, seed=int(ins.config.get("seed", 0)),
+            )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout_s)
-            status, message, doc = parse_runner_output(run.rc, run.stdout, run.stderr)
-            if status != "ok":
-                return ClientFailure(ins.cid, _RUNNER_REASONS.get(status, "error"), message, self.clock() - started)
+            output = contract.parse_output(run.rc, run.stdout, run.stderr)
+            if not output.ok:
+                reason = contract.FAILURE_REASON_OF_STATUS.get(output.status, "error")
+                return ClientFailure(ins.cid, reason, output.message, self.clock() - started)
+            doc = output.document
             t0 = self.clock()
             transport.get(remote_out, local_out)
             upload = self.clock() - t0
-            flat = np.load(local_out, allow_pickle=False)
+            trained = contract.read_params(local_out, job.manifest)
         except TransportError as exc:
             self._forget(device.name)
-            reason = _RUNNER_REASONS.get(exc.kind, "unreachable" if exc.kind == "connection lost" else "error")
+            reason = contract.FAILURE_REASON_OF_STATUS.get(exc.kind, "error")
             return ClientFailure(ins.cid, reason, str(exc) or type(exc).__name__, self.clock() - started)
         except (OSError, ValueError) as exc:
             return ClientFailure(ins.cid, "error", f"{type(exc).__name__}: {exc}", self.clock() - started)
-        trained = unflatten(job.manifest, flat)
         params = trained
         if job.train_sub is not ins.submodel:
             params = write_prefix(self.model, ins.submodel.arch, ins.parameters, job.train_sub.arch, trained)
@@ -359,8 +356,11 @@ class DevicesExecutor:
             try:
                 x, y = shards[cid]
                 job = self._job(ins, x, y)
-            except (InputError, KeyError) as exc:
-                failures.append(ClientFailure(cid, "error", str(exc)))
+            except InputError as exc:
+                failures.append(ClientFailure(cid, "refused", str(exc)))
+                continue
+            except KeyError as exc:
+                failures.append(ClientFailure(cid, "error", f"no data shard for client {exc}"))
                 continue
             jobs.setdefault(job.device.name, []).append(job)
 
@@ -376,6 +376,12 @@ class DevicesExecutor:
         results.sort(key=lambda r: order[r.cid])
         failures.sort(key=lambda f: order.get(f.cid, len(order)))
         return results, failures
+
+    def __enter__(self) -> DevicesExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Close every open device connection."""

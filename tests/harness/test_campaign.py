@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,8 +17,8 @@ from devices.fleet import Device, Emulation, Fleet
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
-from harness import campaign
-from harness.campaign import CellEvent, parse_runner_output, plan_cells
+from harness import campaign, contract
+from harness.campaign import CellEvent, plan_cells
 from harness.store import ProfileStore
 from tests.devices.conftest import kill_device
 
@@ -49,17 +48,6 @@ def test_only_devices_held_to_a_cpu_share_time_blocks_of_steps() -> None:
     assert campaign.sample_seconds_for(Device("b", "ssh", emulate=Emulation(preset="pi3"))) == block
     assert campaign.sample_seconds_for(Device("c", "ssh", emulate=Emulation(memory_mb=512))) == 0.0
     assert campaign.sample_seconds_for(Device("d", "local")) == 0.0
-
-
-def test_parse_runner_output_statuses() -> None:
-    doc = {"status": "ok", "step_seconds": [0.1]}
-    assert parse_runner_output(0, json.dumps(doc), "")[:2] == ("ok", "")
-    status, message, _ = parse_runner_output(4, json.dumps({"status": "out of memory", "error": "MemoryError"}), "")
-    assert (status, message) == ("out of memory", "MemoryError")
-    status, message, parsed = parse_runner_output(1, "Traceback ...", "boom")
-    assert status == "runner error" and "boom" in message and parsed == {}
-    assert parse_runner_output(3, "", "")[0] == "runner error"  # no document: runner error whatever the code
-    assert parse_runner_output(4, json.dumps({"mode": "bench"}), "")[0] == "out of memory"  # exit code decides
 
 
 # --------------------------------------------------------------------------- emulated fleet
@@ -158,7 +146,7 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
 def test_cli_profile_prints_table(
     fleet_file: Path, artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from fleetbench.cli import main
 
     fleet = _load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok  # whatever the previous test left
@@ -221,7 +209,7 @@ def test_runner_failures_become_statuses(
     assert emulate.up(fleet, say=lambda line: None).ok
     stub = tmp_path / "runner.py"
     stub.write_text(script + "\n")
-    monkeypatch.setattr(campaign, "RUNNER_PATH", stub)
+    monkeypatch.setattr(contract, "RUNNER_PATH", stub)
     specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort"], STEPS, WARMUP)
     store = _store(tmp_path / "fleetbench.db")
     result = campaign.run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=5.0, progress=_Counting())
@@ -247,7 +235,7 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     fleet = _load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
     db = tmp_path / "int.db"
-    argv = [sys.executable, "-m", "harness.cli", "profile", "--fleet", str(fleet_file), "--model", MODEL]
+    argv = [sys.executable, "-m", "fleetbench", "profile", "--fleet", str(fleet_file), "--model", MODEL]
     argv += ["--widths", "0.25,0.5", "--batch", str(BATCH), "--steps", str(STEPS), "--warmup", str(WARMUP)]
     argv += ["--db", str(db), "--artifacts", str(artifacts), "--timeout", str(TIMEOUT)]
     env = {**os.environ, "PYTHONPATH": str(Path(campaign.__file__).resolve().parents[1])}

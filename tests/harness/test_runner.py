@@ -27,7 +27,7 @@ from exporters.artifacts import OrtTrainer, export_artifacts
 from exporters.torchscript import export_torchscript
 from exporters.zoo import get_model
 from harness import runner as runner_module
-from harness.records import RUNNER_EXIT_CODES
+from harness.contract import RUNNER_EXIT_CODES
 
 RUNNER = Path(__file__).resolve().parents[2] / "harness" / "runner.py"
 

@@ -19,7 +19,8 @@
 Everything lands in ``--out`` (default ``./fleetbench-demo``): ``fleetbench.db``,
 ``report/``, ``artifacts/`` and the fleet's state. The emulated fleet is stopped at
 the end unless ``--keep-up``. This module is top-level glue: it calls the
-packages the way the individual commands do and holds no logic of its own.
+packages the way the individual commands do and holds no logic of its own. Its
+arguments are checked before anything is created or started.
 """
 
 from __future__ import annotations
@@ -120,12 +121,12 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; return the exit status (0 when every step produced its output)."""
     from devices import emulate
+    from exporters.artifacts import check_writable
     from exporters.zoo import DEFAULT_MODEL
     from harness import campaign
     from harness.store import ProfileStore
 
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable(Path(args.out).resolve())
     db = out / "fleetbench.db"
     artifacts = out / "artifacts"
     report_dir = out / "report"
@@ -256,20 +257,20 @@ def run_fl_rounds(
     artifacts, work = paths
     model = get_model(DEFAULT_MODEL)
     placement = {f"c{i}": d for i, d in enumerate(fleet.devices)}
-    executor = DevicesExecutor(
-        model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout,
-    )  # fmt: skip
     config = RunConfig(
         strategy=strategy, model=model.name, dataset="mnist5k", clients=len(placement), rounds=args.rounds,
         capacities="explicit:" + ",".join(f"{c:g}" for c in capacities), partition="iid", seed=args.seed,
         epochs=args.epochs, batch_size=DEMO_BATCH, lr=0.05, executor="devices", db=str(store.path),
         options=options,
     )  # fmt: skip
-    summary = run_fl(
-        config, store=store, executor=executor, data=data, capacities=capacities,
-        placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
-    )  # fmt: skip
+    with DevicesExecutor(
+        model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
+        timeout_s=args.timeout,
+    ) as executor:  # fmt: skip
+        summary = run_fl(
+            config, store=store, executor=executor, data=data, capacities=capacities,
+            placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
+        )  # fmt: skip
     accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
     progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
     return summary
@@ -277,21 +278,18 @@ def run_fl_rounds(
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``fleetbench`` parser."""
+    from exporters.cli import non_negative_int, positive_float, positive_int
+
     demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
     demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")
-    demo.add_argument("--rounds", type=int, default=4, help="FL rounds (default 4)")
-    demo.add_argument("--epochs", type=int, default=1, help="local epochs per round (default 1)")
-    demo.add_argument("--examples", type=int, default=2000, help="MNIST examples used in all (default 2000)")
-    demo.add_argument("--steps", type=int, default=5, help="timed steps per profiled cell (default 5)")
-    demo.add_argument("--timeout", type=float, default=120.0, help="seconds per device command (default 120)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--rounds", type=positive_int, default=4, help="FL rounds (default 4)")
+    demo.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round (default 1)")
+    demo.add_argument("--examples", type=positive_int, default=2000, help="MNIST examples used in all (default 2000)")
+    demo.add_argument("--steps", type=positive_int, default=5, help="timed steps per profiled cell (default 5)")
+    demo.add_argument(
+        "--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)"
+    )
+    demo.add_argument("--seed", type=non_negative_int, default=0)
     demo.add_argument("--local", action="store_true", help="use local devices instead of the emulated fleet")
     demo.add_argument("--keep-up", action="store_true", help="leave the emulated fleet running")
-    demo.set_defaults(handler=run_demo)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``fleetbench demo`` with ``argv`` (for ``python -m fl.demo``)."""
-    parser = argparse.ArgumentParser(prog="fleetbench demo")
-    register(parser.add_subparsers(dest="command"))
-    return int(run_demo(parser.parse_args(["demo", *(argv or sys.argv[1:])])))
+    demo.set_defaults(handler="fleetbench.demo:run_demo")

@@ -1,0 +1,7 @@
+"""``python -m fleetbench``: the same as the ``fleetbench`` command."""
+
+import sys
+
+from fleetbench.cli import main
+
+sys.exit(main())
