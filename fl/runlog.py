@@ -1,7 +1,10 @@
 """The FL run log: runs, clients, rounds and checkpoints in the profile store.
 
-Writes the ``fl_*`` tables of `harness.store` migration 3 through
-`ProfileStore.transaction`. Every round is **one** transaction holding its
+The ``fl_*`` tables live in the profile store's file but belong to this package:
+`FL_MIGRATIONS` holds their DDL, applied by `ProfileStore.ensure_schema` (component
+``"fl"``) when a `RunLog` opens a store. Version 1 creates the tables only if they
+are missing, because stores written before the tables moved here already hold them.
+Writes go through `ProfileStore.transaction`. Every round is **one** transaction holding its
 ``fl_rounds`` row, its ``fl_client_rounds`` rows and the run's checkpoint (which
 replaces the previous one), so a run killed at any moment resumes from the last
 round that is fully in the log, and the log never holds a round the checkpoint
@@ -38,6 +41,80 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _TREE = "__tree__"
+
+#: The FL tables' migrations (component ``"fl"`` of the profile store); append-only.
+FL_MIGRATIONS: tuple[str, ...] = (
+    # v1: runs, clients, rounds, client rounds and checkpoints.
+    """
+    CREATE TABLE IF NOT EXISTS fl_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        strategy TEXT NOT NULL,
+        model TEXT NOT NULL,
+        dataset TEXT NOT NULL,
+        executor TEXT NOT NULL DEFAULT 'inprocess',
+        seed INTEGER NOT NULL,
+        rounds INTEGER NOT NULL,
+        config TEXT NOT NULL DEFAULT '{}',
+        status TEXT NOT NULL DEFAULT 'running',
+        versions TEXT NOT NULL DEFAULT '{}',
+        git_commit TEXT
+    );
+    CREATE TABLE IF NOT EXISTS fl_clients (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        cid TEXT NOT NULL,
+        device TEXT,
+        capacity REAL NOT NULL,
+        tier INTEGER NOT NULL DEFAULT 0,
+        num_examples INTEGER NOT NULL,
+        label_counts TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, cid)
+    );
+    CREATE TABLE IF NOT EXISTS fl_rounds (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        round INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL NOT NULL,
+        wall_seconds REAL NOT NULL,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        evaluation TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, round)
+    );
+    CREATE TABLE IF NOT EXISTS fl_client_rounds (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        round INTEGER NOT NULL,
+        cid TEXT NOT NULL,
+        device TEXT,
+        width REAL NOT NULL,
+        arch_widths TEXT NOT NULL DEFAULT '[]',
+        tier INTEGER NOT NULL DEFAULT 0,
+        straggler INTEGER NOT NULL DEFAULT 0,
+        status TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        num_examples INTEGER NOT NULL DEFAULT 0,
+        loss REAL,
+        accuracy REAL,
+        steps INTEGER,
+        compute_seconds REAL,
+        download_seconds REAL,
+        upload_seconds REAL,
+        wait_seconds REAL,
+        train_flops REAL,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (run_id, round, cid)
+    );
+    CREATE TABLE IF NOT EXISTS fl_checkpoints (
+        run_id INTEGER PRIMARY KEY REFERENCES fl_runs(id),
+        round INTEGER NOT NULL,
+        state BLOB NOT NULL
+    );
+    """,
+    # v2: why a run failed (its failed rounds' client failures, summarised).
+    """
+    ALTER TABLE fl_runs ADD COLUMN error TEXT;
+    """,
+)
 
 
 class CheckpointError(InputError):
@@ -159,7 +236,7 @@ class RunLog:
     Parameters
     ----------
     store : ProfileStore
-        An open store (schema version 3 or later).
+        An open store; the FL tables are created or upgraded (`FL_MIGRATIONS`).
     clock : callable
         Wall clock in seconds since the epoch (injected for tests).
     """
@@ -167,6 +244,7 @@ class RunLog:
     def __init__(self, store: ProfileStore, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
+        store.ensure_schema("fl", FL_MIGRATIONS)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -319,10 +397,21 @@ class RunLog:
                 (int(rounds), json.dumps(dict(config), sort_keys=True), run_id),
             )
 
-    def finish_run(self, run_id: int, status: str = "finished") -> None:
-        """Mark a run finished (or ``"failed"`` / ``"interrupted"``) now."""
+    def finish_run(self, run_id: int, status: str = "finished", error: str | None = None) -> None:
+        """Mark a run finished (or ``"failed"`` / ``"interrupted"``) now.
+
+        Parameters
+        ----------
+        run_id : int
+        status : str
+        error : str, optional
+            Why the run failed (stored in ``fl_runs.error``).
+        """
         with self.store.transaction() as conn:
-            conn.execute("UPDATE fl_runs SET status = ?, finished_at = ? WHERE id = ?", (status, self.clock(), run_id))
+            conn.execute(
+                "UPDATE fl_runs SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                (status, self.clock(), error, run_id),
+            )
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -13,8 +13,11 @@ Design
   order, all in one transaction (an interrupted or failing upgrade leaves the file
   at its old version); a file whose version is newer than this code knows is
   refused with `StoreError`. Migrations are append-only: never edit a released
-  entry, add a new one. Entry 3 holds the FL run tables (``fl_*``), written by
-  `fl.runlog` through `ProfileStore.transaction`.
+  entry, add a new one.
+* **Components**: a package above the harness that keeps tables in the same file
+  (``fl``: its ``fl_*`` run tables) owns their DDL and applies it with
+  `ProfileStore.ensure_schema`, versioned per component in ``component_schema``, the
+  same way (in order, one transaction, newer versions refused).
 * **Attempts**: every call to ``record`` adds a row; a cell (``BenchSpec.cell_key``)
   may have several attempts (a failure, then a success on ``--resume``). The
   *latest attempt* of a key is its row with the highest id. `latest_cells` gives
@@ -108,70 +111,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE cells ADD COLUMN matmul_gflops REAL;
     CREATE INDEX cells_by_campaign ON cells (campaign_id, id);
     """,
-    # v3: federated learning runs (written by fl.runlog).
+    # v3: held the FL tables until they moved to their own package (`fl.runlog.FL_MIGRATIONS`,
+    # component "fl", written with CREATE TABLE IF NOT EXISTS so files made at this version
+    # keep theirs). Nothing to do here any more.
+    "",
+    # v4: schema versions of the components that keep their tables in this file.
     """
-    CREATE TABLE fl_runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        started_at REAL NOT NULL,
-        finished_at REAL,
-        strategy TEXT NOT NULL,
-        model TEXT NOT NULL,
-        dataset TEXT NOT NULL,
-        executor TEXT NOT NULL DEFAULT 'inprocess',
-        seed INTEGER NOT NULL,
-        rounds INTEGER NOT NULL,
-        config TEXT NOT NULL DEFAULT '{}',
-        status TEXT NOT NULL DEFAULT 'running',
-        versions TEXT NOT NULL DEFAULT '{}',
-        git_commit TEXT
-    );
-    CREATE TABLE fl_clients (
-        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
-        cid TEXT NOT NULL,
-        device TEXT,
-        capacity REAL NOT NULL,
-        tier INTEGER NOT NULL DEFAULT 0,
-        num_examples INTEGER NOT NULL,
-        label_counts TEXT NOT NULL DEFAULT '{}',
-        PRIMARY KEY (run_id, cid)
-    );
-    CREATE TABLE fl_rounds (
-        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
-        round INTEGER NOT NULL,
-        started_at REAL NOT NULL,
-        finished_at REAL NOT NULL,
-        wall_seconds REAL NOT NULL,
-        metrics TEXT NOT NULL DEFAULT '{}',
-        evaluation TEXT NOT NULL DEFAULT '{}',
-        PRIMARY KEY (run_id, round)
-    );
-    CREATE TABLE fl_client_rounds (
-        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
-        round INTEGER NOT NULL,
-        cid TEXT NOT NULL,
-        device TEXT,
-        width REAL NOT NULL,
-        arch_widths TEXT NOT NULL DEFAULT '[]',
-        tier INTEGER NOT NULL DEFAULT 0,
-        straggler INTEGER NOT NULL DEFAULT 0,
-        status TEXT NOT NULL,
-        message TEXT NOT NULL DEFAULT '',
-        num_examples INTEGER NOT NULL DEFAULT 0,
-        loss REAL,
-        accuracy REAL,
-        steps INTEGER,
-        compute_seconds REAL,
-        download_seconds REAL,
-        upload_seconds REAL,
-        wait_seconds REAL,
-        train_flops REAL,
-        metrics TEXT NOT NULL DEFAULT '{}',
-        PRIMARY KEY (run_id, round, cid)
-    );
-    CREATE TABLE fl_checkpoints (
-        run_id INTEGER PRIMARY KEY REFERENCES fl_runs(id),
-        round INTEGER NOT NULL,
-        state BLOB NOT NULL
+    CREATE TABLE component_schema (
+        component TEXT PRIMARY KEY,
+        version INTEGER NOT NULL
     );
     """,
 )
@@ -232,6 +180,40 @@ class StoreError(InputError):
 
     An `InputError`, so the CLI prints it as one line and exits with status 2.
     """
+
+
+class StoreUnavailable(RuntimeError):
+    """A usable profile store that SQLite could not read or write just now.
+
+    Locked by another writer beyond `BUSY_TIMEOUT_S`, a read-only file or directory, a
+    full disk, an I/O error. A failure of the environment (the CLI exits with status 1);
+    the message names the file.
+    """
+
+
+#: SQLite primary result codes that say the environment failed, not the file or the SQL:
+#: PERM, BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL.
+_ENVIRONMENT_CODES = frozenset({3, 5, 6, 8, 10, 13, 14, 15})
+
+
+def environmental(exc: sqlite3.Error) -> bool:
+    """Whether an SQLite error is a failure of the environment (lock, permission, disk).
+
+    Parameters
+    ----------
+    exc : sqlite3.Error
+
+    Returns
+    -------
+    bool
+        True for the result codes in `_ENVIRONMENT_CODES` (the primary code, the low
+        byte of an extended one); also True on a Python without ``sqlite_errorcode``
+        (3.10), where every operational error counts.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return isinstance(exc, sqlite3.OperationalError)
+    return (int(code) & 0xFF) in _ENVIRONMENT_CODES
 
 
 @functools.lru_cache(maxsize=1)
@@ -362,12 +344,16 @@ class ProfileStore:
     path : str or path-like
         Store file; created (with its parent directories) when missing, upgraded
         to `SCHEMA_VERSION` when older.
+    create : bool
+        With False, a missing file is refused instead of created (commands that only read).
 
     Raises
     ------
     StoreError
-        If the file is not a SQLite database, is not a fleetbench store, or has a
-        schema version newer than `SCHEMA_VERSION`.
+        If the file is missing and ``create`` is False, is not a SQLite database, is not
+        a fleetbench store, or has a schema version newer than `SCHEMA_VERSION`.
+    StoreUnavailable
+        If SQLite cannot read or write it (permissions, lock, disk).
 
     Examples
     --------
@@ -377,8 +363,10 @@ class ProfileStore:
     ...     table = store.latest_cells()
     """
 
-    def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB) -> None:
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_DB, *, create: bool = True) -> None:
         self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise StoreError(f"no profile store at {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         try:
@@ -392,6 +380,14 @@ class ProfileStore:
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._migrate()
+        except sqlite3.OperationalError as exc:
+            self._conn.close()
+            if not environmental(exc):
+                raise StoreError(f"{self.path} is not a usable profile store: {exc}") from None
+            raise StoreUnavailable(f"cannot use profile store {self.path}: {exc}") from None
+        except StoreUnavailable:
+            self._conn.close()
+            raise
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"{self.path} is not a usable profile store: {exc}") from None
@@ -415,6 +411,17 @@ class ProfileStore:
         self.close()
 
     @contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock; turn SQLite's environment errors into `StoreUnavailable` naming the file."""
+        with self._lock:
+            try:
+                yield self._conn
+            except sqlite3.OperationalError as exc:
+                if not environmental(exc):
+                    raise
+                raise StoreUnavailable(f"profile store {self.path}: {exc}") from exc
+
+    @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """Hold the lock and one IMMEDIATE transaction; commit on success, roll back otherwise.
 
@@ -424,24 +431,62 @@ class ProfileStore:
             The store's connection (rows as tuples unless the caller sets a factory
             on a cursor); other packages' tables (``fl_*``) are written through it.
         """
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        with self._locked() as conn:
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self._conn
+                yield conn
             except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+            conn.execute("COMMIT")
 
     # -- schema ------------------------------------------------------------------------------
 
     @property
     def schema_version(self) -> int:
         """The schema version of the open file."""
-        with self._lock:
-            row = self._conn.execute("SELECT version FROM schema_version").fetchone()
+        with self._locked() as conn:
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
         return int(row[0])
+
+    def ensure_schema(self, component: str, migrations: Sequence[str]) -> int:
+        """Apply a component's missing migrations, in order, in one transaction.
+
+        Parameters
+        ----------
+        component : str
+            Name of the package that owns the tables (``"fl"``).
+        migrations : sequence of str
+            Its append-only scripts; entry ``i`` takes it from version ``i`` to ``i + 1``.
+
+        Returns
+        -------
+        int
+            The component's version in this file (``len(migrations)``).
+
+        Raises
+        ------
+        StoreError
+            If the file holds a newer version of the component than ``migrations`` knows.
+        """
+        with self.transaction() as conn:
+            row = conn.execute("SELECT version FROM component_schema WHERE component = ?", (component,)).fetchone()
+            version = int(row[0]) if row else 0
+            if version > len(migrations):
+                raise StoreError(
+                    f"{self.path} has {component} schema version {version}, newer than the {len(migrations)} "
+                    "this fleetbench knows; upgrade fleetbench to read it"
+                )
+            for script in migrations[version:]:
+                for statement in split_statements(script):
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO component_schema (component, version) VALUES (?, ?) "
+                "ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+                (component, len(migrations)),
+            )
+        return len(migrations)
 
     def _migrate(self) -> None:
         with self.transaction() as conn:
@@ -592,8 +637,8 @@ class ProfileStore:
             "JOIN (SELECT cell_key, MAX(id) AS id FROM cells GROUP BY cell_key) latest ON latest.id = c.id "
             "WHERE c.status = 'ok'"
         )
-        with self._lock:
-            return {row[0] for row in self._conn.execute(query)}
+        with self._locked() as conn:
+            return {row[0] for row in conn.execute(query)}
 
     def _rows(self, *, campaign_id: int | None, latest: bool) -> list[sqlite3.Row]:
         where: list[str] = []
@@ -609,8 +654,8 @@ class ProfileStore:
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY c.id"
         )
-        with self._lock:
-            cursor = self._conn.execute(query, params)
+        with self._locked() as conn:
+            cursor = conn.execute(query, params)
             cursor.row_factory = sqlite3.Row
             return list(cursor.fetchall())
 
@@ -752,8 +797,8 @@ class ProfileStore:
             "SELECT k.id, k.started_at, k.fleet, k.model, k.versions, k.git_commit, COUNT(c.id) AS cells "
             "FROM campaigns k LEFT JOIN cells c ON c.campaign_id = k.id GROUP BY k.id ORDER BY k.id"
         )
-        with self._lock:
-            rows = self._conn.execute(query).fetchall()
+        with self._locked() as conn:
+            rows = conn.execute(query).fetchall()
         columns = ["id", "started_at", "fleet", "model", "versions", "git_commit", "cells"]
         return pd.DataFrame.from_records(rows, columns=columns)
 
@@ -790,7 +835,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         or without pyarrow, or the output directory does not exist.
     """
     db = Path(args.db)
-    if not db.is_file():
+    if not db.is_file():  # before any other check: nothing is created for a refused command
         raise StoreError(f"no profile store at {db}")
     fmt = args.format
     out = None if args.out is None else Path(args.out)
@@ -803,7 +848,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise InputError("parquet export needs pyarrow: pip install 'fleetbench[parquet]'") from None
     if out is not None and not out.parent.is_dir():
         raise InputError(f"cannot write {out}: directory {out.parent} does not exist")
-    with ProfileStore(db) as store:
+    with ProfileStore(db, create=False) as store:
         frame = store.latest_cells()
     if out is None:
         frame.to_csv(sys.stdout, index=False)
