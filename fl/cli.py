@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from exporters.cli import non_negative_int, positive_float, positive_int
 from exporters.errors import InputError
-from harness.cli import non_negative_int, positive_int
 
 #: Defaults of ``fl run`` (also the `RunConfig` defaults).
 DEFAULTS: dict[str, Any] = {
@@ -100,7 +100,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--lr", type=_number, help="local learning rate (default 0.05)")
     run.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="strategy option (repeatable)")
     run.add_argument("--eval-every", type=positive_int, help="evaluate every N rounds (default 1)")
-    run.add_argument("--timeout", type=_number, help="seconds a client may train before it counts as failed")
+    run.add_argument("--timeout", type=positive_float, help="seconds a client may train before it counts as failed")
+    run.add_argument(
+        "--max-failed-rounds",
+        type=positive_int,
+        help="stop the run as failed after this many rounds in which no client trained (default 1)",
+    )
     run.add_argument("--workers", type=non_negative_int, help="training processes (default 0: one at a time)")
     run.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads for in-process training (default 1)"
@@ -112,12 +117,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
-    run.set_defaults(handler=cmd_run)
+    run.set_defaults(handler="fl.cli:cmd_run")
 
     runs = actions.add_parser("runs", help="list the FL runs in a profile store")
     runs.add_argument("--db", default=DEFAULTS["db"], help="profile store (default fleetbench.db)")
     runs.add_argument("--json", action="store_true", help="print one JSON document")
-    runs.set_defaults(handler=cmd_runs)
+    runs.set_defaults(handler="fl.cli:cmd_runs")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -154,6 +159,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         workers=pick("workers"),
         db=pick("db"),
         timeout_s=args.timeout,
+        max_failed_rounds=1 if args.max_failed_rounds is None else args.max_failed_rounds,
     )
     config.validate()
     return config
@@ -171,7 +177,7 @@ def _resume_config(args: argparse.Namespace) -> Any:
     from harness.store import ProfileStore
 
     db = args.db or DEFAULTS["db"]
-    with ProfileStore(db) as store:
+    with ProfileStore(db, create=False) as store:
         stored = RunConfig.from_dict(RunLog(store).run(args.resume)["config"])
     given = {field: getattr(args, attr) for attr, field in _ARG_FIELDS.items() if getattr(args, attr) is not None}
     if args.opt:
@@ -199,25 +205,46 @@ _ARG_FIELDS = {
     "eval_every": "eval_every",
     "workers": "workers",
     "timeout": "timeout_s",
+    "max_failed_rounds": "max_failed_rounds",
 }
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run ``fleetbench fl run``."""
+    """Run ``fleetbench fl run``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+
+    Returns
+    -------
+    int
+        0 when the run finished; 1 when it stopped after ``--max-failed-rounds`` failed
+        rounds (every client's failure reason is printed, and is in ``--json``).
+    """
     from fl.server import run_fl
 
     config = _resume_config(args) if args.resume is not None else config_from_args(args)
+    fleet = _load_fleet(args.fleet) if args.fleet else None
     import torch
 
     # Small models train fastest on one thread; more only oversubscribe a shared machine.
     torch.set_num_threads(args.threads)
-    if args.fleet:
-        summary = _run_on_fleet(args, config)
+    if fleet is not None:
+        summary = _run_on_fleet(args, config, fleet)
     else:
         summary = run_fl(config, resume_run=args.resume)
+    if summary.status != "finished":
+        print(f"FL run {summary.run_id} failed after {summary.rounds} round(s): {summary.error}", file=sys.stderr)
+        for rnd in summary.history:
+            for failure in rnd.failures if rnd.failed else ():
+                detail = f": {failure.message}" if failure.message else ""
+                print(f"  round {rnd.round + 1}: {failure.cid} {failure.reason}{detail}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary.to_json()))
-        return 0
+        return 0 if summary.status == "finished" else 1
+    if summary.status != "finished":
+        return 1
     accuracy = ", ".join(f"{w:g}: {a:.4f}" for w, a in summary.accuracy.items()) or "not evaluated"
     print(
         f"FL run {summary.run_id} ({config.strategy}, {config.model} on {config.dataset}, {config.clients} clients, "
@@ -228,25 +255,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_on_fleet(args: argparse.Namespace, config: Any) -> Any:
-    """Run ``config`` with the devices executor on ``--fleet`` (client ``i`` on device ``i mod n``)."""
+def _load_fleet(path: str) -> Any:
+    """Load ``--fleet`` and refuse a fleet without devices."""
+    from pathlib import Path
+
+    from devices.fleetfile import load_fleet
+
+    fleet = load_fleet(Path(path))
+    if not fleet.devices:
+        raise InputError(f"{path}: the fleet has no devices")
+    return fleet
+
+
+def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
+    """Run ``config`` with the devices executor on ``fleet`` (client ``i`` on device ``i mod n``)."""
     import dataclasses
     import tempfile
     from pathlib import Path
 
     from devices.connect import connect
-    from devices.fleetfile import load_fleet
     from exporters.zoo import get_model
     from fl.executors.devices import DevicesExecutor
     from fl.server import run_fl
 
-    fleet = load_fleet(Path(args.fleet))
-    if not fleet.devices:
-        raise InputError(f"{args.fleet}: the fleet has no devices")
     config = dataclasses.replace(config, executor="devices")
     placement = {f"c{i}": fleet.devices[i % len(fleet.devices)] for i in range(config.clients)}
-    with tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work:
-        executor = DevicesExecutor(
+    with (
+        tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work,
+        DevicesExecutor(
             get_model(config.model),
             placement,
             artifacts_dir=Path(args.artifacts),
@@ -254,7 +290,8 @@ def _run_on_fleet(args: argparse.Namespace, config: Any) -> Any:
             batch=config.batch_size,
             connect=connect,
             timeout_s=config.timeout_s or 300.0,
-        )
+        ) as executor,
+    ):
         return run_fl(
             config,
             executor=executor,
@@ -265,14 +302,10 @@ def _run_on_fleet(args: argparse.Namespace, config: Any) -> Any:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """Run ``fleetbench fl runs``."""
-    from pathlib import Path
-
     from fl.runlog import RunLog
     from harness.store import ProfileStore
 
-    if not Path(args.db).exists():
-        raise InputError(f"profile store {args.db} does not exist")
-    with ProfileStore(args.db) as store:
+    with ProfileStore(args.db, create=False) as store:
         frame = RunLog(store).runs()
     columns = ["id", "strategy", "model", "dataset", "seed", "rounds", "rounds_done", "status"]
     rows = frame[columns].to_dict("records") if not frame.empty else []

@@ -48,7 +48,7 @@ from fl.strategies.base import Profiles, Strategy
 from harness.store import DEFAULT_DB, ProfileStore
 
 #: Config fields a resumed run may change (they do not affect the trained model).
-RESUMABLE_CHANGES = frozenset({"rounds", "executor", "workers", "db", "eval_every", "timeout_s"})
+RESUMABLE_CHANGES = frozenset({"rounds", "executor", "workers", "db", "eval_every", "timeout_s", "max_failed_rounds"})
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,9 @@ class RunConfig:
         Profile store file the run is logged in.
     timeout_s : float or None
         Seconds a client may train before it counts as failed.
+    max_failed_rounds : int
+        The run stops as failed after this many failed rounds (rounds in which no
+        client trained).
     """
 
     strategy: str = "fedavg"
@@ -114,6 +117,7 @@ class RunConfig:
     workers: int = 0
     db: str = DEFAULT_DB
     timeout_s: float | None = None
+    max_failed_rounds: int = 1
 
     def validate(self) -> None:
         """Check the fields that can be checked without loading anything.
@@ -127,7 +131,7 @@ class RunConfig:
             raise InputError(f"unknown strategy {self.strategy!r}; known: {', '.join(sorted(STRATEGIES))}")
         if self.executor not in EXECUTORS:
             raise InputError(f"unknown executor {self.executor!r}; known: {', '.join(sorted(EXECUTORS))}")
-        for name in ("clients", "rounds", "epochs", "batch_size", "eval_every"):
+        for name in ("clients", "rounds", "epochs", "batch_size", "eval_every", "max_failed_rounds"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.workers < 0:
@@ -169,6 +173,8 @@ class RoundSummary:
         Global test accuracy per evaluated width (empty when not evaluated).
     seconds : float
         Round wall time.
+    failures : tuple of ClientFailure
+        The clients that failed, with their reasons.
     """
 
     round: int
@@ -177,6 +183,12 @@ class RoundSummary:
     mean_loss: float | None
     accuracy: Mapping[float, float]
     seconds: float
+    failures: tuple[ClientFailure, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """Whether no client trained in this round (a failed round)."""
+        return self.clients_ok == 0
 
 
 @dataclass(frozen=True)
@@ -194,6 +206,11 @@ class RunSummary:
     history : tuple of RoundSummary
         Every completed round, in order.
     config : RunConfig
+    status : str
+        ``"finished"``, or ``"failed"`` when the run stopped after
+        ``config.max_failed_rounds`` failed rounds.
+    error : str or None
+        Why the run failed (None when it finished).
     """
 
     run_id: int
@@ -201,6 +218,8 @@ class RunSummary:
     accuracy: Mapping[float, float]
     history: tuple[RoundSummary, ...]
     config: RunConfig
+    status: str = "finished"
+    error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-ready dict; widths become string keys (``"0.5"``)."""
@@ -211,12 +230,16 @@ class RunSummary:
             "model": self.config.model,
             "dataset": self.config.dataset,
             "seed": self.config.seed,
+            "status": self.status,
+            "error": self.error,
             "accuracy": {str(float(w)): a for w, a in self.accuracy.items()},
             "history": [
                 {
                     "round": r.round,
                     "clients_ok": r.clients_ok,
                     "clients_failed": r.clients_failed,
+                    "failed": r.failed,
+                    "failures": [{"cid": f.cid, "reason": f.reason, "message": f.message} for f in r.failures],
                     "mean_loss": r.mean_loss,
                     "accuracy": {str(float(w)): a for w, a in r.accuracy.items()},
                     "seconds": r.seconds,
@@ -366,17 +389,21 @@ def run_fl(
     Raises
     ------
     InputError
-        On a bad configuration, an unknown strategy option, or a run to resume
-        that does not exist, has no checkpoint, or was configured differently.
+        On a bad configuration, an unknown strategy option, capacities the strategy
+        cannot serve, or a run to resume that does not exist, has no checkpoint, or
+        was configured differently. Everything is checked before the run is logged,
+        and a store that ``run_fl`` opens itself is created only after the checks.
     """
     config.validate()
     own_store = store is None
-    store = store if store is not None else ProfileStore(config.db)
+    if own_store and resume_run is not None:
+        store = ProfileStore(config.db, create=False)
     own_executor = executor is None
     try:
-        log = RunLog(store, clock=wall_clock)
         checkpoint: tuple[int, Any] | None = None
         if resume_run is not None:
+            assert store is not None
+            log = RunLog(store, clock=wall_clock)
             _check_resumable(config, log.run(resume_run)["config"], resume_run)
             checkpoint = log.load_checkpoint(resume_run)
             if checkpoint is None:
@@ -398,6 +425,10 @@ def run_fl(
             capacities = assign(config.capacities, config.clients, config.seed)
         clients = _client_specs(shards, capacities, placement or {})
         strategy = _make_strategy(config, model)
+        strategy.check_clients(clients)
+        if store is None:
+            store = ProfileStore(config.db)
+        log = RunLog(store, clock=wall_clock)
         if executor is None:
             if config.executor == "devices":
                 raise InputError("the devices executor needs a fleet: fleetbench fl run --fleet FILE")
@@ -426,6 +457,8 @@ def run_fl(
         profiles = profiles_for(store, clients)
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
+        error: str | None = None
+        earlier = len(history)  # rounds logged before this call (a resumed run's)
         try:
             for rnd in range(first, config.rounds):
                 summary = _run_round(
@@ -446,19 +479,24 @@ def run_fl(
                 history.append(summary)
                 if progress is not None:
                     progress(format_round(summary, config.rounds))
+                failed_rounds = [h for h in history[earlier:] if h.failed]
+                if len(failed_rounds) >= config.max_failed_rounds:
+                    error = failure_report(failed_rounds)
+                    break
         except KeyboardInterrupt:
             log.finish_run(run_id, "interrupted")
             raise
-        except BaseException:
-            log.finish_run(run_id, "failed")
+        except BaseException as exc:
+            log.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
             raise
-        log.finish_run(run_id, "finished")
+        status = "finished" if error is None else "failed"
+        log.finish_run(run_id, status, error)
         accuracy: Mapping[float, float] = next((h.accuracy for h in reversed(history) if h.accuracy), {})
-        return RunSummary(run_id, len(history), dict(accuracy), tuple(history), config)
+        return RunSummary(run_id, len(history), dict(accuracy), tuple(history), config, status, error)
     finally:
         if own_executor and executor is not None:
             executor.close()
-        if own_store:
+        if own_store and store is not None:
             store.close()
 
 
@@ -483,10 +521,13 @@ def _run_round(
     # FLuID names the clients it treats as stragglers this round; other strategies have none.
     stragglers = {str(c) for c in getattr(strategy, "stragglers", ())}
     results, failures = executor.run(instructions, {cid: shard_of[cid] for cid in instructions}, config.timeout_s)
-    _, strategy_metrics = strategy.aggregate_round(rnd, results, failures)
+    strategy_metrics: Mapping[str, Any] = {}
     evaluation: dict[float, dict[str, float]] = {}
-    if (rnd + 1) % config.eval_every == 0 or rnd + 1 == config.rounds:
-        evaluation = evaluate_global(strategy, clients, test)
+    if results:
+        # A failed round (no client trained) leaves the global model and the strategy as they were.
+        _, strategy_metrics = strategy.aggregate_round(rnd, results, failures)
+        if (rnd + 1) % config.eval_every == 0 or rnd + 1 == config.rounds:
+            evaluation = evaluate_global(strategy, clients, test)
     seconds = clock() - start
     losses = [float(r.metrics["loss"]) for r in results if "loss" in r.metrics]
     mean_loss = float(np.mean(losses)) if losses else None
@@ -509,17 +550,52 @@ def _run_round(
         checkpoint={"round": rnd, "strategy": strategy.state()},
     )
     accuracy = {w: v["accuracy"] for w, v in evaluation.items()}
-    return RoundSummary(rnd, len(results), len(failures), mean_loss, accuracy, seconds)
+    return RoundSummary(rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures))
 
 
 def format_round(summary: RoundSummary, rounds: int) -> str:
-    """Return the progress line of one round."""
+    """Return the progress line of one round.
+
+    Parameters
+    ----------
+    summary : RoundSummary
+    rounds : int
+        Rounds in the run.
+
+    Returns
+    -------
+    str
+        One line; a failed round says so instead of a loss.
+    """
     loss = "-" if summary.mean_loss is None else f"{summary.mean_loss:.4f}"
     accuracy = " ".join(f"{w:g}:{a:.4f}" for w, a in summary.accuracy.items()) or "-"
-    return (
-        f"round {summary.round + 1}/{rounds}: clients ok {summary.clients_ok} failed {summary.clients_failed}, "
-        f"loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s"
-    )
+    head = f"round {summary.round + 1}/{rounds}: clients ok {summary.clients_ok} failed {summary.clients_failed}"
+    if summary.failed:
+        return f"{head}: FAILED, no client trained, {summary.seconds:.2f} s"
+    return f"{head}, loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s"
+
+
+def failure_report(rounds: Sequence[RoundSummary]) -> str:
+    """Say why rounds failed: every client's failure reason, one ``; ``-separated list.
+
+    Parameters
+    ----------
+    rounds : sequence of RoundSummary
+        The failed rounds.
+
+    Returns
+    -------
+    str
+        ``"round 1: c0 unreachable (connection refused); c1 timeout (...)"``, rounds
+        joined by ``" | "``.
+    """
+    parts = []
+    for summary in rounds:
+        reasons = "; ".join(
+            f"{f.cid} {f.reason}" + (f" ({f.message})" if f.message else "") for f in summary.failures
+        )
+        parts.append(f"round {summary.round + 1}: {reasons or 'no client was sampled'}")
+    return " | ".join(parts)
 
 
 def _check_resumable(config: RunConfig, stored: Mapping[str, Any], run_id: int) -> None:
@@ -648,9 +724,15 @@ def _float_or_none(value: Any) -> float | None:
 
 def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
     frame = log.rounds(run_id)
+    clients = log.client_rounds(run_id)
+    failed = clients[clients.status != "ok"] if not clients.empty else clients
     out = []
     for row in frame.itertuples(index=False):
         metrics, evaluation = row.metrics, row.evaluation
+        failures = () if failed.empty else tuple(
+            ClientFailure(str(c.cid), str(c.status), str(c.message), float(c.wait_seconds or 0.0))
+            for c in failed[failed["round"] == row.round].itertuples(index=False)
+        )  # fmt: skip
         out.append(
             RoundSummary(
                 round=int(row.round),
@@ -659,6 +741,7 @@ def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
                 mean_loss=metrics.get("mean_loss"),
                 accuracy={float(w): float(v["accuracy"]) for w, v in evaluation.items()},
                 seconds=float(row.wall_seconds),
+                failures=failures,
             )
         )
     return out

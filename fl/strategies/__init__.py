@@ -9,9 +9,12 @@ imported on first use. Every class takes ``(model, initial, seed=0, local=None,
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from exporters.errors import InputError
-from fl.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from fl.strategies.base import Strategy
 
 #: ``--strategy`` name -> ``"module:Class"``.
 STRATEGIES: dict[str, str] = {

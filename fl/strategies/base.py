@@ -21,13 +21,15 @@ generator carried across rounds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from exporters.arch import SubModel
-from exporters.zoo import ZooModel
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+
+if TYPE_CHECKING:
+    from exporters.zoo import ZooModel
 
 #: Per-device profile rows (``ProfileStore.latest_cells`` records), keyed by device
 #: name; empty when the run has no devices or no profiles.
@@ -59,6 +61,20 @@ class Strategy:
         self.seed = seed
         self.local: dict[str, Any] = {"epochs": 1, "batch_size": 20, "lr": 0.05, "trainer": "plain"}
         self.local.update(local or {})
+
+    def check_clients(self, clients: Sequence[ClientSpec]) -> None:
+        """Refuse, before the run is logged, clients this strategy cannot serve (default: none).
+
+        Parameters
+        ----------
+        clients : sequence of ClientSpec
+            Every client of the run.
+
+        Raises
+        ------
+        InputError
+            Naming the first client that cannot take part, and why.
+        """
 
     def configure_round(
         self, rnd: int, clients: Sequence[ClientSpec], profiles: Profiles | None = None

@@ -118,6 +118,27 @@ class FjORD(FedAvg):
         """Build the uniform-k width set from ``k``."""
         self.widths = width_set(int(self.options["k"]))
 
+    def check_clients(self, clients: Sequence[ClientSpec]) -> None:
+        """Refuse a client whose capacity is below the smallest width ``1/k``.
+
+        Parameters
+        ----------
+        clients : sequence of ClientSpec
+
+        Raises
+        ------
+        InputError
+            Naming the client, its capacity and the width set.
+        """
+        for client in clients:
+            try:
+                p_max_for(client.capacity, self.widths)
+            except InputError:
+                raise InputError(
+                    f"fjord: client {client.cid} has capacity {client.capacity:g}, below the smallest width "
+                    f"1/k = {min(self.widths):g}; give it a capacity of at least that, or raise k (--opt k=...)"
+                ) from None
+
     def submodel_for(self, rnd: int, client: ClientSpec) -> SubModel:
         """Return the prefix sub-model at the client's ``p_max``."""
         return static_submodel(self.model, p_max_for(client.capacity, self.widths))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fl.cli import parse_options
-from harness.cli import main
+from fleetbench.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +97,7 @@ def test_text_output_names_the_run_and_how_to_resume(tmp_path, capsys):
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, word):
     db = str(tmp_path / "fl.db")
-    if "--resume" in argv and "5" not in argv:
+    if "--resume" in argv:
         assert run(capsys, "run", *SMALL, "--rounds", "1", "--db", db)[0] == 0
     rc, out, err = run(capsys, "run", *SMALL[:4], *argv, "--db", db)
     assert rc == 2
@@ -142,3 +142,67 @@ def test_fleet_runs_clients_on_its_devices_with_the_runner(tmp_path, capsys):
     rows = sqlite3.connect(db).execute("SELECT cid, device, status FROM fl_client_rounds ORDER BY cid").fetchall()
     assert rows == [("c0", "a", "ok"), ("c1", "b", "ok"), ("c2", "a", "ok")]
     assert (tmp_path / "a" / "cas").is_dir() and (tmp_path / "b" / "cas").is_dir()  # the runner ran on each device
+
+
+def test_resume_of_a_store_that_does_not_exist_creates_nothing(tmp_path, capsys):
+    typo = tmp_path / "typo.db"
+    rc, out, err = run(capsys, "run", "--resume", "1", "--db", str(typo))
+    assert rc == 2 and f"no profile store at {typo}" in err and len(err.strip().splitlines()) == 1
+    assert not typo.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_fjord_capacity_below_the_smallest_width_is_refused_before_the_run_is_logged(tmp_path, capsys):
+    db = tmp_path / "fl.db"
+    argv = ["run", "--strategy", "fjord", *SMALL, "--capacities", "explicit:1,0.5,0.1", "--opt", "k=4"]
+    rc, out, err = run(capsys, *argv, "--db", str(db))
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "client c2 has capacity 0.1, below the smallest width 1/k = 0.25" in err
+    assert not db.exists()  # no store, so no "failed" run left behind
+
+
+def _unreachable_fleet(tmp_path):
+    from devices.sshd import free_port
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "devices:\n"
+        + "".join(
+            f"  - {{name: {name}, kind: ssh, host: 127.0.0.1, port: {free_port()}, user: nobody, "
+            f"trust_on_first_use: true, workdir: /tmp/{name}}}\n"
+            for name in ("a", "b")
+        )
+    )
+    return fleet
+
+
+def test_a_round_in_which_no_client_trained_fails_the_run_with_every_reason(tmp_path, capsys):
+    import sqlite3
+
+    db = tmp_path / "fl.db"
+    argv = ["run", "--fleet", str(_unreachable_fleet(tmp_path)), "--artifacts", str(tmp_path / "artifacts")]
+    rc, out, err = run(capsys, *argv, *SMALL[:4], "--rounds", "3", "--db", str(db))
+    assert rc == 1, (out, err)
+    assert "failed after 1 round(s)" in err
+    for cid in ("c0", "c1", "c2"):
+        assert f"round 1: {cid} unreachable" in err
+    assert "accuracy" not in out  # no success summary for a failed run
+    con = sqlite3.connect(db)
+    status, error = con.execute("SELECT status, error FROM fl_runs").fetchone()
+    assert status == "failed" and "c0 unreachable" in error and "c2 unreachable" in error
+    assert con.execute("SELECT COUNT(*) FROM fl_rounds").fetchone()[0] == 1  # stopped after the first failed round
+    reasons = con.execute("SELECT DISTINCT status FROM fl_client_rounds").fetchall()
+    assert reasons == [("unreachable",)]
+
+
+def test_json_of_a_failed_run_carries_the_reasons_and_max_failed_rounds_is_honoured(tmp_path, capsys):
+    db = tmp_path / "fl.db"
+    argv = ["run", "--fleet", str(_unreachable_fleet(tmp_path)), "--artifacts", str(tmp_path / "artifacts")]
+    argv += [*SMALL[:4], "--rounds", "3", "--max-failed-rounds", "2", "--db", str(db), "--json"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 1
+    summary = json.loads(out)
+    assert summary["status"] == "failed" and summary["rounds"] == 2
+    assert [h["failed"] for h in summary["history"]] == [True, True]
+    failures = summary["history"][1]["failures"]
+    assert [f["cid"] for f in failures] == ["c0", "c1", "c2"] and {f["reason"] for f in failures} == {"unreachable"}
+    assert all(f["message"] for f in failures)
