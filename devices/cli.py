@@ -1,19 +1,11 @@
-"""The ``fleetbench fleet`` commands: argument parsing only, handlers live beside their logic."""
+"""The ``fleetbench fleet`` commands: argument parsing only, handlers live beside their logic.
+
+Handlers are named ``"module:function"``; `fleetbench.cli` imports them when the command runs.
+"""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-from collections.abc import Callable
 from typing import Any
-
-
-def _handler(module: str, name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        function: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
-        return function(args)
-
-    return run
 
 
 def register(commands: Any) -> None:
@@ -29,13 +21,13 @@ def register(commands: Any) -> None:
 
     check = actions.add_parser("check", help="validate a fleet file")
     check.add_argument("file", help="fleet YAML file")
-    check.set_defaults(handler=_handler("devices.fleetfile", "cmd_check"))
+    check.set_defaults(handler="devices.fleetfile:cmd_check")
 
     facts = actions.add_parser("facts", help="collect device facts concurrently")
     facts.add_argument("file", help="fleet YAML file")
     facts.add_argument("--json", action="store_true", help="print one JSON document")
     facts.add_argument("--timeout", type=float, default=20.0, help="seconds per device (default 20)")
-    facts.set_defaults(handler=_handler("devices.facts", "cmd_facts"))
+    facts.set_defaults(handler="devices.facts:cmd_facts")
 
     for name, text in (
         ("up", "start the emulated devices of a fleet file on this machine"),
@@ -44,4 +36,4 @@ def register(commands: Any) -> None:
     ):
         action = actions.add_parser(name, help=text)
         action.add_argument("file", help="fleet YAML file")
-        action.set_defaults(handler=_handler("devices.emulate", f"cmd_{name}"))
+        action.set_defaults(handler=f"devices.emulate:cmd_{name}")

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from devices import limits, presets
+from devices.errors import EmulationError
 from devices.fleet import Device, Emulation, Fleet
 
 #: State file name inside the fleet's state dir.
@@ -55,10 +56,6 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 15.0
 
 Printer = Callable[[str], None]
-
-
-class EmulationError(RuntimeError):
-    """An emulated device could not be started."""
 
 
 # ---------------------------------------------------------------------------- records

@@ -60,3 +60,11 @@ class ConnectionLost(TransportError):
     """The connection dropped during a command and one reconnect did not help."""
 
     kind = "connection lost"
+
+
+class SshdError(RuntimeError):
+    """sshd is missing, its configuration is invalid, or it did not start."""
+
+
+class EmulationError(RuntimeError):
+    """An emulated device could not be started."""

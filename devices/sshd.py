@@ -17,14 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.errors import SshdError
 from devices.limits import descendants, process_parents
 
 #: Only address instances listen on.
 LOOPBACK = "127.0.0.1"
-
-
-class SshdError(RuntimeError):
-    """sshd is missing, its configuration is invalid, or it did not start."""
 
 
 @dataclass(frozen=True)

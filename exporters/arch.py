@@ -29,6 +29,13 @@ import numpy as np
 
 from exporters.errors import InputError
 
+#: Widths every model is listed and exported at by default (here, not in the zoo, so that
+#: the command line can offer them without importing PyTorch).
+DEFAULT_WIDTHS = (0.25, 0.5, 0.75, 1.0)
+
+#: The model the quickstart and the demo use.
+DEFAULT_MODEL = "fjord-cnn"
+
 #: Tolerance used when turning a rate into a width, so that e.g. 0.6 * 5 (which is
 #: 3.0000000000000004 in binary floating point) gives 3 neurons, not 4.
 RATE_EPSILON = 1e-9
@@ -309,3 +316,34 @@ def extract(
             )
         out[name] = take(np.asarray(tensor), tensor_index(layout, submodel, order, group_sizes))
     return out
+
+
+def parse_widths(text: str) -> tuple[float, ...]:
+    """Parse ``"0.25,0.5,1"`` into widths, each in (0, 1].
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated widths.
+
+    Returns
+    -------
+    tuple of float
+        The widths in the order given, duplicates removed.
+
+    Raises
+    ------
+    InputError
+        If an item is not a number or lies outside (0, 1].
+    """
+    widths: list[float] = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise InputError(f"width {item.strip()!r} is not a number") from None
+        if not 0.0 < value <= 1.0:
+            raise InputError(f"width {value:g} is outside (0, 1]")
+        if value not in widths:
+            widths.append(value)
+    return tuple(widths)

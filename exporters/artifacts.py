@@ -80,7 +80,7 @@ import torch
 from torch import nn
 
 from exporters.arch import Arch
-from exporters.errors import InputError
+from exporters.errors import ExportError, InputError
 from exporters.export_forms import export_form
 from exporters.zoo import ZooModel
 
@@ -124,10 +124,6 @@ OUTPUT_NAME = "logits"
 LABELS_NAME = "labels"
 
 _ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 11: "float64"}
-
-
-class ExportError(RuntimeError):
-    """The toolchain produced artifacts that break the contract (a bug, not bad input)."""
 
 
 @dataclass(frozen=True)

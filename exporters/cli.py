@@ -96,7 +96,7 @@ def register(commands: Any) -> None:
     commands : argparse._SubParsersAction
         The subparsers of the ``fleetbench`` parser.
     """
-    from exporters.zoo import DEFAULT_MODEL, DEFAULT_WIDTHS
+    from exporters.arch import DEFAULT_MODEL, DEFAULT_WIDTHS
 
     models = commands.add_parser("models", help="list the model zoo with parameters, MACs and FLOPs per width")
     models.add_argument("--json", action="store_true", help="print one JSON document")
@@ -128,8 +128,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     int
         Exit status 0.
     """
+    from exporters.arch import DEFAULT_WIDTHS
     from exporters.flops import count
-    from exporters.zoo import DEFAULT_WIDTHS, get_model, model_names
+    from exporters.zoo import get_model, model_names
 
     rows = []
     for name in model_names():

@@ -6,3 +6,7 @@ class InputError(ValueError):
 
     The CLI prints its message as one line on stderr and exits with status 2.
     """
+
+
+class ExportError(RuntimeError):
+    """The toolchain produced artifacts that break the contract (a bug, not bad input)."""

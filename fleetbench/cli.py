@@ -89,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.cli import register as register_harness
     from reports.cli import register as register_reports
 
-    parser = _Parser(prog="fleetbench", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="fleetbench",
+        description="Profile a device fleet for federated learning with sub-models, report it, and train on it.",
+    )
     parser.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     register_exporters(commands)

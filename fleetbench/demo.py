@@ -28,9 +28,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +120,8 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; return the exit status (0 when every step produced its output)."""
     from devices import emulate
+    from exporters.arch import DEFAULT_MODEL
     from exporters.artifacts import check_writable
-    from exporters.zoo import DEFAULT_MODEL
     from harness import campaign
     from harness.store import ProfileStore
 
@@ -204,7 +203,7 @@ def plan_capacities(
     list of float or None
         One capacity per device, in fleet order; None when no device has a full-width profile.
     """
-    from exporters.zoo import DEFAULT_MODEL
+    from exporters.arch import DEFAULT_MODEL
     from fl import scheduling
 
     cells = store.latest_cells()
@@ -250,7 +249,8 @@ def run_fl_rounds(
     fl.server.RunSummary
     """
     from devices.connect import connect
-    from exporters.zoo import DEFAULT_MODEL, get_model
+    from exporters.arch import DEFAULT_MODEL
+    from exporters.zoo import get_model
     from fl.executors.devices import DevicesExecutor
     from fl.server import RunConfig, run_fl
 

@@ -40,7 +40,6 @@ import argparse
 import dataclasses
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -526,6 +525,26 @@ def _start_share(fleet: Fleet, device: str) -> float:
     return float(resolved.cpu_share) if resolved is not None and resolved.cpu_share else 1.0
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    """``fleetbench fleet up FILE [--match DEVICE --db PATH]``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``file``, ``match`` and ``db``.
+
+    Returns
+    -------
+    int
+        `cmd_up_match`'s status with ``--match``, else `devices.emulate.cmd_up`'s.
+    """
+    if args.match:
+        return cmd_up_match(args)
+    from devices.emulate import cmd_up as plain_up
+
+    return plain_up(args)
+
+
 def cmd_up_match(
     args: argparse.Namespace,
     measure_factory: Callable[[Fleet, str, StoredCurve, str], Measure] | None = None,
@@ -543,31 +562,28 @@ def cmd_up_match(
     Returns
     -------
     int
-        0 when every emulated SSH device converged, 1 otherwise, 2 on bad input.
+        0 when every emulated SSH device converged, else 1.
+
+    Raises
+    ------
+    InputError
+        No store at ``--db``, no stored device ``--match``, or no emulated SSH device.
     """
     from devices import emulate
     from devices.fleetfile import load_fleet
+    from exporters.errors import InputError
+    from harness.store import ProfileStore
 
     factory = measure_factory or campaign_measure
     fleet = load_fleet(args.file)
     try:
-        from harness.store import ProfileStore
-    except ImportError as exc:
-        print(f"fleetbench: --match needs the profile store (harness.store): {exc}", file=sys.stderr)
-        return 2
-    if not Path(args.db).exists():
-        print(f"fleetbench: error: no profile store at {args.db}", file=sys.stderr)
-        return 2
-    try:
-        with ProfileStore(args.db) as store:
+        with ProfileStore(args.db, create=False) as store:
             target = stored_curve(store.latest_cells(), args.match)
     except LookupError as exc:
-        print(f"fleetbench: error: {exc}", file=sys.stderr)
-        return 2
+        raise InputError(exc.args[0] if exc.args else str(exc)) from None
     targets = [d.name for d in fleet.devices if d.emulate is not None and d.kind == "ssh"]
     if not targets:
-        print(f"{args.file}: no emulated SSH device to calibrate", file=sys.stderr)
-        return 2
+        raise InputError(f"{args.file}: no emulated SSH device to calibrate")
     result = emulate.up(fleet, say=lambda line: print(line, flush=True))
     widths = ", ".join(f"{w:g}" for w in target.curve)
     print(

@@ -24,7 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
     report.add_argument("--out", default="report", help="output directory (default ./report)")
     report.add_argument("--log-scale", action="store_true", help="logarithmic latency axis")
-    report.set_defaults(handler=cmd_report)
+    report.set_defaults(handler="reports.cli:cmd_report")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

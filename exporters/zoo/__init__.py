@@ -32,12 +32,6 @@ from torch import nn
 from exporters.arch import Arch, ParamLayout, SubModel, arch_for_rate, extract, static_submodel
 from exporters.errors import InputError
 
-#: Widths every model is listed and exported at by default.
-DEFAULT_WIDTHS = (0.25, 0.5, 0.75, 1.0)
-
-#: The model the quickstart and the demo use.
-DEFAULT_MODEL = "fjord-cnn"
-
 _PAPER_MODULES = ("cfd", "fjord", "heterofl", "feddrop", "fluid")
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
-from exporters.zoo import DEFAULT_WIDTHS, get_model, model_names
+from exporters.zoo import get_model, model_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from devices import emulate
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
+from exporters.arch import parse_widths
 from harness import campaign
-from harness.cli import parse_widths
 from harness.stats import summarize
 from harness.store import ProfileStore
 from tests.devices.conftest import copy_example_fleet

@@ -500,7 +500,7 @@ def test_cli_fleet_facts_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("devices.fleetfile")
-    from harness.cli import main
+    from fleetbench.cli import main
 
     monkeypatch.setenv("FLEETBENCH_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
     monkeypatch.chdir(tmp_path)
@@ -541,7 +541,7 @@ def test_cli_fleet_facts_json(
 
 def test_cli_fleet_facts_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("devices.fleetfile")
-    from harness.cli import main
+    from fleetbench.cli import main
 
     assert main(["fleet", "facts", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from devices.errors import FleetFileError
 from devices.fleet import Emulation
 from devices.fleetfile import ADB_WORKDIR, SSH_CONFIG_ENV, load_fleet, parse_fleet
 from devices.presets import resolve
-from harness.cli import main
+from fleetbench.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 FLEETS = REPO / "devices" / "fleets"
@@ -667,7 +667,7 @@ def test_cli_check_malformed_file_is_one_line_exit_2(tmp_path: Path, capsys: pyt
 def test_cli_subprocess_check_shipped_fleets(name: str, tmp_path: Path) -> None:
     env = {**os.environ, SSH_CONFIG_ENV: str(tmp_path / "none"), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "fleet", "check", f"devices/fleets/{name}"],
+        [sys.executable, "-m", "fleetbench", "fleet", "check", f"devices/fleets/{name}"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -683,7 +683,7 @@ def test_cli_subprocess_malformed_file_no_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, text)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "fleet", "check", str(path)],
+        [sys.executable, "-m", "fleetbench", "fleet", "check", str(path)],
         cwd=REPO,
         env=env,
         capture_output=True,

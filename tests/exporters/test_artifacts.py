@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from exporters import artifacts
+from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import (
     ARTIFACT_FILES,
     MANIFEST,
@@ -29,7 +30,7 @@ from exporters.artifacts import (
 )
 from exporters.errors import InputError
 from exporters.flops import count
-from exporters.zoo import DEFAULT_WIDTHS, ZooModel, get_model, model_names
+from exporters.zoo import ZooModel, get_model, model_names
 
 BATCH = 4
 

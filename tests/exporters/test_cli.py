@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import EXIT_USAGE, main
+from fleetbench.cli import EXIT_USAGE, main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def _run_cli(argv: list[str]) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *argv],
+        [sys.executable, "-m", "fleetbench", *argv],
         cwd=REPO,
         env=env,
         capture_output=True,

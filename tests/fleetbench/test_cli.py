@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from exporters.arch import DEFAULT_WIDTHS, parse_widths
 from exporters.errors import InputError
-from exporters.zoo import DEFAULT_WIDTHS, get_model, model_names
-from harness.cli import main, parse_widths
+from exporters.zoo import get_model, model_names
+from fleetbench.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -54,3 +56,66 @@ def test_parse_widths_keeps_order_and_drops_duplicates() -> None:
     assert parse_widths("0.5,0.25,0.5,1") == (0.5, 0.25, 1.0)
     with pytest.raises(InputError):
         parse_widths("0.5,0")
+
+
+def test_an_unexpected_error_is_one_line_and_a_log_holding_the_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import exporters.cli
+
+    def crash(args: object) -> int:
+        raise ZeroDivisionError("the numbers went wrong")
+
+    monkeypatch.setattr(exporters.cli, "cmd_models", crash)
+    monkeypatch.setenv("FLEETBENCH_LOG_DIR", str(tmp_path / "logs"))
+    rc, out, err = run(capsys, "models")
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("fleetbench: internal error: ZeroDivisionError: the numbers went wrong (traceback in ")
+    logs = list((tmp_path / "logs").iterdir())
+    assert len(logs) == 1 and str(logs[0]) in err
+    text = logs[0].read_text()
+    assert text.startswith("fleetbench models\n") and "Traceback" in text and "in crash" in text
+
+    rc, out, err = run(capsys, "--debug", "models")
+    assert rc == 1 and "Traceback" in err and "in crash" in err
+    assert len(list((tmp_path / "logs").iterdir())) == 1  # --debug prints instead of logging
+
+
+def test_a_failure_of_the_environment_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    rc, out, err = run(capsys, "fl", "runs", "--db", str(blocker / "sub" / "x.db"))
+    assert rc == 2 and "no profile store at" in err  # a missing store named by the user is bad input
+    rc, out, err = run(capsys, "profiles", "export", "--db", str(tmp_path / "missing.db"))
+    assert rc == 2 and not (tmp_path / "missing.db").exists()
+    from harness.store import ProfileStore
+
+    with pytest.raises(OSError):
+        ProfileStore(blocker / "sub" / "x.db")
+    rc, out, err = run(capsys, "fl", "run", "--dataset", "digits", "--clients", "2", "--db", str(blocker / "x.db"))
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("fleetbench: error: ") and str(blocker) in err
+
+
+def test_a_locked_store_is_a_failure_of_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    import harness.store
+    from harness.store import ProfileStore
+
+    db = tmp_path / "fleetbench.db"
+    ProfileStore(db).close()
+    monkeypatch.setattr(harness.store, "BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        rc, out, err = run(capsys, "fl", "runs", "--db", str(db))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert rc == 1 and err.count("\n") == 1
+    assert err == f"fleetbench: error: profile store {db}: database is locked\n"

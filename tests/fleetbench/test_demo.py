@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from devices import emulate
 from devices.sshd import free_port
-from harness.cli import main
+from fleetbench.cli import main
 from tests.devices.conftest import require_tool
+
+
+def _check_tier_widths(out: Path) -> None:
+    """FjORD's capacities are the tiers planned from the profiles: demo widths, monotone in speed.
+
+    The deadline is the median device's full-width training time, so the device that
+    profiled slowest at full width misses it and gets a narrower tier, and no faster
+    device gets a narrower tier than a slower one.
+    """
+    from fleetbench.demo import DEMO_WIDTHS
+
+    db = sqlite3.connect(out / "fleetbench.db")
+    run_id = db.execute("SELECT MIN(id) FROM fl_runs WHERE strategy = 'fjord'").fetchone()[0]
+    capacity = dict(db.execute("SELECT device, capacity FROM fl_clients WHERE run_id = ?", (run_id,)).fetchall())
+    assert set(capacity.values()) <= set(DEMO_WIDTHS)
+    cells = db.execute("SELECT device, step_seconds FROM cells WHERE width = 1.0 AND status = 'ok'").fetchall()
+    full = {device: float(np.median(json.loads(steps))) for device, steps in cells}
+    by_speed = sorted(capacity, key=lambda d: full[d])
+    assert [capacity[d] for d in by_speed] == sorted(capacity.values(), reverse=True), (full, capacity)
+    assert capacity[by_speed[-1]] < 1.0 and capacity[by_speed[0]] == 1.0, (full, capacity)
+    trained = db.execute(
+        "SELECT device, width FROM fl_client_rounds WHERE run_id = ? AND status = 'ok'", (run_id,)
+    ).fetchall()
+    assert trained and all(width <= capacity[device] + 1e-9 for device, width in trained)
 
 
 def _check_outputs(out: Path, devices: set[str], rounds: int) -> None:
@@ -22,9 +48,6 @@ def _check_outputs(out: Path, devices: set[str], rounds: int) -> None:
     assert [(s, st) for _, s, st in runs] == [("fjord", "finished"), ("fluid", "finished")]
     for run_id, _, _ in runs:
         assert db.execute("SELECT COUNT(*) FROM fl_rounds WHERE run_id = ?", (run_id,)).fetchone()[0] == rounds
-    # FjORD clients train at most their tier's width (p_max), planned from the profiles
-    tiers = db.execute("SELECT DISTINCT capacity FROM fl_clients WHERE run_id = ?", (runs[0][0],)).fetchall()
-    assert all(0 < c <= 1 for (c,) in tiers)
     placed = {d for (d,) in db.execute("SELECT DISTINCT device FROM fl_client_rounds")}
     assert placed == devices
     html = (out / "report" / "report.html").read_text()
@@ -41,6 +64,7 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert rc == 0, printed
     assert f"report:  {out / 'report' / 'report.html'}" in printed and "[7/7]" in printed
     _check_outputs(out, {"fast", "mid", "slow", "phone"}, rounds=2)
+    _check_tier_widths(out)
     state = emulate.load_state(out / "fleet" / "state")
     assert all(state.get(name) is None for name in ("fast", "mid", "slow", "phone"))  # the fleet was stopped
 
@@ -52,3 +76,21 @@ def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert rc == 0, printed
     _check_outputs(out, {"fast", "mid", "slow"}, rounds=1)
     assert "[6/6]" in printed and "[7/" not in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "0"], "--rounds: 0 must be at least 1"),
+        (["--examples", "-5"], "--examples: -5 must be at least 1"),
+        (["--timeout", "0"], "--timeout: 0 must be a positive number"),
+    ],
+)
+def test_refused_demo_creates_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    out = tmp_path / "demo"
+    rc = main(["demo", "--out", str(out), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1
+    assert not out.exists()

@@ -10,6 +10,7 @@ import pytest
 
 from devices import emulate, limits
 from devices.fleet import Fleet
+from exporters.errors import InputError
 from harness import calibrate
 from harness.calibrate import CalibrationResult, calibrate_share, curve_error, set_share, stored_curve
 
@@ -142,7 +143,8 @@ def test_cmd_up_match_with_fakes(
     import harness.store
 
     class FakeStore:
-        def __init__(self, path: str) -> None:
+        def __init__(self, path: str, *, create: bool = True) -> None:
+            assert not create, "--match only reads the store"
             self.path = path
 
         def __enter__(self) -> FakeStore:
@@ -170,7 +172,8 @@ def test_cmd_up_match_with_fakes(
     assert calibrate.cmd_up_match(args) == 1
     assert "emu: not calibrated" in capsys.readouterr().out
     args.match = "nobody"
-    assert calibrate.cmd_up_match(args) == 2
+    with pytest.raises(InputError, match="no successful measurement of device 'nobody'"):
+        calibrate.cmd_up_match(args)
 
 
 def test_real_device_follows_a_new_share(tmp_path: Path) -> None:

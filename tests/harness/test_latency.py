@@ -134,7 +134,8 @@ def test_leave_one_out_needs_two_widths() -> None:
 
 
 def test_predict_unmeasured_width_from_zoo_counts() -> None:
-    from exporters.zoo import DEFAULT_MODEL, get_model
+    from exporters.arch import DEFAULT_MODEL
+    from exporters.zoo import get_model
 
     model = get_model(DEFAULT_MODEL)
     a, b = 50.0, 6e-4

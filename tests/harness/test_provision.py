@@ -16,7 +16,7 @@ import torch
 
 from devices.fleet import Device
 from devices.local import LocalTransport
-from harness.cli import main
+from fleetbench.cli import main
 from harness.provision import (
     DEFAULT_PACKAGES,
     Package,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from fleetbench.cli import main
 from tests.reports.fixtures import build_store
 
 
