@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fl.runlog import FL_MIGRATIONS
 from harness.records import BenchSpec, Measurement
 from harness.store import ProfileStore
 
@@ -155,6 +156,7 @@ EVALUATION = {
 
 
 def insert_fl_run(store: ProfileStore) -> None:
+    store.ensure_schema("fl", FL_MIGRATIONS)
     with store.transaction() as conn:
         cur = conn.execute(
             "INSERT INTO fl_runs (started_at, finished_at, strategy, model, dataset, executor, seed, rounds, status) "
