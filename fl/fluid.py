@@ -303,8 +303,6 @@ def _rescaled(seconds: float, size: float, new_size: float, predict: LatencyPred
     for s in (size, new_size):
         if not 0.0 < s <= 1.0:
             raise InputError(f"sub-model size {s!r} is outside (0, 1]")
-    if size == new_size:
-        return float(seconds)
     fixed = _fixed_part(fixed, seconds)
     scale = new_size / size if predict is None else predict(new_size) / predict(size)
     return fixed + (float(seconds) - fixed) * scale

@@ -125,6 +125,13 @@ def test_curve_rule_from_a_sub_model_time():
     assert fluid.curve_rate(full, 8.0, (0.25, 0.5), predict) == 1.0
 
 
+def test_a_prediction_equal_to_the_target_meets_it():
+    # 3 s * 1100 / 2000 = 1.65 s exactly, but the product rounds to 1.6500000000000001
+    predict = fluid.curve_predictor((0.5, 1.0), (1100.0, 2000.0))
+    assert fluid.predicted_seconds(3.0, 0.5, predict) > 1.65
+    assert fluid.curve_rate(3.0, 1.65, (0.25, 0.5), predict) == 0.5
+
+
 def test_curve_rule_extends_the_nearest_segment_below_the_measured_range():
     predict = fluid.curve_predictor((0.5, 0.75, 1.0), (600.0, 650.0, 800.0))
     # the lowest segment's slope (50 per 0.25), not the steeper upper one (150 per 0.25)
@@ -347,4 +354,12 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
     assert fluid.variable_speedup(28.0, 10.0, 4.0) == pytest.approx(4.0)
     assert fluid.variable_speedup(28.0, 10.0) == pytest.approx(2.8)
     assert fluid.variable_speedup(28.0, 3.0, 4.0) == math.inf  # the fixed part alone exceeds the target
+    assert fluid.variable_speedup(28.0, 4.0, 4.0) == math.inf  # ... or equals it
+    # straggler_rate passes the fixed part to either rule. Target 18 s: on the curve 0.75 predicts
+    # 19 s with the 4 s fixed (17.5 s without); linear: speed-up 24 / 14 -> 1 / 1.71 = 0.583 -> 0.5,
+    # without the split 28 / 18 -> 0.643 -> 0.75
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], curve, fixed=4.0) == 0.5
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], curve) == 0.75
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], fixed=4.0) == 0.5
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75]) == 0.75
     assert fluid.linear_rate(math.inf, [0.5, 0.75]) == 0.5
