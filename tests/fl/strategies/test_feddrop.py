@@ -151,10 +151,14 @@ def test_aggregate_is_weighted_fedavg_and_reoptimises_keep_within_budget():
     for name in new:
         want = (12 * results[0].parameters[name] + 36 * results[1].parameters[name]) / 48
         np.testing.assert_allclose(new[name], want, rtol=1e-5, atol=1e-6)
-    assert metrics["budget_gap"] >= 0
+    # eq. 5 by hand on next round's keep: the budget minus the clients' mean FLOPs ratio, and feasible
+    nxt = strategy.configure_round(1, CLIENTS)
+    ratios = [_hand_ratio(nxt[cid].config["keep"]) for cid in ("c0", "c1")]
+    assert metrics["budget_gap"] == pytest.approx(0.5 - np.mean(ratios), rel=1e-9)
+    assert metrics["budget_gap"] > 0
     assert metrics["objective_end"] <= metrics["objective_start"]
     assert metrics["train_flops"] == 20.0
-    keep = strategy.configure_round(1, CLIENTS)["c0"].config["keep"]
+    keep = nxt["c0"].config["keep"]
     assert keep != {"conv1": [strategy.initial_keep] * 2, "conv2": [strategy.initial_keep] * 2}
     assert strategy.eval_submodels(CLIENTS)[1.0].arch == strategy.model.full_arch()
 
