@@ -178,7 +178,7 @@ def assign_tiers(
     Parameters
     ----------
     profiles : DataFrame, rows or ``{device: rows}``
-        Stored profile rows (see the module docstring); failed cells give the reason of
+        Stored profile rows (`fl.scheduling.rows`); failed cells give the reason of
         an exclusion, and an ``"out of memory"`` cell rules its width out.
     model : str
         Model name.
