@@ -10,11 +10,30 @@ Straggler calibration (Algorithm 1, lines 18-21)
     is ``T_straggler / T_target``. Times are compared as *full-model* times: a
     client measured while training a sub-model of size ``r`` is re-estimated as
     ``T / r`` (linear rule, Appendix A.3) or ``T * lat(1) / lat(r)`` with its
-    device's measured latency-vs-width curve. The sub-model size is
+    device's measured latency-vs-width curve. Only the size-dependent part of a
+    time scales; a fixed part (a device runner's start, transfers) is carried
+    over unchanged. The sub-model size (`straggler_rate`) is
 
-    * linear rule (Appendix A.3): the available size closest to ``1 / speed-up``;
+    * linear rule (Appendix A.3, no measured curve): the available size closest
+      to ``1 / speed-up``;
     * measured curve: the largest available size whose predicted time
-      ``T_full * lat(r) / lat(1)`` is at most the target.
+      ``T_full * lat(r) / lat(1)`` is at most the target; the smallest available
+      size when none is.
+
+    Both rules give the full model (1.0) when no speed-up is needed.
+    **Decision (ties):** two sizes equally close to ``1 / speed-up`` (within
+    `SIZE_TOL`, so that a tie is a tie whatever the floating-point rounding of
+    ``1 / speed-up``) resolve to the *smaller* one: under the linear rule it is the
+    one predicted to meet the target, and the larger misses it by as much, so the
+    linear rule puts meeting the target first as the curve rule does. A predicted
+    time within a relative `SIZE_TOL` of the target meets it.
+    **Decision (one implementation):** this is the project's only straggler
+    sizing; an earlier FLOPs-interpolated copy in the scheduling module was used by
+    nothing and was removed. The curve is interpolated in *width*, not FLOPs,
+    because the profiles a strategy receives may lack FLOPs (and its model may
+    not be a zoo model whose FLOPs can be counted); between two measured widths the
+    chord of the convex latency curve over-estimates the time, which errs toward
+    the smaller, target-meeting size.
 
 Invariant neurons (section 5, Algorithm 1 lines 9, 16, 22)
     A weight is invariant at threshold ``th`` when ``|w_client - w_global| <=
@@ -69,6 +88,10 @@ MAX_THRESHOLD_STEPS = 10_000
 
 #: Predicts per-image training latency (any unit) at a width in (0, 1].
 LatencyPredictor = Callable[[float], float]
+
+#: Tolerance of straggler sizing: sizes this close to ``1 / speed-up`` tie, and a predicted
+#: time within this relative margin of the target meets it.
+SIZE_TOL = 1e-9
 
 
 def straggler_count(num_clients: int, num_stragglers: int = 1, fraction: float | None = None) -> int:
@@ -133,21 +156,38 @@ def _check_sizes(sizes: Sequence[float]) -> tuple[float, ...]:
     return tuple(sorted({float(s) for s in sizes}))
 
 
+def _check_seconds(value: float, name: str) -> float:
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise InputError(f"{name} must be a finite number of seconds >= 0; got {value!r}")
+    return seconds
+
+
+def _fixed_part(fixed: float, full_seconds: float) -> float:
+    return min(max(float(fixed), 0.0), float(full_seconds))
+
+
 def linear_rate(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
     """Return the available size closest to ``1 / speedup`` (Appendix A.3).
 
     Parameters
     ----------
     speedup : float
-        ``T_straggler / T_target`` with the straggler's full-model time.
+        ``T_straggler / T_target`` with the straggler's full-model time (`variable_speedup`).
     sizes : sequence of float
         Available sub-model sizes.
 
     Returns
     -------
     float
-        1.0 when no speed-up is needed (``speedup <= 1``); otherwise the closest
-        size, the larger one on a tie (a larger sub-model keeps more accuracy).
+        1.0 when no speed-up is needed (``speedup <= 1``); otherwise the closest size.
+        Sizes whose distances differ by at most `SIZE_TOL` tie, and the smaller of them
+        wins: it is the one the linear rule predicts to meet the target (module docstring).
+
+    Raises
+    ------
+    InputError
+        If ``speedup`` is not positive or a size lies outside (0, 1].
     """
     available = _check_sizes(sizes)
     if not speedup > 0 or math.isnan(speedup):
@@ -155,7 +195,8 @@ def linear_rate(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
     if speedup <= 1.0:
         return 1.0
     goal = 0.0 if math.isinf(speedup) else 1.0 / speedup
-    return min(available, key=lambda s: (abs(s - goal), -s))
+    nearest = min(abs(s - goal) for s in available)
+    return min(s for s in available if abs(s - goal) <= nearest + SIZE_TOL)
 
 
 def curve_predictor(widths: Sequence[float], latencies: Sequence[float]) -> LatencyPredictor:
@@ -171,8 +212,14 @@ def curve_predictor(widths: Sequence[float], latencies: Sequence[float]) -> Late
     Returns
     -------
     callable
-        ``predict(width)``: linear interpolation, extended linearly past the first
-        and last points, never below 1e-3 of the smallest measured latency.
+        ``predict(width)``: linear interpolation, extended along the nearest segment past
+        the first and last points, never below 1e-3 of the smallest measured latency.
+
+    Raises
+    ------
+    InputError
+        On fewer than two distinct widths, repeated widths, mismatched lengths or a
+        latency that is not positive.
     """
     w = np.asarray(widths, dtype=np.float64)
     lat = np.asarray(latencies, dtype=np.float64)
@@ -221,14 +268,43 @@ def full_model_seconds(
     -------
     float
         ``fixed + (seconds - fixed) / rate`` (linear rule) or ``fixed + (seconds - fixed) *
-        predict(1) / predict(rate)`` (curve).
+        predict(1) / predict(rate)`` (curve); the inverse of `predicted_seconds`.
     """
-    if not 0.0 < rate <= 1.0:
-        raise InputError(f"sub-model size {rate!r} is outside (0, 1]")
-    fixed = min(max(float(fixed), 0.0), float(seconds))
-    if rate == 1.0:
-        return float(seconds)
-    scale = 1.0 / rate if predict is None else predict(1.0) / predict(rate)
+    return _rescaled(seconds, rate, 1.0, predict, fixed)
+
+
+def predicted_seconds(
+    full_seconds: float, size: float, predict: LatencyPredictor | None = None, fixed: float = 0.0
+) -> float:
+    """Predict a straggler's time at sub-model ``size`` from its full-model time.
+
+    Parameters
+    ----------
+    full_seconds : float
+        The straggler's (estimated) full-model time.
+    size : float
+        Sub-model size in (0, 1].
+    predict : callable, optional
+        Per-image latency at a width; without one the linear rule (time proportional to size).
+    fixed : float
+        The size-independent part of ``full_seconds`` (clamped to ``[0, full_seconds]``).
+
+    Returns
+    -------
+    float
+        ``fixed + (full_seconds - fixed) * predict(size) / predict(1)``, or ``* size``
+        under the linear rule.
+    """
+    return _rescaled(full_seconds, 1.0, size, predict, fixed)
+
+
+def _rescaled(seconds: float, size: float, new_size: float, predict: LatencyPredictor | None, fixed: float) -> float:
+    """Carry a time measured at ``size`` over to ``new_size``: only the part above ``fixed`` scales."""
+    for s in (size, new_size):
+        if not 0.0 < s <= 1.0:
+            raise InputError(f"sub-model size {s!r} is outside (0, 1]")
+    fixed = _fixed_part(fixed, seconds)
+    scale = new_size / size if predict is None else predict(new_size) / predict(size)
     return fixed + (float(seconds) - fixed) * scale
 
 
@@ -257,14 +333,19 @@ def curve_rate(
     Returns
     -------
     float
-        The largest candidate ``s`` with ``fixed + (full_seconds - fixed) * predict(s) /
-        predict(1) <= target_seconds``; the smallest available size when none meets it.
+        The largest candidate ``s`` whose `predicted_seconds` is at most ``target_seconds``
+        (within a relative `SIZE_TOL`); the smallest available size when none meets it.
+
+    Raises
+    ------
+    InputError
+        On a negative or non-finite time, or a size outside (0, 1].
     """
     available = _check_sizes(sizes)
-    full_latency = predict(1.0)
-    fixed = min(max(float(fixed), 0.0), float(full_seconds))
+    full = _check_seconds(full_seconds, "full_seconds")
+    target = _check_seconds(target_seconds, "target_seconds")
     for s in sorted({*available, 1.0}, reverse=True):
-        if fixed + (full_seconds - fixed) * predict(s) / full_latency <= target_seconds:
+        if predicted_seconds(full, s, predict, fixed) <= target * (1.0 + SIZE_TOL):
             return s
     return available[0]
 
@@ -284,11 +365,51 @@ def variable_speedup(full_seconds: float, target_seconds: float, fixed: float = 
     float
         ``(full - fixed) / (target - fixed)`` (Appendix A.3's ``T / T_target`` when ``fixed``
         is 0); infinite when the target is not above the fixed part (no size can meet it).
+
+    Raises
+    ------
+    InputError
+        On a negative or non-finite time.
     """
-    fixed = min(max(float(fixed), 0.0), float(full_seconds))
-    if target_seconds <= fixed:
+    full = _check_seconds(full_seconds, "full_seconds")
+    target = _check_seconds(target_seconds, "target_seconds")
+    fixed = _fixed_part(fixed, full)
+    if target <= fixed:
         return math.inf
-    return (float(full_seconds) - fixed) / (float(target_seconds) - fixed)
+    return (full - fixed) / (target - fixed)
+
+
+def straggler_rate(
+    full_seconds: float,
+    target_seconds: float,
+    sizes: Sequence[float],
+    predict: LatencyPredictor | None = None,
+    fixed: float = 0.0,
+) -> float:
+    """Size a straggler's sub-model: the curve rule with a measured curve, else the linear rule.
+
+    Parameters
+    ----------
+    full_seconds : float
+        The straggler's (estimated) full-model time (`full_model_seconds`).
+    target_seconds : float
+        ``T_target`` (`find_stragglers`).
+    sizes : sequence of float
+        Available sub-model sizes in (0, 1].
+    predict : callable, optional
+        The device's latency-vs-width curve (`curve_predictor`); None selects the linear rule.
+    fixed : float
+        The size-independent part of ``full_seconds``.
+
+    Returns
+    -------
+    float
+        `curve_rate` with ``predict``, otherwise `linear_rate` of `variable_speedup`
+        (ties and tolerances in the module docstring); 1.0 when no speed-up is needed.
+    """
+    if predict is not None:
+        return curve_rate(full_seconds, target_seconds, sizes, predict, fixed)
+    return linear_rate(variable_speedup(full_seconds, target_seconds, fixed), sizes)
 
 
 def profile_curve(

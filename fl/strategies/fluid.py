@@ -11,7 +11,8 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
     takes over as straggler and every straggler's size is recomputed. A
     straggler's size comes from its device's latency-vs-width profile for this
     model when ``profiles`` has one (largest size meeting the target time), else
-    from the linear rule (size closest to 1 / speed-up). Stragglers train
+    from the linear rule (size closest to 1 / speed-up, ties to the smaller size):
+    `fl.fluid.straggler_rate`, the project's one straggler sizing. Stragglers train
     sub-models of the chosen dropout (``invariant``: invariant neurons first,
     random fill; ``ordered``: FjORD prefix; ``random``: uniform draw), everyone
     else the full model. Per-layer thresholds are raised until enough neurons are
@@ -253,12 +254,9 @@ class FLuID(Strategy):
         for cid in stragglers:
             if self.fixed_rate is not None:
                 rates[cid] = self.fixed_rate
-            elif cid in predictors:
-                fixed = self.last_fixed.get(cid, 0.0)
-                rates[cid] = fluid.curve_rate(full_times[cid], target, self.sizes, predictors[cid], fixed)
             else:
-                speedup = fluid.variable_speedup(full_times[cid], target, self.last_fixed.get(cid, 0.0))
-                rates[cid] = fluid.linear_rate(speedup, self.sizes)
+                fixed = self.last_fixed.get(cid, 0.0)
+                rates[cid] = fluid.straggler_rate(full_times[cid], target, self.sizes, predictors.get(cid), fixed)
         self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
         self.stragglers = [cid for cid in stragglers if cid in self.rates]
         self.target_seconds = None if math.isnan(target) else target

@@ -475,7 +475,6 @@ def test_collect_facts_with_fake_transports_separates_failures() -> None:
 
 
 def test_collect_facts_local_and_unreachable_ssh(tmp_path: Path) -> None:
-    pytest.importorskip("devices.connect")
     fleet = Fleet(
         path=tmp_path / "fleet.yaml",
         devices=(
@@ -499,7 +498,6 @@ def test_collect_facts_local_and_unreachable_ssh(tmp_path: Path) -> None:
 def test_cli_fleet_facts_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("devices.fleetfile")
     from fleetbench.cli import main
 
     monkeypatch.setenv("FLEETBENCH_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
@@ -540,7 +538,6 @@ def test_cli_fleet_facts_json(
 
 
 def test_cli_fleet_facts_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("devices.fleetfile")
     from fleetbench.cli import main
 
     assert main(["fleet", "facts", str(tmp_path / "missing.yaml")]) == 2

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from exporters.errors import InputError
+from exporters.flops import count
 from exporters.zoo import ZooModel, get_model
 from exporters.zoo.common import chain_layouts
 from fl import feddrop as fd
@@ -61,10 +62,25 @@ def test_flops_model_matches_eq10_by_hand():
 
 
 def test_training_convention_is_more_and_dense_equals_exporters_count():
+    # exporters.flops by hand for the weighted layers (forward: 2 MACs + one bias add per output;
+    # backward: 2 MACs for the weights, 2 MACs for the input except in the first layer, one add per
+    # output for the bias):
+    #   conv1: MACs 32 * 9 = 288   -> 608 + 576 + 32 = 1216
+    #   conv2: MACs 32 * 18 = 576  -> 1184 + 1152 + 1152 + 32 = 3520
+    #   fc:    MACs 3 * 32 = 96    -> 195 + 192 + 192 + 3 = 582
     model = tiny_model()
     train = fd.flops_model(model, "training")
     paper = fd.flops_model(model, "paper")
+    assert train.dense == pytest.approx(1216 + 3520 + 582)
     assert train.dense > paper.dense
+
+    def counted(rate: float) -> int:  # the exporters' count of the conv and linear layers only (no ReLU)
+        layers = count(model, model.arch(rate)).layers
+        return sum(layer.train_flops for layer in layers if layer.kind in ("conv", "linear"))
+
+    assert train.dense == counted(1.0)
+    # keeping half of each layer's channels is the width-0.5 sub-model: one channel per layer
+    assert train.flops(np.array([0.5, 0.5])) == pytest.approx(counted(0.5))
     with pytest.raises(InputError, match="convention"):
         fd.flops_model(model, "nonsense")
 

@@ -62,8 +62,12 @@ def test_linear_rate_closest_to_inverse_speedup():
     # no speed-up needed -> full model
     assert fluid.linear_rate(1.0) == 1.0
     assert fluid.linear_rate(0.8) == 1.0
-    # exact tie (0.5 is 0.25 from both) -> the larger size
-    assert fluid.linear_rate(2.0, sizes=(0.25, 0.75)) == 0.75
+    # exact tie (0.5 is 0.25 from both) -> the smaller size, the one that meets the target
+    assert fluid.linear_rate(2.0, sizes=(0.25, 0.75)) == 0.25
+    # a tie in exact arithmetic that floating point breaks the other way: 1/5 = 0.2 is 0.1 from
+    # both 0.1 and 0.3, but |0.3 - 0.2| rounds below |0.1 - 0.2|; the tolerance keeps it a tie
+    assert abs(0.3 - 1 / 5.0) < abs(0.1 - 1 / 5.0)
+    assert fluid.linear_rate(5.0, sizes=(0.1, 0.3)) == 0.1
     with pytest.raises(InputError):
         fluid.linear_rate(1.5, sizes=(0.5, 1.5))
 
@@ -87,6 +91,93 @@ def test_curve_rate_differs_from_linear_rule_when_time_is_not_proportional():
     assert fluid.linear_rate(10.0 / 9.2) == 0.95
     # Curve: 0.95 -> 1560/1600 -> 9.75 s; 0.85 -> 1480/1600 -> 9.25 s; 0.75 -> 1400/1600 -> 8.75 s
     assert fluid.curve_rate(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.75
+
+
+WIDTHS = (0.25, 0.5, 0.75, 1.0)
+MEASURED = ((0.25, 0.5, 1.0), (500.0, 600.0, 800.0))  # 0.75 interpolates to 700
+
+
+def test_curve_rule_interpolates_between_measured_widths_and_differs_from_linear():
+    predict = fluid.curve_predictor(*MEASURED)
+    # full model 10 s, target 8 s: 0.75 -> 10 * 700 / 800 = 8.75 s misses, 0.5 -> 7.5 s meets
+    assert fluid.predicted_seconds(10.0, 0.75, predict) == pytest.approx(8.75)
+    assert fluid.predicted_seconds(10.0, 0.5, predict) == pytest.approx(7.5)
+    assert fluid.curve_rate(10.0, 8.0, WIDTHS, predict) == 0.5
+    assert fluid.straggler_rate(10.0, 8.0, WIDTHS, predict) == 0.5
+    assert fluid.curve_rate(10.0, 9.0, WIDTHS, predict) == 0.75
+    # the linear rule picks 0.75 (closest to 1 / 1.25 = 0.8) for the same 8 s target
+    assert fluid.straggler_rate(10.0, 8.0, WIDTHS) == 0.75
+    assert fluid.predicted_seconds(10.0, 0.75) == pytest.approx(7.5)
+
+
+def test_curve_rule_from_a_sub_model_time():
+    predict = fluid.curve_predictor(*MEASURED)
+    # at 0.5 the straggler took 6 s: full model 6 * 800 / 600 = 8 s; 0.25 -> 8 * 500 / 800 = 5 s
+    full = fluid.full_model_seconds(6.0, 0.5, predict)
+    assert full == pytest.approx(8.0)
+    assert fluid.predicted_seconds(full, 0.5, predict) == pytest.approx(6.0)  # the inverse
+    # 5 s is met exactly (within the tolerance, whatever the rounding of 6 * 800 / 600 * 500 / 800)
+    assert fluid.curve_rate(full, 5.0, WIDTHS, predict) == 0.25
+    # nothing meets 4 s: the smallest size, predicted above the target
+    assert fluid.curve_rate(full, 4.0, WIDTHS, predict) == 0.25
+    assert fluid.predicted_seconds(full, 0.25, predict) > 4.0
+    # no speed-up needed: the full model, also when 1.0 is not an available size
+    assert fluid.curve_rate(full, 8.0, (0.25, 0.5), predict) == 1.0
+
+
+def test_a_prediction_equal_to_the_target_meets_it():
+    # 3 s * 1100 / 2000 = 1.65 s exactly, but the product rounds to 1.6500000000000001
+    predict = fluid.curve_predictor((0.5, 1.0), (1100.0, 2000.0))
+    assert fluid.predicted_seconds(3.0, 0.5, predict) > 1.65
+    assert fluid.curve_rate(3.0, 1.65, (0.25, 0.5), predict) == 0.5
+
+
+def test_curve_rule_extends_the_nearest_segment_below_the_measured_range():
+    predict = fluid.curve_predictor((0.5, 0.75, 1.0), (600.0, 650.0, 800.0))
+    # the lowest segment's slope (50 per 0.25), not the steeper upper one (150 per 0.25)
+    assert predict(0.25) == pytest.approx(550.0)
+    assert fluid.curve_rate(10.0, 10.0 * 550.0 / 800.0, WIDTHS, predict) == 0.25
+    assert fluid.curve_rate(10.0, 10.0 * 550.0 / 800.0 * 0.99, WIDTHS, predict) == 0.25  # none meets
+    assert fluid.curve_rate(10.0, 10.0 * 600.0 / 800.0, WIDTHS, predict) == 0.5
+
+
+def test_linear_rule_from_a_sub_model_time():
+    # at 0.5 it took 4 s: full model 8 s; target 3 s -> size closest to 3 / 8 = 0.375:
+    # 0.25 and 0.5 tie, the smaller wins (it meets the target: 2 s, 0.5 would take 4 s)
+    full = fluid.full_model_seconds(4.0, 0.5)
+    assert full == pytest.approx(8.0)
+    assert fluid.variable_speedup(full, 3.0) == pytest.approx(8.0 / 3.0)
+    assert fluid.straggler_rate(full, 3.0, WIDTHS) == 0.25
+    assert fluid.predicted_seconds(full, 0.25) == pytest.approx(2.0)
+    # full model 10 s, target 9 s: the closest available size to 0.9 is 1.0 (which misses it)
+    assert fluid.straggler_rate(10.0, 9.0, WIDTHS) == 1.0
+
+
+def test_any_latency_model_serves_as_the_curve():
+    # a fitted line a + b * FLOPs with FLOPs quadratic in the width, instead of measured points
+    def line(width: float) -> float:
+        return 400.0 + 1e-4 * 4e6 * width**2
+
+    # full model 10 s, target 7.5 s: 0.5 -> 10 * 500 / 800 = 6.25 s; 0.75 -> 10 * 625 / 800 = 7.81 s
+    assert fluid.curve_rate(10.0, 7.5, WIDTHS, line) == 0.5
+    assert fluid.curve_rate(10.0, 7.9, WIDTHS, line) == 0.75
+
+
+def test_straggler_sizing_rejects_bad_inputs():
+    predict = fluid.curve_predictor(*MEASURED)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(InputError, match="target_seconds"):
+            fluid.straggler_rate(10.0, bad, WIDTHS, predict)
+        with pytest.raises(InputError, match="target_seconds"):
+            fluid.straggler_rate(10.0, bad, WIDTHS)
+        with pytest.raises(InputError, match="full_seconds"):
+            fluid.straggler_rate(bad, 5.0, WIDTHS, predict)
+    with pytest.raises(InputError, match="no sub-model sizes"):
+        fluid.straggler_rate(10.0, 5.0, ())
+    with pytest.raises(InputError, match="outside"):
+        fluid.straggler_rate(10.0, 5.0, (0.5, 1.5), predict)
+    with pytest.raises(InputError, match="outside"):
+        fluid.predicted_seconds(10.0, 0.0)
 
 
 def test_curve_predictor_interpolates_and_extrapolates():
@@ -263,4 +354,12 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
     assert fluid.variable_speedup(28.0, 10.0, 4.0) == pytest.approx(4.0)
     assert fluid.variable_speedup(28.0, 10.0) == pytest.approx(2.8)
     assert fluid.variable_speedup(28.0, 3.0, 4.0) == math.inf  # the fixed part alone exceeds the target
+    assert fluid.variable_speedup(28.0, 4.0, 4.0) == math.inf  # ... or equals it
+    # straggler_rate passes the fixed part to either rule. Target 18 s: on the curve 0.75 predicts
+    # 19 s with the 4 s fixed (17.5 s without); linear: speed-up 24 / 14 -> 1 / 1.71 = 0.583 -> 0.5,
+    # without the split 28 / 18 -> 0.643 -> 0.75
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], curve, fixed=4.0) == 0.5
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], curve) == 0.75
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], fixed=4.0) == 0.5
+    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75]) == 0.75
     assert fluid.linear_rate(math.inf, [0.5, 0.75]) == 0.5

@@ -78,7 +78,8 @@ def test_three_rounds_on_the_fleet_survive_a_device_killed_in_round_two(
     assert summary.rounds == 3
     status = {(int(r["round"]), r["cid"]): r["status"] for r in rows.to_dict("records")}
     assert all(status[(0, cid)] == "ok" for cid in placement)
-    assert status[(1, "c2")] in ("unreachable", "timeout", "error") and status[(1, "c2")] != "ok"
+    # its sshd and sessions were killed: a lost connection or a refused one, either way unreachable
+    assert status[(1, "c2")] == "unreachable"
     assert all(status[(1, cid)] == "ok" for cid in ("c0", "c1", "c3"))
     assert {r["device"] for r in rows.to_dict("records")} == {"fast", "mid", "slow", "phone"}
     # every device that took part sent back parameters that differ from what it was sent

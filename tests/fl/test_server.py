@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from exporters.errors import InputError
+from exporters.flops import count
 from exporters.zoo import ZooModel, get_model
 from fl.aggregate import selective_average
 from fl.client import TRAINERS, evaluate
@@ -189,6 +190,7 @@ def test_run_logs_what_happened(tmp_path, registered):
             assert counts == {int(k): int(v) for k, v in zip(*np.unique(y, return_counts=True), strict=True)}, cid
         rows = log.client_rounds(summary.run_id)
         specs = [ClientSpec(f"c{i}", 30 + i, cap) for i, cap in enumerate(CAPACITIES)]
+        model = get_model("fjord-cnn")
         for rnd in range(3):
             logged = rows[rows["round"] == rnd]
             expected = [c.cid for c in sample_clients(specs, rnd, seed=3, per_round=3)]
@@ -197,12 +199,13 @@ def test_run_logs_what_happened(tmp_path, registered):
             assert list(logged["width"]) == [CAPACITIES[int(c[1:])] for c in expected]
             assert list(logged["num_examples"]) == [30 + int(c[1:]) for c in expected]
             # fjord-cnn groups (conv1 20, conv2 15) at width 0.5 keep ceil(10), ceil(7.5) = 10, 8
-            assert [w for c, w in zip(expected, logged["arch_widths"], strict=True) if c in ("c2", "c3")] in (
-                [],
-                [(10, 8)],
-                [(10, 8), (10, 8)],
-            )
-            assert (logged["compute_seconds"] > 0).all() and (logged["train_flops"] > 0).all()
+            arch_widths = {1.0: (20, 15), 0.5: (10, 8)}
+            assert list(logged["arch_widths"]) == [arch_widths[CAPACITIES[int(c[1:])]] for c in expected]
+            # training FLOPs: the exporters' count per example at the client's width x examples x 2 epochs
+            per_example = {w: count(model, model.arch(w)).train_flops for w in (1.0, 0.5)}
+            train_flops = [per_example[CAPACITIES[int(c[1:])]] * (30 + int(c[1:])) * 2 for c in expected]
+            assert list(logged["train_flops"]) == pytest.approx(train_flops)
+            assert (logged["compute_seconds"] > 0).all()
         rounds = log.rounds(summary.run_id)
         assert list(rounds["round"]) == [0, 1, 2]
         assert [m["clients_ok"] for m in rounds["metrics"]] == [3, 3, 3]

@@ -111,10 +111,10 @@ def test_trainer_rejects_submodels_and_bad_keep():
         train_syncdrop(model, bad, x, y)
 
 
-def _strategy(mode="feddrop", **options):
+def _strategy(mode="feddrop", budget=0.5, **options):
     model = tiny_model()
     local = {"epochs": 1, "batch_size": 4, "lr": 0.1}
-    return FedDrop(model, _initial(model), seed=3, local=local, mode=mode, budget=0.5, iterations=200, **options)
+    return FedDrop(model, _initial(model), seed=3, local=local, mode=mode, budget=budget, iterations=200, **options)
 
 
 CLIENTS = [ClientSpec("c0", 12), ClientSpec("c1", 36)]
@@ -151,10 +151,14 @@ def test_aggregate_is_weighted_fedavg_and_reoptimises_keep_within_budget():
     for name in new:
         want = (12 * results[0].parameters[name] + 36 * results[1].parameters[name]) / 48
         np.testing.assert_allclose(new[name], want, rtol=1e-5, atol=1e-6)
-    assert metrics["budget_gap"] >= 0
+    # eq. 5 by hand on next round's keep: the budget minus the clients' mean FLOPs ratio, and feasible
+    nxt = strategy.configure_round(1, CLIENTS)
+    ratios = [_hand_ratio(nxt[cid].config["keep"]) for cid in ("c0", "c1")]
+    assert metrics["budget_gap"] == pytest.approx(0.5 - np.mean(ratios), rel=1e-9)
+    assert metrics["budget_gap"] > 0
     assert metrics["objective_end"] <= metrics["objective_start"]
     assert metrics["train_flops"] == 20.0
-    keep = strategy.configure_round(1, CLIENTS)["c0"].config["keep"]
+    keep = nxt["c0"].config["keep"]
     assert keep != {"conv1": [strategy.initial_keep] * 2, "conv2": [strategy.initial_keep] * 2}
     assert strategy.eval_submodels(CLIENTS)[1.0].arch == strategy.model.full_arch()
 
@@ -168,20 +172,33 @@ def test_unidrop_keeps_the_uniform_probability():
 
 
 def test_caldas_sends_random_unscaled_submodels():
-    strategy = _strategy("caldas")
-    ins = strategy.configure_round(0, CLIENTS)
-    width = math.ceil(strategy.initial_keep * 2)
-    for item in ins.values():
-        assert item.config["trainer"] == "plain"
-        assert item.submodel.arch.widths == (width, width)
-    old = strategy.global_state["conv1.bias"].copy()
-    results = _results(strategy, ins)
-    new, _ = strategy.aggregate_round(0, results, [])
-    held = {r.cid: dict(zip(r.submodel.indices[0].tolist(), r.parameters["conv1.bias"], strict=True)) for r in results}
-    for channel in range(2):  # per weight: count-weighted average over the clients that held it
-        values = [(n, held[cid][channel]) for cid, n in (("c0", 12), ("c1", 36)) if channel in held[cid]]
-        want = sum(n * v for n, v in values) / sum(n for n, _ in values) if values else old[channel]
-        assert new["conv1.bias"][channel] == pytest.approx(want, rel=1e-5)
+    # budget 0.3: every client keeps p = 0.436 of each layer's 2 channels, ceil(0.87) = 1 channel
+    # (at budget 0.5, ceil(2 p) = 2 keeps every channel and the rounds are FedAvg's)
+    strategy = _strategy("caldas", budget=0.3)
+    kept, pairs = set(), set()
+    for rnd in range(8):
+        old = strategy.global_state["conv1.bias"].copy()
+        ins = strategy.configure_round(rnd, CLIENTS)
+        for item in ins.values():
+            assert item.config["trainer"] == "plain"
+            assert item.submodel.arch.widths == (1, 1)
+            # the kept channel's global parameters, as they are (no dropout scaling)
+            np.testing.assert_array_equal(item.parameters["conv1.bias"], old[item.submodel.indices[0]])
+        c0, c1 = (int(ins[cid].submodel.indices[0][0]) for cid in ("c0", "c1"))
+        kept |= {c0, c1}
+        pairs.add(c0 == c1)
+        new, _ = strategy.aggregate_round(rnd, _results(strategy, ins), [])
+        # _results moves a kept bias by -1 (c0, 12 examples) or by -3 (c1, 36 examples); each channel
+        # averages over the clients that held it, and a channel nobody held keeps its value
+        want = old.astype(np.float64)
+        if c0 == c1:
+            want[c0] -= (12 * 1 + 36 * 3) / 48
+        else:
+            want[c0] -= 1
+            want[c1] -= 3
+        np.testing.assert_allclose(new["conv1.bias"], want, rtol=1e-6, atol=1e-6)
+    assert kept == {0, 1}  # drawn at random, not the ordered prefix
+    assert pairs == {True, False}  # rounds where the clients held the same channel and where not
 
 
 def test_he_init_option_and_string_options():

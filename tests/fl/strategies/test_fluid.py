@@ -164,25 +164,30 @@ def test_timed_out_client_counts_with_its_waited_seconds():
     assert strategy.stragglers == ["c0"] and strategy.rates == {"c0": 0.5}
 
 
+def _calibrated_rates(profiles, **options):
+    """Round 0 with c0 (device "pi") at 10 s and the next slowest at 9.2 s, then calibrate."""
+    clients = [ClientSpec("c0", 10, device="pi"), *CLIENTS[1:]]
+    times = {"c0": 10.0, "c1": 4.0, "c2": 9.2, "c3": 5.0}
+    strategy = FLuID(tiny_model(), initial(), **options)
+    ins = strategy.configure_round(0, clients, profiles)
+    strategy.aggregate_round(0, [result(ins[c.cid], times[c.cid]) for c in clients], [])
+    strategy.configure_round(1, clients, profiles)
+    return strategy.rates
+
+
 def test_rate_from_device_profile_curve():
     rows = [
         {"model": "tiny", "width": w, "batch": 20, "backend": "ort", "status": "ok", "median_us": lat}
         for w, lat in zip((0.25, 0.5, 0.75, 1.0), (1000.0, 1200.0, 1400.0, 1600.0), strict=True)
     ]
-    clients = [ClientSpec("c0", 10, device="pi"), *CLIENTS[1:]]
-    strategy = FLuID(tiny_model(), initial())
-    ins = strategy.configure_round(0, clients, {"pi": rows})
-    times = {"c0": 10.0, "c1": 4.0, "c2": 9.2, "c3": 5.0}
-    strategy.aggregate_round(0, [result(ins[c.cid], times[c.cid]) for c in clients], [])
-    strategy.configure_round(1, clients, {"pi": rows})
     # curve: 0.85 -> 10 * 1480 / 1600 = 9.25 s > 9.2; 0.75 -> 8.75 s (the linear rule would give 0.95)
-    assert strategy.rates == {"c0": 0.75}
-    # without profiles (or with use_profiles off) the linear rule
-    plain = FLuID(tiny_model(), initial(), use_profiles="false")
-    ins = plain.configure_round(0, clients, {"pi": rows})
-    plain.aggregate_round(0, [result(ins[c.cid], times[c.cid]) for c in clients], [])
-    plain.configure_round(1, clients, {"pi": rows})
-    assert plain.rates == {"c0": 0.95}
+    assert _calibrated_rates({"pi": rows}) == {"c0": 0.75}
+    # without profiles, with use_profiles off, or with another device's profile only: the linear rule
+    assert _calibrated_rates(None) == {"c0": 0.95}
+    assert _calibrated_rates({"pi": rows}, use_profiles="false") == {"c0": 0.95}
+    assert _calibrated_rates({"nano": rows}) == {"c0": 0.95}
+    # another model's rows are no curve either
+    assert _calibrated_rates({"pi": [{**r, "model": "other"} for r in rows]}) == {"c0": 0.95}
 
 
 def test_invariant_dropout_drops_neurons_invariant_for_most_non_stragglers():

@@ -1,0 +1,60 @@
+"""Scheduling FL clients from measured device profiles.
+
+The profile store measures, per device, the per-image training latency and peak memory of a
+model at several widths (`harness.store.ProfileStore.latest_cells`). This package turns those
+rows into the decisions the FL methods need, one module per responsibility:
+
+`fl.scheduling.rows`
+    Profile rows in any accepted form as row dicts; FLOPs and memory footprint at a width.
+`fl.scheduling.kmeans`
+    Exact 1-D k-means.
+`fl.scheduling.tiers`
+    Tiers under a round deadline and memory budgets (FjORD / HeteroFL / FedRolex), and
+    capacities snapped to a method's levels.
+`fl.scheduling.budgets`
+    FedDrop's FLOPs-budget ratio per device.
+`fl.scheduling.sources`
+    The edge: profiles read from a store, memory budgets from a fleet.
+`fl.scheduling.checks`
+    Argument checks the modules share.
+
+Straggler sizing (FLuID) is `fl.fluid.straggler_rate`, the project's only one.
+
+**Decision:** the package re-exports the public names of its modules, so that a caller
+composing a run (the demo, the benchmarks) imports them from one place; each name is
+defined once, in its module, and the tests import from the module they test.
+"""
+
+from fl.scheduling.budgets import BudgetRatio, budgets_for_fleet, flops_budget_ratio
+from fl.scheduling.kmeans import kmeans_1d
+from fl.scheduling.rows import profile_rows, width_flops
+from fl.scheduling.sources import memory_budgets_from_fleet, profiles_from_store
+from fl.scheduling.tiers import (
+    HETEROFL_LEVELS,
+    Capacities,
+    DeviceChoice,
+    TierPlan,
+    WidthCheck,
+    assign_tiers,
+    capacities_for,
+    uniform_levels,
+)
+
+__all__ = [
+    "HETEROFL_LEVELS",
+    "BudgetRatio",
+    "Capacities",
+    "DeviceChoice",
+    "TierPlan",
+    "WidthCheck",
+    "assign_tiers",
+    "budgets_for_fleet",
+    "capacities_for",
+    "flops_budget_ratio",
+    "kmeans_1d",
+    "memory_budgets_from_fleet",
+    "profile_rows",
+    "profiles_from_store",
+    "uniform_levels",
+    "width_flops",
+]

@@ -1,0 +1,188 @@
+"""Profile rows as the scheduling modules read them (pure functions).
+
+Every scheduling function takes profiles as a pandas DataFrame
+(`harness.store.ProfileStore.latest_cells`), an iterable of row mappings, or the
+strategies' ``Profiles`` mapping ``{device: rows}`` (`fl.scheduling.sources.profiles_from_store`);
+`profile_rows` turns any of them into one list of row dicts. Rows need ``device, model,
+width, batch, backend, median_us`` (``status``, ``train_flops``, ``peak_memory_bytes``,
+``params``, ``activation_elements`` when present); rows whose status is not ``"ok"`` are
+ignored for fitting (`harness.latency.usable_rows`). The training FLOPs and the memory
+footprint at a width come from the rows that measured that width, otherwise from the zoo
+(`harness.latency.train_flops_per_example`, `harness.latency.memory_features`), so that a
+row's own counts win over a recount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from exporters.errors import InputError
+from fl.scheduling.checks import same_width
+from harness.latency import finite_positive, footprint_bytes, memory_features, train_flops_per_example
+
+#: Status of a cell that ran out of memory (`harness.records.Status`).
+OUT_OF_MEMORY = "out of memory"
+
+Rows = Any  # pandas DataFrame, Iterable[Mapping[str, Any]] or Mapping[str, Sequence[Mapping[str, Any]]]
+
+
+def profile_rows(profiles: Rows) -> list[dict[str, Any]]:
+    """Return profiles in any accepted form as a flat list of row dicts.
+
+    Parameters
+    ----------
+    profiles : pandas.DataFrame, iterable of mapping, mapping of str to rows, or None
+        A ``{device: rows}`` mapping fills a row's missing ``device`` with its key.
+        ``None`` gives no rows.
+
+    Returns
+    -------
+    list of dict
+        pandas missing values (``pd.NA``, ``pd.NaT``) become ``None``.
+    """
+    if profiles is None:
+        return []
+    if hasattr(profiles, "to_dict") and hasattr(profiles, "columns"):
+        records = [dict(r) for r in profiles.to_dict("records")]
+    elif isinstance(profiles, Mapping):
+        records = []
+        for device, rows in profiles.items():
+            for r in rows:
+                row = dict(r)
+                row.setdefault("device", device)
+                records.append(row)
+    else:
+        records = [dict(r) for r in profiles]
+    return [{k: _clean(v) for k, v in r.items()} for r in records]
+
+
+def _clean(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    import pandas as pd
+
+    return None if value is pd.NA or value is pd.NaT else value
+
+
+def select(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    device: str | None = None,
+    model: str | None = None,
+    batch: int | None = None,
+    backend: str | None = None,
+) -> list[dict[str, Any]]:
+    """Return copies of the rows matching every given field (``None``: any value).
+
+    Parameters
+    ----------
+    rows : iterable of mapping
+    device, model, batch, backend : optional
+
+    Returns
+    -------
+    list of dict
+        In input order.
+    """
+    return [
+        dict(r)
+        for r in rows
+        if (device is None or str(r.get("device")) == device)
+        and (model is None or str(r.get("model")) == model)
+        and (batch is None or int(r.get("batch", -1)) == int(batch))
+        and (backend is None or str(r.get("backend")) == backend)
+    ]
+
+
+def status_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Count the rows by status, for a reason that names why a device has no usable cell.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+
+    Returns
+    -------
+    str
+        ``"2 x no latency, 4 x timeout"``, statuses sorted. It is asked for only about a
+        device none of whose rows gave a latency, so an ``ok`` row (or one without a
+        status) counts as ``no latency``.
+    """
+    counts: dict[str, int] = {}
+    for r in rows:
+        status = r.get("status")
+        status = "no latency" if status in (None, "ok") or isinstance(status, float) else str(status)
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{n} x {s}" for s, n in sorted(counts.items()))
+
+
+def width_flops(model: str, width: float, rows: Iterable[Mapping[str, Any]] = ()) -> float:
+    """Return training FLOPs per example of ``model`` at ``width``: measured rows first, then the zoo.
+
+    Parameters
+    ----------
+    model : str
+        Model name.
+    width : float
+        Width rate in (0, 1].
+    rows : iterable of mapping
+        Profile rows; the median ``train_flops`` of the rows of ``model`` at ``width``
+        is used when present.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    InputError
+        If no row gives the FLOPs and ``model`` is not a zoo model.
+    """
+    found = [
+        float(r["train_flops"])
+        for r in rows
+        if str(r.get("model")) == model and same_width(r["width"], width) and finite_positive(r.get("train_flops"))
+    ]
+    if found:
+        return float(np.median(found))
+    try:
+        return float(train_flops_per_example(model, float(width)))
+    except InputError as exc:
+        raise InputError(f"width {width} of model {model!r}: no measured train_flops and {exc}") from None
+
+
+def memory_footprint(
+    model: str, width: float, batch: int, bytes_per_param: float, rows: Sequence[Mapping[str, Any]] = ()
+) -> float:
+    """Return the memory-model feature of ``model`` at ``width``: a measured row's counts first, then the zoo.
+
+    Parameters
+    ----------
+    model : str
+    width : float
+    batch : int
+        Training batch size.
+    bytes_per_param : float
+        From the fitted `harness.latency.MemoryModel`.
+    rows : sequence of mapping
+        Profile rows; the first row of ``model`` at ``width`` with ``params`` and
+        ``activation_elements`` gives the counts.
+
+    Returns
+    -------
+    float
+        `harness.latency.footprint_bytes` of the counts.
+    """
+    for r in rows:
+        if (
+            str(r.get("model")) == model
+            and same_width(r["width"], width)
+            and finite_positive(r.get("params"))
+            and r.get("activation_elements") is not None
+        ):
+            return footprint_bytes(float(r["params"]), float(r["activation_elements"]), batch, bytes_per_param)
+    params, activations = memory_features(model, float(width))
+    return footprint_bytes(params, activations, batch, bytes_per_param)

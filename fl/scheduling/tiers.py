@@ -1,0 +1,386 @@
+"""Tiers under a round deadline and memory budgets, and capacities from tiers (pure functions).
+
+Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
+    For every device the largest candidate width whose predicted round time meets the
+    deadline and whose predicted peak memory fits the device's memory budget::
+
+        round_seconds(w) = overhead_s + latency_us(flops(w)) * 1e-6 * examples * epochs
+
+    where ``latency_us`` is the device's fitted line ``a + b * train_flops``
+    (`harness.latency.fit`, reused, not refitted here) and the peak memory is the
+    device's fitted memory model (`harness.latency.MemoryModel`). A width whose latest
+    cell on the device failed with ``"out of memory"`` never fits. Devices with no width
+    that fits are *excluded* with the reason. The chosen widths of the remaining devices
+    are then grouped into ``k`` tiers by exact 1-D k-means (`fl.scheduling.kmeans`,
+    weighted by how many devices chose each width; ties go to the earlier split).
+    **Decision:** a tier's width is the *smallest* width chosen by its members, so that
+    every member still meets the deadline and its memory budget at the tier's width (a
+    centroid would overload the tier's slower members). Tier 0 is the widest.
+
+Capacities, `capacities_for`
+    Snaps each tier's width *down* to a method's level set: `HETEROFL_LEVELS` (1, 1/2,
+    1/4, 1/8, 1/16; also FedRolex's, the levels of `fl.capacity`) or `uniform_levels`
+    ``(k)`` = {1/k, ..., 1} (FjORD's p_max). Snapping down keeps every device within its
+    deadline and memory budget.
+
+Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fl.capacity import LEVELS
+from fl.scheduling.checks import WIDTH_TOL, check_widths, count, overhead, positive, same_width
+from fl.scheduling.kmeans import kmeans_1d
+from fl.scheduling.rows import OUT_OF_MEMORY, Rows, memory_footprint, profile_rows, select, status_summary, width_flops
+from harness.latency import DeviceModels, fit
+
+#: HeteroFL / FedRolex capacity levels 'a'..'e', widest first.
+HETEROFL_LEVELS: tuple[float, ...] = tuple(LEVELS)
+
+
+@dataclass(frozen=True)
+class WidthCheck:
+    """How one candidate width fares on one device.
+
+    Attributes
+    ----------
+    width : float
+    train_flops : float
+        Training FLOPs per example at ``width``.
+    round_seconds : float
+        Predicted round time (overhead included).
+    peak_memory_bytes : float or None
+        Predicted peak memory; ``None`` when the device has no memory measurement.
+    fits_deadline : bool
+    fits_memory : bool
+        True also when the memory could not be checked (no budget or no measurement).
+    note : str
+        Why the width does not fit ("" when it fits).
+    """
+
+    width: float
+    train_flops: float
+    round_seconds: float
+    peak_memory_bytes: float | None
+    fits_deadline: bool
+    fits_memory: bool
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the width meets both the deadline and the memory budget."""
+        return self.fits_deadline and self.fits_memory
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """One device's outcome in a `TierPlan`.
+
+    Attributes
+    ----------
+    device : str
+    width : float or None
+        The largest candidate width that fits; ``None`` when excluded.
+    tier : int or None
+        Tier index, 0 = widest; ``None`` when excluded.
+    tier_width : float or None
+        The width of the device's tier (<= ``width``).
+    round_seconds : float or None
+        Predicted round time at ``tier_width``.
+    peak_memory_bytes : float or None
+        Predicted peak memory at ``tier_width`` (``None`` if not measured).
+    reason : str
+        Why the device is excluded ("" when included).
+    checks : tuple of WidthCheck
+        Every candidate width, smallest first (empty when there was no profile to check).
+    """
+
+    device: str
+    width: float | None
+    tier: int | None
+    tier_width: float | None
+    round_seconds: float | None
+    peak_memory_bytes: float | None
+    reason: str = ""
+    checks: tuple[WidthCheck, ...] = ()
+
+    @property
+    def excluded(self) -> bool:
+        """Whether no candidate width fits the device."""
+        return self.width is None
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """Devices assigned to capacity tiers for one model and deadline.
+
+    Attributes
+    ----------
+    model : str
+    deadline_s : float
+    k : int
+        Tiers requested; fewer exist when fewer distinct widths were chosen.
+    tier_widths : tuple of float
+        Width of each tier, widest first (index = tier).
+    choices : tuple of DeviceChoice
+        One per device of ``examples_per_round``, sorted by device name.
+    """
+
+    model: str
+    deadline_s: float
+    k: int
+    tier_widths: tuple[float, ...]
+    choices: tuple[DeviceChoice, ...]
+
+    def choice(self, device: str) -> DeviceChoice:
+        """Return the `DeviceChoice` of ``device`` (KeyError if it is not in the plan)."""
+        for c in self.choices:
+            if c.device == device:
+                return c
+        raise KeyError(device)
+
+    @property
+    def included(self) -> tuple[str, ...]:
+        """Names of the devices with a tier."""
+        return tuple(c.device for c in self.choices if not c.excluded)
+
+    @property
+    def excluded(self) -> dict[str, str]:
+        """``{device: reason}`` of the excluded devices."""
+        return {c.device: c.reason for c in self.choices if c.excluded}
+
+    @property
+    def tiers(self) -> tuple[tuple[str, ...], ...]:
+        """Device names of each tier, widest tier first."""
+        return tuple(tuple(c.device for c in self.choices if c.tier == t) for t in range(len(self.tier_widths)))
+
+
+def assign_tiers(
+    profiles: Rows,
+    model: str,
+    widths: Iterable[float],
+    *,
+    deadline_s: float,
+    examples_per_round: Mapping[str, int],
+    epochs: int,
+    batch: int | None,
+    memory_budget_bytes: Mapping[str, int] | None,
+    k: int,
+    backend: str = "ort",
+    round_overhead_s: float | Mapping[str, float] = 0.0,
+) -> TierPlan:
+    """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
+
+    Parameters
+    ----------
+    profiles : DataFrame, rows or ``{device: rows}``
+        Stored profile rows (`fl.scheduling.rows`); failed cells give the reason of
+        an exclusion, and an ``"out of memory"`` cell rules its width out.
+    model : str
+        Model name.
+    widths : iterable of float
+        Candidate widths in (0, 1].
+    deadline_s : float
+        Round deadline in seconds.
+    examples_per_round : mapping of str to int
+        Training examples each device's client holds; its keys are the devices planned.
+    epochs : int
+        Local epochs per round.
+    batch : int or None
+        Training batch size of the profile to use; ``None`` when each device was
+        measured at one batch size only.
+    memory_budget_bytes : mapping of str to int, or None
+        Memory budget per device; a device without an entry (or ``None``) is unconstrained.
+    k : int
+        Number of tiers.
+    backend : str
+        Profile backend (``"ort"`` or ``"torch"``).
+    round_overhead_s : float or mapping of str to float
+        Fixed per-round cost (transfer, set-up) added to every predicted round time,
+        one value for all devices or per device (missing devices: 0).
+
+    Returns
+    -------
+    TierPlan
+
+    Raises
+    ------
+    InputError
+        On a bad width, deadline, epoch count, example count or ``k``.
+    """
+    candidates = tuple(sorted(set(check_widths(widths))))
+    deadline = positive(deadline_s, "deadline_s")
+    epochs = count(epochs, "epochs")
+    k = count(k, "k")
+    rows = select(profile_rows(profiles), model=model, backend=backend)
+    models = fit(rows)
+    picks: dict[str, tuple[WidthCheck, tuple[WidthCheck, ...]] | str] = {}
+    for device in sorted(examples_per_round):
+        examples = count(examples_per_round[device], f"examples_per_round[{device!r}]")
+        budget = None if memory_budget_bytes is None else memory_budget_bytes.get(device)
+        picks[device] = _device_checks(
+            rows,
+            models,
+            device,
+            model,
+            candidates,
+            batch,
+            backend,
+            round_seconds_per_us=1e-6 * examples * epochs,
+            overhead_s=overhead(round_overhead_s, device),
+            deadline_s=deadline,
+            budget=budget,
+        )
+    fitting = {d: p[0].width for d, p in picks.items() if not isinstance(p, str)}
+    names = sorted(fitting)
+    labels = dict(zip(names, kmeans_1d([fitting[d] for d in names], k), strict=True))
+    n_tiers = len(set(labels.values()))
+    tier_widths = tuple(min(fitting[d] for d in names if labels[d] == t) for t in range(n_tiers))
+    choices = []
+    for device, pick in picks.items():
+        if isinstance(pick, str):
+            choices.append(DeviceChoice(device, None, None, None, None, None, pick))
+            continue
+        best, checks = pick
+        tier = labels[device]
+        at_tier = next(c for c in checks if same_width(c.width, tier_widths[tier]))
+        choices.append(
+            DeviceChoice(
+                device,
+                best.width,
+                tier,
+                tier_widths[tier],
+                at_tier.round_seconds,
+                at_tier.peak_memory_bytes,
+                "",
+                checks,
+            )
+        )
+    return TierPlan(model, deadline, k, tier_widths, tuple(choices))
+
+
+def _device_checks(
+    rows: Sequence[dict[str, Any]],
+    models: Mapping[str, DeviceModels],
+    device: str,
+    model: str,
+    candidates: tuple[float, ...],
+    batch: int | None,
+    backend: str,
+    *,
+    round_seconds_per_us: float,
+    overhead_s: float,
+    deadline_s: float,
+    budget: int | None,
+) -> tuple[WidthCheck, tuple[WidthCheck, ...]] | str:
+    """Return ``(best fitting check, all checks)`` of one device, or why it is excluded."""
+    mine = select(rows, device=device, batch=batch)
+    if not mine:
+        where = f"batch {batch}, backend {backend}" if batch is not None else f"backend {backend}"
+        return f"no measured profile of {model} ({where})"
+    if device not in models:
+        return f"no successful measurement of {model}: latest cells {status_summary(mine)}"
+    dm = models[device]
+    try:
+        key = dm.key(model, batch, backend)
+    except KeyError as exc:
+        return str(exc.args[0])
+    latency = dm.latency[key]
+    memory = dm.memory.get(key)
+    oom = {float(r["width"]) for r in mine if r.get("status") == OUT_OF_MEMORY}
+    checks = []
+    for w in candidates:
+        flops = width_flops(model, w, rows)
+        seconds = overhead_s + latency.predict(flops) * round_seconds_per_us
+        peak = (
+            None if memory is None else memory.predict(memory_footprint(model, w, key[1], memory.bytes_per_param, rows))
+        )
+        notes = []
+        fits_deadline = seconds <= deadline_s
+        if not fits_deadline:
+            notes.append(f"predicted round {seconds:.3g} s > deadline {deadline_s:.3g} s")
+        fits_memory = True
+        if any(same_width(w, o) for o in oom):
+            fits_memory = False
+            notes.append("measured out of memory")
+        elif budget is not None and peak is not None and peak > budget:
+            fits_memory = False
+            notes.append(f"predicted peak memory {peak / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB")
+        checks.append(WidthCheck(w, flops, seconds, peak, fits_deadline, fits_memory, "; ".join(notes)))
+    fitting = [c for c in checks if c.fits]
+    if not fitting:
+        return f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"
+    return fitting[-1], tuple(checks)
+
+
+@dataclass(frozen=True)
+class Capacities:
+    """A `TierPlan`'s tier widths snapped down to a method's level set.
+
+    Attributes
+    ----------
+    levels : tuple of float
+        The level set, widest first.
+    capacity : dict of str to float
+        Per included device: the largest level <= its tier's width (FjORD's p_max,
+        HeteroFL / FedRolex's capacity).
+    tier : dict of str to int
+        Per device in ``capacity``: its tier index in the plan.
+    left_out : dict of str to str
+        Devices of the plan with no capacity, and why (excluded by the plan, or tier
+        width below every level).
+    """
+
+    levels: tuple[float, ...]
+    capacity: dict[str, float] = field(default_factory=dict)
+    tier: dict[str, int] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+def uniform_levels(k: int) -> tuple[float, ...]:
+    """Return FjORD's uniform-k width set ``{1/k, 2/k, ..., 1}``, widest first.
+
+    Parameters
+    ----------
+    k : int
+        Number of widths (>= 1; the FjORD paper uses 5).
+
+    Returns
+    -------
+    tuple of float
+    """
+    k = count(k, "k")
+    return tuple(i / k for i in range(k, 0, -1))
+
+
+def capacities_for(plan: TierPlan, levels: Iterable[float]) -> Capacities:
+    """Snap every tier's width down to ``levels``: FjORD's p_max or HeteroFL / FedRolex's capacity.
+
+    Parameters
+    ----------
+    plan : TierPlan
+    levels : iterable of float
+        The method's level set in (0, 1], e.g. `HETEROFL_LEVELS` or ``uniform_levels(5)``.
+
+    Returns
+    -------
+    Capacities
+        Snapping down keeps each device within its deadline and memory budget.
+    """
+    ordered = tuple(sorted(set(check_widths(levels, "levels")), reverse=True))
+    out = Capacities(ordered)
+    for c in plan.choices:
+        if c.excluded or c.tier_width is None or c.tier is None:
+            out.left_out[c.device] = c.reason
+            continue
+        below = [lv for lv in ordered if lv <= c.tier_width * (1 + WIDTH_TOL)]
+        if not below:
+            out.left_out[c.device] = f"tier width {c.tier_width:g} is below the smallest level {ordered[-1]:g}"
+            continue
+        out.capacity[c.device] = below[0]
+        out.tier[c.device] = c.tier
+    return out

@@ -1,0 +1,64 @@
+"""Profile rows in every accepted form, and the counts at a width (fl/scheduling/rows.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from exporters.errors import InputError
+from exporters.flops import count
+from exporters.zoo import get_model
+from fl.scheduling.rows import memory_footprint, profile_rows, select, status_summary, width_flops
+from tests.fl.scheduling.profiles import PARAMS, line_rows
+
+
+def test_profile_rows_accept_a_frame_rows_or_a_device_mapping() -> None:
+    rows = line_rows("A", 100.0, 1e-4)
+    frame = pd.DataFrame(rows).astype({"train_flops": "Float64"})
+    frame.loc[0, "train_flops"] = pd.NA
+    from_frame = profile_rows(frame)
+    assert [r["width"] for r in from_frame] == [0.25, 0.5, 0.75, 1.0]
+    assert from_frame[0]["train_flops"] is None  # pandas NA becomes None
+    assert profile_rows(rows) == rows
+    # {device: rows}: the key fills a missing device, an explicit one is kept
+    mapped = profile_rows({"X": [{"width": 0.5}], "Y": [{"device": "Z", "width": 1.0}]})
+    assert mapped == [{"device": "X", "width": 0.5}, {"device": "Z", "width": 1.0}]
+    assert profile_rows(None) == []
+
+
+def test_select_matches_every_given_field() -> None:
+    rows = line_rows("A", 100.0, 1e-4) + line_rows("B", 1.0, 1.0, batch=8, backend="torch")
+    assert len(select(rows, device="A")) == 4
+    assert len(select(rows, batch=8)) == 4 and len(select(rows, batch=8, device="A")) == 0
+    assert len(select(rows, backend="torch", model="m")) == 4
+    assert len(select(rows)) == 8
+
+
+def test_status_summary_counts_statuses() -> None:
+    rows = [{"status": "timeout"}, {"status": "timeout"}, {"status": "ok"}, {"status": None}]
+    assert status_summary(rows) == "2 x no latency, 2 x timeout"
+
+
+def test_width_flops_prefers_the_measured_rows_then_the_zoo() -> None:
+    rows = line_rows("A", 100.0, 1e-4)
+    # two devices measured 0.5 with different counts: their median
+    rows += [{**rows[1], "device": "B", "train_flops": 4e6}]
+    assert width_flops("m", 0.5, rows) == pytest.approx(3e6)
+    # a width read back with a rounding error still matches
+    assert width_flops("m", 0.25 + 1e-12, rows) == pytest.approx(1e6)
+    zoo = get_model("fjord-cnn")
+    assert width_flops("fjord-cnn", 0.5, rows) == count(zoo, zoo.arch(0.5)).train_flops
+    with pytest.raises(InputError, match="'m'"):
+        width_flops("m", 0.6, rows)  # not measured, and "m" is no zoo model
+
+
+def test_memory_footprint_prefers_the_measured_rows_then_the_zoo() -> None:
+    rows = line_rows("A", 100.0, 1e-4)  # activation_elements 0: footprint = 16 bytes x params
+    assert memory_footprint("m", 0.5, 20, 16.0, rows) == pytest.approx(16 * PARAMS[0.5])
+    zoo = get_model("fjord-cnn")
+    counts = count(zoo, zoo.arch(0.5))
+    activations = sum(math.prod(layer.output_shape) for layer in counts.layers)
+    want = 16.0 * counts.params + 4 * 20 * activations  # float32 activations of a batch of 20
+    assert memory_footprint("fjord-cnn", 0.5, 20, 16.0, rows) == pytest.approx(want)
