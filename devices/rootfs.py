@@ -372,6 +372,40 @@ _CHECK = (
 )
 
 
+def check_tree(tree: Path) -> dict[str, Any]:
+    """Run the tree's python3 under qemu and return its machine and versions.
+
+    Parameters
+    ----------
+    tree : pathlib.Path
+        An arm64 tree with numpy and onnxruntime installed.
+
+    Returns
+    -------
+    dict
+        ``machine``, ``python``, ``numpy``, ``onnxruntime``, ``providers``.
+
+    Raises
+    ------
+    RootfsError
+        If the check fails or the machine is not `MACHINE`.
+    """
+    check = subprocess.run(
+        enter_argv(tree, None, ["/usr/bin/python3", "-c", _CHECK], chroot=True),
+        capture_output=True,
+        text=True,
+        env=_tree_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        found: dict[str, Any] = json.loads(check.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RootfsError(f"the check inside the tree failed: {check.stderr.strip()[-300:]}") from None
+    if found.get("machine") != MACHINE:
+        raise RootfsError(f"the tree's python3 reports machine {found.get('machine')!r}, not {MACHINE}")
+    return found
+
+
 def _remove_tree(path: Path) -> None:
     # a tree holds no mount of ours (every mount lived in a private namespace)
     shutil.rmtree(path, ignore_errors=True)
@@ -466,19 +500,7 @@ def ensure_tree(directory: Path | None = None, say: Printer = print, mirror: str
                 ),
             }
             say("rootfs: [3/3] checking numpy and onnxruntime inside the tree")
-            check = subprocess.run(
-                enter_argv(build, None, ["/usr/bin/python3", "-c", _CHECK], chroot=True),
-                capture_output=True,
-                text=True,
-                env=_tree_env(),
-                stdin=subprocess.DEVNULL,
-            )
-            try:
-                found = json.loads(check.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                raise RootfsError(f"the check inside the tree failed: {check.stderr.strip()[-300:]}") from None
-            if found.get("machine") != MACHINE:
-                raise RootfsError(f"the tree's python3 reports machine {found.get('machine')!r}, not {MACHINE}")
+            found = check_tree(build)
             for leftover in (build / "var" / "cache" / "apt" / "archives").glob("*.deb"):
                 leftover.unlink()
             record = {
