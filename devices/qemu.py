@@ -30,8 +30,10 @@ Design (decided here, with the reasons):
   says so in one line when it is not).
 * **Mounts inside**: the overlay, ``proc`` on /proc, ``sysfs`` on /sys, a recursive bind
   of the host's /dev on /dev with a fresh tmpfs on /dev/shm, and the host's
-  /etc/resolv.conf bound read-only over the tree's, so pip inside the device resolves
-  names (the device shares the host's network, as the other emulated devices do).
+  /etc/resolv.conf and CA bundle bound read-only over the tree's (`HOST_NETWORK_FILES`):
+  the device shares the host's network, as the other emulated devices do, so pip inside
+  it resolves names and trusts what the host trusts (a network whose TLS proxy has its
+  own CA works in the tree too).
 * **Defaults of such a device** (`devices.fleetfile`): ``python`` is ``python3`` and
   ``workdir`` ``~/.fleetbench``, resolved by the device like a real board's, since host
   paths mean nothing inside the tree.
@@ -57,7 +59,12 @@ TREE_ENV: dict[str, str] = {
     "LANG": "C.UTF-8",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     "PIP_ROOT_USER_ACTION": "ignore",
+    # the host's CA bundle is bound over the tree's (`mount_plan`); pip's own certifi would ignore it
+    "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt",
 }
+
+#: The host's network configuration that a device shares: resolver and CA bundle (bound read-only).
+HOST_NETWORK_FILES: tuple[Path, ...] = (Path("/etc/resolv.conf"), Path("/etc/ssl/certs/ca-certificates.crt"))
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ def overlay_dirs(layer: Path) -> tuple[Path, Path]:
     return layer / "upper", layer / "work"
 
 
-def mount_plan(tree: Path, layer: Path | None, resolv: Path | None = Path("/etc/resolv.conf")) -> list[Mount]:
+def mount_plan(tree: Path, layer: Path | None, host_files: Sequence[Path] = HOST_NETWORK_FILES) -> list[Mount]:
     """Return the mounts that make ``tree`` a device root, in mounting order (pure).
 
     Parameters
@@ -121,8 +128,8 @@ def mount_plan(tree: Path, layer: Path | None, resolv: Path | None = Path("/etc/
     layer : pathlib.Path or None
         The device's overlay directory (its writes go to ``layer/upper``); None mounts
         no overlay (the build writes into the tree itself).
-    resolv : pathlib.Path or None
-        The host's resolver configuration, bound read-only over the tree's.
+    host_files : sequence of pathlib.Path
+        Host files bound read-only over the same paths in the tree.
 
     Returns
     -------
@@ -138,8 +145,8 @@ def mount_plan(tree: Path, layer: Path | None, resolv: Path | None = Path("/etc/
         Mount("rbind", "/dev", str(tree / "dev")),
         Mount("tmpfs", "tmpfs", str(tree / "dev" / "shm"), "mode=1777"),
     ]
-    if resolv is not None:
-        mounts.append(Mount("bind", str(resolv), str(tree / "etc" / "resolv.conf"), ""))
+    for path in host_files:
+        mounts.append(Mount("bind", str(path), str(tree / path.relative_to("/")), "ro"))
     return mounts
 
 
@@ -266,14 +273,14 @@ def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int
         for directory in overlay_dirs(layer):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o755)
-    resolv = Path("/etc/resolv.conf")
-    plan = mount_plan(tree, layer, resolv if resolv.exists() else None)
+    plan = mount_plan(tree, layer, [p for p in HOST_NETWORK_FILES if p.is_file()])
     for mount in plan:
-        if mount.target.endswith("/etc/resolv.conf"):
+        if mount.fstype == "bind":  # a file bound over the tree's: the target must be a file
             target = Path(mount.target)
             if target.is_symlink():
                 target.unlink()
             if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
                 target.touch()
         done = subprocess.run(mount.argv(), capture_output=True, text=True)
         if done.returncode != 0:
@@ -282,22 +289,23 @@ def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int
     if chroot:
         os.chroot(tree)
         os.chdir("/")
-        os.execvpe(argv[0], argv, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        os.execvpe(argv[0], argv, {**TREE_ENV, **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}})
     os.execvp(argv[0], argv)
     return 1  # not reached
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m devices.qemu enter TREE [--overlay DIR] [--chroot] -- COMMAND...``."""
+    args_in = sys.argv[1:] if argv is None else argv
+    split = args_in.index("--") if "--" in args_in else len(args_in)
     parser = argparse.ArgumentParser(prog="python -m devices.qemu")
     sub = parser.add_subparsers(dest="command", required=True)
     enter = sub.add_parser("enter", help="mount a device root in this (private) mount namespace, then exec")
     enter.add_argument("tree", type=Path)
     enter.add_argument("--overlay", type=Path, default=None, help="device layer directory (upper/, work/)")
     enter.add_argument("--chroot", action="store_true", help="chroot into the tree before executing")
-    enter.add_argument("argv", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    args = parser.parse_args(args_in[:split])
+    command = args_in[split + 1 :]
     if not command:
         parser.error("a command is required after --")
     return _enter(args.tree, args.overlay, args.chroot, command)

@@ -38,6 +38,7 @@ def test_mount_plan_overlays_the_tree_then_mounts_proc_sys_dev(tmp_path: Path) -
         f"{tree}/dev",
         f"{tree}/dev/shm",
         f"{tree}/etc/resolv.conf",
+        f"{tree}/etc/ssl/certs/ca-certificates.crt",
     ]
     overlay = plan[0]
     assert overlay.argv() == [
@@ -50,8 +51,10 @@ def test_mount_plan_overlays_the_tree_then_mounts_proc_sys_dev(tmp_path: Path) -
         f"lowerdir={tree},upperdir={layer}/upper,workdir={layer}/work",
     ]
     assert plan[3].argv() == ["mount", "--rbind", "/dev", f"{tree}/dev"]
-    # the build writes into the tree itself: no overlay, no resolver when the host has none
-    assert [m.fstype for m in qemu.mount_plan(tree, None, None)] == ["proc", "sysfs", "rbind", "tmpfs"]
+    # the host's network files are bound read-only
+    assert plan[5].argv() == ["mount", "--bind", "/etc/resolv.conf", f"{tree}/etc/resolv.conf", "-o", "ro"]
+    # the build writes into the tree itself: no overlay; no host file when the host has none
+    assert [m.fstype for m in qemu.mount_plan(tree, None, ())] == ["proc", "sysfs", "rbind", "tmpfs"]
 
 
 def test_enter_argv_keeps_one_pid_through_unshare_and_exec(tmp_path: Path) -> None:
@@ -74,6 +77,30 @@ def test_enter_refuses_to_mount_in_the_callers_namespace(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "refusing to mount outside a private mount namespace" in done.stdout
     assert qemu.host_mounts_under(target) == []
+
+
+def test_enter_mounts_in_a_private_namespace_only(tmp_path: Path) -> None:
+    require_tool("unshare")
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")  # the aarch64 device tests fail under CI without root
+    tree, layer = tmp_path / "tree", tmp_path / "layer"
+    for sub in ("proc", "sys", "dev", "etc"):
+        (tree / sub).mkdir(parents=True)
+    script = "cat /proc/self/mountinfo; echo probe > " + str(tree / "written")
+    done = subprocess.run(
+        qemu.enter_argv(tree, layer, ["sh", "-c", script], chroot=False),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    inside = qemu.host_mounts_under(tree, done.stdout)
+    planned = qemu.mount_plan(tree, layer, [p for p in qemu.HOST_NETWORK_FILES if p.is_file()])
+    assert {m.target for m in planned} <= set(inside)
+    # writes went to the layer, the tree is untouched, and no mount outlived the command
+    assert (layer / "upper" / "written").read_text() == "probe\n" and not (tree / "written").exists()
+    assert qemu.host_mounts_under(tree) == []
 
 
 def test_host_mounts_under_reads_mountinfo() -> None:
