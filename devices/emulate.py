@@ -472,7 +472,7 @@ def _start_ssh(
         _shaping_text(shaping, emulation),
         emulation.arch,
         mount_ns,
-        tuple(m.target for m in qemu.mount_plan(root.tree, root.layer)) if root is not None else (),
+        tuple(m.target for m in qemu.mount_plan(root.tree, root.layer, qemu.host_network_files())) if root else (),
     )
 
 

@@ -118,6 +118,11 @@ def overlay_dirs(layer: Path) -> tuple[Path, Path]:
     return layer / "upper", layer / "work"
 
 
+def host_network_files() -> list[Path]:
+    """Return the `HOST_NETWORK_FILES` this host has."""
+    return [path for path in HOST_NETWORK_FILES if path.is_file()]
+
+
 def mount_plan(tree: Path, layer: Path | None, host_files: Sequence[Path] = HOST_NETWORK_FILES) -> list[Mount]:
     """Return the mounts that make ``tree`` a device root, in mounting order (pure).
 
@@ -273,7 +278,7 @@ def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int
         for directory in overlay_dirs(layer):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o755)
-    plan = mount_plan(tree, layer, [p for p in HOST_NETWORK_FILES if p.is_file()])
+    plan = mount_plan(tree, layer, host_network_files())
     for mount in plan:
         if mount.fstype == "bind":  # a file bound over the tree's: the target must be a file
             target = Path(mount.target)

@@ -96,7 +96,7 @@ def test_enter_mounts_in_a_private_namespace_only(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     inside = qemu.host_mounts_under(tree, done.stdout)
-    planned = qemu.mount_plan(tree, layer, [p for p in qemu.HOST_NETWORK_FILES if p.is_file()])
+    planned = qemu.mount_plan(tree, layer, qemu.host_network_files())
     assert {m.target for m in planned} <= set(inside)
     # writes went to the layer, the tree is untouched, and no mount outlived the command
     assert (layer / "upper" / "written").read_text() == "probe\n" and not (tree / "written").exists()
