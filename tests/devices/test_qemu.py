@@ -260,6 +260,16 @@ def test_mounts_live_only_in_the_devices_namespace(pi: Fleet) -> None:
     assert qemu.host_mounts_under(tree) == [] and qemu.host_mounts_under(pi.state_dir) == []
 
 
+def test_the_devices_qemu_processes_are_held_to_its_limits(pi: Fleet, transport: Transport) -> None:
+    state = emulate.load_state(pi.state_dir).get("pi")
+    assert state is not None and state.memory_mb == 2048  # arm64.yaml: a Pi 4's 2 GB
+    if not state.memory.startswith("cgroup"):
+        pytest.skip(f"memory held by {state.memory}, not a cgroup")
+    unit = emulate.limits.unit_name("pi", pi.state_dir)
+    seen = transport.run(["cat", "/proc/self/cgroup"], timeout=60).stdout  # read by the tree's cat, under qemu
+    assert f"/{emulate.limits.GROUP}/{unit}" in seen
+
+
 def test_facts_say_aarch64_and_emulated_isa(pi: Fleet, transport: Transport) -> None:
     probed = probe_device(transport, "python3", timeout=120)  # the probe alone tells
     assert probed.arch == "aarch64" and probed.emulated_isa is True
