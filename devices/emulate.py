@@ -17,6 +17,15 @@ sshd runs in its own network namespace behind a veth pair shaped by netem, and a
 forwarder (``python -m devices.emulate forward``) keeps the fleet file's address
 (``host:port``) working: traffic crosses the shaped veth.
 
+An SSH device with ``emulate: {arch: aarch64}`` is the same sshd chrooted into the cached
+arm64 Debian tree (`devices.rootfs`) inside its own mount namespace, run through
+qemu-user (`devices.qemu` says why so). Its system needs are checked first; a missing
+one is one line naming the Debian package (or "needs root"), the device is reported as
+not started with that reason, and the rest of the fleet still comes up. The first ``up``
+builds the tree (about 10 minutes, with progress), later ones reuse it. The device's
+mount namespace is recorded, and ``down`` stops every process left in it, so its mounts
+end with it.
+
 Every started process is recorded in ``<state_dir>/state.json`` (written atomically)
 with its pid and its start time from ``/proc/PID/stat``, so ``down`` never signals a
 reused pid; cgroup directories and namespaces are recorded too. ``up`` twice is
@@ -44,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devices import limits, presets
+from devices import limits, presets, qemu
 from devices.errors import EmulationError
 from devices.fleet import Device, Emulation, Fleet
 
@@ -100,6 +109,12 @@ class DeviceState:
     memory_mb : int or None
     shaping : str
         Network shaping, in words (empty when none).
+    arch : str or None
+        ``aarch64`` for a device run through qemu-user.
+    mount_ns : str or None
+        Its private mount namespace (``mnt:[N]``), where its mounts live.
+    mounts : tuple of str
+        The mount points made in that namespace (for ``status`` and ``down``'s check).
     """
 
     name: str
@@ -114,6 +129,9 @@ class DeviceState:
     cpu_share: float | None = None
     memory_mb: int | None = None
     shaping: str = ""
+    arch: str | None = None
+    mount_ns: str | None = None
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +212,9 @@ def state_from_json(text: str) -> FleetState:
                 cpu_share=d.get("cpu_share"),
                 memory_mb=d.get("memory_mb"),
                 shaping=d.get("shaping", ""),
+                arch=d.get("arch"),
+                mount_ns=d.get("mount_ns"),
+                mounts=tuple(d.get("mounts", [])),
             )
         )
     server = raw.get("adb_server")
@@ -331,7 +352,33 @@ def _known_hosts_entry(host: str, port: int, host_pub: Path) -> str:
 # ---------------------------------------------------------------------------- one device
 
 
-def _start_ssh(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer) -> DeviceState:
+def _aarch64_root(fleet: Fleet, device: Device, say: Printer) -> qemu.DeviceRoot:
+    """Check the system needs of an aarch64 device and return its root (building the tree once)."""
+    from devices import rootfs
+
+    missing = rootfs.check_system(need_debootstrap=rootfs.read_stamp(rootfs.tree_path()) is None)
+    for line in missing:
+        say(f"{device.name}: {line}")
+    if missing:
+        raise EmulationError("; ".join(missing))
+    try:
+        rootfs.ensure_binfmt(say)
+        tree = rootfs.ensure_tree(say=say)
+    except rootfs.RootfsError as exc:
+        raise EmulationError(str(exc)) from None
+    if problem := rootfs.chroot_problem(tree):
+        raise EmulationError(problem)
+    return qemu.DeviceRoot(tree, fleet.state_dir / device.name / "rootfs")
+
+
+def _start_ssh(
+    fleet: Fleet,
+    device: Device,
+    emulation: Emulation,
+    plan: limits.Plan,
+    say: Printer,
+    root: qemu.DeviceRoot | None = None,
+) -> DeviceState:
     from devices import sshd
 
     host, port = address_of(device)
@@ -347,7 +394,7 @@ def _start_ssh(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
         shaping = limits.netns_up(unit, emulation.delay_ms, emulation.rate_kbit)
         netns, listen_host, host_if = shaping.netns, shaping.address, shaping.host_if
     try:
-        inst = sshd.prepare(fleet.state_dir, device.name, port)
+        inst = sshd.prepare(fleet.state_dir, device.name, port, chroot=root.tree if root else None)
         pub = Path(str(key_file) + ".pub").read_text().strip()
         existing = inst.authorized_keys.read_text()
         if pub not in existing:
@@ -357,6 +404,8 @@ def _start_ssh(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
         argv = [sshd.sshd_binary(), "-D", "-f", str(inst.config), "-E", str(inst.log_file)]
+        if root is not None:
+            argv = qemu.enter_argv(root.tree, root.layer, argv, chroot=False)  # unshare, mount, exec: same pid
         if netns:
             argv = ["ip", "netns", "exec", netns, *argv]  # ip execs sshd: same pid
         proc = _spawn(argv, plan, inst.directory / "stdout.log")
@@ -396,13 +445,15 @@ def _start_ssh(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
             procs.append(_record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
         entries = [_known_hosts_entry(host, port, inst.host_key.with_name(inst.host_key.name + ".pub"))]
         sshd.write_known_hosts(Path(known_hosts), entries)
+        mount_ns = qemu.mount_namespace(proc.pid) if root is not None else None
     except BaseException:
         for rec in reversed(procs):
             stop_process(rec)
         if netns:
             limits.netns_down(netns, host_if)
         raise
-    say(f"{device.name}: sshd on {host}:{port} (pid {procs[0].pid}); {_limits_text(plan, shaping, emulation)}")
+    isa = f", {emulation.arch} userland {root.tree} through qemu-user" if root is not None else ""
+    say(f"{device.name}: sshd on {host}:{port} (pid {procs[0].pid}{isa}); {_limits_text(plan, shaping, emulation)}")
     return DeviceState(
         device.name,
         "ssh",
@@ -416,6 +467,9 @@ def _start_ssh(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
         emulation.cpu_share,
         emulation.memory_mb,
         _shaping_text(shaping, emulation),
+        emulation.arch,
+        mount_ns,
+        tuple(m.target for m in qemu.mount_plan(root.tree, root.layer, qemu.host_network_files())) if root else (),
     )
 
 
@@ -563,6 +617,9 @@ def _cleanup_device(dev: DeviceState) -> list[str]:
     for rec in order:
         stop_process(rec)
     problems = [f"pid {r.pid} ({r.role}) still runs" for r in dev.processes if limits.alive(r.pid, r.start_time)]
+    if dev.mount_ns:
+        problems += [f"pid {pid} still runs in {dev.mount_ns}" for pid in qemu.stop_namespace(dev.mount_ns)]
+        problems += [f"mount {m} is visible here" for m in dev.mounts if m in qemu.host_mounts_under(Path(m))]
     problems += limits.remove_cgroups(dev.cgroups)
     if dev.netns:
         limits.netns_down(dev.netns, dev.host_if)
@@ -717,7 +774,8 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
             plan = _plan_for(limits.unit_name(device.name, fleet.state_dir), emulation)
             try:
                 if device.kind == "ssh":
-                    dev = _start_ssh(fleet, device, emulation, plan, say)
+                    root = _aarch64_root(fleet, device, say) if emulation.arch else None
+                    dev = _start_ssh(fleet, device, emulation, plan, say, root)
                 elif device.kind == "adb":
                     dev = _start_adb(fleet, device, emulation, plan, say)
                 else:
@@ -796,6 +854,7 @@ def status(fleet: Fleet, timeout: float = 10.0) -> list[DeviceStatus]:
             cpu = f"cpu {dev.cpu_share:g} ({dev.cpu})" if dev.cpu_share is not None else "cpu unlimited"
             mem = f"memory {dev.memory_mb} MB ({dev.memory})" if dev.memory_mb is not None else "memory unlimited"
             detail = f"{cpu}, {mem}" + (f"; {dev.shaping}" if dev.shaping else "")
+            detail += f"; {dev.arch} under qemu-user (emulated ISA)" if dev.arch else ""
         else:
             detail = why if answers is False else ""
         rows.append(DeviceStatus(device.name, device.kind, f"{host}:{port}", is_up, answers, detail))

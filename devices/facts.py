@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from devices.errors import TransportError
@@ -676,6 +676,9 @@ class DeviceFacts:
         thermal status (Android); empty when the device has no such source.
     details : dict
         Platform extras: ``tegrastats`` snapshot, selected Android properties.
+    emulated_isa : bool
+        The device's instructions are translated by an emulator (qemu-user), so its
+        timings are not those of a device of its architecture (`emulated_isa`).
     """
 
     arch: str
@@ -697,6 +700,7 @@ class DeviceFacts:
     thermal: dict[str, float] = field(default_factory=dict)
     throttle: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    emulated_isa: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Return the facts as a JSON-ready dict (field order kept).
@@ -722,6 +726,55 @@ _ANDROID_PROPS = (
     "ro.hardware",
     "ro.soc.model",
 )
+
+
+def isa_family(arch: str) -> str | None:
+    """Return the instruction-set family of a ``uname -m`` value (``x86``, ``arm``, ``riscv``), None if unknown."""
+    if arch in ("x86_64", "amd64") or (len(arch) == 4 and arch[0] == "i" and arch.endswith("86")):
+        return "x86"
+    if arch.startswith(("aarch64", "arm")):
+        return "arm"
+    if arch.startswith("riscv"):
+        return "riscv"
+    return None
+
+
+def cpuinfo_family(text: str) -> str | None:
+    """Return the instruction-set family a ``/proc/cpuinfo`` text describes, None if it does not say."""
+    keys = {line.partition(":")[0].strip() for line in text.splitlines() if ":" in line}
+    if "vendor_id" in keys and "flags" in keys:
+        return "x86"
+    if "CPU implementer" in keys or "Features" in keys:
+        return "arm"
+    if "isa" in keys and "mmu" in keys:
+        return "riscv"
+    return None
+
+
+def emulated_isa(arch: str, cpuinfo: str, shell_exe: str) -> bool:
+    """Whether a probe ran under an instruction-set emulator such as qemu-user (pure).
+
+    Two independent signs, either suffices: the kernel runs the probe's shell through a
+    qemu interpreter (binfmt_misc), or ``uname -m`` (which qemu-user answers for
+    the guest) names another instruction-set family than the kernel's ``/proc/cpuinfo``.
+
+    Parameters
+    ----------
+    arch : str
+        ``uname -m``.
+    cpuinfo : str
+        ``/proc/cpuinfo``.
+    shell_exe : str
+        ``readlink /proc/$$/exe`` of the probe's shell.
+
+    Returns
+    -------
+    bool
+    """
+    if "qemu" in shell_exe:  # qemu-aarch64-static, or Debian's /usr/libexec/qemu-binfmt/ links to it
+        return True
+    guest, host = isa_family(arch), cpuinfo_family(cpuinfo)
+    return guest is not None and host is not None and guest != host
 
 
 def _mib(kb: int | None) -> int | None:
@@ -824,6 +877,7 @@ def facts_from_probe(text: str) -> DeviceFacts:
         thermal=parse_thermal(sections.get("thermal", "")),
         throttle=throttle,
         details=details,
+        emulated_isa=emulated_isa(arch, sections.get("cpuinfo", ""), sections.get("exe", "")),
     )
 
 
@@ -907,9 +961,12 @@ def collect_facts(
     def action(device: Device) -> DeviceFacts:
         transport = opener(device)
         try:
-            return probe_device(transport, device.python, timeout)
+            facts = probe_device(transport, device.python, timeout)
         finally:
             transport.close()
+        if device.emulate is not None and device.emulate.arch is not None and not facts.emulated_isa:
+            facts = replace(facts, emulated_isa=True)  # the fleet file says so even if the probe cannot tell
+        return facts
 
     # Backstop for a device that hangs outside the probe's own timeout (connecting,
     # closing): each wave of ``max_workers`` devices gets the probe timeout plus
@@ -958,7 +1015,7 @@ def format_facts(name: str, facts: DeviceFacts) -> str:
     if facts.throttle and not throttle.replace(f"raw={facts.throttle.get('raw')}", "").strip(", "):
         throttle += " (no flags set)"
     rows = [
-        ("arch", facts.arch),
+        ("arch", facts.arch + (" (emulated ISA: timings are not a device's)" if facts.emulated_isa else "")),
         ("board", _text(facts.board)),
         ("cpu", _text(facts.cpu_model)),
         ("cores", cores),

@@ -26,6 +26,9 @@ Sections
 ``getprop``          ``getprop`` (Android)
 ``dumpsys-meminfo``  the ``... RAM:`` summary lines of ``dumpsys meminfo`` (Android)
 ``thermalservice``   the ``Thermal Status`` line of ``dumpsys thermalservice`` (Android 10+)
+``exe``              ``readlink /proc/$$/exe``: the binary the kernel runs the probe's shell
+                     with; under qemu-user (binfmt_misc) that is the qemu interpreter, not
+                     the shell (a child reads it: qemu fakes only its own process's links)
 
 ``dumpsys meminfo`` prints its RAM summary *after* the per-process tables, so the
 script keeps the lines containing ``RAM:`` rather than the first lines of the output.
@@ -59,6 +62,7 @@ SECTIONS = (
     "getprop",
     "dumpsys-meminfo",
     "thermalservice",
+    "exe",
     "end",
 )
 
@@ -133,6 +137,7 @@ m tegrastats; has tegrastats && has timeout && timeout 2 tegrastats --interval 5
 m getprop; has getprop && getprop 2>/dev/null
 m dumpsys-meminfo; has dumpsys && dumpsys meminfo 2>/dev/null | grep 'RAM:'
 m thermalservice; has dumpsys && dumpsys thermalservice 2>/dev/null | grep 'Thermal Status'
+m exe; readlink "/proc/$$/exe" 2>/dev/null
 m end
 exit 0
 """

@@ -31,6 +31,9 @@ class Emulation:
         One-way network delay (tc netem, root only).
     rate_kbit : int or None
         Network rate limit in kbit/s (tc netem, root only).
+    arch : str or None
+        ``aarch64``: the device runs an arm64 Debian userland through qemu-user
+        (`devices.qemu`); None: the host's own architecture.
     """
 
     preset: str | None = None
@@ -38,6 +41,7 @@ class Emulation:
     memory_mb: int | None = None
     delay_ms: float | None = None
     rate_kbit: int | None = None
+    arch: str | None = None
 
 
 @dataclass(frozen=True)

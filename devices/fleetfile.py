@@ -25,6 +25,7 @@ A fleet file is one YAML mapping::
           memory_mb: 1024               # > 0
           delay_ms: 10                  # >= 0 (tc netem, root only)
           rate_kbit: 20000              # > 0  (tc netem, root only)
+          arch: aarch64                 # SSH devices only: arm64 userland under qemu-user
 
 Rules, each one enforced with an error that names the file, the line and the field
 (`devices.errors.FleetFileError`, e.g. ``fleet.yaml:7: devices[1].port: ...``):
@@ -69,6 +70,11 @@ as given):
 * ADB devices (real or emulated) default ``workdir`` to ``/data/local/tmp/fleetbench``,
   the directory Android lets a shell user write; the emulated phone serves it from its
   sandbox.  Real SSH devices keep ``~/.fleetbench``, expanded by the device.
+* An emulated SSH device with ``arch: aarch64`` runs an arm64 Debian userland through
+  qemu-user (`devices.qemu`): its ``python`` defaults to ``python3`` and its ``workdir``
+  to ``~/.fleetbench``, both resolved inside that userland as on a real board (host paths
+  mean nothing there).  ``arch`` is refused on ADB devices and for any value but
+  ``aarch64`` (`ARCHES`).
 * An ``emulate`` block keeps its ``preset`` by name; the preset's values (CPU share, memory)
   are filled in by `devices.presets` for the fields the block leaves out.
 
@@ -97,6 +103,9 @@ from devices.fleet import Device, DeviceKind, Emulation, Fleet
 
 #: Emulation presets a fleet file may name (their values live in `devices.presets`).
 PRESETS: tuple[str, ...] = ("pi3", "pi4", "jetson-nano", "phone-midrange")
+
+#: Architectures an ``emulate`` block may ask for (run through qemu-user).
+ARCHES: tuple[str, ...] = ("aarch64",)
 
 #: Device kinds, as `devices.fleet.DeviceKind`.
 KINDS: tuple[str, ...] = ("local", "ssh", "adb")
@@ -133,7 +142,7 @@ KIND_KEYS: Mapping[str, frozenset[str]] = {
 }
 
 #: Keys of an ``emulate`` block.
-EMULATE_KEYS: tuple[str, ...] = ("preset", "cpu_share", "memory_mb", "delay_ms", "rate_kbit")
+EMULATE_KEYS: tuple[str, ...] = ("preset", "cpu_share", "memory_mb", "delay_ms", "rate_kbit", "arch")
 
 #: Environment variable naming the ssh config file used to resolve aliases.
 SSH_CONFIG_ENV = "FLEETBENCH_SSH_CONFIG"
@@ -304,6 +313,8 @@ def _emulation(ctx: _Context, field: str, node: Node) -> Emulation:
             values[key] = _float(ctx, sub, value, positive=True)
         elif key == "delay_ms":
             values[key] = _float(ctx, sub, value, positive=False)
+        elif key == "arch":
+            values[key] = _choice(ctx, sub, value, ARCHES)
         else:  # memory_mb, rate_kbit
             values[key] = _int(ctx, sub, value, 1)
     return Emulation(**values)  # type: ignore[arg-type]
@@ -359,7 +370,12 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
 
     emulate_node = get("emulate")
     emulate = _emulation(ctx, f"{field}.emulate", emulate_node) if emulate_node is not None else None
-    on_this_machine = kind == "local" or (kind == "ssh" and emulate is not None)
+    if emulate is not None and emulate.arch is not None and kind != "ssh":
+        assert emulate_node is not None
+        arch_node = _entries(ctx, f"{field}.emulate", emulate_node)["arch"][1]
+        raise ctx.error(arch_node, f"{field}.emulate.arch", f"applies to ssh devices only, not {kind}")
+    foreign = emulate is not None and emulate.arch is not None
+    on_this_machine = kind == "local" or (kind == "ssh" and emulate is not None and not foreign)
 
     host = port = user = key_file = known_hosts = serial = None
     trust = False
@@ -407,7 +423,7 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
         workdir = Device.workdir
     if (n := get("python")) is not None:
         python = _text(ctx, f"{field}.python", n, "an interpreter path")
-    elif on_this_machine or emulate is not None:
+    elif on_this_machine or (emulate is not None and not foreign):
         python = ctx.local_python
     else:
         python = Device.python
@@ -629,6 +645,8 @@ def describe_emulation(emulate: Emulation | None) -> str:
         parts.append(f"delay {emulate.delay_ms:g} ms")
     if emulate.rate_kbit is not None:
         parts.append(f"{emulate.rate_kbit} kbit/s")
+    if emulate.arch is not None:
+        parts.append(f"{emulate.arch} (qemu-user)")
     return ", ".join(parts) if parts else "no limits"
 
 

@@ -122,7 +122,7 @@ def generate_key(path: Path, comment: str = "fleetbench", *, overwrite: bool = F
     return path
 
 
-def prepare(state_dir: Path, name: str, port: int) -> SshdInstance:
+def prepare(state_dir: Path, name: str, port: int, *, chroot: Path | None = None) -> SshdInstance:
     """Write keys, authorized_keys and sshd_config of instance ``name``, and validate them.
 
     Existing keys are kept (so ``up`` twice keeps host keys stable); the config is
@@ -136,6 +136,9 @@ def prepare(state_dir: Path, name: str, port: int) -> SshdInstance:
         Instance name.
     port : int
         Loopback port to listen on.
+    chroot : pathlib.Path, optional
+        ``ChrootDirectory`` of every session (the emulated aarch64 device's tree,
+        `devices.qemu`); SFTP is ``internal-sftp``, so it needs no binary there.
 
     Returns
     -------
@@ -178,6 +181,7 @@ def prepare(state_dir: Path, name: str, port: int) -> SshdInstance:
                 "PermitRootLogin prohibit-password",
                 "Subsystem sftp internal-sftp",
                 "LogLevel ERROR",
+                *([f"ChrootDirectory {chroot}"] if chroot is not None else []),
                 "",
             ]
         )

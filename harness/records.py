@@ -129,3 +129,11 @@ class Measurement:
     def ok(self) -> bool:
         """Whether the cell was measured."""
         return self.status == "ok"
+
+    @property
+    def emulated_isa(self) -> bool:
+        """Whether the device ran under an instruction-set emulator (qemu-user): its times are not a device's.
+
+        Read from the facts snapshot (``emulated_isa``, `devices.facts.DeviceFacts`).
+        """
+        return bool(self.facts.get("emulated_isa", False))

@@ -161,6 +161,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "finished_at",
     "git_commit",
     "versions",
+    "emulated_isa",
 )
 
 #: Distributions reported by `host_versions` (key -> candidate distribution names).
@@ -721,7 +722,8 @@ class ProfileStore:
             microseconds, derived from the raw samples by `harness.stats.summarize`
             (NaN, and ``noisy`` / ``n`` missing, for a cell without samples).
             ``train_flops`` is per example from the runner document when it carries
-            the manifest counts, else NaN. ``arch_widths`` is comma-separated,
+            the manifest counts, else NaN. ``emulated_isa`` comes from the facts
+            snapshot (`Measurement.emulated_isa`). ``arch_widths`` is comma-separated,
             ``versions`` a JSON object; ``git_commit`` and ``versions`` fall back to
             the campaign's.
         """
@@ -754,6 +756,7 @@ class ProfileStore:
                 "finished_at": m.finished_at,
                 "git_commit": m.git_commit if m.git_commit is not None else row["campaign_git_commit"],
                 "versions": _dumps(dict(m.versions) or _loads_mapping(row["campaign_versions"])),
+                "emulated_isa": m.emulated_isa,
             }
             if m.step_seconds:
                 record.update(summarize(m.step_seconds, m.spec.batch).as_dict())
@@ -773,6 +776,7 @@ class ProfileStore:
                 "n": "Int64",
                 "noisy": "boolean",
                 "throttled": "bool",
+                "emulated_isa": "bool",
                 "peak_memory_bytes": "Int64",
                 "matmul_gflops": "float64",
                 "train_flops": "float64",

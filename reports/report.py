@@ -174,6 +174,12 @@ def _summary(src: Sources, headline: pd.DataFrame) -> Draft:
     )
     if ok == 0:
         notes.append("No cell was measured successfully; the device section lists every failure with its reason.")
+    if emulated := tables.emulated_devices(cells):
+        notes.append(
+            f"{_fmt_devices(emulated)}: {tables.EMULATED_ISA} (an instruction-set emulator such as qemu-user ran "
+            "the training), so those times are not a device's. Their cells are marked so in the latency table and "
+            "left out of the headline, speed-up, roofline and ORT-vs-PyTorch comparisons."
+        )
     return Draft(
         "summary",
         "Summary",
@@ -204,6 +210,9 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
             "compare their medians, not their means, and prefer re-measuring on an idle device."
         )
     scale = "logarithmic" if log_scale else "linear"
+    marked = [
+        f"{d} ({tables.EMULATED_ISA})" if isa else d for d, isa in zip(latency["device"], latency["isa"], strict=True)
+    ]
     return Draft(
         "latency",
         title,
@@ -215,7 +224,7 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
             PendingFigure(
                 "latency_vs_width",
                 "Per-image training latency vs sub-model width; markers are medians, bars p5–p95.",
-                plots.latency_figure(latency, log_scale),
+                plots.latency_figure(latency.assign(device=marked), log_scale),
             ),
         ),
         tables=(TableBlock("latency", "Every measured cell; cv = stdev / mean of the step times.", latency),),
@@ -390,7 +399,7 @@ def _devices(devices: pd.DataFrame, failures: pd.DataFrame) -> Draft:
             f"{row['device']}: {count} cell{'s' if count != 1 else ''} ran while the CPU was throttled "
             "(frequency dropped or a throttle flag was set); treat those latencies with care."
         )
-    facts = devices[["device", "platform", "arch", "cpu", "cores", "mem_mib", "os", "onnxruntime", "torch"]]
+    facts = devices[["device", "platform", "arch", "isa", "cpu", "cores", "mem_mib", "os", "onnxruntime", "torch"]]
     outcomes = devices[["device", "backends", "cells", "ok", "failed", "throttled", "noisy", "matmul_gflops"]]
     blocks = [
         TableBlock("devices", "What each device is (facts of its latest probe) and its backend versions.", facts),

@@ -17,6 +17,14 @@ per-image cost of a step that does not shrink with the model. With the fixed sha
 ``phi = a / (a + b F(w_max))`` the model predicts (Amdahl's law)
 ``S_model = 1 / (phi + (1 - phi) / T)``, so ``phi`` is the single number that says how
 much of the theoretical speed-up a device can ever give.
+
+Emulated ISA
+------------
+A cell whose facts snapshot says ``emulated_isa`` (an aarch64 device run through
+qemu-user, `devices.qemu`) was timed through binary translation: its latencies are not a
+device's. Such cells stay in the per-cell latency table, marked ``emulated ISA`` in its
+``isa`` column (and in the device table), and are left out of every comparison: the
+headline, the speed-up, roofline and ORT-vs-PyTorch tables (`native_cells`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from harness.latency import fit, leave_one_out_error, train_flops_per_example
 
 #: The columns that identify one measured configuration of a device.
 CONFIG = ["device", "model", "batch", "backend"]
+
+#: What the tables say on a cell timed under an instruction-set emulator.
+EMULATED_ISA = "emulated ISA"
 
 _MIB = 1024.0 * 1024.0
 
@@ -55,6 +66,33 @@ def ok_cells(cells: pd.DataFrame) -> pd.DataFrame:
     median = pd.to_numeric(cells["median_us"], errors="coerce")
     keep = (cells["status"] == "ok") & np.isfinite(median) & (median > 0)
     return cells[keep].sort_values([*CONFIG, "width"]).reset_index(drop=True)
+
+
+def is_emulated(cells: pd.DataFrame) -> pd.Series:
+    """Return, per row, whether the cell ran under an instruction-set emulator (False without the column)."""
+    if "emulated_isa" not in cells.columns:
+        return pd.Series(False, index=cells.index, dtype=bool)
+    return cells["emulated_isa"].fillna(False).astype(bool)
+
+
+def native_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Return the rows of ``cells`` whose times are a device's own (not `is_emulated`).
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
+    return cells[~is_emulated(cells)] if not cells.empty else cells
+
+
+def emulated_devices(cells: pd.DataFrame) -> list[str]:
+    """Return the devices (sorted) that have cells timed under an instruction-set emulator."""
+    return sorted(set(cells.loc[is_emulated(cells), "device"])) if not cells.empty else []
 
 
 def _zoo_flops(model: str, width: float) -> float:
@@ -114,7 +152,8 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``device, model, batch, backend, width, n, median_us, p5_us, p95_us,
-        iqr_us, cv, noisy, throttled, peak_memory_mib, train_mflops``.
+        iqr_us, cv, noisy, throttled, peak_memory_mib, train_mflops, isa`` (``isa`` is
+        ``"emulated ISA"`` on a cell timed under qemu-user, else empty).
     """
     columns = [
         *CONFIG,
@@ -129,6 +168,7 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
         "throttled",
         "peak_memory_mib",
         "train_mflops",
+        "isa",
     ]
     ok = with_flops(ok_cells(cells))
     if ok.empty:
@@ -136,6 +176,7 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     out = ok[[*CONFIG, "width", "n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "noisy", "throttled"]].copy()
     out["peak_memory_mib"] = _floats(ok["peak_memory_bytes"]) / _MIB
     out["train_mflops"] = ok["train_flops"] / 1e6
+    out["isa"] = [EMULATED_ISA if e else "" for e in is_emulated(ok)]
     return out[columns].reset_index(drop=True)
 
 
@@ -156,6 +197,7 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
         ``efficiency`` (measured / theoretical), ``fixed_us`` (intercept ``a`` of the
         device's latency fit), ``fixed_share`` (``a / (a + b F(w_max))``) and
         ``modelled_speedup`` (``1 / (phi + (1 - phi) / T)``; see the module docstring).
+        Emulated-ISA cells are left out.
     """
     columns = [
         *CONFIG,
@@ -167,7 +209,7 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
         "fixed_share",
         "modelled_speedup",
     ]
-    ok = _with_known_flops(cells)
+    ok = _with_known_flops(native_cells(cells))
     if ok.empty:
         return pd.DataFrame(columns=columns)
     models = fit(ok)
@@ -232,10 +274,11 @@ def roofline_table(cells: pd.DataFrame) -> pd.DataFrame:
     pandas.DataFrame
         ``device, model, batch, backend, width, train_mflops, achieved_gflops``
         (``train_flops / median`` per image), ``matmul_gflops`` (the runner's probe)
-        and ``fraction`` (achieved / matmul; NaN without a probe).
+        and ``fraction`` (achieved / matmul; NaN without a probe). Emulated-ISA cells
+        are left out.
     """
     columns = [*CONFIG, "width", "train_mflops", "achieved_gflops", "matmul_gflops", "fraction"]
-    ok = with_flops(ok_cells(cells))
+    ok = with_flops(ok_cells(native_cells(cells)))
     if ok.empty:
         return pd.DataFrame(columns=columns)
     ok = ok[np.isfinite(ok["train_flops"])]
@@ -271,7 +314,8 @@ def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) ->
     -------
     pandas.DataFrame
         ``device, platform, arch, cpu, cores, mem_mib, os, onnxruntime, torch, backends,
-        cells, ok, failed, throttled, noisy, matmul_gflops``.
+        cells, ok, failed, throttled, noisy, matmul_gflops, isa`` (``"emulated ISA"`` when
+        its facts or cells say so).
     """
     columns = [
         "device",
@@ -290,6 +334,7 @@ def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) ->
         "throttled",
         "noisy",
         "matmul_gflops",
+        "isa",
     ]
     rows: list[dict[str, Any]] = []
     devices = sorted(set(cells["device"]) if not cells.empty else set()) or sorted(facts)
@@ -319,6 +364,7 @@ def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) ->
                 "throttled": int(ok["throttled"].astype(bool).sum()) if not ok.empty else 0,
                 "noisy": int(ok["noisy"].fillna(False).astype(bool).sum()) if not ok.empty else 0,
                 "matmul_gflops": float(probes.median()) if probes.notna().any() else math.nan,
+                "isa": EMULATED_ISA if info.get("emulated_isa") or is_emulated(group).any() else "",
             }
         )
     return pd.DataFrame(rows, columns=columns)
@@ -414,10 +460,10 @@ def backend_table(cells: pd.DataFrame) -> pd.DataFrame:
     -------
     pandas.DataFrame
         ``device, model, batch, width, ort_us, torch_us, ort_over_torch`` (below 1: ORT is
-        faster), ``ort_mib, torch_mib`` (peak memory).
+        faster), ``ort_mib, torch_mib`` (peak memory). Emulated-ISA cells are left out.
     """
     columns = ["device", "model", "batch", "width", "ort_us", "torch_us", "ort_over_torch", "ort_mib", "torch_mib"]
-    ok = ok_cells(cells)
+    ok = ok_cells(native_cells(cells))
     if ok.empty:
         return pd.DataFrame(columns=columns)
     key = ["device", "model", "batch", "width"]
@@ -450,8 +496,10 @@ def headline_table(cells: pd.DataFrame) -> pd.DataFrame:
         ``w=<width> us`` per measured width (median per-image microseconds, NaN where
         not measured), ``speedup`` (measured, narrowest against widest width),
         ``theory`` (FLOPs ratio of the same pair), ``fixed_share``, ``failed`` (cells of
-        the configuration whose latest attempt failed).
+        the configuration whose latest attempt failed). Configurations timed under an
+        instruction-set emulator are left out (`native_cells`).
     """
+    cells = native_cells(cells)
     ok = ok_cells(cells)
     if cells.empty:
         return pd.DataFrame(columns=[*CONFIG, "speedup", "theory", "fixed_share", "failed"])

@@ -153,3 +153,40 @@ def example_fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
             yield path
         finally:
             emulate.down(fleet, say=lambda line: None)
+
+
+def require_root(what: str) -> None:
+    """Fail under CI, skip elsewhere, when not running as root (``what`` needs it)."""
+    if os.geteuid() != 0:
+        message = f"{what} needs root"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def arm64_tree() -> Path:
+    """The cached arm64 Debian userland (`devices.rootfs`), built once if missing (minutes).
+
+    Built in the user's cache directory, as ``fleet up`` would, so later sessions reuse it.
+    Under CI=true a missing need or a failed build fails; elsewhere a missing need skips.
+    """
+    import sys
+
+    from devices import rootfs
+
+    for tool in ("qemu-aarch64-static", "update-binfmts", "debootstrap", "unshare", "sshd"):
+        require_tool(tool)
+    require_root("the emulated aarch64 device")
+    tree = rootfs.tree_path()
+    missing = rootfs.check_system(need_debootstrap=rootfs.read_stamp(tree) is None)
+    if missing:
+        message = "; ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        rootfs.ensure_binfmt(say=lambda line: None)
+        return rootfs.ensure_tree(say=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except rootfs.RootfsError as exc:
+        pytest.fail(f"cannot build the arm64 userland: {exc}")

@@ -22,6 +22,7 @@ from devices.facts import (
     ProbeError,
     collect_facts,
     decode_throttled,
+    emulated_isa,
     facts_from_probe,
     format_facts,
     parse_cpufreq,
@@ -39,7 +40,7 @@ from devices.facts import (
     probe_device,
 )
 from devices.facts_probe import MARKER, PROBE_SCRIPT, SECTIONS, probe_argv, split_sections
-from devices.fleet import Device, Fleet
+from devices.fleet import Device, Emulation, Fleet
 from devices.local import LocalTransport
 from devices.sshd import free_port
 from devices.transport import RunResult
@@ -580,3 +581,54 @@ def test_probe_through_real_adb_to_the_emulated_phone(adb_path: str, tmp_path: P
     assert facts.arch == platform.machine()
     assert facts.cores == os.cpu_count()
     assert facts.python == platform.python_version()
+
+
+# ----------------------------------------------------------------------------- emulated ISA
+
+
+@pytest.mark.parametrize(
+    ("arch", "cpuinfo", "exe", "expected"),
+    [
+        # qemu-user answers uname for the guest, the kernel's cpuinfo stays the host's
+        ("aarch64", "cpuinfo_x86_64.txt", "", True),
+        # binfmt_misc runs the shell through the qemu interpreter
+        ("aarch64", "", "/usr/libexec/qemu-binfmt/aarch64-binfmt-P", True),
+        ("aarch64", "", "/usr/bin/qemu-aarch64-static", True),
+        ("x86_64", "cpuinfo_pi4_aarch64.txt", "/usr/bin/bash", True),
+        # native machines
+        ("aarch64", "cpuinfo_pi4_aarch64.txt", "/usr/bin/dash", False),
+        ("armv7l", "cpuinfo_pi3_armv7.txt", "/bin/busybox", False),
+        ("aarch64", "cpuinfo_android_mt6833.txt", "/system/bin/sh", False),
+        ("x86_64", "cpuinfo_x86_64.txt", "/usr/bin/dash", False),
+        # nothing to compare: not flagged
+        ("aarch64", "", "", False),
+        ("mips64", "cpuinfo_x86_64.txt", "", False),
+    ],
+)
+def test_emulated_isa_signs(arch: str, cpuinfo: str, exe: str, expected: bool) -> None:
+    assert emulated_isa(arch, recorded(cpuinfo) if cpuinfo else "", exe) is expected
+
+
+def test_facts_of_an_aarch64_probe_on_an_x86_kernel_are_marked_emulated() -> None:
+    text = probe_output(uname="aarch64", cpuinfo=recorded("cpuinfo_x86_64.txt"), python="python=3.11.2")
+    facts = facts_from_probe(text)
+    assert facts.arch == "aarch64" and facts.emulated_isa is True
+    assert facts.to_dict()["emulated_isa"] is True
+    assert "aarch64 (emulated ISA" in format_facts("pi", facts)
+    native = facts_from_probe(probe_output(uname="aarch64", cpuinfo=recorded("cpuinfo_pi4_aarch64.txt")))
+    assert native.emulated_isa is False and "emulated" not in format_facts("pi4", native)
+
+
+def test_collect_facts_marks_a_fleet_file_aarch64_device_even_when_the_probe_cannot_tell() -> None:
+    silent = probe_output(uname="aarch64", online="4")  # no cpuinfo, no exe: the probe cannot tell
+    fleet = Fleet(
+        path=Path("fleet.yaml"),
+        devices=(
+            Device(name="pi", kind="ssh", host="a", emulate=Emulation(arch="aarch64")),
+            Device(name="board", kind="ssh", host="b"),
+        ),
+    )
+    transports = {name: _Scripted(RunResult(0, silent, "", 0.1)) for name in ("pi", "board")}
+    result = collect_facts(fleet, connect=lambda device: transports[device.name], timeout=1)
+    assert result.successes["pi"].emulated_isa is True
+    assert result.successes["board"].emulated_isa is False

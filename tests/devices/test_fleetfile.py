@@ -697,3 +697,50 @@ def test_cli_subprocess_malformed_file_no_traceback(tmp_path: Path) -> None:
         "duplicate name 'a' (first on line 2)"
     ]
     assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------- emulate.arch
+
+
+def test_arm64_fleet_ships_one_aarch64_ssh_device_named_pi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    fleet = load_fleet("devices/fleets/arm64.yaml")
+    (pi,) = fleet.devices
+    assert (pi.name, pi.kind) == ("pi", "ssh")
+    assert pi.emulate is not None and pi.emulate.arch == "aarch64"
+
+
+def test_aarch64_device_resolves_python_and_workdir_inside_its_userland(tmp_path: Path) -> None:
+    text = (
+        "devices:\n"
+        "  - {name: pi, kind: ssh, host: 127.0.0.1, port: 2301, emulate: {arch: aarch64}}\n"
+        "  - {name: x86, kind: ssh, host: 127.0.0.1, port: 2302, emulate: {}}\n"
+    )
+    fleet = load_fleet(write(tmp_path, text))
+    pi, x86 = fleet.devices
+    # host paths mean nothing inside the arm64 tree: the device resolves both, like a board
+    assert (pi.python, pi.workdir) == ("python3", "~/.fleetbench")
+    assert x86.python == sys.executable and x86.workdir == str(fleet.state_dir / "x86" / "work")
+    # keys and known_hosts stay the fleet's own, so host-key verification stays on
+    assert pi.key_file == fleet.state_dir / "id_ed25519" and pi.known_hosts == fleet.state_dir / "known_hosts"
+    assert resolve(pi.emulate or Emulation()).arch == "aarch64"
+
+
+@pytest.mark.parametrize(
+    ("block", "fragment"),
+    [
+        ("{arch: arm64}", "expected one of aarch64, got 'arm64'"),
+        ("{arch: riscv64}", "expected one of aarch64, got 'riscv64'"),
+        ("{arch: 64}", "expected one of aarch64, got '64'"),
+        ("{arch: null}", "got null"),
+        ("{arch: [aarch64]}", "expected one of aarch64, got a list"),
+    ],
+)
+def test_unknown_arch_values_are_refused_with_file_line_and_field(block: str, fragment: str, tmp_path: Path) -> None:
+    text = f"devices:\n  - name: pi\n    kind: ssh\n    host: 127.0.0.1\n    emulate: {block}\n"
+    assert_error(write(tmp_path, text), line_of(text, "emulate"), "devices[0].emulate.arch", fragment)
+
+
+def test_arch_on_an_adb_device_is_refused(tmp_path: Path) -> None:
+    text = "devices:\n  - name: phone\n    kind: adb\n    serial: 127.0.0.1:25555\n    emulate:\n      arch: aarch64\n"
+    assert_error(write(tmp_path, text), line_of(text, "arch:"), "devices[0].emulate.arch", "ssh devices only")

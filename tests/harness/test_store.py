@@ -208,6 +208,22 @@ def test_latest_cells_columns_and_values(db: Path) -> None:
     assert math.isnan(bare["train_flops"])
 
 
+def test_emulated_isa_travels_from_the_facts_snapshot_to_the_cells(db: Path) -> None:
+    qemu = {"arch": "aarch64", "cores": 2, "emulated_isa": True}
+    with ProfileStore(db) as store:
+        cid = store.start_campaign()
+        store.record(cid, measurement(spec("pi"), facts=qemu))
+        store.record(cid, measurement(spec("pi4")))  # a snapshot without the key: a real device
+        store.record(cid, measurement(spec("board"), facts={**qemu, "emulated_isa": False}))
+    with ProfileStore(db) as store:
+        table = store.latest_cells().set_index("device")
+        rebuilt = {m.spec.device: m for m in store.measurements()}
+    assert table["emulated_isa"].dtype == bool
+    assert table["emulated_isa"].to_dict() == {"pi": True, "pi4": False, "board": False}
+    assert rebuilt["pi"].emulated_isa and rebuilt["pi"].facts == qemu
+    assert not rebuilt["pi4"].emulated_isa and not rebuilt["board"].emulated_isa
+
+
 def test_empty_store_has_the_columns(db: Path) -> None:
     with ProfileStore(db) as store:
         table = store.latest_cells()

@@ -159,3 +159,28 @@ def test_speedup_beyond_theory_is_flagged(tmp_path: Path) -> None:
     assert any(note.startswith("pi4 (ort): a measured speed-up exceeds its FLOPs ratio") for note in speed.notes)
     plain, _ = build_sections(src)
     assert next(d for d in plain if d.key == "speedup").notes == ()
+
+
+def test_emulated_isa_device_is_marked_on_the_page_and_left_out_of_comparisons(tmp_path: Path) -> None:
+    import dataclasses
+
+    from tests.reports.fixtures import ok_measurement
+
+    db = build_store(tmp_path / "q.db", fl=False)
+    with ProfileStore(db) as store:
+        cid = store.start_campaign(fleet="arm64.yaml", model="fjord-cnn")
+        for w in WIDTHS:
+            base = ok_measurement("pi4", "ort", w)
+            qemu = dataclasses.replace(
+                base, spec=dataclasses.replace(base.spec, device="pi"), facts={**base.facts, "emulated_isa": True}
+            )
+            store.record(cid, qemu)
+    path, head = write_report(load_sources(db), tmp_path / "out", now=NOW)
+    assert "pi" not in set(head["device"]) and "pi4" in set(head["device"])
+    page = read_page(path.read_text())
+    latency = [r for r in table_dicts(page, "latency") if r["device"] == "pi"]
+    assert len(latency) == len(WIDTHS) and {r["isa"] for r in latency} == {"emulated ISA"}
+    assert all(r["device"] != "pi" for r in table_dicts(page, "speedup"))
+    assert all(r["device"] != "pi" for r in table_dicts(page, "headline"))
+    assert [r["isa"] for r in table_dicts(page, "devices") if r["device"] == "pi"] == ["emulated ISA"]
+    assert "pi: emulated ISA (an instruction-set emulator" in path.read_text()

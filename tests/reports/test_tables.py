@@ -197,3 +197,53 @@ def test_fl_tables(tmp_path: Path) -> None:
     tiers = tables.fl_tier_table(src.fl_client_rounds)
     assert (row(tiers, round=1, tier=0)["clients"], row(tiers, round=1, tier=0)["stragglers"]) == (2, 1)
     assert row(tiers, round=3, tier=1)["clients"] == 2
+
+
+# ---------------------------------------------------------------------------- emulated ISA
+
+
+@pytest.fixture(scope="module")
+def with_qemu(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
+    """The fixture store plus ``pi``: pi4's cells measured again under qemu-user (both backends)."""
+    import dataclasses
+
+    from tests.reports.fixtures import ok_measurement
+
+    path = build_store(tmp_path_factory.mktemp("store") / "fleetbench.db", fl=False)
+    with ProfileStore(path) as store:
+        cid = store.start_campaign(fleet="arm64.yaml", model="fjord-cnn")
+        for w in WIDTHS:
+            for backend in ("ort", "torch"):
+                base = ok_measurement("pi4", "ort", w)
+                facts = {**base.facts, "platform": "linux", "emulated_isa": True}
+                spec = dataclasses.replace(base.spec, device="pi", backend=backend)
+                store.record(cid, dataclasses.replace(base, spec=spec, facts=facts))
+        return store.latest_cells()
+
+
+def test_emulated_isa_cells_are_marked_and_kept_out_of_every_comparison(with_qemu: pd.DataFrame) -> None:
+    lat = tables.latency_table(with_qemu)
+    assert set(lat.loc[lat["device"] == "pi", "isa"]) == {tables.EMULATED_ISA}
+    assert len(lat[lat["device"] == "pi"]) == 2 * len(WIDTHS)
+    assert set(lat.loc[lat["device"] != "pi", "isa"]) == {""}
+    for table in (
+        tables.speedup_table(with_qemu),
+        tables.roofline_table(with_qemu),
+        tables.backend_table(with_qemu),
+        tables.headline_table(with_qemu),
+    ):
+        assert not table.empty and "pi" not in set(table["device"])
+    # the real devices' comparisons are the same as without the emulated one
+    alone = with_qemu[with_qemu["device"] != "pi"]
+    pd.testing.assert_frame_equal(tables.speedup_table(with_qemu), tables.speedup_table(alone))
+    pd.testing.assert_frame_equal(tables.headline_table(with_qemu), tables.headline_table(alone))
+    devices = tables.device_table(with_qemu, {}).set_index("device")
+    assert devices.loc["pi", "isa"] == tables.EMULATED_ISA and devices.loc["pi4", "isa"] == ""
+    assert tables.emulated_devices(with_qemu) == ["pi"]
+
+
+def test_cells_without_the_emulated_isa_column_count_as_native(cells: pd.DataFrame) -> None:
+    bare = cells.drop(columns=["emulated_isa"])
+    assert not tables.is_emulated(bare).any()
+    assert tables.emulated_devices(bare) == []
+    pd.testing.assert_frame_equal(tables.headline_table(bare), tables.headline_table(cells))
