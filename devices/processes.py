@@ -21,11 +21,12 @@ ticks since boot). `stop` is the one way to end such processes. Decisions:
 - **Order.** SIGTERM then SIGCONT to everything (a duty-cycled or frozen process acts
   on SIGTERM only once continued), ``grace`` seconds, then SIGKILL to whatever still
   runs, then wait.
-- **Exited** means ``/proc/PID`` is gone or the process is a zombie (it holds no port
-  and no file any more). A zombie child of this process is reaped. A zombie of another
-  parent (init adopts the processes of a ``fleet up`` that has exited) is that parent's
-  to reap: `stop` gives it ``reap_wait`` seconds to do so, so that ``ps`` right after
-  ``fleet down`` shows nothing, but does not depend on it.
+- **Exited** means ``/proc/PID`` is gone or the process is a zombie: it holds no port,
+  no file and no memory any more. A zombie child of this process is reaped. A zombie of
+  another parent is that parent's to reap, and `stop` does not wait for it: init adopts
+  the processes of a ``fleet up`` that has exited, and an init may reap late or never
+  (this machine's reaped orphans about 1.7 s after they exited), so ``ps`` may list
+  ``<defunct>`` entries for a moment after ``fleet down`` although nothing runs.
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ from pathlib import Path
 GRACE_S = 3.0
 #: Seconds SIGKILL gets (a process in uninterruptible sleep dies when it leaves it).
 KILL_WAIT_S = 5.0
-#: Seconds another parent (usually init) gets to reap an exited process.
-REAP_WAIT_S = 1.0
 #: Polling interval while waiting.
 POLL_S = 0.01
 
@@ -250,18 +249,12 @@ def _wait(targets: Mapping[int, int], until: Callable[[int, int], bool], seconds
         time.sleep(POLL_S)
 
 
-def _gone(pid: int, started: int) -> bool:
-    """Whether ``pid`` has exited and been reaped (by us, or by its parent)."""
-    return exited(pid, started) and ((stat := read_stat(pid)) is None or stat.start_time != started)
-
-
 def stop(
     records: Iterable[ProcessRecord],
     *,
     also: Callable[[], Iterable[int]] | None = None,
     grace: float = GRACE_S,
     kill_wait: float = KILL_WAIT_S,
-    reap_wait: float = REAP_WAIT_S,
 ) -> list[int]:
     """Stop recorded processes, their descendants and what ``also`` finds; return when they have exited.
 
@@ -276,8 +269,6 @@ def stop(
         Seconds between SIGTERM and SIGKILL; 0 sends SIGKILL right away (a crash).
     kill_wait : float
         Seconds to wait for SIGKILLed processes.
-    reap_wait : float
-        Seconds another parent gets to reap the exited processes.
 
     Returns
     -------
@@ -319,6 +310,4 @@ def stop(
     for pid, started in targets.items():
         if not exited(pid, started):
             send(pid, started, signal.SIGKILL)
-    left = _wait(targets, exited, kill_wait)
-    _wait(targets, _gone, reap_wait)
-    return left
+    return _wait(targets, exited, kill_wait)
