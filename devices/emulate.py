@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import re
@@ -58,7 +57,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -266,9 +265,7 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, timeo
     raise EmulationError(f"{what} did not accept on {host}:{port} within {timeout:g} s")
 
 
-def stop_device_processes(
-    recs: tuple[ProcessRecord, ...] | list[ProcessRecord], unit: str, cgroups: tuple[str, ...] = ()
-) -> list[int]:
+def stop_device_processes(recs: Sequence[ProcessRecord], unit: str, cgroups: Sequence[str] = ()) -> list[int]:
     """Stop a device's processes (see the module docstring) and return once they have exited.
 
     Parameters
@@ -277,7 +274,7 @@ def stop_device_processes(
         What ``up`` recorded for the device.
     unit : str
         The device's unit name (`devices.limits.unit_name`): its `MARKER` value.
-    cgroups : tuple of str
+    cgroups : sequence of str
         The device's cgroup directories.
 
     Returns
@@ -811,7 +808,7 @@ def down(fleet: Fleet, say: Printer = print) -> list[str]:
     support = limits.detect()
     for device in emulated(fleet):
         unit = limits.unit_name(device.name, fleet.state_dir)
-        left = processes.stop((), also=functools.partial(processes.marked, MARKER, unit))
+        left = stop_device_processes((), unit)
         problems += [f"{device.name}: pid {pid} still runs" for pid in left]
         leftovers = [p / limits.GROUP / unit for p in (support.cpu_parent, support.memory_parent) if p]
         problems += limits.remove_cgroups(leftovers)
