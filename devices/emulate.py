@@ -282,7 +282,9 @@ def stop_device_processes(recs: Sequence[ProcessRecord], unit: str, cgroups: Seq
     list of int
         Pids that still run (empty on success).
     """
-    return processes.stop(recs, also=lambda: limits.cgroup_pids(cgroups) + processes.marked(MARKER, unit))
+    supervisors = [rec for rec in recs if rec.role == "duty-cycle"]  # first: they stop the tree again
+    left = processes.stop(supervisors)
+    return left + processes.stop(recs, also=lambda: limits.cgroup_pids(cgroups) + processes.marked(MARKER, unit))
 
 
 def _plan_for(unit: str, emulation: Emulation) -> limits.Plan:

@@ -15,12 +15,19 @@ ticks since boot). `stop` is the one way to end such processes. Decisions:
   and pids a caller finds by its own means (``also``: a device's cgroup members, or
   processes carrying the device's marker in their environment, `marked`) are touched.
   This process and its ancestors are never touched.
-- **Forks during the stop.** The whole set is frozen first (SIGSTOP, then collected
-  again until nothing new appears: a stopped process cannot fork), so a child forked
-  between collection and SIGTERM cannot escape to init.
-- **Order.** SIGTERM then SIGCONT to everything (a duty-cycled or frozen process acts
-  on SIGTERM only once continued), ``grace`` seconds, then SIGKILL to whatever still
-  runs, then wait.
+- **Forks during the stop.** The set is frozen while it is collected (SIGSTOP, then
+  collected again until nothing new appears: a stopped process cannot fork), so a child
+  forked while ``/proc`` is read cannot escape to init.
+- **Order.** SIGTERM to everything while it is frozen (a child forked between a
+  parent's SIGCONT and its SIGTERM would escape), then SIGCONT; SIGTERM once more to
+  what still runs after `RETERM_S`; SIGKILL to whatever still runs after ``grace``;
+  wait. The second SIGTERM is for multi-threaded programs: a signal pending on a stopped
+  process is taken by whichever thread resumes first, and a Python program whose main
+  thread blocks (``Event.wait()``) then never runs its handler; sent to a running
+  process, the kernel gives it to the main thread. (Measured: without it the phone
+  endpoint sometimes needed SIGKILL after the 3 s grace.) A process that something else
+  keeps stopping (a duty-cycle supervisor) has the same problem, so callers stop such
+  supervisors first.
 - **Exited** means ``/proc/PID`` is gone or the process is a zombie: it holds no port,
   no file and no memory any more. A zombie child of this process is reaped. A zombie of
   another parent is that parent's to reap, and `stop` does not wait for it: init adopts
@@ -41,6 +48,8 @@ from pathlib import Path
 
 #: Seconds SIGTERM gets before SIGKILL.
 GRACE_S = 3.0
+#: Seconds after the first SIGTERM at which processes still running get a second one.
+RETERM_S = 0.2
 #: Seconds SIGKILL gets (a process in uninterruptible sleep dies when it leaves it).
 KILL_WAIT_S = 5.0
 #: Polling interval while waiting.
@@ -302,10 +311,14 @@ def stop(
     if not targets:
         return []
     if grace > 0:
-        for sig in (signal.SIGTERM, signal.SIGCONT):
+        for sig in (signal.SIGTERM, signal.SIGCONT, None, signal.SIGTERM, signal.SIGCONT):
+            if sig is None:
+                _wait(targets, exited, min(RETERM_S, grace))
+                continue
             for pid, started in targets.items():
-                send(pid, started, sig)
-        _wait(targets, exited, grace)
+                if not exited(pid, started):
+                    send(pid, started, sig)
+        _wait(targets, exited, max(grace - RETERM_S, 0.0))
         collect()  # a handler may have forked
     for pid, started in targets.items():
         if not exited(pid, started):

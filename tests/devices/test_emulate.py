@@ -435,9 +435,14 @@ def test_an_adb_server_fleetbench_started_is_stopped_and_waited_for(
         assert f"{fleet.devices[0].serial}\tdevice" in _adb_devices((adb_path, adb_server_port))
     finally:
         lines: list[str] = []
+        start = time.monotonic()
         assert emulate.down(fleet, say=lines.append) == []
+        elapsed = time.monotonic() - start
+    assert elapsed < processes.GRACE_S, elapsed  # everything ended on SIGTERM: nothing waited for SIGKILL
     assert not processes.running(state.adb_server)
     assert processes.read_stat(state.adb_server.pid) is None  # our child, reaped
+    # the phone's endpoint removes its pid file only when it ends through its SIGTERM handler
+    assert not (fleet.state_dir / fleet.devices[0].name / "endpoint.pid").exists()
     assert not emulate._listening(adb_server_port)
     assert f"adb server on port {adb_server_port}: stopped" in lines
 

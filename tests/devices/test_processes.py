@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 from devices import processes
 from devices.processes import ProcessRecord
-from tests.devices.conftest import cmdline_running
+from tests.devices.conftest import cmdline_running, listening
 
 
 def _spawn(argv: list[str], **env: str) -> tuple[subprocess.Popen[str], ProcessRecord]:
@@ -22,11 +24,11 @@ def _spawn(argv: list[str], **env: str) -> tuple[subprocess.Popen[str], ProcessR
     return proc, processes.record("test", proc.pid)
 
 
-def _wait_for(predicate: object, seconds: float = 10.0) -> None:
+def _wait_for(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
-    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+    while not (reached := predicate()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert predicate(), "condition not reached"  # type: ignore[operator]
+    assert reached, "condition not reached"
 
 
 def _state(pid: int) -> str | None:
@@ -118,7 +120,44 @@ def test_children_forked_while_stopping_are_caught() -> None:
     tag = f"1000.{uuid.uuid4().int % 10**6}"
     # a parent that forks a long-lived child every 10 ms and leaves them behind when it ends
     proc, rec = _spawn(["sh", "-c", f"while :; do sleep {tag} & sleep 0.01; done"])
-    _wait_for(lambda: len(processes.descendants(proc.pid, processes.process_parents())) > 10)
-    assert processes.stop([rec]) == []
+    try:
+        _wait_for(lambda: len(processes.descendants(proc.pid, processes.process_parents())) > 10)
+    finally:
+        assert processes.stop([rec]) == []
     time.sleep(0.2)
     assert not cmdline_running(tag)
+
+
+def test_a_threaded_program_gets_its_sigterm_in_the_main_thread() -> None:
+    """A Python program whose main thread blocks on an Event runs its SIGTERM handler: no SIGKILL needed."""
+    code = (
+        "import signal, threading, time\n"
+        "stop = threading.Event()\n"
+        "signal.signal(signal.SIGTERM, lambda *_: stop.set())\n"
+        "for _ in range(16):\n"
+        "    threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "stop.wait()\n"
+        "print('handled', flush=True)\n"
+    )
+    proc, rec = _spawn([sys.executable, "-c", code])
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    start = time.monotonic()
+    assert processes.stop([rec], grace=5.0) == []
+    assert time.monotonic() - start < 2.5
+    assert proc.stdout.read() == "handled\n"
+
+
+def test_the_phone_endpoint_stops_on_sigterm(tmp_path: Path) -> None:
+    """The emulated phone (threads blocked in accept and recv) exits through its SIGTERM handler."""
+    from devices.sshd import free_port
+
+    port, pidfile = free_port(), tmp_path / "endpoint.pid"
+    argv = [sys.executable, "-m", "devices.adb_endpoint", "--port", str(port), "--sandbox", str(tmp_path / "sandbox")]
+    proc, rec = _spawn([*argv, "--pidfile", str(pidfile)])
+    _wait_for(lambda: listening(port))
+    assert pidfile.read_text().strip() == str(proc.pid)
+    start = time.monotonic()
+    assert processes.stop([rec], grace=5.0) == []
+    assert time.monotonic() - start < 2.5
+    assert not pidfile.exists()  # removed on the way out: it was not SIGKILLed
