@@ -20,8 +20,8 @@ ticks since boot). `stop` is the one way to end such processes. Decisions:
   forked while ``/proc`` is read cannot escape to init.
 - **Order.** SIGTERM to everything while it is frozen (a child forked between a
   parent's SIGCONT and its SIGTERM would escape), then SIGCONT; SIGTERM once more to
-  what still runs after `RETERM_S`; SIGKILL to whatever still runs after ``grace``;
-  wait. The second SIGTERM is for multi-threaded programs: a signal pending on a stopped
+  the multi-threaded processes still running after `RETERM_S`; SIGKILL to whatever
+  still runs after ``grace``; wait. The second SIGTERM is for multi-threaded programs: a signal pending on a stopped
   process is taken by whichever thread resumes first, and a Python program whose main
   thread blocks (``Event.wait()``) then never runs its handler; sent to a running
   process, the kernel gives it to the main thread. (Measured: without it the phone
@@ -85,11 +85,13 @@ class Stat:
     ppid : int
     start_time : int
         Clock ticks since boot.
+    threads : int
     """
 
     state: str
     ppid: int
     start_time: int
+    threads: int
 
 
 def parse_stat(text: str) -> Stat:
@@ -105,7 +107,7 @@ def parse_stat(text: str) -> Stat:
     """
     try:
         rest = text[text.rindex(")") + 2 :].split()
-        return Stat(rest[0], int(rest[1]), int(rest[19]))
+        return Stat(rest[0], int(rest[1]), int(rest[19]), int(rest[17]))
     except IndexError:
         raise ValueError(f"not a /proc/PID/stat line: {text[:80]!r}") from None
 
@@ -311,13 +313,14 @@ def stop(
     if not targets:
         return []
     if grace > 0:
-        for sig in (signal.SIGTERM, signal.SIGCONT, None, signal.SIGTERM, signal.SIGCONT):
-            if sig is None:
-                _wait(targets, exited, min(RETERM_S, grace))
-                continue
+        for sig in (signal.SIGTERM, signal.SIGCONT):
             for pid, started in targets.items():
-                if not exited(pid, started):
-                    send(pid, started, sig)
+                send(pid, started, sig)
+        _wait(targets, exited, min(RETERM_S, grace))
+        for pid, started in targets.items():
+            stat = read_stat(pid)
+            if stat is not None and stat.start_time == started and stat.state not in "ZX" and stat.threads > 1:
+                send(pid, started, signal.SIGTERM)
         _wait(targets, exited, max(grace - RETERM_S, 0.0))
         collect()  # a handler may have forked
     for pid, started in targets.items():

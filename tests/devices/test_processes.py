@@ -38,7 +38,7 @@ def _state(pid: int) -> str | None:
 
 def test_parse_stat_counts_fields_after_the_last_parenthesis() -> None:
     stat = "42 (a (weird) name) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 100 10"
-    assert processes.parse_stat(stat) == processes.Stat("S", 7, 12345)
+    assert processes.parse_stat(stat) == processes.Stat("S", 7, 12345, 1)
     assert processes.descendants(1, {2: 1, 3: 2, 4: 9, 5: 3}) == [1, 2, 3, 5]
     own = processes.read_stat(os.getpid())
     assert own is not None and own.ppid == os.getppid() and own.state in "RS"
