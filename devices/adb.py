@@ -20,6 +20,14 @@ status nor separate streams, so:
   ``""``. (With the ``shell_v2`` feature adb would give both natively; we do not
   depend on it.)
 * stdin is ``/dev/null``, so a command waiting for input ends instead of hanging.
+
+Talking to the server itself
+----------------------------
+`host_request` speaks the adb *host* protocol over the server's socket (``host:connect``,
+``host:disconnect``, ``host:devices``, ``host:version``) instead of running the ``adb``
+client: an ``adb`` client whose version differs from the server's kills that server and
+starts its own, so running it against a server fleetbench did not start (a user's, from
+another SDK, with phones attached) could stop it. The socket request never does.
 """
 
 from __future__ import annotations
@@ -74,6 +82,69 @@ def parse_output(data: bytes) -> tuple[int, bytes]:
         raise ConnectionLost("the command ended without reporting an exit status "
                              "(killed on the device, or the adb connection dropped)")
     return int(match.group(1)), data[:index]
+
+
+def host_request(port: int, request: str, timeout: float = 10.0) -> str:
+    """Send one host request (e.g. ``host:devices``) to the adb server on 127.0.0.1:``port``; return its answer.
+
+    Parameters
+    ----------
+    port : int
+        The server's port.
+    request : str
+        ``host:version``, ``host:devices``, ``host:connect:HOST:PORT``, ``host:disconnect:HOST:PORT``...
+    timeout : float
+        Seconds for the whole exchange.
+
+    Returns
+    -------
+    str
+        The length-prefixed payload after ``OKAY``.
+
+    Raises
+    ------
+    Unreachable
+        No server answers on the port.
+    TransportError
+        The server answered ``FAIL`` (with its message) or something unexpected.
+    """
+    payload = request.encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(b"%04x" % len(payload) + payload)
+            status = _recv_exactly(sock, 4)
+            length = int(_recv_exactly(sock, 4), 16) if status in (b"OKAY", b"FAIL") else 0
+            answer = _recv_exactly(sock, length).decode("utf-8", "replace")
+    except (ConnectionRefusedError, TimeoutError) as exc:
+        raise Unreachable(f"no adb server answers on 127.0.0.1:{port}: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise TransportError(f"adb server on 127.0.0.1:{port}: {request}: {exc}") from None
+    if status != b"OKAY":
+        raise TransportError(f"adb server on 127.0.0.1:{port}: {request}: {answer or status!r}")
+    return answer
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def attached(port: int, timeout: float = 10.0) -> dict[str, str]:
+    """Return serial -> state of every device the adb server on ``port`` lists (``host:devices``).
+
+    Raises
+    ------
+    Unreachable, TransportError
+        As `host_request`.
+    """
+    rows = (line.split("\t") for line in host_request(port, "host:devices", timeout).splitlines())
+    return {row[0]: row[1] for row in rows if len(row) == 2}
 
 
 class ADBTransport:

@@ -6,9 +6,8 @@ Every device of a fleet file with an ``emulate:`` block is started on this machi
   own host key (written to the fleet's known_hosts, so host-key verification stays on)
   and the fleet's user key (``<state_dir>/id_ed25519`` by default) authorised;
 - an ADB device is ``python -m devices.adb_endpoint`` on the port of its
-  ``HOST:PORT`` serial, attached to the adb server with ``adb connect`` when ``adb``
-  is installed (server port from ``ANDROID_ADB_SERVER_PORT``, default 5037; a server
-  that ``up`` had to start is recorded and stopped by ``down``).
+  ``HOST:PORT`` serial, attached to the adb server (``host:connect``) when ``adb``
+  is installed (server port from ``ANDROID_ADB_SERVER_PORT``, default 5037).
 
 Each device's processes are held to its CPU share and memory limit (`devices.limits`:
 cgroup when permitted, else a SIGSTOP/SIGCONT duty-cycle supervisor and RLIMIT_AS).
@@ -30,7 +29,25 @@ Every started process is recorded in ``<state_dir>/state.json`` (written atomica
 with its pid and its start time from ``/proc/PID/stat``, so ``down`` never signals a
 reused pid; cgroup directories and namespaces are recorded too. ``up`` twice is
 harmless: a device whose processes live and answer is left alone, a stale entry is
-cleaned first. ``down`` leaves no process, cgroup or namespace.
+cleaned first. ``down`` leaves no process, cgroup or namespace, and returns only once
+every process it stopped has exited (`devices.processes.stop`: SIGTERM, a grace
+period, SIGKILL, wait), so ``fleet down && fleet up`` on the same ports does not race.
+
+A device's processes are its recorded processes, their descendants, the members of
+its cgroups and every process whose environment holds ``FLEETBENCH_DEVICE=<unit>``
+(`MARKER`): the marker is in the environment of everything ``up`` starts for the
+device and of every SSH session (authorized_keys ``environment=``), so a command run
+on the device that detached itself (``setsid``, ``nohup ... &``) still goes with it,
+also where no cgroup holds the device.
+
+The adb server belongs to whoever started it. ``up`` reuses a server that already
+listens on the port and never stops it: ``down`` only detaches this fleet's phones
+(``host:disconnect``). Requests go over the server's socket (`devices.adb.host_request`),
+never through the ``adb`` client, whose version check would restart a server of
+another version. Where no server listens, ``up`` starts one as its own child
+(``adb nodaemon server``, so the recorded pid is the server's), and ``down`` stops it
+by pid unless devices that are not this fleet's phones are attached to it by then
+(someone else uses it now: it is left running, and ``down`` says so).
 """
 
 from __future__ import annotations
@@ -49,13 +66,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devices import limits, presets, qemu
+from devices import limits, presets, processes, qemu
 from devices.errors import EmulationError
 from devices.fleet import Device, Emulation, Fleet
+from devices.processes import ProcessRecord
 
 #: State file name inside the fleet's state dir.
 STATE_FILE = "state.json"
@@ -63,29 +81,13 @@ STATE_FILE = "state.json"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 #: Seconds a started server gets to accept connections.
 START_TIMEOUT = 15.0
+#: Environment variable that marks every process of an emulated device (value: its unit name).
+MARKER = "FLEETBENCH_DEVICE"
 
 Printer = Callable[[str], None]
 
 
 # ---------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class ProcessRecord:
-    """A process ``up`` started.
-
-    Attributes
-    ----------
-    role : str
-        ``sshd``, ``adb-endpoint``, ``duty-cycle``, ``forwarder`` or ``adb-server``.
-    pid : int
-    start_time : int or None
-        Field 22 of ``/proc/PID/stat`` when it was started (guards against pid reuse).
-    """
-
-    role: str
-    pid: int
-    start_time: int | None
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,9 @@ class FleetState:
     ----------
     devices : tuple of DeviceState
     adb_server : ProcessRecord or None
-        An adb server ``up`` started (stopped by ``down``).
+        An adb server ``up`` started (stopped by ``down``); None when none was started.
     adb_server_port : int or None
+        Port of the adb server the phones were attached to (whoever started it).
     """
 
     devices: tuple[DeviceState, ...] = ()
@@ -280,35 +283,26 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes] | None, timeo
     raise EmulationError(f"{what} did not accept on {host}:{port} within {timeout:g} s")
 
 
-def _record(role: str, pid: int) -> ProcessRecord:
-    return ProcessRecord(role, pid, limits.proc_start_time(pid))
+def stop_device_processes(recs: Sequence[ProcessRecord], unit: str, cgroups: Sequence[str] = ()) -> list[int]:
+    """Stop a device's processes (see the module docstring) and return once they have exited.
 
+    Parameters
+    ----------
+    recs : sequence of ProcessRecord
+        What ``up`` recorded for the device.
+    unit : str
+        The device's unit name (`devices.limits.unit_name`): its `MARKER` value.
+    cgroups : sequence of str
+        The device's cgroup directories.
 
-def stop_process(rec: ProcessRecord, grace: float = 3.0) -> None:
-    """Stop recorded process ``rec`` and its descendants, if it is still the same process.
-
-    SIGCONT + SIGTERM to the tree, SIGKILL after ``grace`` seconds; a pid that was
-    reused by another process (different start time) is left alone.
+    Returns
+    -------
+    list of int
+        Pids that still run (empty on success).
     """
-    if not limits.alive(rec.pid, rec.start_time):
-        return
-    tree = limits.descendants(rec.pid, limits.process_parents())
-    for sig in (signal.SIGCONT, signal.SIGTERM):
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and limits.alive(rec.pid, rec.start_time):
-        time.sleep(0.02)
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in tree:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and limits.alive(rec.pid, rec.start_time):
-        time.sleep(0.02)
+    supervisors = [rec for rec in recs if rec.role == "duty-cycle"]  # first: they stop the tree again
+    left = processes.stop(supervisors)
+    return left + processes.stop(recs, also=lambda: limits.cgroup_pids(cgroups) + processes.marked(MARKER, unit))
 
 
 def _plan_for(unit: str, emulation: Emulation) -> limits.Plan:
@@ -322,13 +316,13 @@ def _plan_for(unit: str, emulation: Emulation) -> limits.Plan:
         return limits.plan(limits.Support(), unit, emulation.cpu_share, emulation.memory_mb)
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _child_env(unit: str) -> dict[str, str]:
+    env = dict(os.environ, **{MARKER: unit})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
-def _spawn(argv: list[str], plan: limits.Plan, log: Path) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], plan: limits.Plan, log: Path, unit: str) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
@@ -338,7 +332,7 @@ def _spawn(argv: list[str], plan: limits.Plan, log: Path) -> subprocess.Popen[by
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=limits.preexec(plan),
-            env=_child_env(),
+            env=_child_env(unit),
             cwd=str(PACKAGE_ROOT),
         )
 
@@ -382,6 +376,7 @@ def _start_ssh(
     from devices import sshd
 
     host, port = address_of(device)
+    unit = limits.unit_name(device.name, fleet.state_dir)
     key_file = device.key_file or fleet.state_dir / "id_ed25519"
     known_hosts = device.known_hosts or fleet.state_dir / "known_hosts"
     sshd.generate_key(Path(key_file), f"fleetbench-{fleet.path.stem}")
@@ -390,15 +385,13 @@ def _start_ssh(
     listen_host = host
     shaping: limits.Shaping | None = None
     if wants_netns(emulation, device, os.geteuid() == 0):
-        unit = limits.unit_name(device.name, fleet.state_dir)
         shaping = limits.netns_up(unit, emulation.delay_ms, emulation.rate_kbit)
         netns, listen_host, host_if = shaping.netns, shaping.address, shaping.host_if
     try:
-        inst = sshd.prepare(fleet.state_dir, device.name, port, chroot=root.tree if root else None)
-        pub = Path(str(key_file) + ".pub").read_text().strip()
-        existing = inst.authorized_keys.read_text()
-        if pub not in existing:
-            inst.authorized_keys.write_text(existing.rstrip("\n") + "\n" + pub + "\n")
+        inst = sshd.prepare(
+            fleet.state_dir, device.name, port, session_env={MARKER: unit}, chroot=root.tree if root else None
+        )
+        sshd.authorize(inst, Path(str(key_file) + ".pub").read_text())
         config = inst.config.read_text().replace(f"ListenAddress {sshd.LOOPBACK}", f"ListenAddress {listen_host}")
         inst.config.write_text(config)
         if os.geteuid() == 0:
@@ -408,8 +401,8 @@ def _start_ssh(
             argv = qemu.enter_argv(root.tree, root.layer, argv, chroot=False)  # unshare, mount, exec: same pid
         if netns:
             argv = ["ip", "netns", "exec", netns, *argv]  # ip execs sshd: same pid
-        proc = _spawn(argv, plan, inst.directory / "stdout.log")
-        procs.append(_record("sshd", proc.pid))
+        proc = _spawn(argv, plan, inst.directory / "stdout.log", unit)
+        procs.append(processes.record("sshd", proc.pid))
         try:
             if netns:
                 # the namespace's address is reachable from here through the veth pair
@@ -432,23 +425,22 @@ def _start_ssh(
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,
-                    env=_child_env(),
+                    env=_child_env(unit),
                     cwd=str(PACKAGE_ROOT),
                 )
-                procs.append(_record("forwarder", fwd.pid))
+                procs.append(processes.record("forwarder", fwd.pid))
                 _wait_port(host, port, fwd, START_TIMEOUT, f"forwarder of {device.name}")
             else:
                 _wait_port(host, port, proc, START_TIMEOUT, f"sshd of {device.name}")
         except EmulationError as exc:
             raise EmulationError(f"{exc}; log: {inst.log_file}") from None
         if plan.cpu == "duty-cycle" and emulation.cpu_share:
-            procs.append(_record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
+            procs.append(processes.record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
         entries = [_known_hosts_entry(host, port, inst.host_key.with_name(inst.host_key.name + ".pub"))]
         sshd.write_known_hosts(Path(known_hosts), entries)
         mount_ns = qemu.mount_namespace(proc.pid) if root is not None else None
     except BaseException:
-        for rec in reversed(procs):
-            stop_process(rec)
+        stop_device_processes(procs, unit, tuple(map(str, plan.cgroup_dirs)))
         if netns:
             limits.netns_down(netns, host_if)
         raise
@@ -514,49 +506,73 @@ def _listening(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def _find_adb_server(port: int) -> int | None:
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"fork-server" in argv and any(a.endswith(f"tcp:{port}".encode()) for a in argv):
-            return int(entry.name)
-    return None
+def start_adb_server(port: int, log: Path) -> ProcessRecord:
+    """Start an adb server on 127.0.0.1:``port`` as a child of this process and wait until it listens.
+
+    ``adb nodaemon server`` stays in the foreground, so the recorded pid is the server's
+    own (``adb start-server`` forks it off and leaves its pid unknown).
+
+    Parameters
+    ----------
+    port : int
+        A port no server listens on.
+    log : pathlib.Path
+        The server's log (appended to).
+
+    Returns
+    -------
+    devices.processes.ProcessRecord
+        Role ``adb-server``; stop it with `devices.processes.stop`.
+
+    Raises
+    ------
+    EmulationError
+        If it exits (e.g. the port was taken meanwhile) or does not listen in time.
+    """
+    adb = shutil.which("adb")
+    if adb is None:
+        raise EmulationError("adb is not installed (Debian: apt-get install adb)")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [adb, "-P", str(port), "nodaemon", "server"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port)),
+        )
+    rec = processes.record("adb-server", proc.pid)
+    try:
+        _wait_port("127.0.0.1", port, proc, START_TIMEOUT, f"adb server on port {port}")
+    except EmulationError as exc:
+        processes.stop([rec])
+        raise EmulationError(f"{exc}; log: {log}") from None
+    return rec
 
 
-def _adb(args: list[str], port: int, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-    adb = shutil.which("adb") or "adb"
-    env = dict(os.environ, ANDROID_ADB_SERVER_PORT=str(port))
-    return subprocess.run(
-        [adb, "-P", str(port), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
-
-
-def _ensure_adb_server(state: FleetState, say: Printer) -> FleetState:
-    """Start an adb server on our port unless one listens; record it if we started it."""
+def _ensure_adb_server(state: FleetState, state_dir: Path, say: Printer) -> FleetState:
+    """Reuse the adb server on our port, or start one (recorded as ours); return the updated state."""
+    if state.adb_server is not None and processes.running(state.adb_server):
+        return state  # ours, from an earlier `up` (its port may differ from today's environment)
     port = adb_server_port()
-    if _listening(port):
-        return state
-    proc = _adb(["start-server"], port)
-    if proc.returncode != 0:
-        raise EmulationError(f"adb start-server on port {port} failed: {(proc.stderr or proc.stdout).strip()}")
-    pid = _find_adb_server(port)
-    say(f"adb server started on port {port}" + (f" (pid {pid})" if pid else ""))
-    if pid is None:
-        return state
-    return FleetState(state.devices, _record("adb-server", pid), port)
+    if not _listening(port):
+        try:
+            rec = start_adb_server(port, state_dir / "adb-server.log")
+        except EmulationError:
+            if not _listening(port):  # else another server won the race for the port: reuse it
+                raise
+        else:
+            say(f"adb server started on port {port} (pid {rec.pid})")
+            return FleetState(state.devices, rec, port)
+    if state.adb_server_port != port:
+        say(f"adb server on port {port}: not started by fleetbench, reused and left running")
+    return FleetState(state.devices, None, port)
 
 
 def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer) -> DeviceState:
     host, port = address_of(device)
+    unit = limits.unit_name(device.name, fleet.state_dir)
     directory = fleet.state_dir / device.name
     sandbox = directory / "sandbox"
     sandbox.mkdir(parents=True, exist_ok=True)
@@ -571,18 +587,17 @@ def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
         "--pidfile",
         str(directory / "endpoint.pid"),
     ]
-    proc = _spawn(argv, plan, directory / "endpoint.log")
-    procs = [_record("adb-endpoint", proc.pid)]
+    proc = _spawn(argv, plan, directory / "endpoint.log", unit)
+    procs = [processes.record("adb-endpoint", proc.pid)]
     try:
         try:
             _wait_port(host, port, proc, START_TIMEOUT, f"adb endpoint of {device.name}")
         except EmulationError as exc:
             raise EmulationError(f"{exc}; log: {directory / 'endpoint.log'}") from None
         if plan.cpu == "duty-cycle" and emulation.cpu_share:
-            procs.append(_record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
+            procs.append(processes.record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
     except BaseException:
-        for rec in reversed(procs):
-            stop_process(rec)
+        stop_device_processes(procs, unit, tuple(map(str, plan.cgroup_dirs)))
         raise
     say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}); {_limits_text(plan, None, emulation)}")
     return DeviceState(
@@ -600,23 +615,34 @@ def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
     )
 
 
-def _adb_connect(address: str, say: Printer) -> None:
-    proc = _adb(["connect", address], adb_server_port())
-    text = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0 or "connected" not in text or "cannot" in text or "failed" in text:
+def _adb_connect(address: str, port: int, say: Printer) -> None:
+    from devices.adb import host_request
+    from devices.errors import TransportError
+
+    try:
+        text = host_request(port, f"host:connect:{address}", timeout=20.0).strip()
+    except TransportError as exc:
+        raise EmulationError(f"adb connect {address}: {exc}") from None
+    if "connected" not in text or "cannot" in text or "failed" in text:
         raise EmulationError(f"adb connect {address}: {text}")
     say(f"  adb connect {address}: {text}")
 
 
-def _cleanup_device(dev: DeviceState) -> list[str]:
+def _adb_disconnect(address: str, port: int) -> None:
+    from devices.adb import host_request
+    from devices.errors import TransportError
+
+    if _listening(port):
+        with contextlib.suppress(TransportError):  # not attached (any more): nothing to undo
+            host_request(port, f"host:disconnect:{address}")
+
+
+def _cleanup_device(dev: DeviceState, state_dir: Path, adb_port: int | None) -> list[str]:
     """Stop ``dev``'s processes and remove its cgroups and namespace; return problems."""
-    if dev.kind == "adb" and shutil.which("adb") and _listening(adb_server_port()):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            _adb(["disconnect", dev.address], adb_server_port(), timeout=10)
-    order = sorted(dev.processes, key=lambda r: r.role != "duty-cycle")  # resume the tree first
-    for rec in order:
-        stop_process(rec)
-    problems = [f"pid {r.pid} ({r.role}) still runs" for r in dev.processes if limits.alive(r.pid, r.start_time)]
+    if dev.kind == "adb" and adb_port is not None:
+        _adb_disconnect(dev.address, adb_port)
+    left = stop_device_processes(dev.processes, limits.unit_name(dev.name, state_dir), dev.cgroups)
+    problems = [f"pid {pid} still runs" for pid in left]
     if dev.mount_ns:
         problems += [f"pid {pid} still runs in {dev.mount_ns}" for pid in qemu.stop_namespace(dev.mount_ns)]
         problems += [f"mount {m} is visible here" for m in dev.mounts if m in qemu.host_mounts_under(Path(m))]
@@ -626,6 +652,27 @@ def _cleanup_device(dev: DeviceState) -> list[str]:
         if limits.netns_exists(dev.netns):
             problems.append(f"namespace {dev.netns} remains")
     return problems
+
+
+def _stop_adb_server(state: FleetState, fleet: Fleet, say: Printer) -> list[str]:
+    """Stop the adb server ``up`` started, unless devices other than this fleet's phones are attached."""
+    from devices.adb import attached
+    from devices.errors import TransportError
+
+    rec, port = state.adb_server, state.adb_server_port or adb_server_port()
+    if rec is None or not processes.running(rec):
+        return []
+    ours = {f"{host}:{p}" for host, p in (address_of(d) for d in emulated(fleet) if d.kind == "adb")}
+    try:
+        others = sorted(set(attached(port)) - ours)
+    except TransportError:
+        others = []
+    if others:
+        say(f"adb server on port {port} (pid {rec.pid}) left running: {', '.join(others)} attached")
+        return []
+    left = processes.stop([rec])
+    say(f"adb server on port {port}: stopped")
+    return [f"adb server pid {pid} still runs" for pid in left]
 
 
 def _answers(device: Device, timeout: float = 10.0) -> tuple[bool, str]:
@@ -758,12 +805,12 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
             continue
         old = state.get(device.name)
         if old is not None:
-            if all(limits.alive(r.pid, r.start_time) for r in old.processes) and _answers(device, 5.0)[0]:
+            if all(processes.running(r) for r in old.processes) and _answers(device, 5.0)[0]:
                 say(f"{device.name}: already up at {old.address}")
                 already.append(device.name)
                 continue
             say(f"{device.name}: cleaning a stale entry")
-            _cleanup_device(old)
+            _cleanup_device(old, fleet.state_dir, state.adb_server_port)
             state = state.with_device(None, drop=device.name)
             save_state(fleet.state_dir, state)
         try:
@@ -786,9 +833,9 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
             state = state.with_device(dev)
             save_state(fleet.state_dir, state)
             if device.kind == "adb" and shutil.which("adb"):
-                state = _ensure_adb_server(state, say)
+                state = _ensure_adb_server(state, fleet.state_dir, say)
                 save_state(fleet.state_dir, state)
-                _adb_connect(dev.address, say)
+                _adb_connect(dev.address, state.adb_server_port or adb_server_port(), say)
             elif device.kind == "adb":
                 say(f"  adb is not installed: {dev.address} is not attached to an adb server")
             started.append(device.name)
@@ -801,8 +848,10 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
 def down(fleet: Fleet, say: Printer = print) -> list[str]:
     """Stop every device ``up`` recorded for ``fleet`` and remove what it created.
 
-    Also removes leftovers of a crashed ``up`` that never reached the state file
-    (``fleetbench/<name>`` cgroups, ``fb-<name>`` namespaces of the fleet's devices).
+    Returns once every stopped process has exited. Also removes leftovers of a crashed
+    ``up`` that never reached the state file (processes carrying a device's `MARKER`,
+    ``fleetbench/<name>`` cgroups, ``fb-<name>`` namespaces of the fleet's devices). The
+    adb server ``up`` started is stopped unless other devices are attached to it.
 
     Returns
     -------
@@ -812,24 +861,20 @@ def down(fleet: Fleet, say: Printer = print) -> list[str]:
     state = load_state(fleet.state_dir)
     problems: list[str] = []
     for dev in state.devices:
-        found = _cleanup_device(dev)
+        found = _cleanup_device(dev, fleet.state_dir, state.adb_server_port)
         problems += [f"{dev.name}: {p}" for p in found]
         say(f"{dev.name}: down" + (f" ({'; '.join(found)})" if found else ""))
     support = limits.detect()
     for device in emulated(fleet):
         unit = limits.unit_name(device.name, fleet.state_dir)
+        left = stop_device_processes((), unit)
+        problems += [f"{device.name}: pid {pid} still runs" for pid in left]
         leftovers = [p / limits.GROUP / unit for p in (support.cpu_parent, support.memory_parent) if p]
         problems += limits.remove_cgroups(leftovers)
         ns = limits.netns_name(unit)
         if limits.netns_exists(ns):
             limits.netns_down(ns)
-    if state.adb_server is not None:
-        port = state.adb_server_port or adb_server_port()
-        if limits.alive(state.adb_server.pid, state.adb_server.start_time):
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                _adb(["kill-server"], port, timeout=10)
-            stop_process(state.adb_server)
-        say(f"adb server on port {port}: stopped")
+    problems += _stop_adb_server(state, fleet, say)
     save_state(fleet.state_dir, FleetState())
     return problems
 
@@ -846,9 +891,7 @@ def status(fleet: Fleet, timeout: float = 10.0) -> list[DeviceStatus]:
     for device in emulated(fleet):
         host, port = address_of(device)
         dev = state.get(device.name)
-        is_up = (
-            dev is not None and bool(dev.processes) and all(limits.alive(r.pid, r.start_time) for r in dev.processes)
-        )
+        is_up = dev is not None and bool(dev.processes) and all(processes.running(r) for r in dev.processes)
         answers, why = _answers(device, timeout)
         if answers and dev is not None:
             cpu = f"cpu {dev.cpu_share:g} ({dev.cpu})" if dev.cpu_share is not None else "cpu unlimited"

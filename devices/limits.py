@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import resource
 import signal
@@ -32,10 +33,12 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from devices import processes
 
 #: Default cgroup mount point.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -341,43 +344,6 @@ def duty_schedule(share: float, period: float = DUTY_PERIOD_S) -> tuple[float, f
     return run, period - run
 
 
-def parse_stat(text: str) -> tuple[int, int]:
-    """Return ``(ppid, start_time_ticks)`` from the text of ``/proc/PID/stat``.
-
-    The command name (field 2) may contain spaces and parentheses, so fields are
-    counted after its last ``)``.
-    """
-    rest = text[text.rindex(")") + 2 :].split()
-    return int(rest[1]), int(rest[19])
-
-
-def descendants(root: int, parents: Mapping[int, int]) -> list[int]:
-    """Return ``root`` and every process below it, given a pid -> ppid map.
-
-    Parameters
-    ----------
-    root : int
-    parents : mapping of int to int
-
-    Returns
-    -------
-    list of int
-        Breadth-first, ``root`` first.
-    """
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    out, queue, seen = [], [root], {root}
-    while queue:
-        pid = queue.pop(0)
-        out.append(pid)
-        for child in children.get(pid, ()):
-            if child not in seen:
-                seen.add(child)
-                queue.append(child)
-    return out
-
-
 def netns_addresses(index: int) -> tuple[str, str]:
     """Return ``(host_side, device_side)`` addresses of device ``index``'s private /30.
 
@@ -402,49 +368,6 @@ def netem_args(delay_ms: float | None, rate_kbit: int | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- I/O
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Return the start time (clock ticks since boot) of ``pid``, or None if it is gone."""
-    try:
-        return parse_stat(Path(f"/proc/{pid}/stat").read_text())[1]
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def alive(pid: int, start_time: int | None) -> bool:
-    """Whether ``pid`` runs and is the process started at ``start_time`` (not a reused pid).
-
-    Zombies count as gone (a zombie child of ours is reaped).
-    """
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    try:
-        state = text[text.rindex(")") + 2]
-        started = parse_stat(text)[1]
-    except (ValueError, IndexError):
-        return False
-    if state in "ZX":
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        return False
-    return start_time is None or started == start_time
-
-
-def process_parents() -> dict[int, int]:
-    """Return pid -> ppid for every process in ``/proc``."""
-    out: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                out[int(entry.name)] = parse_stat(Path(entry.path, "stat").read_text())[0]
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
 
 
 def apply_cgroups(p: Plan) -> None:
@@ -499,13 +422,22 @@ def set_rlimit_as(pid: int, memory_mb: int) -> None:
     resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
 
 
+def cgroup_pids(dirs: Iterable[Path | str]) -> list[int]:
+    """Return the pids in the cgroups ``dirs`` (missing directories hold none)."""
+    pids: list[int] = []
+    for directory in dirs:
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(x) for x in (Path(directory) / "cgroup.procs").read_text().split()]
+    return pids
+
+
 def remove_cgroups(dirs: Iterable[Path | str], timeout: float = 5.0) -> list[str]:
-    """Kill every process left in ``dirs`` and remove the directories (and empty parents).
+    """Stop every process left in ``dirs`` (`devices.processes.stop`) and remove the directories.
 
     Parameters
     ----------
     dirs : iterable of path
-        Device cgroups (``.../fleetbench/<name>``).
+        Device cgroups (``.../fleetbench/<name>``); their ``fleetbench`` parent goes too when empty.
     timeout : float
         Seconds to wait for the directories to empty.
 
@@ -521,19 +453,7 @@ def remove_cgroups(dirs: Iterable[Path | str], timeout: float = 5.0) -> list[str
             continue
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                pids = [int(x) for x in (directory / "cgroup.procs").read_text().split()]
-            except OSError:
-                pids = []
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
+            processes.stop((), also=functools.partial(cgroup_pids, [directory]), grace=1.0)
             try:
                 directory.rmdir()
                 break
@@ -544,10 +464,8 @@ def remove_cgroups(dirs: Iterable[Path | str], timeout: float = 5.0) -> list[str
                 time.sleep(0.05)
         parent = directory.parent
         if parent.name == GROUP:
-            try:
+            with contextlib.suppress(OSError):
                 parent.rmdir()
-            except OSError:
-                pass
     return failed
 
 
@@ -737,11 +655,11 @@ def duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    start = proc_start_time(root)
+    start = processes.start_time(root)
     me = os.getpid()
     try:
         next_period = time.monotonic()
-        while not stopping["flag"] and alive(root, start):
+        while not stopping["flag"] and not processes.exited(root, start):
             send(signal.SIGCONT)
             if stop_s <= 0:
                 time.sleep(period)
@@ -749,7 +667,7 @@ def duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> None:
             _sleep_until(next_period + run_s)
             send(signal.SIGSTOP)
             # rescan while the tree is stopped, so the scan never lengthens the run window
-            fresh = [pid for pid in descendants(root, process_parents()) if pid != me]
+            fresh = [pid for pid in processes.descendants(root, processes.process_parents()) if pid != me]
             new = set(fresh) - set(tree)
             tree = fresh
             for pid in new:
@@ -760,7 +678,7 @@ def duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> None:
                 next_period = time.monotonic()
             _sleep_until(next_period)
     finally:
-        tree = descendants(root, process_parents())
+        tree = processes.descendants(root, processes.process_parents())
         send(signal.SIGCONT)
 
 

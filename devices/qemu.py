@@ -42,15 +42,14 @@ Design (decided here, with the reasons):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from devices import processes
 
 #: Environment of commands run chrooted in the tree (the host's pip settings name host paths).
 TREE_ENV: dict[str, str] = {
@@ -228,17 +227,7 @@ def stop_namespace(namespace: str, grace: float = 3.0) -> list[int]:
     """
     if namespace == mount_namespace(os.getpid()):
         return []  # never signal the processes of our own namespace
-    deadline = time.monotonic() + grace
-    left = processes_in(namespace)
-    while left and time.monotonic() < deadline:
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-        left = processes_in(namespace)
-    return left
+    return processes.stop((), also=lambda: processes_in(namespace), grace=0.0, kill_wait=grace)
 
 
 def host_mounts_under(path: Path, mountinfo: str | None = None) -> list[str]:

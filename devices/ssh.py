@@ -216,13 +216,21 @@ class SSHTransport:
         return self._active() is None or isinstance(exc, (EOFError, paramiko.SSHException))
 
     def close(self) -> None:
-        """Close the SFTP session and the connection (idempotent)."""
+        """Close the SFTP session and the connection, and return once the socket is released (idempotent).
+
+        paramiko closes the socket while its reader thread may still sit in ``recv`` on
+        it, which keeps the connection open until that ``recv`` times out; joining the
+        thread makes ``close`` mean closed.
+        """
         if self._sftp is not None:
             self._sftp.close()
             self._sftp = None
         if self._client is not None:
+            reader = self._client.get_transport()
             self._client.close()
             self._client = None
+            if reader is not None and reader is not threading.current_thread():
+                reader.join(timeout=5.0)
 
     def __enter__(self) -> SSHTransport:
         return self

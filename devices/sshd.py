@@ -2,23 +2,31 @@
 
 One instance lives in ``state_dir/name/``: a host key, a user key, an authorized_keys
 file, an ``sshd_config``, a pid file and a log. `prepare` writes them, `start` launches
-``sshd -D`` as a child process and waits until the port accepts, `stop` ends it by pid.
+``sshd -D`` as a child process and waits until the port accepts, `stop` ends it and its
+sessions by recorded pid (`devices.processes.stop`) and returns once they have exited.
+
+Session environment: `prepare` can give every session a few environment variables
+(an emulated device's marker, `devices.processes.marked`). They are set per key in
+authorized_keys (``environment="NAME=value"``, allowed by name with
+``PermitUserEnvironment NAME``) rather than with sshd_config's ``SetEnv``, which
+OpenSSH has only since 8.7.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices import processes
 from devices.errors import SshdError
-from devices.limits import descendants, process_parents
+from devices.processes import ProcessRecord
 
 #: Only address instances listen on.
 LOOPBACK = "127.0.0.1"
@@ -48,6 +56,8 @@ class SshdInstance:
         sshd's own PidFile.
     log_file : pathlib.Path
         sshd's log (``-E``).
+    session_env : tuple of (str, str)
+        Environment variables every session gets (see the module docstring).
     """
 
     name: str
@@ -59,6 +69,7 @@ class SshdInstance:
     config: Path
     pid_file: Path
     log_file: Path
+    session_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def host(self) -> str:
@@ -122,7 +133,14 @@ def generate_key(path: Path, comment: str = "fleetbench", *, overwrite: bool = F
     return path
 
 
-def prepare(state_dir: Path, name: str, port: int, *, chroot: Path | None = None) -> SshdInstance:
+def prepare(
+    state_dir: Path,
+    name: str,
+    port: int,
+    session_env: Mapping[str, str] | None = None,
+    *,
+    chroot: Path | None = None,
+) -> SshdInstance:
     """Write keys, authorized_keys and sshd_config of instance ``name``, and validate them.
 
     Existing keys are kept (so ``up`` twice keeps host keys stable); the config is
@@ -136,6 +154,8 @@ def prepare(state_dir: Path, name: str, port: int, *, chroot: Path | None = None
         Instance name.
     port : int
         Loopback port to listen on.
+    session_env : mapping of str to str, optional
+        Environment variables of every session (names and values without quotes).
     chroot : pathlib.Path, optional
         ``ChrootDirectory`` of every session (the emulated aarch64 device's tree,
         `devices.qemu`); SFTP is ``internal-sftp``, so it needs no binary there.
@@ -161,10 +181,15 @@ def prepare(state_dir: Path, name: str, port: int, *, chroot: Path | None = None
         config=directory / "sshd_config",
         pid_file=directory / "sshd.pid",
         log_file=directory / "sshd.log",
+        session_env=tuple(sorted((session_env or {}).items())),
     )
+    for key, value in inst.session_env:
+        if not key.isidentifier() or '"' in value or "\\" in value:
+            raise SshdError(f"session environment {key}={value!r} cannot be written to authorized_keys")
     generate_key(inst.host_key, f"fleetbench-host-{name}")
     generate_key(inst.user_key, f"fleetbench-user-{name}")
-    inst.authorized_keys.write_text(inst.user_key.with_name(inst.user_key.name + ".pub").read_text())
+    inst.authorized_keys.write_text("")
+    authorize(inst, inst.user_key.with_name(inst.user_key.name + ".pub").read_text())
     inst.config.write_text(
         "\n".join(
             [
@@ -182,6 +207,7 @@ def prepare(state_dir: Path, name: str, port: int, *, chroot: Path | None = None
                 "Subsystem sftp internal-sftp",
                 "LogLevel ERROR",
                 *([f"ChrootDirectory {chroot}"] if chroot is not None else []),
+                *([f"PermitUserEnvironment {','.join(k for k, _ in inst.session_env)}"] if inst.session_env else []),
                 "",
             ]
         )
@@ -195,13 +221,28 @@ def prepare(state_dir: Path, name: str, port: int, *, chroot: Path | None = None
     return inst
 
 
+def authorize(instance: SshdInstance, public_key: str) -> None:
+    """Let ``public_key`` (an ``ssh-ed25519 AAAA... comment`` line) log in, with the instance's session environment.
+
+    A key already authorised (same key blob) is not added twice.
+    """
+    key = public_key.strip()
+    blob = key.split()[1]
+    lines = instance.authorized_keys.read_text().splitlines() if instance.authorized_keys.exists() else []
+    if any(blob in line.split() for line in lines):
+        return
+    options = ",".join(f'environment="{k}={v}"' for k, v in instance.session_env)
+    lines.append(f"{options} {key}" if options else key)
+    instance.authorized_keys.write_text("".join(f"{line}\n" for line in lines))
+
+
 def _ensure_privsep_dir() -> None:
     # sshd refuses to start as root without its privilege separation directory.
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
 
 
-def start(instance: SshdInstance, timeout: float = 10.0) -> int:
+def start(instance: SshdInstance, timeout: float = 10.0) -> ProcessRecord:
     """Start ``sshd -D`` for ``instance`` as a child process and wait until its port accepts.
 
     Parameters
@@ -213,8 +254,8 @@ def start(instance: SshdInstance, timeout: float = 10.0) -> int:
 
     Returns
     -------
-    int
-        The pid of the sshd listener (its own session; stop it with `stop`).
+    devices.processes.ProcessRecord
+        The sshd listener (its own session; stop it with `stop`).
 
     Raises
     ------
@@ -230,16 +271,17 @@ def start(instance: SshdInstance, timeout: float = 10.0) -> int:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    rec = processes.record("sshd", proc.pid)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SshdError(f"sshd {instance.name} exited with {proc.returncode}: {_log_tail(instance)}")
         try:
             with socket.create_connection((LOOPBACK, instance.port), timeout=0.5):
-                return proc.pid
+                return rec
         except OSError:
             time.sleep(0.05)
-    stop(proc.pid)
+    stop(rec)
     raise SshdError(f"sshd {instance.name} did not accept on {LOOPBACK}:{instance.port} in {timeout:g} s")
 
 
@@ -250,60 +292,18 @@ def _log_tail(instance: SshdInstance) -> str:
         return "(no log)"
 
 
-def is_running(pid: int) -> bool:
-    """Whether process ``pid`` exists (and is not a zombie of ours, which is reaped)."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def stop(listener: ProcessRecord, grace: float = processes.GRACE_S) -> list[int]:
+    """Stop sshd ``listener`` and its sessions (and their commands); return once they have exited.
 
+    Open connections drop. A listener whose pid now belongs to another process is left
+    alone.
 
-def _descendants(pid: int) -> list[int]:
-    return descendants(pid, process_parents())[1:]  # without pid itself
-
-
-def stop(pid: int, grace: float = 3.0) -> None:
-    """Stop sshd ``pid`` and its sessions: SIGTERM, then SIGKILL after ``grace`` seconds.
-
-    The listener's descendants (one sshd per connection, which leaves the listener's
-    session, and the commands it runs) are killed too, so open connections drop and
-    nothing is left behind. A pid that no longer exists is ignored; our child is reaped.
+    Returns
+    -------
+    list of int
+        Pids that still run (empty on success).
     """
-    sessions = _descendants(pid)
-    for child in sessions:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    # let the listener reap its sessions, or they stay zombies of an init that may not reap
-    deadline = time.monotonic() + 1.0
-    while sessions and time.monotonic() < deadline and set(sessions) & set(_descendants(pid)):
-        time.sleep(0.02)
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        is_running(pid)
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not is_running(pid):
-            return
-        time.sleep(0.02)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    while is_running(pid):
-        time.sleep(0.02)
+    return processes.stop([listener], grace=grace)
 
 
 def known_hosts_line(instance: SshdInstance) -> str:

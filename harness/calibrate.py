@@ -340,6 +340,7 @@ def set_share(fleet: Fleet, device: str, share: float) -> DeviceState:
         If it was started without a CPU limit (nothing to change).
     """
     from devices import emulate, limits
+    from devices.processes import record, stop
 
     state = emulate.load_state(fleet.state_dir)
     dev = state.get(device)
@@ -357,11 +358,8 @@ def set_share(fleet: Fleet, device: str, share: float) -> DeviceState:
         root = next((r for r in dev.processes if r.role in ("sshd", "adb-endpoint")), None)
         if root is None:
             raise RuntimeError(f"{device}: no recorded server process to hold to a duty cycle")
-        for rec in dev.processes:
-            if rec.role == "duty-cycle":
-                emulate.stop_process(rec)
-        proc = limits.start_duty_cycle(root.pid, share)
-        new = emulate.ProcessRecord("duty-cycle", proc.pid, limits.proc_start_time(proc.pid))
+        stop([rec for rec in dev.processes if rec.role == "duty-cycle"])
+        new = record("duty-cycle", limits.start_duty_cycle(root.pid, share).pid)
         processes = tuple(r for r in dev.processes if r.role != "duty-cycle") + (new,)
     else:
         raise RuntimeError(f"{device} was started without a CPU limit; give it an emulate block with cpu_share")

@@ -8,13 +8,20 @@ imported on first use) so that new ones (``devices``, ``ray``) plug in without
 touching the server loop. `make_executor` builds one as ``cls(model,
 workers=N, **options)``; an executor that needs more (a fleet, a placement) can
 also be built by the caller and passed to `fl.server.run_fl`.
+
+Executors are context managers: ``with make_executor(...) as executor:`` closes
+every worker pool and device connection on the way out, whether the run finished or
+failed, and `close` may be called any number of times (`ClosingExecutor` gives a
+class both). `fl.server.run_fl` closes an executor it built itself; one passed in is
+the caller's to close.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 import numpy as np
 
@@ -62,6 +69,33 @@ class Executor(Protocol):
     def close(self) -> None:
         """Release workers and connections (idempotent)."""
         ...
+
+    def __enter__(self) -> Self:
+        """Return the executor itself."""
+        ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the executor (`close`); an exception propagates."""
+        ...
+
+
+class ClosingExecutor:
+    """Base class giving an executor ``with`` support around its `close`."""
+
+    def close(self) -> None:
+        """Release workers and connections (idempotent; subclasses override)."""
+
+    def __enter__(self) -> Self:
+        """Return the executor itself."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the executor; an exception raised in the block propagates."""
+        self.close()
 
 
 def make_executor(name: str, model: ZooModel, *, workers: int = 0, **options: Any) -> Executor:

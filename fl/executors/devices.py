@@ -16,6 +16,8 @@ Devices work in parallel, the clients of one device one after another. Every rem
 command has a timeout, so a round never hangs; a device that cannot be reached, times
 out or whose runner fails gives a `ClientFailure` for that client and the others go on.
 A failed device's connection is dropped and opened again when a later round uses it.
+Connections stay open from round to round; `close` (or leaving ``with DevicesExecutor(...)
+as executor:``) closes all of them, whether the run finished or failed.
 
 Emulated links: when the device's ``emulate:`` block has a link rate, the modelled
 transfer times (bytes / rate + one-way delay, per direction) are reported beside the
@@ -52,6 +54,7 @@ from exporters.arch import Arch, SubModel, extract, static_submodel, tensor_inde
 from exporters.artifacts import export_artifacts
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
+from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 
 #: Seconds allowed for one remote command when the caller gives no timeout.
@@ -121,7 +124,7 @@ def ordered_width_for_round(widths: Sequence[float], p_max: float, seed: int) ->
     return float(allowed[int(np.random.default_rng(seed).integers(len(allowed)))])
 
 
-class DevicesExecutor:
+class DevicesExecutor(ClosingExecutor):
     """Run `TrainIns` on fleet devices with the runner's ``train`` mode.
 
     Parameters
@@ -377,15 +380,11 @@ class DevicesExecutor:
         failures.sort(key=lambda f: order.get(f.cid, len(order)))
         return results, failures
 
-    def __enter__(self) -> DevicesExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
-        """Close every open device connection."""
-        for name in list(self._transports):
+        """Close every open device connection (idempotent; a later `run` opens them again)."""
+        with self._lock:
+            names = list(self._transports)
+        for name in names:
             self._forget(name)
 
 

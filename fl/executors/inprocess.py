@@ -24,11 +24,11 @@ import numpy as np
 
 from exporters.zoo import ZooModel, get_model
 from fl.client import run_local
-from fl.executors import Shard
+from fl.executors import ClosingExecutor, Shard
 from fl.records import ClientFailure, TrainIns, TrainRes
 
 
-class InProcessExecutor:
+class InProcessExecutor(ClosingExecutor):
     """Train clients with `fl.client.run_local`, sequentially or in a process pool.
 
     Parameters
@@ -109,12 +109,6 @@ class InProcessExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-
-    def __enter__(self) -> InProcessExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _error(cid: str, exc: BaseException, seconds: float) -> ClientFailure:

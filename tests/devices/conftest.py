@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devices import emulate
+from devices import emulate, processes
 from devices.adb import ADBTransport
 from devices.adb_endpoint import AdbEndpoint
 from devices.fleet import Fleet
-from devices.limits import descendants, process_parents
 from devices.sshd import free_port
 from tests.devices.sshd_server import Server
 
@@ -78,15 +74,11 @@ def copy_example_fleet(directory: Path) -> Path:
 
 
 def kill_device(fleet: Fleet, name: str) -> None:
-    """SIGKILL an emulated device's sshd and its sessions (processes `emulate.up` started)."""
+    """Crash an emulated device: SIGKILL its sshd and sessions (no SIGTERM first), and wait for them."""
     state = emulate.load_state(fleet.state_dir).get(name)
     assert state is not None, f"{name} is not up"
     sshd = next(rec for rec in state.processes if rec.role == "sshd")
-    for pid in descendants(sshd.pid, process_parents()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    assert processes.stop([sshd], grace=0) == []
 
 
 def listening(port: int) -> bool:
@@ -99,18 +91,14 @@ def listening(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def adb_server(adb_path: str) -> Iterator[tuple[str, int]]:
-    """A private adb server: ``(adb path, port)``."""
+def adb_server(adb_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A private adb server on its own port: ``(adb path, port)``; stopped by pid at teardown."""
     port = free_port()
-    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(port)}
-    subprocess.run([adb_path, "-P", str(port), "start-server"], env=env, check=True, capture_output=True, timeout=30)
+    server = emulate.start_adb_server(port, tmp_path_factory.mktemp("adb") / "adb-server.log")
     try:
         yield adb_path, port
     finally:
-        subprocess.run([adb_path, "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30)
-        deadline = time.monotonic() + 10
-        while listening(port) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert processes.stop([server]) == []
         assert not listening(port), f"adb server still listening on {port}"
 
 

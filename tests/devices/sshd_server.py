@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devices import sshd
+from devices.processes import ProcessRecord
 from devices.ssh import SSHTransport
 
 
@@ -15,8 +16,14 @@ class Server:
 
     instance: sshd.SshdInstance
     known_hosts: Path
-    pid: int = 0
+    listener: ProcessRecord | None = None
     transports: list[SSHTransport] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        """The listener's pid."""
+        assert self.listener is not None, "sshd is not running"
+        return self.listener.pid
 
     @classmethod
     def launch(cls, state_dir: Path, name: str = "dev") -> Server:
@@ -24,12 +31,18 @@ class Server:
         known_hosts = state_dir / f"{name}_known_hosts"
         sshd.write_known_hosts(known_hosts, [sshd.known_hosts_line(instance)])
         server = cls(instance, known_hosts)
-        server.pid = sshd.start(instance)
+        server.listener = sshd.start(instance)
         return server
 
+    def stop(self) -> None:
+        """Stop the listener and its sessions (waits for them)."""
+        if self.listener is not None:
+            assert sshd.stop(self.listener) == []
+            self.listener = None
+
     def restart(self) -> None:
-        sshd.stop(self.pid)
-        self.pid = sshd.start(self.instance)
+        self.stop()
+        self.listener = sshd.start(self.instance)
 
     def transport(self, **overrides: object) -> SSHTransport:
         params: dict[str, object] = {
@@ -47,4 +60,4 @@ class Server:
     def shutdown(self) -> None:
         for transport in self.transports:
             transport.close()
-        sshd.stop(self.pid)
+        self.stop()

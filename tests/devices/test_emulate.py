@@ -7,13 +7,15 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devices import emulate, limits
+from devices import emulate, limits, processes
 from devices.fleet import Device, Emulation, Fleet
 from devices.sshd import free_port
 from tests.devices.test_limits import WORKLOAD, _calibrate, _loop_seconds
@@ -54,13 +56,13 @@ def _assert_nothing_left(fleet: Fleet, state: emulate.FleetState) -> None:
     assert state.devices, "up recorded nothing"
     for dev in state.devices:
         for rec in dev.processes:
-            assert not limits.alive(rec.pid, rec.start_time), f"{dev.name}: {rec} still runs"
+            assert not processes.running(rec), f"{dev.name}: {rec} still runs"
         for directory in dev.cgroups:
             assert not Path(directory).exists(), directory
         if dev.netns:
             assert not limits.netns_exists(dev.netns)
     if state.adb_server is not None:
-        assert not limits.alive(state.adb_server.pid, state.adb_server.start_time)
+        assert not processes.running(state.adb_server)
     assert not (fleet.state_dir / emulate.STATE_FILE).exists()
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if os.geteuid() == 0 else ""
     for device in fleet.devices:
@@ -152,7 +154,7 @@ def test_stale_entry_is_cleaned_and_restarted(fleet_file: Path) -> None:
     victim = first.devices[0]
     os.kill(victim.processes[0].pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while limits.alive(victim.processes[0].pid, victim.processes[0].start_time) and time.monotonic() < deadline:
+    while processes.running(victim.processes[0]) and time.monotonic() < deadline:
         time.sleep(0.02)
     lines: list[str] = []
     result = emulate.up(fleet, say=lines.append)
@@ -272,3 +274,202 @@ def test_port_taken_by_a_stranger_is_refused(tmp_path: Path, sshd_path: str) -> 
     assert not result.ok and "already in use" in result.failed[device.name]
     assert emulate.load_state(fleet.state_dir).devices == ()
     assert emulate.down(fleet, say=lambda line: None) == []
+
+
+# ---------------------------------------------------------------------------- processes and the adb server
+
+
+def _recorded(state: emulate.FleetState) -> list[processes.ProcessRecord]:
+    recs = [rec for dev in state.devices for rec in dev.processes]
+    return recs + ([state.adb_server] if state.adb_server is not None else [])
+
+
+def test_down_stops_what_a_session_left_behind_and_up_follows_at_once(
+    tmp_path: Path, sshd_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without cgroups, a command that detached itself on the device and ignores SIGTERM still goes with it."""
+    from devices.ssh import SSHTransport
+    from tests.devices.conftest import cmdline_running
+
+    monkeypatch.setattr(limits, "detect", lambda *a, **k: limits.Support(reason="pretend no cgroups"))
+    fleet = _load(_write_fleet(tmp_path, with_adb=False))
+    tag = f"1000.{uuid.uuid4().int % 10**6}"
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        state = emulate.load_state(fleet.state_dir)
+        with SSHTransport(fleet.devices[0], connect_timeout=10) as transport:
+            detach = f'trap "" TERM; setsid sleep {tag} </dev/null >/dev/null 2>&1 &'
+            assert transport.run(["sh", "-c", detach], timeout=30).ok
+        assert cmdline_running(tag)
+        assert emulate.down(fleet, say=lambda line: None) == []
+        assert not cmdline_running(tag)  # gone (a zombie has an empty command line)
+        assert not any(processes.running(rec) for rec in _recorded(state))
+        # the same ports, right away
+        again = emulate.up(fleet, say=lambda line: None)
+        assert again.ok and again.started == (fleet.devices[0].name,), again
+        assert all(row.answers for row in emulate.status(fleet, timeout=10))
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+    _assert_nothing_left(fleet, state)
+
+
+_IN_CHILD = "import sys; from devices import emulate; from devices.fleetfile import load_fleet\n"
+
+
+def _in_child(call: str, fleet_file: Path) -> None:
+    """Run ``emulate.<call>`` in a process of its own, as the command line does (its children outlive it)."""
+    code = _IN_CHILD + f"fleet = load_fleet(sys.argv[1]); result = emulate.{call}(fleet, say=lambda line: None)\n"
+    code += "sys.exit(0 if (result.ok if hasattr(result, 'ok') else result == []) else 1)\n"
+    proc = subprocess.run([sys.executable, "-c", code, str(fleet_file)], cwd=emulate.PACKAGE_ROOT, timeout=120)
+    assert proc.returncode == 0, f"{call} failed"
+
+
+def test_down_in_its_own_process_and_up_at_once_on_the_same_ports(tmp_path: Path, sshd_path: str) -> None:
+    """`fleet down` from another process than `fleet up` (sshd is init's child by then), then `up` right away."""
+    path = _write_fleet(tmp_path, with_adb=False)
+    fleet = _load(path)
+    try:
+        _in_child("up", path)
+        recs = _recorded(emulate.load_state(fleet.state_dir))
+        assert recs and all(processes.running(rec) for rec in recs)
+        _in_child("down", path)
+        for rec in recs:  # gone, or a zombie that init has still to reap: nothing of it runs
+            stat = processes.read_stat(rec.pid)
+            assert stat is None or stat.start_time != rec.start_time or stat.state == "Z", (rec, stat)
+        _in_child("up", path)
+        assert all(row.answers for row in emulate.status(fleet, timeout=10))
+    finally:
+        emulate.down(fleet, say=lambda line: None)
+    assert not (fleet.state_dir / emulate.STATE_FILE).exists()
+
+
+def _adb_devices(adb_server: tuple[str, int]) -> str:
+    adb, port = adb_server
+    out = subprocess.run([adb, "-P", str(port), "devices"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith("List of devices attached"), out
+    return out.stdout
+
+
+def _recording_adb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adb_path: str) -> Path:
+    """Put an ``adb`` first on PATH that logs every invocation and then runs the real one."""
+    shim, log = tmp_path / "shim", tmp_path / "adb-calls.log"
+    shim.mkdir()
+    (shim / "adb").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {adb_path} "$@"\n')
+    (shim / "adb").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.fixture
+def users_adb_server(adb_path: str, adb_server_port: int) -> Iterator[processes.ProcessRecord]:
+    """An adb server started as a user starts one (``adb start-server``: a daemon), on a test port."""
+    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(adb_server_port)}
+    start = [adb_path, "-P", str(adb_server_port), "start-server"]
+    subprocess.run(start, env=env, check=True, capture_output=True, timeout=30)
+    listen = f"tcp:{adb_server_port}".encode()
+    pid = next(
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and b"fork-server" in (argv := _cmdline(entry))
+        and any(arg.endswith(listen) for arg in argv)
+    )
+    server = processes.record("user's adb server", pid)
+    yield server
+    assert processes.stop([server]) == []
+
+
+def _cmdline(entry: Path) -> list[bytes]:
+    try:
+        return (entry / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def test_an_adb_server_fleetbench_did_not_start_is_reused_and_left_running(
+    tmp_path: Path,
+    sshd_path: str,
+    adb_path: str,
+    adb_server_port: int,
+    users_adb_server: processes.ProcessRecord,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user's adb server (here on a test port) survives up + down of the example fleet, untouched."""
+    from tests.devices.conftest import copy_example_fleet
+
+    calls = _recording_adb(tmp_path, monkeypatch, adb_path)
+    fleet = _load(copy_example_fleet(tmp_path / "fleet"))
+    phone = next(d for d in fleet.devices if d.kind == "adb")
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        state = emulate.load_state(fleet.state_dir)
+        assert state.adb_server is None and state.adb_server_port == adb_server_port  # attached to, not owned
+        assert f"{phone.serial}\tdevice" in _adb_devices((adb_path, adb_server_port))
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+    assert processes.running(users_adb_server)
+    assert phone.serial not in _adb_devices((adb_path, adb_server_port))  # only what fleetbench did is undone
+    # the adb client (whose version check restarts a server of another version) was never run
+    assert not calls.exists(), calls.read_text()
+
+
+def _phone_fleet(tmp_path: Path) -> Fleet:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "state_dir: state\ndevices:\n"
+        f"  - name: phone-{os.getpid()}\n    kind: adb\n    serial: 127.0.0.1:{free_port()}\n"
+        "    emulate: {memory_mb: 1024}\n"
+    )
+    return _load(path)
+
+
+def test_an_adb_server_fleetbench_started_is_stopped_and_waited_for(
+    tmp_path: Path, adb_path: str, adb_server_port: int
+) -> None:
+    fleet = _phone_fleet(tmp_path)
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        state = emulate.load_state(fleet.state_dir)
+        assert state.adb_server is not None and state.adb_server_port == adb_server_port
+        assert processes.running(state.adb_server)
+        assert f"{fleet.devices[0].serial}\tdevice" in _adb_devices((adb_path, adb_server_port))
+    finally:
+        lines: list[str] = []
+        start = time.monotonic()
+        assert emulate.down(fleet, say=lines.append) == []
+        elapsed = time.monotonic() - start
+    assert elapsed < processes.GRACE_S, elapsed  # everything ended on SIGTERM: nothing waited for SIGKILL
+    assert not processes.running(state.adb_server)
+    assert processes.read_stat(state.adb_server.pid) is None  # our child, reaped
+    # the phone's endpoint removes its pid file only when it ends through its SIGTERM handler
+    assert not (fleet.state_dir / fleet.devices[0].name / "endpoint.pid").exists()
+    assert not emulate._listening(adb_server_port)
+    assert f"adb server on port {adb_server_port}: stopped" in lines
+
+
+def test_an_adb_server_fleetbench_started_is_left_running_when_others_use_it(
+    tmp_path: Path, adb_path: str, adb_server_port: int
+) -> None:
+    """Someone attached a phone of their own to the server `up` started: `down` leaves the server to them."""
+    from devices.adb_endpoint import AdbEndpoint
+
+    fleet = _phone_fleet(tmp_path)
+    users_phone = AdbEndpoint(0, tmp_path / "users-phone").start()
+    server = None
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        server = emulate.load_state(fleet.state_dir).adb_server
+        assert server is not None
+        serial = f"127.0.0.1:{users_phone.port}"
+        connect = [adb_path, "-P", str(adb_server_port), "connect", serial]
+        assert "connected" in subprocess.run(connect, capture_output=True, text=True, timeout=30).stdout
+        lines: list[str] = []
+        assert emulate.down(fleet, say=lines.append) == []
+        assert processes.running(server)
+        listing = _adb_devices((adb_path, adb_server_port))
+        assert f"{serial}\tdevice" in listing and fleet.devices[0].serial not in listing
+        assert any("left running" in line and serial in line for line in lines), lines
+    finally:
+        if server is not None:
+            assert processes.stop([server]) == []
+        users_phone.stop()

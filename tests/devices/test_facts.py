@@ -561,23 +561,19 @@ def test_probe_through_a_real_sshd(sshd_path: str, tmp_path: Path) -> None:
     assert facts.python == platform.python_version()
 
 
-def test_probe_through_real_adb_to_the_emulated_phone(adb_path: str, tmp_path: Path) -> None:
+def test_probe_through_real_adb_to_the_emulated_phone(adb_server: tuple[str, int], tmp_path: Path) -> None:
     from devices.adb import ADBTransport
     from devices.adb_endpoint import AdbEndpoint
 
-    port = free_port()
-    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(port)}
-    subprocess.run([adb_path, "-P", str(port), "start-server"], env=env, check=True, capture_output=True, timeout=30)
     endpoint = AdbEndpoint(0, tmp_path / "phone").start()
     try:
-        transport = ADBTransport(f"127.0.0.1:{endpoint.port}", server_port=port)
+        transport = ADBTransport(f"127.0.0.1:{endpoint.port}", server_port=adb_server[1])
         try:
             facts = probe_device(transport, python=sys.executable, timeout=60)
         finally:
             transport.close()
     finally:
         endpoint.stop()
-        subprocess.run([adb_path, "-P", str(port), "kill-server"], env=env, capture_output=True, timeout=30)
     assert facts.arch == platform.machine()
     assert facts.cores == os.cpu_count()
     assert facts.python == platform.python_version()

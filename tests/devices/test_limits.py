@@ -116,9 +116,6 @@ def test_pure_helpers() -> None:
     assert limits.duty_schedule(3.0, 0.1) == pytest.approx((0.1, 0.0))
     with pytest.raises(ValueError):
         limits.duty_schedule(0.0)
-    stat = "42 (a (weird) name) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 100 10"
-    assert limits.parse_stat(stat) == (7, 12345)
-    assert limits.descendants(1, {2: 1, 3: 2, 4: 9, 5: 3}) == [1, 2, 3, 5]
     assert limits.netns_addresses(0) == ("10.213.0.1", "10.213.0.2")
     assert limits.netns_addresses(64) == ("10.213.1.1", "10.213.1.2")
     assert limits.free_subnet_index(["127.0.0.1", "10.213.0.1", "10.213.0.6"]) == 2

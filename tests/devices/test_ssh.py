@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devices import sshd
+from devices import processes, sshd
 from devices.errors import (
     AuthenticationFailed,
     CommandTimeout,
@@ -98,7 +98,7 @@ def test_remote_command_killed_gives_nonzero_rc(sshd_server: Server) -> None:
 def test_device_killed_mid_command_is_a_clear_error(sshd_server: Server) -> None:
     t = sshd_server.transport()
     t.run(["true"], timeout=10)
-    before = set(sshd._descendants(sshd_server.pid))
+    before = set(processes.descendants(sshd_server.pid, processes.process_parents())[1:])
     outcome: list[BaseException] = []
 
     marker = f"{time.time() % 1000:.6f}8"
@@ -145,7 +145,7 @@ def test_dropped_connection_and_server_gone_is_connection_lost(sshd_path: str, t
     srv = Server.launch(tmp_path, "gone")
     t = srv.transport()
     t.run(["true"], timeout=10)
-    sshd.stop(srv.pid)  # the listener and this connection's session go away
+    srv.stop()  # the listener and this connection's session go away
     with pytest.raises(ConnectionLost, match="reconnect failed"):
         t.run(["true"], timeout=10)
 
@@ -170,9 +170,9 @@ def test_changed_host_key_refused_even_with_tofu(sshd_path: str, tmp_path: Path)
     srv = Server.launch(tmp_path, "changed")
     try:
         assert srv.transport().run(["true"], timeout=10).ok
-        sshd.stop(srv.pid)
+        srv.stop()
         sshd.generate_key(srv.instance.host_key, overwrite=True)
-        srv.pid = sshd.start(srv.instance)
+        srv.listener = sshd.start(srv.instance)
         for tofu in (False, True):
             with pytest.raises(HostKeyRejected, match="CHANGED"):
                 srv.transport(trust_on_first_use=tofu).run(["true"], timeout=10)

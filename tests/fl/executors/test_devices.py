@@ -1,15 +1,18 @@
-"""The devices executor: real runner, real ORT training, over a local and an unreachable device."""
+"""The devices executor: real runner, real ORT training, over a local, an unreachable and an emulated SSH device."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from devices import emulate
 from devices.connect import connect
 from devices.fleet import Device, Emulation
+from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from exporters.zoo import get_model
 from fl.executors.devices import (
@@ -123,3 +126,84 @@ def test_ordered_width_is_drawn_only_up_to_p_max() -> None:
 def test_modelled_transfer_time() -> None:
     assert modelled_transfer_seconds(1_000_000, 8000, 20.0) == pytest.approx(1.0 + 0.02)
     assert modelled_transfer_seconds(10, None, 5.0) is None
+
+
+# ---------------------------------------------------------------------------- connections are closed
+
+
+@pytest.fixture(scope="module")
+def board(sshd_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Device]:
+    """One emulated SSH device (a real sshd), up for the module."""
+    path = tmp_path_factory.mktemp("fleet") / "fleet.yaml"
+    path.write_text(
+        "state_dir: state\ndevices:\n  - name: board\n    kind: ssh\n    host: 127.0.0.1\n"
+        f"    port: {free_port()}\n    emulate: {{memory_mb: 4096}}\n"
+    )
+    fleet = load_fleet(path)
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        yield fleet.devices[0]
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+
+
+def established_to(port: int) -> int:
+    """Count the ESTABLISHED TCP connections to 127.0.0.1:``port`` on this machine (``/proc/net/tcp``)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        address, state = fields[2], fields[3]
+        if state == "01" and address == f"0100007F:{port:04X}":
+            count += 1
+    return count
+
+
+def _run_fl_on(board: Device, tmp_path: Path, artifacts: Path, progress: object) -> object:
+    from fl.data import load_federated
+    from fl.server import RunConfig, run_fl
+
+    model = get_model("fjord-cnn")
+    placement = {"c0": board, "c1": board}
+    config = RunConfig(
+        strategy="fedavg", model="fjord-cnn", dataset="mnist5k", clients=2, rounds=2, seed=1,
+        executor="devices", db=str(tmp_path / "fl.db"), lr=0.05,
+    )  # fmt: skip
+    data = load_federated("mnist5k", model, 2, "iid", 1, max_examples=80)
+    with DevicesExecutor(
+        model, placement, artifacts_dir=artifacts, work_dir=tmp_path / "work", batch=20,
+        connect=lambda d: connect(d, connect_timeout=10.0), timeout_s=120,
+    ) as executor:  # fmt: skip
+        return run_fl(
+            config, executor=executor, data=data, progress=progress,  # type: ignore[arg-type]
+            placement={cid: board.name for cid in placement},
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shared_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One export cache for the module's runs."""
+    return tmp_path_factory.mktemp("artifacts")
+
+
+def test_a_finished_run_leaves_no_connection_open(board: Device, tmp_path: Path, shared_artifacts: Path) -> None:
+    port = board.port or 22
+    assert established_to(port) == 0
+    during: list[int] = []
+    summary = _run_fl_on(board, tmp_path, shared_artifacts, lambda line: during.append(established_to(port)))
+    assert summary.rounds == 2  # type: ignore[attr-defined]
+    assert len(during) == 2 and all(n >= 1 for n in during), during  # one connection, kept between rounds
+    assert established_to(port) == 0
+
+
+def test_a_run_failing_midway_leaves_no_connection_open(board: Device, tmp_path: Path, shared_artifacts: Path) -> None:
+    port = board.port or 22
+    seen: list[int] = []
+
+    def fail_after_round_one(line: str) -> None:
+        seen.append(established_to(port))
+        raise RuntimeError("the run failed midway")
+
+    with pytest.raises(RuntimeError, match="midway"):
+        _run_fl_on(board, tmp_path, shared_artifacts, fail_after_round_one)
+    assert seen and seen[0] >= 1
+    assert established_to(port) == 0

@@ -91,3 +91,20 @@ def test_registry():
     executor.close()  # idempotent
     with pytest.raises(InputError, match="pigeon"):
         make_executor("pigeon", MODEL)
+
+
+def test_leaving_with_stops_the_worker_processes_even_after_an_error():
+    from devices import processes
+
+    ins, data = instructions(["c0", "c1"]), shards(["c0", "c1"])
+    with pytest.raises(RuntimeError, match="midway"):
+        with InProcessExecutor(MODEL, workers=2) as executor:
+            results, _ = executor.run(ins, data)
+            assert len(results) == 2
+            assert executor._pool is not None
+            workers = [processes.record("worker", pid) for pid in executor._pool._processes]  # noqa: SLF001
+            assert workers and all(processes.running(w) for w in workers)
+            raise RuntimeError("the run failed midway")
+    assert executor._pool is None
+    assert not any(processes.running(w) for w in workers)
+    executor.close()  # idempotent
