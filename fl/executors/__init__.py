@@ -21,13 +21,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.records import ClientFailure, TrainIns, TrainRes
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 #: One client's training data: examples and labels.
 Shard = tuple[np.ndarray, np.ndarray]
