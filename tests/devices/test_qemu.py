@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices import emulate, qemu, rootfs
+from devices import emulate, processes, qemu, rootfs
 from devices.connect import connect
 from devices.facts import collect_facts, probe_device
 from devices.fleet import Fleet
@@ -293,7 +293,7 @@ def test_down_leaves_no_process_and_no_mount(pi: Fleet) -> None:
     assert len(qemu.processes_in(state.mount_ns)) >= 2
     assert emulate.down(pi, say=lambda line: None) == []
     assert qemu.processes_in(state.mount_ns) == []
-    assert not any(emulate.limits.alive(r.pid, r.start_time) for r in state.processes)
+    assert not any(processes.running(r) for r in state.processes)
     assert qemu.host_mounts_under(rootfs.tree_path()) == [] and qemu.host_mounts_under(pi.state_dir) == []
     assert emulate.load_state(pi.state_dir).devices == ()
     # the device's files stay in its layer, as a board keeps its disk

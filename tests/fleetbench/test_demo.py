@@ -19,8 +19,8 @@ def _check_tier_widths(out: Path) -> None:
     """FjORD's capacities are the tiers planned from the profiles: demo widths, monotone in speed.
 
     The deadline is the median device's full-width training time, so the device that
-    profiled slowest at full width misses it and gets a narrower tier, and no faster
-    device gets a narrower tier than a slower one.
+    profiled slowest at full width misses it and gets a narrower tier than the others
+    (two tiers), and no faster device gets a narrower tier than a slower one.
     """
     from fleetbench.demo import DEMO_WIDTHS
 
@@ -32,7 +32,7 @@ def _check_tier_widths(out: Path) -> None:
     full = {device: float(np.median(json.loads(steps))) for device, steps in cells}
     by_speed = sorted(capacity, key=lambda d: full[d])
     assert [capacity[d] for d in by_speed] == sorted(capacity.values(), reverse=True), (full, capacity)
-    assert capacity[by_speed[-1]] < 1.0 and capacity[by_speed[0]] == 1.0, (full, capacity)
+    assert len(set(capacity.values())) == 2 and capacity[by_speed[-1]] < capacity[by_speed[0]], (full, capacity)
     trained = db.execute(
         "SELECT device, width FROM fl_client_rounds WHERE run_id = ? AND status = 'ok'", (run_id,)
     ).fetchall()
