@@ -25,12 +25,12 @@ Decisions
 
   ===============================  ==========================================================
   ``ConvGrad``                     dX: ``ConvTranspose`` (``output_padding`` recovers the
-                                   input size); dW: ``Conv`` of the (C, N, H, W)-transposed
-                                   input by the (O, N, Ho, Wo)-transposed dY with strides and
-                                   dilations swapped, transposed back; dB: ``ReduceSum``
-  ``ReluGrad``                     ``Where(X > 0, dY, 0)``
-  ``MaxPoolGrad``                  ``ScatterElements(reduction=add)`` of dY at the forward
-                                   ``MaxPool``'s flat indices into zeros
+                                   input size); dW: one ``Gemm`` of dY by the strided window
+                                   (``Slice`` of the padded input) per kernel offset, stacked
+                                   (`_conv_weight_grad`); dB: ``ReduceSum``
+  ``ReluGrad``                     ``dY * Cast(X > 0)``
+  ``MaxPoolGrad``                  ``ScatterElements`` of dY at the forward ``MaxPool``'s flat
+                                   indices into zeros (``reduction=add`` when windows overlap)
   ``AveragePoolGrad``              ``ConvTranspose`` of dY (one channel) by a ``1/k`` kernel
   ``SoftmaxCrossEntropyLossGrad``  ``(Exp(log_prob) - OneHot(labels)) * dLoss / N``
   ``BatchNormInternal``            inference-mode ``BatchNormalization`` fed with the batch
@@ -40,7 +40,9 @@ Decisions
   ``BatchNormalizationGrad``       the closed form ``scale * inv_std / M * (M dY - sum dY -
                                    xhat * sum(dY xhat))`` in element-wise ops and ``ReduceSum``
   ``Scale``                        ``Mul`` / ``Div`` by the scale
-  ``SigmoidGrad``, ``TanhGrad``    ``dY * Y * (1 - Y)``, ``dY * (1 - Y * Y)``
+  ``SigmoidGrad``, ``TanhGrad``    ``dY * Y * (1 - Y)``, ``dY * (1 - Y * Y)``; where they all feed
+                                   one ``Concat`` (an LSTM's gate block), one slope for the
+                                   concatenated block (`_fuse_activation_grads`)
   ``FusedMatMul``                  ``Gemm`` (2-D) or ``Transpose`` + ``MatMul``, times alpha
   ``ConcatTraining``               ``Concat`` (its lengths output becomes a constant)
   ``SplitTraining``                ``Split``
@@ -84,6 +86,7 @@ Decisions
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +114,9 @@ MASK_PREFIX = "mask."
 
 #: Optimizer state per parameter, by optimizer (suffixes of the parameter name).
 STATE_SLOTS: dict[str, tuple[str, ...]] = {"sgd": (), "adamw": (".exp_avg", ".exp_avg_sq")}
+
+#: Target width of the im2col GEMMs of a conv's weight gradient (see `_conv_weight_grad`).
+DW_GEMM_WIDTH = 32
 
 #: Operator domains that count as the default ONNX domain.
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -384,31 +390,86 @@ def _lower_conv_grad(g: _Graph, node: Any) -> None:
             raise LoweringError(
                 f"ConvGrad {node.name!r}: weight gradient of a grouped conv (group {group}) is not lowered"
             )
-        perm = [1, 0, *range(2, 2 + rank)]
-        x_t = g.one("Transpose", [x], hint, perm=perm)  # (C, N, *spatial)
-        dy_t = g.one("Transpose", [d_y], hint, perm=perm)  # (O, N, *spatial_out)
-        # Sliding dY over X: the conv's strides become dilations and its dilations strides.
-        full = [
-            (x_shape[2 + i] + pads[i] + pads[rank + i] - ((y_shape[2 + i] - 1) * strides[i] + 1)) // dilations[i] + 1
-            for i in range(rank)
-        ]
-        corr = g.one("Conv", [x_t, dy_t], hint, strides=dilations, dilations=strides, pads=pads)  # (C, O, *full)
-        if full != kernel:  # a stride that does not divide the padded input leaves extra rows
-            starts = g.const(hint + "/starts", np.zeros(rank, dtype=np.int64))
-            ends = g.const(hint + "/ends", np.asarray(kernel, dtype=np.int64))
-            axes = g.const(hint + "/axes", np.arange(2, 2 + rank, dtype=np.int64))
-            corr = g.one("Slice", [corr, starts, ends, axes], hint)
-        g.op("Transpose", [corr], hint, outputs=[d_w], perm=perm)
+        _conv_weight_grad(g, hint, d_y, x, d_w, x_shape, y_shape, kernel, strides, pads, dilations)
     if d_b:
         axes = g.const(hint + "/axes", np.asarray([0, *range(2, 2 + rank)], dtype=np.int64))
         g.op("ReduceSum", [d_y, axes], hint, outputs=[d_b], keepdims=0)
 
 
+def _conv_weight_grad(
+    g: _Graph,
+    hint: str,
+    d_y: str,
+    x: str,
+    d_w: str,
+    x_shape: tuple[int, ...],
+    y_shape: tuple[int, ...],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+) -> None:
+    """DW = dY (O, N*P) @ im2col(X) (C*K, N*P)^T, taken a chunk of kernel offsets at a time.
+
+    The window that kernel offset ``k`` sees is a strided ``Slice`` of the padded,
+    (C, N, H, W)-transposed input; the windows of a chunk of offsets are stacked into a
+    (C * chunk, N*P) im2col block and multiplied by dY in one ``Gemm``. Chunks hold
+    ``ceil(DW_GEMM_WIDTH / C)`` offsets, so a layer with few input channels still gets a
+    GEMM at least that wide (its im2col is small), and a wide layer gets one ``Gemm`` per
+    offset with no stacking copy and no kh*kw-times-larger buffer. Measured (20 images,
+    1 thread) at 1.0-1.6x ORT's ``ConvGrad`` weight gradient, against 1.5-4x for a ``Conv``
+    of the transposed tensors (whose GEMM is only kh*kw columns wide) and up to 9x for one
+    ``Gemm`` per offset on a one-channel input.
+    """
+    rank = len(kernel)
+    n, c = x_shape[:2]
+    out_channels = y_shape[1]
+    out_spatial = list(y_shape[2:])
+    count = n * int(np.prod(out_spatial))
+    perm = [1, 0, *range(2, 2 + rank)]
+    x_t = g.one("Transpose", [x], hint, perm=perm)  # (C, N, *spatial)
+    if any(pads):
+        padding = g.const(hint + "/pads", np.asarray([0, 0, *pads[:rank], 0, 0, *pads[rank:]], dtype=np.int64))
+        x_t = g.one("Pad", [x_t, padding], hint)
+    dy_t = g.one("Transpose", [d_y], hint, perm=perm)  # (O, N, *spatial_out)
+    a = g.one("Reshape", [dy_t, _i64(g, hint, [out_channels, count])], hint)
+    axes = _i64(g, hint, range(2, 2 + rank))
+    steps = _i64(g, hint, strides)
+    second = _i64(g, hint, [1])
+    offsets = list(itertools.product(*(range(k) for k in kernel)))
+    chunk = max(1, -(-DW_GEMM_WIDTH // c))
+    blocks = []
+    for first in range(0, len(offsets), chunk):
+        windows = []
+        for offset in offsets[first : first + chunk]:
+            begin = [o * d for o, d in zip(offset, dilations, strict=True)]
+            stop = [b + (y - 1) * s + 1 for b, y, s in zip(begin, out_spatial, strides, strict=True)]
+            window = g.one("Slice", [x_t, _i64(g, hint, begin), _i64(g, hint, stop), axes, steps], hint)
+            windows.append(window)  # (C, N, *spatial_out)
+        size = len(windows)
+        if size > 1:
+            stacked = g.one("Concat", [g.one("Unsqueeze", [w, second], hint) for w in windows], hint, axis=1)
+        else:
+            stacked = windows[0]  # (C, size, N, *spatial_out)
+        columns = g.one("Reshape", [stacked, _i64(g, hint, [c * size, count])], hint)
+        product = g.one("Gemm", [a, columns], hint, transB=1)  # (O, C * size)
+        blocks.append(g.one("Reshape", [product, _i64(g, hint, [out_channels, c, size])], hint))
+    joined = g.one("Concat", blocks, hint, axis=2) if len(blocks) > 1 else blocks[0]  # (O, C, prod(kernel))
+    g.op("Reshape", [joined, _i64(g, hint, [out_channels, c, *kernel])], hint, outputs=[d_w])
+
+
+def _i64(g: _Graph, hint: str, values: Iterable[int]) -> str:
+    """Add a 1-D int64 constant and return its name."""
+    return g.const(hint + "/i64", np.asarray(list(values), dtype=np.int64))
+
+
 def _lower_relu_grad(g: _Graph, node: Any) -> None:
+    # Greater + Cast + Mul: measured 7x faster than both ORT's own ReluGrad kernel and a
+    # Where, whose CPU kernels take a slow broadcasting path (a 20x64x32x32 tensor, 1 thread).
     d_y, x = node.input[:2]
     zero = g.const(node.name + "/zero", np.zeros((), dtype=np.float32))
-    positive = g.one("Greater", [x, zero], node.name)
-    g.op("Where", [positive, d_y, zero], node.name, outputs=[node.output[0]])
+    positive = g.one("Cast", [g.one("Greater", [x, zero], node.name)], node.name, to=_FLOAT)
+    g.op("Mul", [d_y, positive], node.name, outputs=[node.output[0]])
 
 
 def _forward_node(g: _Graph, node: Any, op_type: str, *, output: str, index: int = 0) -> Any:
@@ -436,7 +497,13 @@ def _lower_max_pool_grad(g: _Graph, node: Any) -> None:
     zeros = g.const(hint + "/zeros", np.zeros(int(np.prod(x_shape)), dtype=np.float32))
     index = g.one("Reshape", [indices, flat], hint)  # MaxPool's indices are flat over the whole input
     update = g.one("Reshape", [d_y, flat], hint)
-    summed = g.one("ScatterElements", [zeros, index, update], hint, axis=0, reduction="add")
+    attrs = _attrs(forward)
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    strides = _spatial(attrs, "strides", len(kernel), 1)
+    dilations = _spatial(attrs, "dilations", len(kernel), 1)
+    # Windows that cannot overlap have distinct argmax positions: a plain scatter is exact (and faster).
+    apart = all((k - 1) * d + 1 <= s for k, s, d in zip(kernel, strides, dilations, strict=True))
+    summed = g.one("ScatterElements", [zeros, index, update], hint, axis=0, reduction="none" if apart else "add")
     g.op(
         "Reshape",
         [summed, g.const(hint + "/shape", np.asarray(x_shape, dtype=np.int64))],
@@ -916,6 +983,69 @@ def _gradients(training: Any, params: Sequence[str]) -> dict[str, str]:
     return grads
 
 
+#: Activation gradients that `_fuse_activation_grads` computes on a concatenated block:
+#: slope = Y * (c1 - Y) + c0 with per-column (c1, c0).
+_SLOPES = {"SigmoidGrad": (1.0, 0.0), "TanhGrad": (0.0, 1.0)}
+
+
+def _fuse_activation_grads(g: _Graph, nodes: Sequence[Any]) -> list[Any]:
+    """Lower every ``Concat`` of ``SigmoidGrad`` / ``TanhGrad`` outputs as one block.
+
+    An unrolled LSTM step ends its backward pass with the gradient of its gate ``Split``:
+    a ``Concat`` of three ``SigmoidGrad`` and one ``TanhGrad``. Lowered one by one that is
+    12 element-wise nodes on (N, H) tensors; as a block it is ``Concat(dY) * (A * (c1 - A)
+    + c0)`` over the concatenated activations ``A`` with per-column constants (1, 0) for a
+    sigmoid and (0, 1) for a tanh column: 6 nodes on (N, 4H). The steps are dominated by
+    per-node dispatch (tensors of a few thousand values), so this saves 2 x 7 nodes per
+    time step of a two-layer LSTM. Each gradient node must feed only that ``Concat``.
+    """
+    uses: dict[str, int] = {}
+    for node in nodes:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    producers = {o: n for n in nodes for o in n.output if o}
+    fused: set[int] = set()
+    blocks: dict[int, list[Any]] = {}
+    for node in nodes:
+        if node.op_type != "Concat" or not is_standard(node) or len(node.input) < 2:
+            continue
+        parts = [producers.get(name) for name in node.input]
+        if all(
+            p is not None and p.op_type in _SLOPES and not is_standard(p) and uses.get(p.output[0]) == 1 for p in parts
+        ):
+            blocks[id(node)] = parts
+            fused.update(id(p) for p in parts)
+    out: list[Any] = []
+    for node in nodes:
+        if id(node) in fused:
+            continue
+        parts = blocks.get(id(node))
+        if parts is None:
+            out.append(node)
+            continue
+        hint = node.name
+        rank = len(g.shape(parts[0].input[1], parts[0]))
+        axis = int(_attrs(node).get("axis", 0)) % rank
+        c1, c0 = [], []
+        for p in parts:
+            width = g.shape(p.input[1], p)[axis]
+            c1 += [_SLOPES[p.op_type][0]] * width
+            c0 += [_SLOPES[p.op_type][1]] * width
+        shape = [1] * rank
+        shape[axis] = len(c1)
+        start = len(g.nodes)
+        activations = g.one("Concat", [p.input[1] for p in parts], hint, axis=axis)
+        incoming = g.one("Concat", [p.input[0] for p in parts], hint, axis=axis)
+        k1 = g.const(hint + "/c1", np.asarray(c1, dtype=np.float32).reshape(shape))
+        slope = g.one("Mul", [activations, g.one("Sub", [k1, activations], hint)], hint)
+        if any(c0):
+            slope = g.one("Add", [slope, g.const(hint + "/c0", np.asarray(c0, dtype=np.float32).reshape(shape))], hint)
+        g.op("Mul", [incoming, slope], hint, outputs=[node.output[0]])
+        out.extend(g.nodes[start:])
+        del g.nodes[start:]
+    return out
+
+
 def _lower_pass(g: _Graph, nodes: Sequence[Any], lowerings: Mapping[str, Lowering]) -> list[Any]:
     """Replace every non-standard node that ``lowerings`` covers; keep the others in order."""
     g.producers = {o: n for n in nodes for o in n.output if o}
@@ -1004,6 +1134,7 @@ def build_step_model(
     staged.graph.node.extend(nodes)
     staged.graph.initializer.extend(g.initializers)
     g = _Graph(_static_shapes(staged), {}, g.constants, g.initializers)
+    nodes = _fuse_activation_grads(g, nodes)
     nodes = _lower_pass(g, nodes, LOWERINGS)
     g.nodes = nodes
     bad = [n for n in nodes if not is_standard(n)]
