@@ -880,10 +880,15 @@ def _adamw_update(
 
 def _mask_producers(training: Any, layouts: Mapping[str, Sequence[Any]], groups: Sequence[str]) -> dict[str, Any]:
     """Return, per masked group, the forward Conv / Gemm node whose output channels it indexes."""
+    forward = []
+    for node in training.graph.node:  # ORT appends the gradient graph after the loss
+        forward.append(node)
+        if node.op_type == "SoftmaxCrossEntropyLoss":
+            break
     out: dict[str, Any] = {}
     for group in groups:
         found = []
-        for node in training.graph.node:
+        for node in forward:
             if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2:
                 continue
             layout = layouts.get(node.input[1])
