@@ -869,10 +869,11 @@ def _adamw_update(
             assert bc1 is not None and bc2 is not None  # correct_bias is required in mode 0
             denom = g.one("Add", [g.one("Sqrt", [g.one("Div", [v_out, bc2], p)], p), k_eps], p)
             update = g.one("Div", [g.one("Mul", [m_out, lr], p), g.one("Mul", [denom, bc1], p)], p)
-        last = decay_lr is not None and mode == 1
-        stepped = g.one("Sub", [weight, update], p, output=None if last else p + NEXT_SUFFIX)
-        if last:
+        if decay_lr is not None and mode == 1:  # Hugging Face: decay after the step
+            stepped = g.one("Sub", [weight, update], p)
             g.op("Sub", [stepped, g.one("Mul", [stepped, decay_lr], p)], p, outputs=[p + NEXT_SUFFIX])
+        else:
+            g.op("Sub", [weight, update], p, outputs=[p + NEXT_SUFFIX])
 
 
 # --------------------------------------------------------------------------- masks
@@ -1014,20 +1015,19 @@ def _fuse_activation_grads(g: _Graph, nodes: Sequence[Any]) -> list[Any]:
     for node in nodes:
         if node.op_type != "Concat" or not is_standard(node) or len(node.input) < 2:
             continue
-        parts = [producers.get(name) for name in node.input]
-        if all(
-            p is not None and p.op_type in _SLOPES and not is_standard(p) and uses.get(p.output[0]) == 1 for p in parts
-        ):
+        found = [producers.get(name) for name in node.input]
+        parts = [p for p in found if p is not None and p.op_type in _SLOPES and not is_standard(p)]
+        if len(parts) == len(found) and all(uses.get(p.output[0]) == 1 for p in parts):
             blocks[id(node)] = parts
             fused.update(id(p) for p in parts)
     out: list[Any] = []
     for node in nodes:
         if id(node) in fused:
             continue
-        parts = blocks.get(id(node))
-        if parts is None:
+        if id(node) not in blocks:
             out.append(node)
             continue
+        parts = blocks[id(node)]
         hint = node.name
         rank = len(g.shape(parts[0].input[1], parts[0]))
         axis = int(_attrs(node).get("axis", 0)) % rank

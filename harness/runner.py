@@ -1,16 +1,16 @@
 """fleetbench on-device runner: one self-contained file pushed to a device.
 
 Nothing of fleetbench is imported: the device needs Python >= 3.8, numpy and the
-backend (``onnxruntime-training`` for ``ort``, PyTorch for ``torch``). The
-module top imports the standard library only; numpy and the backend are imported
-inside the modes, so a missing one becomes exit status 3 with a JSON document
-naming it.
+backend (``onnxruntime-training`` for ``ort``, the plain ``onnxruntime`` package for
+``onnx``, PyTorch for ``torch``). The module top imports the standard library only;
+numpy and the backend are imported inside the modes, so a missing one becomes exit
+status 3 with a JSON document naming it.
 
 Command line::
 
-    python3 runner.py bench --artifacts DIR --backend ort|torch --warmup W --steps N
+    python3 runner.py bench --artifacts DIR --backend ort|onnx|torch --warmup W --steps N
                             --threads T [--seed S] [--sample-seconds S]
-    python3 runner.py train --artifacts DIR --backend ort|torch --params IN.npy
+    python3 runner.py train --artifacts DIR --backend ort|onnx|torch --params IN.npy
                             --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
                             [--batch B] [--seed S]
 
@@ -70,6 +70,14 @@ Decisions:
   epoch is dropped (the graphs have a fixed batch dimension). ``--batch``, when
   given, must equal that size. ``--out`` is written atomically at exactly the
   given path (``np.save``, ``allow_pickle=False``).
+* onnx backend (`OnnxBackend`): the set's ``step_model.onnx`` (``exporters.step_model``:
+  forward, loss, backward and optimizer update in default-domain ONNX operators) on any
+  ``onnxruntime`` build, CPU provider, default graph optimisation (``ORT_ENABLE_ALL``).
+  The file must match the manifest's sha256 and its inputs and outputs the manifest's
+  ``step_model`` entry, else exit 2; bench starts from ``initial_parameters.npy`` (the
+  same values as the checkpoint), so its losses equal the ``ort`` backend's. Parameters
+  and optimizer state never leave ORT between steps (two IO bindings over two buffer sets,
+  alternated).
 * torch backend: the artifact set must hold ``model.pt`` (TorchScript, written by
   ``exporters.torchscript.export_torchscript``); it trains with
   ``torch.optim.AdamW`` / ``SGD`` at the manifest's ``optimizer_defaults`` and the
@@ -80,7 +88,7 @@ Decisions:
   its ``passive`` trip points after the run. A heuristic: governors also lower
   the frequency of idle cpus, so read it with the raw frequencies.
 * peak memory is the whole process's (interpreter, runtime, probe, data).
-* the ``ort`` backend never loads PyTorch, although onnxruntime-training 1.19
+* the ``ort`` and ``onnx`` backends never load PyTorch, although onnxruntime-training 1.19
   imports it by itself where it is installed (see `import_ort_training`): that
   cost about 2 s of start-up and 250 MB of peak memory per cell, and would put a
   second runtime's thread pool into the measured process. ``versions`` reports
@@ -102,6 +110,7 @@ import tempfile
 import time
 import traceback
 import types
+from collections.abc import Iterator
 from typing import Any
 
 EXIT_CODES = {
@@ -467,7 +476,7 @@ def load_manifest(directory: str, backend: str) -> dict:
     Parameters
     ----------
     directory : str
-    backend : {"ort", "torch"}
+    backend : {"ort", "onnx", "torch"}
 
     Returns
     -------
@@ -507,9 +516,9 @@ def load_manifest(directory: str, backend: str) -> dict:
     if backend == "onnx":
         spec = manifest.get("step_model")
         try:
-            [(t["name"], list(t["shape"]), t["dtype"]) for t in spec["inputs"] + spec["outputs"]]  # type: ignore[index]
-            [(a, b) for a, b in spec["carry"]]  # type: ignore[index]
-            spec["parameters"], spec["batch"][1], spec["learning_rate"], spec["loss"]  # type: ignore[index]
+            [(t["name"], list(t["shape"]), t["dtype"]) for t in spec["inputs"] + spec["outputs"]]
+            [(a, b) for a, b in spec["carry"]]
+            spec["parameters"], spec["batch"][1], spec["learning_rate"], spec["loss"]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise bad(f"artifacts {directory}: manifest has no usable step_model entry ({exc!r}); re-export") from None
     return manifest
@@ -607,7 +616,7 @@ def import_ort_training() -> tuple:
 
 
 @contextlib.contextmanager
-def _torch_blocked():
+def _torch_blocked() -> Iterator[bool]:
     """Make ``import torch`` fail while the block runs, unless torch is already loaded.
 
     Yields
@@ -1093,7 +1102,7 @@ def open_backend(args: argparse.Namespace, manifest: dict, lr: float | None = No
 
     Returns
     -------
-    OrtBackend or TorchBackend
+    OrtBackend, OnnxBackend or TorchBackend
     """
     cls = {"ort": OrtBackend, "onnx": OnnxBackend, "torch": TorchBackend}[args.backend]
     return cls(args.artifacts, manifest, args.threads, lr)
