@@ -10,7 +10,13 @@ parameter is trainable; nothing is frozen (BatchNorm in the zoo is static).
 
 One artifact set is a directory holding::
 
-    training_model.onnx  eval_model.onnx  optimizer_model.onnx  checkpoint  manifest.json
+    training_model.onnx  eval_model.onnx  optimizer_model.onnx  checkpoint
+    step_model.onnx  initial_parameters.npy  manifest.json
+
+``step_model.onnx`` is the portable training step of `exporters.step_model` (lowered from
+the training and optimizer graphs, for the plain ``onnxruntime`` package) and
+``initial_parameters.npy`` the set's initial flat parameters; the manifest's ``step_model``
+entry describes the step model's inputs and outputs.
 
 named ``<model>-w<width>-b<batch>-<optimizer>-<key[:12]>``. ``manifest.json`` is
 written last and records the parameter names and shapes **in the order of ORT's
@@ -82,10 +88,11 @@ from torch import nn
 from exporters.arch import Arch
 from exporters.errors import ExportError, InputError
 from exporters.export_forms import export_form
+from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL, write_step_model
 from exporters.zoo import ZooModel
 
 #: Bumped whenever the export procedure changes what it writes; part of the cache key.
-EXPORT_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 2
 
 #: ONNX opset of the exported forward graph.
 OPSET = 17
@@ -116,7 +123,7 @@ EVAL_MODEL = "eval_model.onnx"
 OPTIMIZER_MODEL = "optimizer_model.onnx"
 CHECKPOINT = "checkpoint"
 #: Every file of a set except the manifest, in the order the manifest lists them.
-ARTIFACT_FILES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT)
+ARTIFACT_FILES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT, STEP_MODEL, INITIAL_PARAMETERS)
 
 #: Name of the model input in the exported graph; ORT's loss block adds ``labels``.
 INPUT_NAME = "input"
@@ -282,6 +289,7 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     return {
         "format_version": EXPORT_FORMAT_VERSION,
         "exporter": _sha256_file(Path(__file__)),
+        "step_exporter": _sha256_file(Path(inspect.getfile(write_step_model))),
         "model": model.name,
         "groups": [[name, size] for name, size in model.groups],
         "layouts": {name: _layout_json(layout) for name, layout in sorted(model.layouts.items())},
@@ -486,6 +494,8 @@ def _export_into(
         parameters.append({"name": name, "shape": shapes[name], "offset": offset, "size": size})
         offset += size
     _verify_flat_order(directory, parameters, offset)
+    initial = {name: p.detach().numpy() for name, p in net.named_parameters()}
+    step = write_step_model(directory, parameters, initial)
 
     counts = count(model, arch)
     counts_json = dataclasses.asdict(counts) if dataclasses.is_dataclass(counts) else dict(vars(counts))
@@ -511,6 +521,7 @@ def _export_into(
         "outputs": outputs,
         "counts": {k: _json_number(v) for k, v in counts_json.items()},
         "counts_unit": "per example",
+        "step_model": step,
         "files": {name: _file_entry(directory / name) for name in ARTIFACT_FILES},
         "versions": {
             "torch": torch.__version__,

@@ -1,16 +1,16 @@
 """fleetbench on-device runner: one self-contained file pushed to a device.
 
 Nothing of fleetbench is imported: the device needs Python >= 3.8, numpy and the
-backend (``onnxruntime-training`` for ``ort``, PyTorch for ``torch``). The
-module top imports the standard library only; numpy and the backend are imported
-inside the modes, so a missing one becomes exit status 3 with a JSON document
-naming it.
+backend (``onnxruntime-training`` for ``ort``, the plain ``onnxruntime`` package for
+``onnx``, PyTorch for ``torch``). The module top imports the standard library only;
+numpy and the backend are imported inside the modes, so a missing one becomes exit
+status 3 with a JSON document naming it.
 
 Command line::
 
-    python3 runner.py bench --artifacts DIR --backend ort|torch --warmup W --steps N
+    python3 runner.py bench --artifacts DIR --backend ort|onnx|torch --warmup W --steps N
                             --threads T [--seed S] [--sample-seconds S]
-    python3 runner.py train --artifacts DIR --backend ort|torch --params IN.npy
+    python3 runner.py train --artifacts DIR --backend ort|onnx|torch --params IN.npy
                             --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
                             [--batch B] [--seed S]
 
@@ -70,6 +70,14 @@ Decisions:
   epoch is dropped (the graphs have a fixed batch dimension). ``--batch``, when
   given, must equal that size. ``--out`` is written atomically at exactly the
   given path (``np.save``, ``allow_pickle=False``).
+* onnx backend (`OnnxBackend`): the set's ``step_model.onnx`` (``exporters.step_model``:
+  forward, loss, backward and optimizer update in default-domain ONNX operators) on any
+  ``onnxruntime`` build, CPU provider, default graph optimisation (``ORT_ENABLE_ALL``).
+  The file must match the manifest's sha256 and its inputs and outputs the manifest's
+  ``step_model`` entry, else exit 2; bench starts from ``initial_parameters.npy`` (the
+  same values as the checkpoint), so its losses equal the ``ort`` backend's. Parameters
+  and optimizer state never leave ORT between steps (two IO bindings over two buffer sets,
+  alternated).
 * torch backend: the artifact set must hold ``model.pt`` (TorchScript, written by
   ``exporters.torchscript.export_torchscript``); it trains with
   ``torch.optim.AdamW`` / ``SGD`` at the manifest's ``optimizer_defaults`` and the
@@ -80,7 +88,7 @@ Decisions:
   its ``passive`` trip points after the run. A heuristic: governors also lower
   the frequency of idle cpus, so read it with the raw frequencies.
 * peak memory is the whole process's (interpreter, runtime, probe, data).
-* the ``ort`` backend never loads PyTorch, although onnxruntime-training 1.19
+* the ``ort`` and ``onnx`` backends never load PyTorch, although onnxruntime-training 1.19
   imports it by itself where it is installed (see `import_ort_training`): that
   cost about 2 s of start-up and 250 MB of peak memory per cell, and would put a
   second runtime's thread pool into the measured process. ``versions`` reports
@@ -90,7 +98,9 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import hashlib
 import json
 import math
 import os
@@ -100,6 +110,7 @@ import tempfile
 import time
 import traceback
 import types
+from collections.abc import Iterator
 from typing import Any
 
 EXIT_CODES = {
@@ -126,6 +137,11 @@ OOM_MESSAGES = (
 )
 
 TORCHSCRIPT_FILE = "model.pt"
+STEP_MODEL_FILE = "step_model.onnx"
+INITIAL_PARAMETERS_FILE = "initial_parameters.npy"
+
+#: Backends: ORT training artifacts, the portable step model on plain onnxruntime, TorchScript.
+BACKENDS = ("ort", "onnx", "torch")
 
 
 class RunnerFailure(Exception):
@@ -167,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="mode")
     common = _Parser(add_help=False)
     common.add_argument("--artifacts", required=True, help="artifact set directory")
-    common.add_argument("--backend", required=True, choices=("ort", "torch"))
+    common.add_argument("--backend", required=True, choices=BACKENDS)
     common.add_argument("--threads", type=int, required=True, help="intra-op threads")
     common.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", parents=[common], help="time training steps")
@@ -460,7 +476,7 @@ def load_manifest(directory: str, backend: str) -> dict:
     Parameters
     ----------
     directory : str
-    backend : {"ort", "torch"}
+    backend : {"ort", "onnx", "torch"}
 
     Returns
     -------
@@ -478,9 +494,11 @@ def load_manifest(directory: str, backend: str) -> dict:
             manifest = json.load(handle)
     except (OSError, ValueError) as exc:
         raise bad(f"artifacts {directory}: no readable manifest.json ({exc})") from None
-    needed = ["training_model.onnx", "optimizer_model.onnx", "checkpoint"]
-    if backend == "torch":
-        needed = [TORCHSCRIPT_FILE]
+    needed = {
+        "ort": ["training_model.onnx", "optimizer_model.onnx", "checkpoint"],
+        "onnx": [STEP_MODEL_FILE],
+        "torch": [TORCHSCRIPT_FILE],
+    }[backend]
     for name in needed:
         if not os.path.isfile(os.path.join(directory, name)):
             hint = " (export it with exporters.torchscript.export_torchscript)" if name == TORCHSCRIPT_FILE else ""
@@ -495,6 +513,14 @@ def load_manifest(directory: str, backend: str) -> dict:
         raise bad(f"artifacts {directory}: manifest lacks {exc}") from None
     if num_classes(manifest) is None:
         raise bad(f"artifacts {directory}: manifest does not say num_classes")
+    if backend == "onnx":
+        spec = manifest.get("step_model")
+        try:
+            [(t["name"], list(t["shape"]), t["dtype"]) for t in spec["inputs"] + spec["outputs"]]
+            [(a, b) for a, b in spec["carry"]]
+            spec["parameters"], spec["batch"][1], spec["learning_rate"], spec["loss"]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise bad(f"artifacts {directory}: manifest has no usable step_model entry ({exc!r}); re-export") from None
     return manifest
 
 
@@ -567,31 +593,85 @@ def import_ort_training() -> tuple:
     RunnerFailure
         "missing runtime" (``missing="onnxruntime.training"``) when either import fails.
     """
+    try:
+        with _torch_blocked() as blocked:
+            import onnxruntime
+
+            try:
+                from onnxruntime.training import api
+            except ImportError:
+                if not blocked:
+                    raise
+                training_dir = os.path.join(os.path.dirname(onnxruntime.__file__), "training")
+                if not os.path.isfile(os.path.join(training_dir, "api", "__init__.py")):
+                    raise
+                package = types.ModuleType("onnxruntime.training")
+                package.__path__ = [training_dir]
+                package.__package__ = "onnxruntime.training"
+                sys.modules["onnxruntime.training"] = package
+                from onnxruntime.training import api
+    except ImportError as exc:
+        raise _import_failure("onnxruntime.training", exc) from None
+    return onnxruntime, api
+
+
+@contextlib.contextmanager
+def _torch_blocked() -> Iterator[bool]:
+    """Make ``import torch`` fail while the block runs, unless torch is already loaded.
+
+    Yields
+    ------
+    bool
+        Whether torch is blocked.
+    """
     blocked = "torch" not in sys.modules
     if blocked:
         sys.modules["torch"] = None  # type: ignore[assignment]
     try:
-        import onnxruntime
-
-        try:
-            from onnxruntime.training import api
-        except ImportError:
-            if not blocked:
-                raise
-            training_dir = os.path.join(os.path.dirname(onnxruntime.__file__), "training")
-            if not os.path.isfile(os.path.join(training_dir, "api", "__init__.py")):
-                raise
-            package = types.ModuleType("onnxruntime.training")
-            package.__path__ = [training_dir]
-            package.__package__ = "onnxruntime.training"
-            sys.modules["onnxruntime.training"] = package
-            from onnxruntime.training import api
-    except ImportError as exc:
-        raise _import_failure("onnxruntime.training", exc) from None
+        yield blocked
     finally:
         if blocked and "torch" in sys.modules and sys.modules["torch"] is None:
             del sys.modules["torch"]
-    return onnxruntime, api
+
+
+def import_onnxruntime():
+    """Import ``onnxruntime`` (plain or training build) without loading PyTorch.
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    RunnerFailure
+        "missing runtime" (``missing="onnxruntime"``) when the import fails.
+    """
+    try:
+        with _torch_blocked():
+            import onnxruntime
+    except ImportError as exc:
+        raise _import_failure("onnxruntime", exc) from None
+    return onnxruntime
+
+
+def session_options(onnxruntime, threads: int):
+    """Return the runner's ORT session options: ``threads`` intra-op threads, sequential.
+
+    Parameters
+    ----------
+    onnxruntime : module
+    threads : int
+
+    Returns
+    -------
+    onnxruntime.SessionOptions
+    """
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    return options
 
 
 class OrtBackend:
@@ -610,11 +690,7 @@ class OrtBackend:
     def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
         onnxruntime, api = import_ort_training()
         self.ort = onnxruntime
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3
+        options = session_options(onnxruntime, threads)
         self.state = api.CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
         self.module = api.Module(os.path.join(directory, "training_model.onnx"), self.state, session_options=options)
         self.optimizer = api.Optimizer(os.path.join(directory, "optimizer_model.onnx"), self.module)
@@ -813,6 +889,208 @@ class TorchBackend:
         return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, dtype=np.float32)
 
 
+def sha256_of(path: str) -> str:
+    """Return the hex sha256 of a file.
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    str
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_listed(directory: str, manifest: dict, name: str) -> str:
+    """Return the path of a file of the set after checking it against the manifest's sha256."""
+    path = os.path.join(directory, name)
+    entry = (manifest.get("files") or {}).get(name)
+    if not isinstance(entry, dict) or "sha256" not in entry:
+        raise bad(f"artifacts {directory}: the manifest does not list {name}")
+    if sha256_of(path) != entry["sha256"]:
+        raise bad(f"artifacts {directory}: {name} does not match the manifest's sha256 (not this set's; re-export)")
+    return path
+
+
+_ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)"}
+
+
+class OnnxBackend:
+    """The portable step model (``step_model.onnx``) on the plain ``onnxruntime`` package.
+
+    One session runs forward, loss, backward and the optimizer update. Parameters and
+    optimizer state live in two sets of ``OrtValue`` buffers, A and B; two IO bindings are
+    made once, A -> B and B -> A, and the steps alternate between them, so nothing is
+    bound, allocated or copied to the host per step (except the scalar loss when read).
+    The manifest's ``step_model`` entry names the inputs and which output feeds which
+    input (``carry``, parameters first in flat order); parameters start from the set's
+    ``initial_parameters.npy`` (or `set_flat`), optimizer state from zeros.
+
+    Parameters
+    ----------
+    directory : str
+    manifest : dict
+    threads : int
+    lr : float, optional
+        Learning rate; the manifest's ``optimizer_defaults`` one when ``None``.
+
+    Raises
+    ------
+    RunnerFailure
+        "bad arguments" when the step model does not match the manifest (sha256, or its
+        inputs and outputs); "missing runtime" without onnxruntime.
+    """
+
+    name = "onnx"
+
+    def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
+        import numpy
+
+        self.np = numpy
+        self.ort = import_onnxruntime()
+        self.directory = directory
+        self.manifest = manifest
+        self.spec = manifest["step_model"]
+        path = _check_listed(directory, manifest, STEP_MODEL_FILE)
+        self.session = self.ort.InferenceSession(
+            path, session_options(self.ort, threads), providers=["CPUExecutionProvider"]
+        )
+        self._check_signature()
+        self.specs = {t["name"]: t for t in self.spec["inputs"]}
+        hyper = manifest.get("optimizer_defaults") or {}
+        rate = float(hyper.get("lr", 1e-3) if lr is None else lr)
+        self.keep: list = []  # numpy arrays that OrtValues share memory with
+        self.lr = self._value(numpy.asarray([rate], dtype=numpy.float32))
+        self.carry = [(a, b) for a, b in self.spec["carry"]]
+        self.params = list(self.spec["parameters"])
+        # Buffers: A holds the inputs of even steps, B their outputs (and the inputs of odd steps).
+        self.a: dict = {}
+        self.b = {a: self._empty(a) for a, _ in self.carry}
+        self.loss = self.ort.OrtValue.ortvalue_from_shape_and_type([], numpy.float32)
+        self.bindings: list = []
+        self.parity = 0
+
+    def _check_signature(self) -> None:
+        want_in = [(t["name"], [int(d) for d in t["shape"]], _ORT_TYPES.get(t["dtype"])) for t in self.spec["inputs"]]
+        want_out = [(t["name"], [int(d) for d in t["shape"]], _ORT_TYPES.get(t["dtype"])) for t in self.spec["outputs"]]
+        got_in = [(i.name, list(i.shape), i.type) for i in self.session.get_inputs()]
+        got_out = [(o.name, list(o.shape), o.type) for o in self.session.get_outputs()]
+        for what, want, got in (("inputs", want_in, got_in), ("outputs", want_out, got_out)):
+            if want != got:
+                pairs = zip(want, got)  # noqa: B905 - zip(strict=) needs Python 3.10
+                diff = next((f"{w} != {g}" for w, g in pairs if w != g), f"{len(want)} != {len(got)} tensors")
+                raise bad(f"artifacts {self.directory}: {STEP_MODEL_FILE} {what} do not match the manifest ({diff})")
+        names = [p["name"] for p in self.manifest["parameters"]]
+        if list(self.spec["parameters"]) != names or [a for a, _ in self.spec["carry"][: len(names)]] != names:
+            raise bad(f"artifacts {self.directory}: {STEP_MODEL_FILE} parameters are not the manifest's")
+
+    def _value(self, array):
+        self.keep.append(array)
+        return self.ort.OrtValue.ortvalue_from_numpy(array)
+
+    def _empty(self, name: str):
+        spec = self.specs[name]
+        shape = [int(d) for d in spec["shape"]]
+        return self.ort.OrtValue.ortvalue_from_shape_and_type(shape, self.np.dtype(spec["dtype"]).type)
+
+    def set_flat(self, np, flat) -> None:
+        """Load the flat float32 parameter vector (manifest order); state restarts from zeros.
+
+        Parameters
+        ----------
+        np : module
+        flat : numpy.ndarray
+        """
+        flat = np.array(flat, dtype=np.float32)  # owned: the A buffers share its memory
+        self.keep.append(flat)
+        self.a = {}
+        for p in self.manifest["parameters"]:
+            offset, size = int(p["offset"]), int(p["size"])
+            self.a[p["name"]] = self.ort.OrtValue.ortvalue_from_numpy(flat[offset : offset + size].reshape(p["shape"]))
+        for name, _ in self.carry[len(self.params) :]:
+            spec = self.specs[name]
+            self.a[name] = self._value(np.zeros([int(d) for d in spec["shape"]], dtype=spec["dtype"]))
+        self.bindings = []
+        self.parity = 0
+
+    def bind(self, x, y) -> None:
+        """Bind the batch buffers and both ping-pong bindings once.
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray
+            C-contiguous buffers (shared with the OrtValues, not copied).
+        """
+        np = self.np
+        if not self.a:
+            path = _check_listed(self.directory, self.manifest, INITIAL_PARAMETERS_FILE)
+            flat = np.load(path, allow_pickle=False)
+            if flat.shape != (int(self.manifest["num_parameters"]),):
+                raise bad(f"artifacts {self.directory}: {INITIAL_PARAMETERS_FILE} has shape {flat.shape}")
+            self.set_flat(np, flat)
+        batch = {self.spec["batch"][0]: self._value(x), self.spec["batch"][1]: self._value(y)}
+        self.bindings = [self._binding(batch, self.a, self.b), self._binding(batch, self.b, self.a)]
+        self.parity = 0
+
+    def _binding(self, batch: dict, source: dict, target: dict):
+        binding = self.session.io_binding()
+        for name, value in batch.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_input(self.spec["learning_rate"], self.lr)
+        for name, out in self.carry:
+            binding.bind_ortvalue_input(name, source[name])
+            binding.bind_ortvalue_output(out, target[name])
+        binding.bind_ortvalue_output(self.spec["loss"], self.loss)
+        return binding
+
+    def step(self):
+        """Run one training step on the bound batch and swap the buffer sets.
+
+        Returns
+        -------
+        OrtValue
+            The loss buffer (convert with `loss_value`).
+        """
+        self.session.run_with_iobinding(self.bindings[self.parity])
+        self.parity ^= 1
+        return self.loss
+
+    @staticmethod
+    def loss_value(out) -> float:
+        """Convert a step's loss to a float.
+
+        Parameters
+        ----------
+        out : OrtValue
+
+        Returns
+        -------
+        float
+        """
+        return float(out.numpy())
+
+    def get_flat(self, np):
+        """Return a copy of the flat float32 parameter vector (after the last step).
+
+        Parameters
+        ----------
+        np : module
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        current = self.a if self.parity == 0 else self.b
+        parts = [current[name].numpy().reshape(-1) for name in self.params]
+        return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, dtype=np.float32)
+
+
 def open_backend(args: argparse.Namespace, manifest: dict, lr: float | None = None):
     """Load the requested backend on the artifact set.
 
@@ -824,9 +1102,9 @@ def open_backend(args: argparse.Namespace, manifest: dict, lr: float | None = No
 
     Returns
     -------
-    OrtBackend or TorchBackend
+    OrtBackend, OnnxBackend or TorchBackend
     """
-    cls = OrtBackend if args.backend == "ort" else TorchBackend
+    cls = {"ort": OrtBackend, "onnx": OnnxBackend, "torch": TorchBackend}[args.backend]
     return cls(args.artifacts, manifest, args.threads, lr)
 
 

@@ -102,7 +102,7 @@ class Page:
 
 
 _PERCENT = ("share", "fraction", "efficiency", "error", "accuracy", "_pct")
-_RATIO = ("speedup", "flops_ratio", "ort_over_torch", "theory")
+_RATIO = ("speedup", "flops_ratio", "ort_over_torch", "theory", "ratio")
 
 
 def format_value(column: str, value: Any) -> str:
@@ -177,6 +177,10 @@ _HEADINGS = {
     "torch_us": "PyTorch µs",
     "ort_mib": "ORT MiB",
     "torch_mib": "PyTorch MiB",
+    "backend_us": "backend µs",
+    "baseline_us": "baseline µs",
+    "backend_mib": "backend MiB",
+    "baseline_mib": "baseline MiB",
     "median_abs_error": "median |error|",
     "max_abs_error": "max |error|",
     "mem_mib": "memory MiB",

@@ -31,7 +31,11 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 #: Colour cycle (Okabe-Ito, readable by colour-blind readers and in greyscale print).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 #: Line style and marker per backend.
-BACKEND_STYLE = {"ort": ("-", "o"), "torch": ("--", "s")}
+BACKEND_STYLE = {"ort": ("-", "o"), "torch": ("--", "s"), "onnx": (":", "D")}
+#: Line style and marker per backend pair of the runtime comparison (`reports.tables.BACKEND_PAIRS`).
+PAIR_STYLE = {("ort", "torch"): ("-", "o"), ("onnx", "ort"): ("-.", "D"), ("onnx", "torch"): (":", "v")}
+#: How the runtime comparison names a backend.
+BACKEND_NAMES = {"ort": "ORT training", "onnx": "portable", "torch": "PyTorch"}
 #: Pixels per inch of the PNG files.
 DPI = 144
 
@@ -268,27 +272,44 @@ def prediction_figure(errors: pd.DataFrame) -> Figure:
 
 
 @_styled
-def backend_figure(backends: pd.DataFrame) -> Figure:
-    """ONNX Runtime per-image latency over PyTorch's, per width.
+def backend_figure(pairs: pd.DataFrame) -> Figure:
+    """Per-image latency of one backend over another's at the same cell, per width.
 
     Parameters
     ----------
-    backends : pandas.DataFrame
-        `reports.tables.backend_table` output (not empty).
+    pairs : pandas.DataFrame
+        `reports.tables.backend_pairs_table` output (not empty).
 
     Returns
     -------
     Figure
+        One line per device, model, batch and backend pair: a colour per device, a line
+        style per pair (`PAIR_STYLE`).
     """
     fig, ax = _figure()
     ax.axhline(1.0, color="#7f7f7f", linewidth=0.8, linestyle=":")
-    # Without a backend key the style is the "ort" one: solid line, round markers.
-    _width_lines(
-        ax, backends, "ort_over_torch", device_colours(list(backends["device"])), keys=["device", "model", "batch"]
-    )
+    colours = device_colours(list(pairs["device"]))
+    keys = ["device", "model", "batch"]
+    varying = [k for k in keys if k == "device" or pairs[k].nunique() > 1]
+    for values, group in pairs.groupby([*keys, "backend", "baseline"], sort=True):
+        key = dict(zip([*keys, "backend", "baseline"], values, strict=True))
+        pair = (str(key["backend"]), str(key["baseline"]))
+        linestyle, marker = PAIR_STYLE.get(pair, ("--", "^"))
+        names = " / ".join(BACKEND_NAMES.get(b, b) for b in pair)
+        label = " · ".join([*(str(key[k]) if k != "batch" else f"batch {key[k]}" for k in varying), names])
+        g = group.sort_values("width")
+        ax.plot(
+            g["width"],
+            g["ratio"],
+            label=label,
+            color=colours.get(str(key["device"]), PALETTE[0]),
+            linestyle=linestyle,
+            marker=marker,
+        )
+    _width_axis(ax, pairs["width"])
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("ORT latency / PyTorch latency")
-    ax.set_title("ONNX Runtime vs PyTorch (below 1: ORT faster)")
+    ax.set_ylabel("latency ratio (backend / baseline)")
+    ax.set_title("Runtimes at the same cell (below 1: the first named is faster)")
     ax.legend(loc="best")
     return fig
 

@@ -355,29 +355,38 @@ def _prediction(errors: pd.DataFrame, summary: pd.DataFrame) -> Draft:
     )
 
 
-def _backends(backends: pd.DataFrame, cells: pd.DataFrame) -> Draft:
+def _backends(pairs: pd.DataFrame, cells: pd.DataFrame) -> Draft:
     title = "ONNX Runtime vs PyTorch"
     intro = (
-        "Where a device was measured with both backends at the same model, batch and width, each in its own "
-        "process: ORT latency over PyTorch latency (below 1 means ORT is faster)."
+        "Where a device was measured with two backends at the same model, batch and width, each in its own "
+        "process: the latency of one over the other's (below 1 means the first is faster). Backends: ort (the "
+        "ONNX Runtime training build), onnx (the portable step model on plain onnxruntime) and torch (PyTorch)."
     )
-    if backends.empty:
+    if pairs.empty:
         seen = sorted(set(cells["backend"])) if not cells.empty else []
         return Draft(
             "backends",
             title,
             paragraphs=(intro,),
             notes=(
-                "No device has measured cells of both backends (seen: "
-                f"{', '.join(seen) or 'none'}). Profile with --backend ort,torch to compare.",
+                "No device has measured cells of two backends (seen: "
+                f"{', '.join(seen) or 'none'}). Profile with --backend ort,onnx,torch to compare.",
             ),
+        )
+    ort_torch = pairs[(pairs["backend"] == "ort") & (pairs["baseline"] == "torch")]
+    blocks = [TableBlock("backend_pairs", "Every pair measured at the same cell.", pairs)]
+    if not ort_torch.empty:
+        blocks.append(
+            TableBlock("ort_vs_torch", "ORT training build and PyTorch side by side.", tables.backend_table(cells))
         )
     return Draft(
         "backends",
         title,
         paragraphs=(intro,),
-        figures=(PendingFigure("ort_vs_torch", "ORT / PyTorch latency per width.", plots.backend_figure(backends)),),
-        tables=(TableBlock("ort_vs_torch", "Both backends side by side.", backends),),
+        figures=(
+            PendingFigure("backend_pairs", "Latency ratio per width and backend pair.", plots.backend_figure(pairs)),
+        ),
+        tables=tuple(blocks),
     )
 
 
@@ -533,7 +542,7 @@ def build_sections(src: Sources, log_scale: bool = False) -> tuple[list[Draft], 
         _speedup(tables.speedup_table(cells)),
         _roofline(tables.roofline_table(cells)),
         _prediction(errors, tables.prediction_summary(errors)),
-        _backends(tables.backend_table(cells), cells),
+        _backends(tables.backend_pairs_table(cells), cells),
         _devices(tables.device_table(cells, src.facts), tables.failures_table(cells)),
         *_fl(src),
         _provenance(src.campaigns),

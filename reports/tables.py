@@ -448,8 +448,56 @@ def prediction_summary(errors: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()[columns]
 
 
+#: Backend pairs compared wherever a device measured both at the same cell, as
+#: ``(backend, baseline)``: the training build against PyTorch eager, the portable step model
+#: against the training build, and the portable step model against PyTorch eager.
+BACKEND_PAIRS = (("ort", "torch"), ("onnx", "ort"), ("onnx", "torch"))
+
+
+def backend_pairs_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Every pair of `BACKEND_PAIRS` that a device measured at the same cell.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, model, batch, width, backend, baseline, backend_us, baseline_us, ratio``
+        (``backend_us / baseline_us``: below 1, ``backend`` is faster), ``backend_mib,
+        baseline_mib`` (peak memory); pairs in `BACKEND_PAIRS` order within a cell.
+        Emulated-ISA cells are left out (qemu timings are not a device's).
+    """
+    key = ["device", "model", "batch", "width"]
+    columns = [*key, "backend", "baseline", "backend_us", "baseline_us", "ratio", "backend_mib", "baseline_mib"]
+    ok = ok_cells(native_cells(cells))
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    parts = []
+    for order, (backend, baseline) in enumerate(BACKEND_PAIRS):
+        mine = ok[ok["backend"] == backend][[*key, "median_us", "peak_memory_bytes"]]
+        theirs = ok[ok["backend"] == baseline][[*key, "median_us", "peak_memory_bytes"]]
+        both = mine.merge(theirs, on=key, suffixes=("_a", "_b"))
+        if both.empty:
+            continue
+        out = both[key].copy()
+        out["backend"], out["baseline"], out["_order"] = backend, baseline, order
+        out["backend_us"] = both["median_us_a"]
+        out["baseline_us"] = both["median_us_b"]
+        out["ratio"] = out["backend_us"] / out["baseline_us"]
+        out["backend_mib"] = _floats(both["peak_memory_bytes_a"]) / _MIB
+        out["baseline_mib"] = _floats(both["peak_memory_bytes_b"]) / _MIB
+        parts.append(out)
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    table = pd.concat(parts, ignore_index=True).sort_values([*key, "_order"])
+    return table[columns].reset_index(drop=True)
+
+
 def backend_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """ONNX Runtime against PyTorch wherever a device measured both at the same cell.
+    """ONNX Runtime (training build) against PyTorch wherever a device measured both at the same cell.
 
     Parameters
     ----------
@@ -460,25 +508,22 @@ def backend_table(cells: pd.DataFrame) -> pd.DataFrame:
     -------
     pandas.DataFrame
         ``device, model, batch, width, ort_us, torch_us, ort_over_torch`` (below 1: ORT is
-        faster), ``ort_mib, torch_mib`` (peak memory). Emulated-ISA cells are left out.
+        faster), ``ort_mib, torch_mib`` (peak memory): the ``ort``/``torch`` rows of
+        `backend_pairs_table` (emulated-ISA cells are left out).
     """
     columns = ["device", "model", "batch", "width", "ort_us", "torch_us", "ort_over_torch", "ort_mib", "torch_mib"]
-    ok = ok_cells(native_cells(cells))
-    if ok.empty:
-        return pd.DataFrame(columns=columns)
-    key = ["device", "model", "batch", "width"]
-    ort = ok[ok["backend"] == "ort"][[*key, "median_us", "peak_memory_bytes"]]
-    torch = ok[ok["backend"] == "torch"][[*key, "median_us", "peak_memory_bytes"]]
-    both = ort.merge(torch, on=key, suffixes=("_ort", "_torch"))
-    if both.empty:
-        return pd.DataFrame(columns=columns)
-    out = both[key].copy()
-    out["ort_us"] = both["median_us_ort"]
-    out["torch_us"] = both["median_us_torch"]
-    out["ort_over_torch"] = out["ort_us"] / out["torch_us"]
-    out["ort_mib"] = _floats(both["peak_memory_bytes_ort"]) / _MIB
-    out["torch_mib"] = _floats(both["peak_memory_bytes_torch"]) / _MIB
-    return out[columns].sort_values(key).reset_index(drop=True)
+    pairs = backend_pairs_table(cells)
+    pairs = pairs[(pairs["backend"] == "ort") & (pairs["baseline"] == "torch")]
+    renamed = pairs.rename(
+        columns={
+            "backend_us": "ort_us",
+            "baseline_us": "torch_us",
+            "ratio": "ort_over_torch",
+            "backend_mib": "ort_mib",
+            "baseline_mib": "torch_mib",
+        }
+    )
+    return renamed[columns].reset_index(drop=True)
 
 
 def headline_table(cells: pd.DataFrame) -> pd.DataFrame:

@@ -1,10 +1,13 @@
-"""Benchmarks: export time per model, and ORT against PyTorch training time per width.
+"""Benchmarks: export time per model, and the training time of every backend per width.
 
 Run from the repository root: ``python -m tests.bench [--models a,b] [--widths ...]``
-(or ``tox -e bench``). Training time is measured with each backend in a process of its
-own, the processes alternated (ORT, PyTorch, ORT, PyTorch, ...), and the ORT/PyTorch ratio
-taken pair by pair, then its median reported: timing both runtimes in one process is wrong
-because their thread pools contend.
+(or ``tox -e bench``). Training time is measured for the ORT training build (``ort``),
+the portable step model on the same ONNX Runtime (``onnx``, through the runner's own
+backend) and PyTorch eager (``torch``), each in a process of its own, the processes
+alternated (ort, onnx, torch, ort, onnx, torch, ...); each ratio is taken round by round,
+then its median reported: timing two runtimes in one process is wrong because their thread
+pools contend. Per model, the median over widths of the portable model's time over the
+training build's is checked against `PORTABLE_TARGET`.
 """
 
 from __future__ import annotations
@@ -24,15 +27,23 @@ import numpy as np
 
 from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
+from exporters.step_model import write_step_model
 from exporters.zoo import get_model, model_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+#: Backends of the training-time benchmark, in the order their processes alternate.
+BACKENDS = ("ort", "onnx", "torch")
+
+#: The portable step model may be at most this much slower than the training build
+#: (median over a model's widths of the per-image time ratio).
+PORTABLE_TARGET = 1.20
+
 
 def bench_export(models: list[str], widths: tuple[float, ...], batch: int) -> None:
-    """Print cold and cached export time of all ``widths`` per model."""
+    """Print cold and cached export time of all ``widths`` per model, and the step model's share."""
     print(f"\n== Export time, all of {widths} per model, batch {batch}, AdamW ==")
-    print(f"{'model':<20} {'cold s':>8} {'cached s':>9} {'cold/cached':>12}")
+    print(f"{'model':<20} {'cold s':>8} {'cached s':>9} {'cold/cached':>12} {'step model s':>13} {'share':>6}")
     for name in models:
         model = get_model(name)
         with tempfile.TemporaryDirectory() as tmp:
@@ -45,7 +56,33 @@ def bench_export(models: list[str], widths: tuple[float, ...], batch: int) -> No
                 ]
                 times.append(time.perf_counter() - start)
             assert all(r.cached for r in results), "second export was not served from the cache"
-        print(f"{name:<20} {times[0]:>8.2f} {times[1]:>9.3f} {times[0] / times[1]:>11.0f}x", flush=True)
+            step = sum(_step_model_seconds(r.directory, Path(tmp)) for r in results)
+        share = step / times[0]
+        print(
+            f"{name:<20} {times[0]:>8.2f} {times[1]:>9.3f} {times[0] / times[1]:>11.0f}x {step:>13.2f} {share:>6.1%}",
+            flush=True,
+        )
+
+
+def _step_model_seconds(directory: Path, scratch: Path) -> float:
+    """Time the export's step-model stage again (lowering, checks, writing) on a copy of its inputs."""
+    import shutil
+
+    from exporters.artifacts import OPTIMIZER_MODEL, TRAINING_MODEL, read_manifest
+    from exporters.step_model import initial_flat
+
+    work = Path(tempfile.mkdtemp(dir=scratch))
+    for name in (TRAINING_MODEL, OPTIMIZER_MODEL):
+        shutil.copy(directory / name, work / name)
+    flat = np.load(directory / "initial_parameters.npy")
+    params = read_manifest(directory)["parameters"]
+    initial = {p["name"]: flat[p["offset"] : p["offset"] + p["size"]].reshape(p["shape"]) for p in params}
+    start = time.perf_counter()
+    write_step_model(work, params, initial)
+    seconds = time.perf_counter() - start
+    assert np.array_equal(np.load(work / "initial_parameters.npy"), initial_flat(params, initial))
+    shutil.rmtree(work)
+    return seconds
 
 
 def run_worker(
@@ -84,26 +121,40 @@ def prepared(name: str, width: float, batch: int, artifact_root: Path) -> Iterat
 
 
 def bench_training(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
-    """Print per-image training time of ORT and PyTorch and their ratio per model and width."""
+    """Print per-image training time of every backend and their ratios per model and width."""
+    backends = tuple(b for b in BACKENDS if b in args.backends.split(","))
     print(
-        f"\n== Training step, per image, batch {args.batch}, AdamW, {args.threads} threads, "
-        f"median of {args.steps} steps after {args.warmup} warm-up, {args.pairs} alternated process pairs =="
+        f"\n== Training step, per image, batch {args.batch}, AdamW, {args.threads} threads, median of {args.steps} "
+        f"steps after {args.warmup} warm-up, {args.pairs} rounds of alternated processes ({', '.join(backends)}) =="
     )
-    print(f"{'model':<20} {'width':>6} {'ORT us':>10} {'PyTorch us':>11} {'ORT/PyTorch':>12} {'pair ratios':>30}")
+    ratios_of = [(a, b) for a, b in (("onnx", "ort"), ("ort", "torch"), ("onnx", "torch")) if {a, b} <= set(backends)]
+    head = " ".join(f"{b + ' us':>10}" for b in backends) + " " + " ".join(f"{a + '/' + b:>11}" for a, b in ratios_of)
+    print(f"{'model':<20} {'width':>6} {head}   round ratios (first pair)")
+    summary = []
     for name in models:
+        per_width: dict[tuple[str, str], list[float]] = {pair: [] for pair in ratios_of}
         for width in widths:
             with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
-                ort_medians, torch_medians = [], []
-                for _ in range(args.pairs):  # alternated: ORT, PyTorch, ORT, PyTorch, ...
-                    for backend, medians in (("ort", ort_medians), ("torch", torch_medians)):
+                medians: dict[str, list[float]] = {b: [] for b in backends}
+                for _ in range(args.pairs):  # alternated: ort, onnx, torch, ort, onnx, torch, ...
+                    for backend in backends:
                         seconds = run_worker(backend, name, width, artifact_dir, data_dir, args)
-                        medians.append(statistics.median(seconds))
-            ratios = [o / t for o, t in zip(ort_medians, torch_medians, strict=True)]
-            ort_us = statistics.median(ort_medians) / args.batch * 1e6
-            torch_us = statistics.median(torch_medians) / args.batch * 1e6
-            shown = " ".join(f"{r:.2f}" for r in ratios)
-            ratio = statistics.median(ratios)
-            print(f"{name:<20} {width:>6.2f} {ort_us:>10.1f} {torch_us:>11.1f} {ratio:>11.2f}x {shown:>30}", flush=True)
+                        medians[backend].append(statistics.median(seconds))
+            us = {b: statistics.median(v) / args.batch * 1e6 for b, v in medians.items()}
+            ratios = {(a, b): [x / y for x, y in zip(medians[a], medians[b], strict=True)] for a, b in ratios_of}
+            for pair, values in ratios.items():
+                per_width[pair].append(statistics.median(values))
+            shown = " ".join(f"{r:.2f}" for r in ratios[ratios_of[0]]) if ratios_of else ""
+            cells = " ".join(f"{us[b]:>10.1f}" for b in backends) + " "
+            cells += " ".join(f"{statistics.median(v):>10.2f}x" for v in ratios.values())
+            print(f"{name:<20} {width:>6.2f} {cells}   {shown}", flush=True)
+        summary.append((name, {pair: statistics.median(v) for pair, v in per_width.items() if v}))
+    if ("onnx", "ort") in ratios_of:
+        print(f"\n== Median over widths per model (target: portable / training build <= {PORTABLE_TARGET:.2f}) ==")
+        print(f"{'model':<20} " + " ".join(f"{a + '/' + b:>11}" for a, b in ratios_of) + "  verdict")
+        for name, medians_of in summary:
+            verdict = "ok" if medians_of[("onnx", "ort")] <= PORTABLE_TARGET else "SLOWER THAN TARGET"
+            print(f"{name:<20} " + " ".join(f"{medians_of[p]:>10.2f}x" for p in ratios_of) + f"  {verdict}")
 
 
 def read_trace_events(directory: Path) -> list[dict]:
@@ -139,11 +190,11 @@ def bench_profile(models: list[str], widths: tuple[float, ...], args: argparse.N
 
 
 def bench_knobs(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
-    """Print ORT's training step time under each session variant, relative to the default."""
+    """Print a backend's training step time under each ORT session variant, relative to the default."""
     from tests.bench.worker import ORT_VARIANTS
 
     print(
-        f"\n== ORT session variants: median step time relative to the default (batch {args.batch}, "
+        f"\n== {args.knob_backend} session variants: median step time relative to the default (batch {args.batch}, "
         f"{args.pairs} rounds, variants alternated within a round) =="
     )
     print(f"{'model':<20} {'width':>6} {'default ms':>11}  " + " ".join(f"{v:>13}" for v in ORT_VARIANTS[1:]))
@@ -153,7 +204,9 @@ def bench_knobs(models: list[str], widths: tuple[float, ...], args: argparse.Nam
                 medians: dict[str, list[float]] = {v: [] for v in ORT_VARIANTS}
                 for _ in range(args.pairs):
                     for variant in ORT_VARIANTS:
-                        seconds = run_worker(f"ort:{variant}", name, width, artifact_dir, data_dir, args)
+                        seconds = run_worker(
+                            f"{args.knob_backend}:{variant}", name, width, artifact_dir, data_dir, args
+                        )
                         medians[variant].append(statistics.median(seconds))
             base = statistics.median(medians["default"])
             shown = " ".join(f"{statistics.median(medians[v]) / base:>12.2f}x" for v in ORT_VARIANTS[1:])
@@ -168,7 +221,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per process")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per process (never timed)")
-    parser.add_argument("--pairs", type=int, default=5, help="alternated ORT / PyTorch process pairs")
+    parser.add_argument("--pairs", type=int, default=5, help="rounds of alternated backend processes")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="backends of the training benchmark")
+    parser.add_argument("--knob-backend", default="ort", choices=("ort", "onnx"), help="backend of --only knobs")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--only",

@@ -1,8 +1,10 @@
 """Time training steps of one backend in a process of its own.
 
 Usage: ``python -m tests.bench.worker BACKEND MODEL WIDTH ARTIFACT_DIR DATA_DIR STEPS WARMUP THREADS``
-with BACKEND one of ``ort``, ``ort:VARIANT`` (see `ORT_VARIANTS`), ``ort-profile`` and ``torch``,
-where DATA_DIR holds the batch as ``x.npy`` and ``y.npy``.
+with BACKEND one of ``ort``, ``ort:VARIANT`` (see `ORT_VARIANTS`), ``ort-profile``, ``onnx`` (the
+portable step model through the runner's own `harness.runner.OnnxBackend`), ``onnx:VARIANT``
+(see `ONNX_VARIANTS`), ``onnx-profile`` and ``torch``, where DATA_DIR holds the batch as ``x.npy`` and
+``y.npy``.
 Prints one JSON document: ``{"backend", "seconds": [per timed step], "loss": last loss}``.
 Only one runtime is imported per process: two runtimes in one process contend for threads.
 """
@@ -92,6 +94,41 @@ def time_ort(
     return seconds, loss
 
 
+def time_onnx(
+    artifact_dir: Path, x, y, steps: int, warmup: int, threads: int, variant: str, profile_dir: Path | None = None
+) -> tuple[list[float], float]:
+    """Time ``steps`` steps of the portable step model after ``warmup``, as the runner runs them.
+
+    The session is the runner's (`harness.runner.OnnxBackend`: IO binding, ping-pong
+    buffers); a variant only changes its session options (`onnx_session_options`).
+    """
+    import numpy as np
+
+    from harness import runner
+
+    options = ort_session_options(threads, variant, profile_dir)
+    original = runner.session_options
+    runner.session_options = lambda onnxruntime, threads: options
+    try:
+        manifest = runner.load_manifest(str(artifact_dir), "onnx")
+        backend = runner.OnnxBackend(str(artifact_dir), manifest, threads)
+    finally:
+        runner.session_options = original
+    backend.bind(np.ascontiguousarray(x), np.ascontiguousarray(y))
+    seconds: list[float] = []
+    loss = float("nan")
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        out = backend.step()
+        elapsed = time.perf_counter() - start
+        if step >= warmup:
+            seconds.append(elapsed)
+        loss = backend.loss_value(out)
+    if profile_dir is not None:
+        del backend
+    return seconds, loss
+
+
 def time_torch(model_name: str, width: float, x, y, steps: int, warmup: int, threads: int) -> tuple[list[float], float]:
     """Time ``steps`` PyTorch eager training steps with AdamW (ORT's defaults) after ``warmup``."""
     import torch
@@ -128,7 +165,11 @@ def main(argv: list[str]) -> None:
 
     x = np.load(Path(data_dir) / "x.npy", allow_pickle=False)
     y = np.load(Path(data_dir) / "y.npy", allow_pickle=False)
-    if backend.startswith("ort"):
+    if backend.startswith("onnx"):
+        variant = backend.partition(":")[2] or "default"
+        profile_dir = Path(data_dir) if backend == "onnx-profile" else None
+        seconds, loss = time_onnx(Path(artifact_dir), x, y, int(steps), int(warmup), int(threads), variant, profile_dir)
+    elif backend.startswith("ort"):
         # "ort", "ort-profile" or "ort:VARIANT"
         variant = backend.partition(":")[2] or "default"
         profile_dir = Path(data_dir) if backend == "ort-profile" else None

@@ -22,6 +22,7 @@ from devices.errors import ConnectionLost
 from devices.fleet import Device
 from devices.local import LocalTransport
 from devices.transport import RunResult, Transport
+from exporters.artifacts import ARTIFACT_FILES
 from harness.deploy import DeployError, deploy_artifact_set, deploy_files, deploy_runner, sha256_file
 from tests.devices.sshd_server import Server
 
@@ -161,7 +162,7 @@ def test_interrupted_push_leaves_no_bad_entry_and_no_half_set(
     assert list((target.host_dir / "cas").iterdir()) == []  # nothing was committed
     assert not (target.host_dir / "sets").exists() or list((target.host_dir / "sets").iterdir()) == []
     again = deploy_artifact_set(target.transport, target.device, artifact_set)
-    assert len(again.pushed_files) == 5
+    assert len(again.pushed_files) == len(ARTIFACT_FILES) + 1  # and the manifest
     assert hashes_on_device(target, again.remote_dir) == manifest_hashes(artifact_set)
 
 
@@ -209,7 +210,7 @@ def test_device_without_python_falls_back_to_sha256sum(tmp_path: Path, artifact_
     device = Device("toybox", "local", workdir=str(host_dir), python="/nonexistent/python3")
     transport = LocalTransport()
     first = deploy_artifact_set(transport, device, artifact_set)
-    assert len(first.pushed_files) == 5
+    assert len(first.pushed_files) == len(ARTIFACT_FILES) + 1  # and the manifest
     entry = host_dir / "cas" / manifest_hashes(artifact_set)["training_model.onnx"]
     entry.chmod(0o644)
     entry.write_bytes(b"x" + entry.read_bytes()[1:])

@@ -36,7 +36,7 @@ def test_every_figure_is_png_and_svg_and_embedded(full: Path) -> None:
         "speedup",
         "roofline",
         "prediction_error",
-        "ort_vs_torch",
+        "backend_pairs",
         "fl_run1_accuracy",
         "fl_run1_timeline",
         "fl_run1_tiers",

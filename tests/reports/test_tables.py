@@ -154,6 +154,34 @@ def test_headline(cells: pd.DataFrame) -> None:
     assert phone["failed"] == 2 and math.isnan(phone["speedup"])
 
 
+def test_backend_pairs_table_compares_every_pair_at_the_same_cell(cells: pd.DataFrame) -> None:
+    # The portable step model measured on the jetson at 1.1x the training build's latency, 10 MiB more.
+    onnx = cells[(cells["device"] == "jetson") & (cells["backend"] == "ort")].copy()
+    onnx["backend"] = "onnx"
+    onnx["median_us"] = 1.1 * onnx["median_us"]
+    onnx["peak_memory_bytes"] = onnx["peak_memory_bytes"] + 10 * 2**20
+    pairs = tables.backend_pairs_table(pd.concat([cells, onnx], ignore_index=True))
+    assert set(pairs["device"]) == {"jetson"}
+    for w in WIDTHS:
+        at = pairs[pairs["width"] == w]
+        assert [(r.backend, r.baseline) for r in at.itertuples()] == [
+            ("ort", "torch"),
+            ("onnx", "ort"),
+            ("onnx", "torch"),
+        ]
+        ort, torch = median_us("jetson", "ort", w), median_us("jetson", "torch", w)
+        r = row(at, backend="onnx", baseline="ort")
+        assert r["backend_us"] == pytest.approx(1.1 * ort) and r["baseline_us"] == pytest.approx(ort)
+        assert r["ratio"] == pytest.approx(1.1)
+        assert r["backend_mib"] - r["baseline_mib"] == pytest.approx(10.0)
+        assert row(at, backend="onnx", baseline="torch")["ratio"] == pytest.approx(1.1 * ort / torch)
+        assert row(at, backend="ort", baseline="torch")["ratio"] == pytest.approx(ort / torch)
+    # Without onnx cells the pairs table is the ORT/PyTorch comparison only, and backend_table is that view.
+    only = tables.backend_pairs_table(cells)
+    assert set(zip(only["backend"], only["baseline"], strict=True)) == {("ort", "torch")}
+    assert list(tables.backend_table(cells)["ort_over_torch"]) == pytest.approx(list(only["ratio"]))
+
+
 def test_empty_and_single_width_inputs() -> None:
     empty = pd.DataFrame(columns=["device", "model", "batch", "backend", "width", "status", "median_us"])
     for build in (
@@ -161,6 +189,7 @@ def test_empty_and_single_width_inputs() -> None:
         tables.speedup_table,
         tables.roofline_table,
         tables.backend_table,
+        tables.backend_pairs_table,
         tables.prediction_error_table,
         tables.failures_table,
         tables.headline_table,
