@@ -147,6 +147,9 @@ class DevicesExecutor(ClosingExecutor):
         Threads the runner uses on the device.
     clock : callable
         Monotonic clock in seconds.
+    backends : mapping of str to str, optional
+        The runner backend of each device by name (``"ort"``, ``"onnx"``, ``"torch"``);
+        devices not named train with ``"ort"``. Each client round records its backend.
     """
 
     name = "devices"
@@ -163,8 +166,10 @@ class DevicesExecutor(ClosingExecutor):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         threads: int = 1,
         clock: Callable[[], float] = time.perf_counter,
+        backends: Mapping[str, str] | None = None,
     ) -> None:
         self.model = model
+        self.backends = dict(backends or {})
         self.placement = dict(placement)
         self.artifacts_dir = Path(artifacts_dir)
         self.work_dir = Path(work_dir)
@@ -179,6 +184,19 @@ class DevicesExecutor(ClosingExecutor):
         self._sets: dict[tuple[str, str], str] = {}
         self._shards: dict[tuple[str, str], tuple[str, str]] = {}
         self._lock = threading.Lock()
+
+    def backend_of(self, device: Device) -> str:
+        """Return the runner backend ``device`` trains with.
+
+        Parameters
+        ----------
+        device : Device
+
+        Returns
+        -------
+        str
+        """
+        return self.backends.get(device.name, "ort")
 
     # -- host side -----------------------------------------------------------------------
 
@@ -273,7 +291,7 @@ class DevicesExecutor(ClosingExecutor):
             transport.put(local_in, remote_in)
             download = self.clock() - t0
             argv = contract.train_argv(
-                device.python, runner, remote_set, backend="ort", params=remote_in, data=remote_shard,
+                device.python, runner, remote_set, backend=self.backend_of(device), params=remote_in, data=remote_shard,
                 out=remote_out, epochs=int(ins.config.get("epochs", 1)), lr=float(ins.config.get("lr", 0.05)),
                 threads=self.threads, seed=int(ins.config.get("seed", 0)),
             )  # fmt: skip
