@@ -82,7 +82,7 @@ Decisions:
   ``exporters.torchscript.export_torchscript``); it trains with
   ``torch.optim.AdamW`` / ``SGD`` at the manifest's ``optimizer_defaults`` and the
   mean cross-entropy. ``torch.optim.AdamW`` differs from ORT's AdamW in how
-  ``eps`` enters (see ``exporters.artifacts.OrtAdamW``); SGD matches exactly.
+  ``eps`` enters (see ``exporters.torch_twin.OrtAdamW``); SGD matches exactly.
 * throttled: true when, on any cpu, the frequency after the run is more than 5 %
   below the frequency before it, or when any thermal zone is at or above one of
   its ``passive`` trip points after the run. A heuristic: governors also lower
