@@ -262,7 +262,7 @@ def prediction_figure(errors: pd.DataFrame) -> Figure:
     ax.axhline(0, color="#7f7f7f", linewidth=0.8)
     _width_lines(ax, errors, "error", device_colours(list(errors["device"])), scale=100.0)
     ax.set_ylabel("prediction error (% of measured)")
-    ax.set_title("Latency model a + b·FLOPs, width left out of the fit")
+    ax.set_title("Latency model, width left out of the fit")
     ax.legend(loc="best")
     return fig
 
