@@ -8,13 +8,12 @@ A campaign is thin orchestration over the other harness pieces:
 3. `run_campaign` exports every artifact set the cells need once, on the host
    (plus the TorchScript model for torch cells), prints the isolation plan, then runs
    one thread per device, each starting when the plan lets it. On a device the cells
-   run strictly one at a time: connect, take one facts snapshot, push the contents of
-   every file the device's cells need in one deployment (**decision**: one check, push
-   and commit per device instead of per set; on a device held to 0.14 of a core each
-   remote command costs about a second: the demo campaign went from about 50 s to 43 s
-   in one comparison on two busy cores),
-   deploy the runner and the artifact set (content-addressed cache, so an unchanged set
-   pushes nothing, and a prefetched one only has its directory built), run
+   run strictly one at a time: connect, take one facts snapshot, deploy the runner and
+   every ONNX Runtime set the device's cells need (content-addressed cache, so an
+   unchanged set pushes nothing; **decision**: all sets in one deployment,
+   `harness.deploy.deploy_artifact_sets`, three remote commands instead of three or four
+   per set, since on a device held to 0.14 of a core each remote command costs about a
+   second), run
    ``runner.py bench`` under the per-cell timeout (the runner samples until the median
    is precise or its cap, see `harness.runner`), parse its JSON document and store the
    `Measurement` at once (one transaction per cell, so an interrupted campaign loses no
@@ -787,40 +786,24 @@ class _DeviceRun:
                 pass
             self.transport = None
 
-    def _files(self) -> list[Path]:
-        """Every local file this device's cells need: the runner and their sets (with ``model.pt``)."""
-        files = [contract.RUNNER_PATH]
-        for key in dict.fromkeys((self.sets[_set_key(spec)], spec.backend == "torch") for spec in self.specs):
-            set_dir, torch = key
-            files += sorted(
-                p for p in set_dir.iterdir() if p.is_file() and not p.name.startswith(".")
-                and (torch or p.name != "model.pt")
-            )  # fmt: skip
-        return files
-
     def _prefetch(self, transport: Transport) -> None:
-        """Push the contents of every file the device's cells need into its cache in one deployment.
+        """Deploy every ONNX Runtime set the device's cells need in one deployment (`deploy_artifact_sets`).
 
-        One check, one push and one commit for the whole campaign instead of one per set:
-        each later per-set deployment finds its contents present and only materialises its
-        directory. That saves two remote commands per set, which on a device held to a
-        small CPU share are seconds each. The files go in under unique names (links in a
-        temporary directory), since sets share file names with different contents.
+        One check, push, commit and materialise for the whole campaign instead of one of
+        each per set: on a device held to a small CPU share each remote command costs
+        about a second. Torch cells keep their own deployment (`_prepare`).
         """
-        import tempfile
-
-        from harness.deploy import deploy_files
+        from harness.deploy import deploy_artifact_sets
 
         self.prefetched = True
-        with tempfile.TemporaryDirectory(prefix="fleetbench-prefetch-") as tmp:
-            links = []
-            for i, path in enumerate(self._files()):
-                link = Path(tmp) / f"{i}-{path.name}"
-                link.symlink_to(path.resolve())
-                links.append(link)
-            deployed = deploy_files(transport, self.device, links, timeout=self.timeout)
+        wanted = list(dict.fromkeys(self.sets[_set_key(spec)] for spec in self.specs if spec.backend != "torch"))
+        if not wanted:
+            return
+        deployed = deploy_artifact_sets(transport, self.device, wanted, timeout=self.timeout)
         with self.lock:
-            self.result.deploys.setdefault(self.device.name, []).append(deployed)
+            self.result.deploys.setdefault(self.device.name, []).extend(deployed)
+        for set_dir, result in zip(wanted, deployed, strict=True):
+            self.remote_sets[(set_dir, False)] = str(result.remote_dir)
 
     def _prepare(self, set_dir: Path, backend: str) -> tuple[Transport, str, str]:
         """Connect, snapshot facts, deploy runner and set (each once per device).
