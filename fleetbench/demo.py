@@ -211,9 +211,12 @@ def plan_capacities(
 ) -> list[float] | None:
     """Give every device the width of its tier, planned from the stored profiles.
 
-    The round deadline is the median device's predicted full-width training time; each
-    device gets the widest width that meets it (and fits its memory budget), and devices
-    are clustered into two tiers (`fl.scheduling.assign_tiers`).
+    The round deadline is the median device's predicted full-width training time (its
+    latency model's, `harness.latency`: the same prediction the tiers are planned with, so
+    that the median device meets the deadline at full width exactly, whatever the fit's
+    residual at its measured width); each device gets the widest width that meets it (and
+    fits its memory budget), and devices are clustered into two tiers
+    (`fl.scheduling.assign_tiers`).
 
     Returns
     -------
@@ -222,17 +225,20 @@ def plan_capacities(
     """
     from exporters.arch import DEFAULT_MODEL
     from fl import scheduling
+    from harness.latency import fit
 
     cells = store.latest_cells()
+    models = fit(cells[(cells.model == DEFAULT_MODEL) & (cells.batch == DEMO_BATCH) & (cells.backend == "ort")])
     full_times = []
     for device in fleet.devices:
         rows = cells[(cells.device == device.name) & (cells.status == "ok") & (cells.width == 1.0)]
-        if len(rows):
-            full_times.append(float(rows.median_us.iloc[0]) * 1e-6 * examples[device.name] * epochs)
+        if len(rows) and device.name in models:
+            latency = models[device.name].latency_model(DEFAULT_MODEL, DEMO_BATCH, "ort")
+            full_times.append(latency.predict(1.0).value * examples[device.name] * epochs)
     if not full_times:
         progress.detail("no device has a full-width profile; FL skipped")
         return None
-    deadline = sorted(full_times)[len(full_times) // 2]
+    deadline = sorted(full_times)[len(full_times) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
     plan = scheduling.assign_tiers(
         cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
         batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,

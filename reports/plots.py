@@ -216,7 +216,7 @@ def speedup_figure(speed: pd.DataFrame) -> Figure:
     ax.set_ylim(bottom=min(1.0, float(speed["measured_speedup"].min()) * 0.95))
     ax.set_xlabel("theoretical speed-up (FLOPs of widest / FLOPs of width)")
     ax.set_ylabel("measured speed-up (latency ratio)")
-    ax.set_title("Measured speed-up (markers) and the a + b·FLOPs fit (lines)")
+    ax.set_title("Measured speed-up (markers) and the fixed share's speed-up (lines)")
     ax.legend(handles=handles, loc="upper left")
     return fig
 

@@ -260,8 +260,8 @@ def _speedup(speed: pd.DataFrame) -> Draft:
     intro = (
         "The theoretical speed-up of a width is the FLOPs ratio of the widest measured width to it; the measured "
         "speed-up is the ratio of their median latencies. FedDrop (Table 10) measured 1.75× for a 2× FLOPs "
-        "reduction on an iPhone 12 Pro CPU. The gap is a fixed per-step cost: fitting latency = a + b·FLOPs per "
-        "device, the intercept a does not shrink with the model, and with its share φ of the full-width latency "
+        "reduction on an iPhone 12 Pro CPU. The gap is a fixed per-step cost: the device's latency model has a fixed "
+        "term a that does not shrink with the model, and with its share φ of the full-width latency "
         "the speed-up is at most 1 / (φ + (1 − φ) / T) for a FLOPs ratio T (Amdahl's law)."
     )
     if speed.empty:
