@@ -436,3 +436,23 @@ def test_widths_chosen_by_the_model(fleet_file: Path, artifacts: Path, tmp_path:
     assert sorted(store.latest_cells()["width"]) == sorted(choice.widths)
     assert {r.campaign_id for r in choice.results} == {choice.results[0].campaign_id}  # one stored campaign
     assert any("most uncertain" in line for line in said)
+
+
+def test_cli_profile_auto_widths_on_a_local_device(
+    artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetbench.cli import main
+
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(f"devices:\n  - name: here\n    kind: local\n    workdir: {tmp_path / 'work'}\n")
+    db = tmp_path / "auto.db"
+    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "auto:3", "--batch", str(BATCH)]
+    argv += ["--steps", "3", "--warmup", "1", "--precision", "0", "--db", str(db), "--artifacts", str(artifacts)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    with ProfileStore(db) as store:
+        widths = sorted(store.latest_cells()["width"])
+    assert len(widths) == 3 and widths[0] == campaign.AUTO_CANDIDATES[0] and widths[-1] == 1.0
+    assert f"widths chosen: {', '.join(f'{w:g}' for w in widths)}" in captured.err
+    assert "most uncertain" in captured.err and "isolation plan" in captured.err
+    assert len([line for line in captured.out.splitlines() if line.startswith("here")]) == 3
