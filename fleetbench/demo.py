@@ -6,7 +6,10 @@
    demo says so and uses three local devices instead, which run at the host's speed.
 2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
    optimizer graph, which both the profile and the FL rounds train with.
-3. **Profile**: every device x width, a few timed steps each, into the demo's store.
+3. **Profile**: every device x width into the demo's store, the devices that share this
+   machine's cpus one at a time (the example fleet pins its slowest device to a cpu of its
+   own, so two lanes run side by side; the plan is printed), each cell sampled until its
+   median is within +-2 % or `DEMO_MAX_SECONDS` (then flagged imprecise).
 4. **Tiers**: from the profiles (`fl.scheduling.assign_tiers`): each device's widest width
    whose predicted training time meets the deadline (the median device's full-width
    time), devices clustered into two tiers.
@@ -38,6 +41,10 @@ DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
 
 #: Training batch of every artifact set the demo uses.
 DEMO_BATCH = 20
+
+#: Per-cell cap on warm-up and sampling: a cell on an idle emulated device reaches +-2 % in
+#: about a second; a busy machine gets its cells flagged imprecise rather than a longer demo.
+DEMO_MAX_SECONDS = 2.0
 
 
 class Progress:
@@ -122,9 +129,12 @@ def run_demo(args: argparse.Namespace) -> int:
     from devices import emulate
     from exporters.arch import DEFAULT_MODEL
     from exporters.artifacts import check_writable
+    from exporters.errors import InputError
     from harness import campaign
     from harness.store import ProfileStore
 
+    if not 0 <= args.precision < 1:
+        raise InputError(f"--precision {args.precision:g} must be a fraction in [0, 1) (0.02 is +-2 %)")
     out = check_writable(Path(args.out).resolve())
     db = out / "fleetbench.db"
     artifacts = out / "artifacts"
@@ -144,16 +154,23 @@ def run_demo(args: argparse.Namespace) -> int:
     status = 0
     try:
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
-        specs = campaign.plan_cells(fleet, model, DEMO_WIDTHS, [DEMO_BATCH], ["ort"], args.steps, 2, "sgd")
+        specs = campaign.plan_cells(
+            fleet, model, DEMO_WIDTHS, [DEMO_BATCH], ["ort"], args.steps, 20, "sgd", precision=args.precision,
+            max_seconds=args.max_seconds,
+        )  # fmt: skip
         sets = campaign.export_sets(specs, artifacts)
         progress.detail(f"{len(sets)} artifact sets in {artifacts}")
         with ProfileStore(db) as store:
             result = campaign.run_campaign(
                 fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
-                progress=lambda event: progress.detail(campaign.format_event(event)),
+                progress=lambda event: progress.detail(campaign.format_event(event)), announce=progress.detail,
             )  # fmt: skip
             ok = sum(m.ok for m in result.measurements)
-            progress.detail(f"{ok} of {len(result.measurements)} cells measured")
+            imprecise = sum(m.imprecise for m in result.measurements)
+            progress.detail(
+                f"{ok} of {len(result.measurements)} cells measured"
+                + (f", {imprecise} imprecise (the machine is busy; see the report)" if imprecise else "")
+            )
 
             progress.step("planning tiers from the profiles")
             from exporters.zoo import get_model
@@ -194,9 +211,12 @@ def plan_capacities(
 ) -> list[float] | None:
     """Give every device the width of its tier, planned from the stored profiles.
 
-    The round deadline is the median device's predicted full-width training time; each
-    device gets the widest width that meets it (and fits its memory budget), and devices
-    are clustered into two tiers (`fl.scheduling.assign_tiers`).
+    The round deadline is the median device's predicted full-width training time (its
+    latency model's, `harness.latency`: the same prediction the tiers are planned with, so
+    that the median device meets the deadline at full width exactly, whatever the fit's
+    residual at its measured width); each device gets the widest width that meets it (and
+    fits its memory budget), and devices are clustered into two tiers
+    (`fl.scheduling.assign_tiers`).
 
     Returns
     -------
@@ -205,17 +225,20 @@ def plan_capacities(
     """
     from exporters.arch import DEFAULT_MODEL
     from fl import scheduling
+    from harness.latency import fit
 
     cells = store.latest_cells()
+    models = fit(cells[(cells.model == DEFAULT_MODEL) & (cells.batch == DEMO_BATCH) & (cells.backend == "ort")])
     full_times = []
     for device in fleet.devices:
         rows = cells[(cells.device == device.name) & (cells.status == "ok") & (cells.width == 1.0)]
-        if len(rows):
-            full_times.append(float(rows.median_us.iloc[0]) * 1e-6 * examples[device.name] * epochs)
+        if len(rows) and device.name in models:
+            latency = models[device.name].latency_model(DEFAULT_MODEL, DEMO_BATCH, "ort")
+            full_times.append(latency.predict(1.0).value * examples[device.name] * epochs)
     if not full_times:
         progress.detail("no device has a full-width profile; FL skipped")
         return None
-    deadline = sorted(full_times)[len(full_times) // 2]
+    deadline = sorted(full_times)[len(full_times) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
     plan = scheduling.assign_tiers(
         cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
         batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
@@ -279,13 +302,24 @@ def run_fl_rounds(
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``fleetbench`` parser."""
     from exporters.cli import non_negative_int, positive_float, positive_int
+    from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
 
     demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
     demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")
     demo.add_argument("--rounds", type=positive_int, default=4, help="FL rounds (default 4)")
     demo.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round (default 1)")
     demo.add_argument("--examples", type=positive_int, default=2000, help="MNIST examples used in all (default 2000)")
-    demo.add_argument("--steps", type=positive_int, default=5, help="timed steps per profiled cell (default 5)")
+    demo.add_argument(
+        "--steps", type=positive_int, default=MIN_SAMPLES, help=f"fewest timed samples per cell (default {MIN_SAMPLES})"
+    )
+    demo.add_argument(
+        "--precision", type=float, default=DEFAULT_PRECISION,
+        help=f"target half-width of each cell's median interval (default {DEFAULT_PRECISION:g})",
+    )  # fmt: skip
+    demo.add_argument(
+        "--max-seconds", type=positive_float, default=DEMO_MAX_SECONDS,
+        help=f"per-cell cap on warm-up and sampling (default {DEMO_MAX_SECONDS:g})",
+    )  # fmt: skip
     demo.add_argument(
         "--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)"
     )

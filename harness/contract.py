@@ -80,6 +80,8 @@ def bench_argv(
     steps: int,
     threads: int,
     sample_seconds: float = 0.0,
+    precision: float = runner.DEFAULT_PRECISION,
+    max_seconds: float = runner.DEFAULT_MAX_SECONDS,
 ) -> list[str]:
     """Return the command line of ``runner.py bench``.
 
@@ -94,8 +96,14 @@ def bench_argv(
     backend : str
         ``"ort"``, ``"torch"`` or ``"onnx"``.
     warmup, steps, threads : int
+        Most warm-up steps, fewest timed samples, intra-op threads.
     sample_seconds : float
         Minimum seconds per timed sample (0: every step is a sample).
+    precision : float
+        Target half-width of the median's 95 % interval, as a fraction of the median
+        (0: exactly ``steps`` samples).
+    max_seconds : float
+        Cap on warm-up plus timed sampling.
 
     Returns
     -------
@@ -104,7 +112,8 @@ def bench_argv(
     return [
         python, runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
         "--warmup", str(warmup), "--steps", str(steps), "--threads", str(threads),
-        "--sample-seconds", repr(float(sample_seconds)),
+        "--sample-seconds", repr(float(sample_seconds)), "--precision", repr(float(precision)),
+        "--max-seconds", repr(float(max_seconds)),
     ]  # fmt: skip
 
 

@@ -10,6 +10,7 @@ Command line::
 
     python3 runner.py bench --artifacts DIR --backend ort|onnx|torch --warmup W --steps N
                             --threads T [--seed S] [--sample-seconds S]
+                            [--precision P] [--max-seconds M]
     python3 runner.py train --artifacts DIR --backend ort|onnx|torch --params IN.npy
                             --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
                             [--batch B] [--seed S]
@@ -27,6 +28,18 @@ stderr while the runner works). Keys::
                        bench with --sample-seconds S > 0: one entry per sample, a block of
                        consecutive steps lasting at least S, as the block's time / its steps
     steps_per_sample   bench: how many steps each entry of step_seconds covers
+    bench only (see "Sampling" below):
+      precision, max_seconds, sample_seconds   the settings the run used
+      warmup_steps     warm-up steps run (at most --warmup); warmup_seconds: their times
+      warmup_settled   whether the warm-up rule was met before its cap
+      samples          entries of step_seconds
+      median_ci_seconds  [low, high]: the 95 % interval of the median sample (null below 6 samples)
+      precision_achieved the interval's half-width as a fraction of the median (null below 6)
+      stop_reason      "precision" | "steps" | "time cap" | "sample cap"
+      imprecise        precision > 0 and the target was not reached
+      timed_seconds    wall time of warm-up plus timed samples
+      loadavg          {"before": [1, 5, 15 min], "after": [...]} (os.getloadavg; [] where absent)
+      cpus_available   cpus this process may run on (its affinity mask)
     loss               loss of every step in step_seconds (before that step's update)
     peak_memory_bytes  peak resident set of the process (VmHWM, else ru_maxrss)
     peak_memory_source "VmHWM" | "ru_maxrss" | null
@@ -44,6 +57,29 @@ length, a shard smaller than one batch), 3 missing runtime, 4 out of memory
 message), 5 runner error (anything else; the traceback goes to stderr). A runner
 killed by the kernel's OOM killer prints nothing: the caller sees the signal
 (exit status -9 / 137) and decides (the campaign records it as out of memory).
+
+Sampling (bench):
+
+* **Warm-up** runs single steps until the time per step has settled, by this rule: step
+  ``i >= 2`` has settled when it is no more than `WARMUP_TOLERANCE` (5 %) faster than the
+  fastest step before it (the first steps of an ORT session allocate and are slower; a
+  step that no longer sets a new minimum is past that). Capped at ``--warmup`` steps and
+  at `WARMUP_SHARE` of ``--max-seconds``; ``warmup_settled`` says whether the rule or a cap
+  ended it. A slower step (a CPU quota's throttled period) counts as settled: the rule
+  asks only that the steps stop getting faster.
+* **Timed samples** are taken until the 95 % confidence interval of their median is within
+  ``+-precision`` of the median (relative half-width ``max(m - lo, hi - m) / m``), with at
+  least ``--steps`` samples, or until ``--max-seconds`` (warm-up included) have passed, or
+  `MAX_SAMPLES` samples; the run then says which (``stop_reason``) and whether the target
+  was missed (``imprecise``). ``--precision 0`` takes exactly ``--steps`` samples (no
+  interval test, no cap). The interval is distribution-free, from order statistics: for
+  ``n`` samples ``[x_(k), x_(n+1-k)]`` with the largest ``k`` such that
+  ``2 P(B <= k - 1) <= 0.05``, ``B ~ Binomial(n, 1/2)`` (`median_ci_ranks`, exact integer
+  arithmetic); it covers the median of any continuous distribution with probability at
+  least 95 % for a fixed ``n``, and needs ``n >= 6`` (`MIN_SAMPLES`). The test is repeated
+  as samples arrive (every sample up to 20, then every 5 % more), so the coverage at the
+  sample where it stops is somewhat below the nominal 95 %
+  (``tests/harness/test_runner.py`` measures it).
 
 Decisions:
 
@@ -98,7 +134,9 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -142,6 +180,32 @@ INITIAL_PARAMETERS_FILE = "initial_parameters.npy"
 
 #: Backends: ORT training artifacts, the portable step model on plain onnxruntime, TorchScript.
 BACKENDS = ("ort", "onnx", "torch")
+
+#: Two-sided confidence of the interval of the median that ends the timed sampling.
+CONFIDENCE = 0.95
+
+#: Fewest samples for which a distribution-free two-sided 95 % interval of the median exists:
+#: the widest one, ``[min, max]``, misses the median with probability ``2 / 2**n``, at most
+#: 0.05 from ``n = 6`` on.
+MIN_SAMPLES = 6
+
+#: Default ``--precision``: the interval's half-width as a fraction of the median (+-2 %).
+DEFAULT_PRECISION = 0.02
+
+#: Default ``--max-seconds``: the cap on warm-up plus timed sampling of one run.
+DEFAULT_MAX_SECONDS = 30.0
+
+#: Warm-up rule: a step has settled when it is at most this fraction faster than the fastest before it.
+WARMUP_TOLERANCE = 0.05
+
+#: Warm-up may use at most this share of ``--max-seconds``.
+WARMUP_SHARE = 0.25
+
+#: Most timed samples of one run (bounds the document: about 25 bytes per sample).
+MAX_SAMPLES = 5000
+
+#: The interval test runs after every sample up to this many, then after every 5 % more.
+CHECK_EVERY_SAMPLE_UP_TO = 20
 
 
 class RunnerFailure(Exception):
@@ -187,10 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--threads", type=int, required=True, help="intra-op threads")
     common.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", parents=[common], help="time training steps")
-    bench.add_argument("--warmup", type=int, required=True)
-    bench.add_argument("--steps", type=int, required=True)
+    bench.add_argument("--warmup", type=int, required=True, help="most warm-up steps")
+    bench.add_argument("--steps", type=int, required=True, help="fewest timed samples")
     bench.add_argument(
         "--sample-seconds", type=float, default=0.0, help="time blocks of consecutive steps lasting at least this"
+    )
+    bench.add_argument(
+        "--precision", type=float, default=DEFAULT_PRECISION, help="target half-width of the median's 95 %% interval"
+    )
+    bench.add_argument(
+        "--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="cap on warm-up plus timed sampling"
     )
     train = sub.add_parser("train", parents=[common], help="train on a local shard")
     train.add_argument("--params", required=True, help="flat float32 .npy in manifest order")
@@ -229,6 +299,32 @@ def new_result() -> dict:
         "throttled": False,
         "matmul_gflops": None,
         "versions": {"python": platform.python_version(), "numpy": None, "onnxruntime": None, "torch": None},
+    }
+
+
+def new_bench_keys() -> dict:
+    """Return the bench-only keys of the document, nothing measured yet.
+
+    Returns
+    -------
+    dict
+    """
+    return {
+        "precision": None,
+        "max_seconds": None,
+        "sample_seconds": None,
+        "steps_per_sample": [],
+        "warmup_steps": 0,
+        "warmup_seconds": [],
+        "warmup_settled": False,
+        "samples": 0,
+        "median_ci_seconds": None,
+        "precision_achieved": None,
+        "stop_reason": None,
+        "imprecise": False,
+        "timed_seconds": None,
+        "loadavg": {"before": [], "after": []},
+        "cpus_available": None,
     }
 
 
@@ -1108,6 +1204,272 @@ def open_backend(args: argparse.Namespace, manifest: dict, lr: float | None = No
     return cls(args.artifacts, manifest, args.threads, lr)
 
 
+# --------------------------------------------------------------------------- sampling
+
+
+@functools.lru_cache(maxsize=4096)
+def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple | None:
+    """Return the ranks of the order statistics that bound the median with ``confidence``.
+
+    For ``n`` independent samples of a continuous distribution with median ``m``, the
+    number ``B`` of samples below ``m`` is Binomial(n, 1/2), so
+    ``P(x_(k) <= m <= x_(n+1-k)) = 1 - 2 P(B <= k - 1)`` whatever the distribution.
+
+    Parameters
+    ----------
+    n : int
+        Number of samples.
+    confidence : float
+        Two-sided confidence in (0, 1).
+
+    Returns
+    -------
+    tuple of int or None
+        1-based ranks ``(k, n + 1 - k)`` with the largest ``k`` whose coverage
+        ``1 - 2 P(B <= k - 1)`` is at least ``confidence`` (exact integer arithmetic);
+        None when even ``[x_(1), x_(n)]`` covers less (``n < 6`` at 95 %).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence {confidence!r} is outside (0, 1)")
+    if n < 1:
+        return None
+    from fractions import Fraction
+
+    alpha = Fraction(1.0 - confidence).limit_denominator(10**9)
+    total = 1 << n  # 2**n
+    best = 0
+    below = 0  # sum of C(n, i) for i < k
+    term = 1  # C(n, k - 1)
+    for k in range(1, (n + 1) // 2 + 1):
+        below += term
+        if 2 * below * alpha.denominator > alpha.numerator * total:
+            break
+        best = k
+        term = term * (n - k + 1) // k
+    return (best, n + 1 - best) if best else None
+
+
+def median_of_sorted(values: list) -> float:
+    """Return the median of sorted values (the mean of the two middle ones for even counts).
+
+    Parameters
+    ----------
+    values : list of float
+        Sorted, at least one.
+
+    Returns
+    -------
+    float
+        Equal to ``numpy.percentile(values, 50)`` (linear interpolation).
+    """
+    n = len(values)
+    return 0.5 * (values[(n - 1) // 2] + values[n // 2])
+
+
+def median_interval(values: list, confidence: float = CONFIDENCE) -> tuple:
+    """Return the median of sorted samples, its distribution-free interval and their relative width.
+
+    Parameters
+    ----------
+    values : list of float
+        Sorted samples, at least one.
+    confidence : float
+
+    Returns
+    -------
+    median : float
+    low, high : float or None
+        The order statistics of `median_ci_ranks` (None when ``n`` is too small).
+    half_width : float or None
+        ``max(median - low, high - median) / median`` (None without an interval or for a
+        median of 0).
+    """
+    median = median_of_sorted(values)
+    ranks = median_ci_ranks(len(values), confidence)
+    if ranks is None:
+        return median, None, None, None
+    low, high = values[ranks[0] - 1], values[ranks[1] - 1]
+    half = max(median - low, high - median) / median if median > 0 else None
+    return median, low, high, half
+
+
+def has_settled(times: list, tolerance: float = WARMUP_TOLERANCE) -> bool:
+    """Apply the warm-up rule to the step times so far.
+
+    Parameters
+    ----------
+    times : list of float
+        Warm-up step times, in order.
+    tolerance : float
+
+    Returns
+    -------
+    bool
+        True from the second step on when the last step is at most ``tolerance`` faster
+        than the fastest step before it: ``t[-1] >= (1 - tolerance) * min(t[:-1])``.
+    """
+    return len(times) >= 2 and times[-1] >= (1.0 - tolerance) * min(times[:-1])
+
+
+def warm_up(step, clock, max_steps: int, max_seconds: float, tolerance: float = WARMUP_TOLERANCE) -> tuple:
+    """Run warm-up steps until the time per step settles (`has_settled`) or a cap is reached.
+
+    Parameters
+    ----------
+    step : callable
+        Runs one training step.
+    clock : callable
+        Seconds (``time.perf_counter``; injected in tests).
+    max_steps : int
+        Most steps (0: no warm-up).
+    max_seconds : float
+        Most seconds; checked after each step.
+    tolerance : float
+
+    Returns
+    -------
+    times : list of float
+        Every warm-up step's seconds.
+    settled : bool
+        Whether the rule ended the warm-up (False when a cap did).
+    """
+    times: list = []
+    start = clock()
+    while len(times) < max_steps:
+        begin = clock()
+        step()
+        times.append(clock() - begin)
+        if has_settled(times, tolerance):
+            return times, True
+        if clock() - start >= max_seconds:
+            break
+    return times, False
+
+
+def sample_steps(
+    step,
+    clock,
+    *,
+    min_samples: int,
+    precision: float,
+    max_seconds: float,
+    sample_seconds: float = 0.0,
+    loss_of=float,
+    confidence: float = CONFIDENCE,
+    max_samples: int = MAX_SAMPLES,
+) -> dict:
+    """Take timed samples until the median's interval is within ``precision`` or a cap is reached.
+
+    Each sample times consecutive steps until at least ``sample_seconds`` have passed (one
+    step when 0) and records the time per step. After a sample (every one up to
+    `CHECK_EVERY_SAMPLE_UP_TO`, then every 5 % more), with at least ``min_samples``
+    samples, the run stops when `median_interval` is within ``precision``; it also stops
+    when ``max_seconds`` have passed since the call or ``max_samples`` were taken.
+    ``precision == 0`` takes exactly ``min_samples`` samples (no test, no cap).
+
+    Parameters
+    ----------
+    step : callable
+        Runs one training step and returns its output.
+    clock : callable
+        Seconds.
+    min_samples : int
+        Fewest samples (at least 1).
+    precision : float
+        Target relative half-width of the interval (0: fixed count).
+    max_seconds : float
+        Cap on this call's wall time.
+    sample_seconds : float
+        Minimum seconds per sample.
+    loss_of : callable
+        Turns a step's output into a float (called outside the timed region).
+    confidence : float
+    max_samples : int
+
+    Returns
+    -------
+    dict
+        ``seconds`` (time per step of each sample), ``steps_per_sample``, ``loss``,
+        ``stop_reason``, ``median``, ``low``, ``high``, ``half_width`` (of the final
+        samples; None where undefined), ``elapsed``.
+    """
+    seconds: list = []
+    ordered: list = []
+    counts: list = []
+    losses: list = []
+    start = clock()
+    next_check = min_samples
+    reason = "steps"
+    while True:
+        count, begin = 0, clock()
+        while True:
+            out = step()
+            count += 1
+            elapsed = clock() - begin
+            if elapsed >= sample_seconds:
+                break
+        value = elapsed / count
+        seconds.append(value)
+        bisect.insort(ordered, value)
+        counts.append(count)
+        losses.append(loss_of(out))
+        n = len(seconds)
+        if precision <= 0:
+            if n >= min_samples:
+                break
+            continue
+        if n >= next_check:
+            half = median_interval(ordered, confidence)[3]
+            if half is not None and half <= precision:
+                reason = "precision"
+                break
+            next_check = n + 1 if n < CHECK_EVERY_SAMPLE_UP_TO else n + max(1, n // 20)
+        if clock() - start >= max_seconds:
+            reason = "time cap"
+            break
+        if n >= max_samples:
+            reason = "sample cap"
+            break
+    median, low, high, half = median_interval(ordered, confidence)
+    return {
+        "seconds": seconds,
+        "steps_per_sample": counts,
+        "loss": losses,
+        "stop_reason": reason,
+        "median": median,
+        "low": low,
+        "high": high,
+        "half_width": half,
+        "elapsed": clock() - start,
+    }
+
+
+def cpus_available() -> int | None:
+    """Return how many cpus this process may run on (its affinity mask, else the cpu count).
+
+    Returns
+    -------
+    int or None
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def load_average() -> list:
+    """Return the 1, 5 and 15 minute load averages (empty where the system has none).
+
+    Returns
+    -------
+    list of float
+    """
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return []
+
+
 # --------------------------------------------------------------------------- modes
 
 
@@ -1135,14 +1497,21 @@ def _after(result: dict, passive: dict) -> None:
 
 
 def run_bench(args: argparse.Namespace, result: dict) -> None:
-    """Time ``warmup + steps`` training steps on a random batch; fill ``result``.
+    """Warm up, then time training steps on a random batch until precise (see "Sampling"); fill ``result``.
 
     Parameters
     ----------
     args : argparse.Namespace
     result : dict
     """
-    result.update(warmup=args.warmup, steps=args.steps)
+    result.update(new_bench_keys())
+    result.update(
+        warmup=args.warmup,
+        steps=args.steps,
+        precision=args.precision,
+        max_seconds=args.max_seconds,
+        sample_seconds=args.sample_seconds,
+    )
     _check_common(args)
     if args.warmup < 0:
         raise bad(f"--warmup must be at least 0, got {args.warmup}")
@@ -1150,6 +1519,10 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         raise bad(f"--steps must be at least 1, got {args.steps}")
     if not (math.isfinite(args.sample_seconds) and args.sample_seconds >= 0):
         raise bad(f"--sample-seconds must be a number of at least 0, got {args.sample_seconds!r}")
+    if not (math.isfinite(args.precision) and 0 <= args.precision < 1):
+        raise bad(f"--precision must be a fraction in [0, 1), got {args.precision!r}")
+    if not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
+        raise bad(f"--max-seconds must be a positive number, got {args.max_seconds!r}")
     manifest = load_manifest(args.artifacts, args.backend)
     result["batch"] = int(manifest["batch"])
     np = import_numpy(args.threads)
@@ -1157,22 +1530,31 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
     backend = open_backend(args, manifest)
     backend.bind(x, y)
     passive = _before(result)
+    result["loadavg"]["before"] = load_average()
+    result["cpus_available"] = cpus_available()
     clock = time.perf_counter
-    seconds, losses = result["step_seconds"], result["loss"]
-    for _ in range(args.warmup):
-        backend.step()
-    per_sample = result["steps_per_sample"] = []
-    for _ in range(args.steps):
-        count, start = 0, clock()
-        while True:
-            out = backend.step()
-            count += 1
-            elapsed = clock() - start
-            if elapsed >= args.sample_seconds:
-                break
-        seconds.append(elapsed / count)
-        losses.append(backend.loss_value(out))
-        per_sample.append(count)
+    start = clock()
+    warm, settled = warm_up(backend.step, clock, args.warmup, WARMUP_SHARE * args.max_seconds)
+    result.update(warmup_steps=len(warm), warmup_seconds=warm, warmup_settled=settled)
+    sampled = sample_steps(
+        backend.step,
+        clock,
+        min_samples=args.steps,
+        precision=args.precision,
+        max_seconds=max(0.0, args.max_seconds - (clock() - start)),
+        sample_seconds=args.sample_seconds,
+        loss_of=backend.loss_value,
+    )
+    result["timed_seconds"] = clock() - start
+    result["step_seconds"], result["loss"] = sampled["seconds"], sampled["loss"]
+    result["steps_per_sample"], result["samples"] = sampled["steps_per_sample"], len(sampled["seconds"])
+    if sampled["low"] is not None:
+        result["median_ci_seconds"] = [sampled["low"], sampled["high"]]
+    result["precision_achieved"] = sampled["half_width"]
+    result["stop_reason"] = sampled["stop_reason"]
+    half = sampled["half_width"]
+    result["imprecise"] = args.precision > 0 and (half is None or half > args.precision)
+    result["loadavg"]["after"] = load_average()
     _after(result, passive)
     # After the timed steps: BLAS worker threads keep spinning for a while after a matmul
     # and would compete with the runtime's threads for the first steps.

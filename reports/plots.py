@@ -220,7 +220,7 @@ def speedup_figure(speed: pd.DataFrame) -> Figure:
     ax.set_ylim(bottom=min(1.0, float(speed["measured_speedup"].min()) * 0.95))
     ax.set_xlabel("theoretical speed-up (FLOPs of widest / FLOPs of width)")
     ax.set_ylabel("measured speed-up (latency ratio)")
-    ax.set_title("Measured speed-up (markers) and the a + b·FLOPs fit (lines)")
+    ax.set_title("Measured speed-up (markers) and the fixed share's speed-up (lines)")
     ax.legend(handles=handles, loc="upper left")
     return fig
 
@@ -266,7 +266,7 @@ def prediction_figure(errors: pd.DataFrame) -> Figure:
     ax.axhline(0, color="#7f7f7f", linewidth=0.8)
     _width_lines(ax, errors, "error", device_colours(list(errors["device"])), scale=100.0)
     ax.set_ylabel("prediction error (% of measured)")
-    ax.set_title("Latency model a + b·FLOPs, width left out of the fit")
+    ax.set_title("Latency model, width left out of the fit")
     ax.legend(loc="best")
     return fig
 

@@ -4,11 +4,14 @@ Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
     For every device the largest candidate width whose predicted round time meets the
     deadline and whose predicted peak memory fits the device's memory budget::
 
-        round_seconds(w) = overhead_s + latency_us(flops(w)) * 1e-6 * examples * epochs
+        round_seconds(w) = overhead_s + latency(w) * examples * epochs
 
-    where ``latency_us`` is the device's fitted line ``a + b * train_flops``
-    (`harness.latency.fit`, reused, not refitted here) and the peak memory is the
-    device's fitted memory model (`harness.latency.MemoryModel`). A width whose latest
+    where ``latency(w)`` is the device's latency model's prediction of seconds per image at
+    width ``w``, measured or not (`harness.latency.LatencyModel.predict`: per-layer features
+    of the width's architecture, fitted once per device here) and the peak memory is the
+    device's fitted memory model (`harness.latency.MemoryModel`). A check says how
+    uncertain the prediction is and whether it was extrapolated beyond the measured widths
+    (a missed deadline's note then says so). A width whose latest
     cell on the device failed with ``"out of memory"`` never fits. Devices with no width
     that fits are *excluded* with the reason. The chosen widths of the remaining devices
     are then grouped into ``k`` tiers by exact 1-D k-means (`fl.scheduling.kmeans`,
@@ -35,7 +38,16 @@ from typing import Any
 from fl.capacity import LEVELS
 from fl.scheduling.checks import WIDTH_TOL, check_widths, count, overhead, positive, same_width
 from fl.scheduling.kmeans import kmeans_1d
-from fl.scheduling.rows import OUT_OF_MEMORY, Rows, memory_footprint, profile_rows, select, status_summary, width_flops
+from fl.scheduling.rows import (
+    OUT_OF_MEMORY,
+    Rows,
+    predicted_latency,
+    predicted_peak,
+    profile_rows,
+    select,
+    status_summary,
+    width_flops,
+)
 from harness.latency import DeviceModels, fit
 
 #: HeteroFL / FedRolex capacity levels 'a'..'e', widest first.
@@ -60,6 +72,10 @@ class WidthCheck:
         True also when the memory could not be checked (no budget or no measurement).
     note : str
         Why the width does not fit ("" when it fits).
+    relative_std : float
+        The latency prediction's standard deviation as a fraction of it.
+    extrapolated : bool
+        The width lies outside the device's measured widths.
     """
 
     width: float
@@ -69,6 +85,8 @@ class WidthCheck:
     fits_deadline: bool
     fits_memory: bool
     note: str = ""
+    relative_std: float = 0.0
+    extrapolated: bool = False
 
     @property
     def fits(self) -> bool:
@@ -295,14 +313,15 @@ def _device_checks(
     checks = []
     for w in candidates:
         flops = width_flops(model, w, rows)
-        seconds = overhead_s + latency.predict(flops) * round_seconds_per_us
-        peak = (
-            None if memory is None else memory.predict(memory_footprint(model, w, key[1], memory.bytes_per_param, rows))
-        )
+        estimate = predicted_latency(latency, model, w, rows)
+        seconds = overhead_s + estimate.value * 1e6 * round_seconds_per_us
+        peak = None if memory is None else predicted_peak(memory, model, w, rows).value
         notes = []
         fits_deadline = seconds <= deadline_s
         if not fits_deadline:
             notes.append(f"predicted round {seconds:.3g} s > deadline {deadline_s:.3g} s")
+            if estimate.extrapolated:
+                notes.append(estimate.note)
         fits_memory = True
         if any(same_width(w, o) for o in oom):
             fits_memory = False
@@ -310,7 +329,12 @@ def _device_checks(
         elif budget is not None and peak is not None and peak > budget:
             fits_memory = False
             notes.append(f"predicted peak memory {peak / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB")
-        checks.append(WidthCheck(w, flops, seconds, peak, fits_deadline, fits_memory, "; ".join(notes)))
+        checks.append(
+            WidthCheck(
+                w, flops, seconds, peak, fits_deadline, fits_memory, "; ".join(notes), estimate.relative,
+                estimate.extrapolated,
+            )  # fmt: skip
+        )
     fitting = [c for c in checks if c.fits]
     if not fitting:
         return f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"

@@ -11,7 +11,14 @@ import pytest
 
 from harness.store import ProfileStore
 from reports.report import load_sources, write_report
-from tests.reports.fixtures import PHONE_FAILURES, WIDTHS, build_store, failed_measurement, median_us
+from tests.reports.fixtures import (
+    IMPRECISE_MESSAGE,
+    PHONE_FAILURES,
+    WIDTHS,
+    build_store,
+    failed_measurement,
+    median_us,
+)
 from tests.reports.pagetools import read_page, table_dicts
 
 NOW = datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc)
@@ -50,6 +57,17 @@ def test_every_figure_is_png_and_svg_and_embedded(full: Path) -> None:
     for stem in stems:
         assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
         assert b"<svg" in (out / f"{stem}.svg").read_bytes()[:2000]
+
+
+def test_the_page_states_isolation_and_precision(full: Path) -> None:
+    text = full.read_text()
+    assert "Measurement: isolation and precision" in text
+    assert "jetson: 8 of 8 cells measured beside pi4 (concurrent with pi4 (pi4 is another host))." in text
+    assert IMPRECISE_MESSAGE in text
+    iso = pd.read_csv(full.parent / "isolation.csv")
+    assert set(iso["device"]) == {"jetson", "pi4"} and iso["concurrent"].tolist() == [8, 4]
+    per_width = pd.read_csv(full.parent / "prediction_by_width.csv")
+    assert set(per_width["width"]) == set(WIDTHS)
 
 
 def test_page_is_self_contained(full: Path) -> None:
