@@ -318,6 +318,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0 if summary.status == "finished" else 1
     if summary.status != "finished":
         return 1
+    if config.clock_only:
+        total = sum(h.virtual_seconds or 0.0 for h in summary.history)
+        kept = sum(h.clients_ok for h in summary.history)
+        print(
+            f"FL run {summary.run_id} (clock only, {config.clients} clients on {config.population}, seed "
+            f"{config.seed}): {summary.rounds} rounds, {kept} client updates kept, {total:.2f} virtual seconds; "
+            f"logged in {config.db}"
+        )
+        return 0
     accuracy = ", ".join(f"{w:g}: {a:.4f}" for w, a in summary.accuracy.items()) or "not evaluated"
     print(
         f"FL run {summary.run_id} ({config.strategy}, {config.model} on {config.dataset}, {config.clients} clients, "

@@ -4,7 +4,9 @@ Decisions:
 
 - **Actors, one per core.** ``workers=N`` actors (0: one per CPU Ray reports: this
   machine's cores for a local instance, the cluster's CPUs with ``address``), each
-  holding one CPU and ``threads`` torch threads. An actor keeps its zoo model between
+  holding one CPU and ``threads`` torch threads. More workers than the cluster's CPUs is
+  refused (such actors would wait for a CPU forever); on a shared cluster, actors wait
+  until CPUs are free. An actor keeps its zoo model between
   clients and trains each client with `fl.client.run_local`, exactly as the
   ``inprocess`` executor does, so a run gives the same parameters bit for bit with
   either executor (tested with one torch thread on both sides). The torch module is
@@ -159,7 +161,10 @@ class RayExecutor(ClosingExecutor):
         self.last_round: dict[str, int] = {"payloads": 0, "clients": 0}
         try:
             self._connect(int(workers))
-            count = int(workers) or max(int(self.ray.cluster_resources().get("CPU", 1)), 1)
+            cpus = int(self.ray.cluster_resources().get("CPU", 0))
+            if int(workers) > cpus:
+                raise InputError(f"--workers {workers}: the Ray cluster has {cpus} CPU(s), one per actor")
+            count = int(workers) or max(cpus, 1)
             self._actor_class = self.ray.remote(num_cpus=1)(_Trainer)
             self._slots = [_Slot(self._new_actor()) for _ in range(count)]
         except BaseException:
@@ -185,6 +190,8 @@ class RayExecutor(ClosingExecutor):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 ray.init(
+                    # "local": a new instance even when `ray start` left a cluster on this machine
+                    address="local",
                     num_cpus=max(workers, os.cpu_count() or 1),
                     include_dashboard=False,
                     _node_ip_address="127.0.0.1",

@@ -51,8 +51,10 @@ def failed_rows(device: str, status: str = "timeout") -> list[dict[str, object]]
     ]
 
 
-def store_lines(path: object, lines: dict[str, tuple[float, float]], *, model: str = "fjord-cnn", batch: int = 20) -> None:
-    """Write a profile store whose device ``d`` measured ``model`` at `WIDTHS` with ``a + b * train_flops`` us per image.
+def store_lines(
+    path: object, lines: dict[str, tuple[float, float]], *, model: str = "fjord-cnn", batch: int = 20
+) -> None:
+    """Write a profile store in which each device measured ``model`` at `WIDTHS`: ``a + b * flops`` us per image.
 
     ``lines`` maps a device to ``(a, b)``; the zoo's training FLOPs of each width are stored with the
     cell (as the runner reports them), so the fitted line is exactly ``(a, b)``.
