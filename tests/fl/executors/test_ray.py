@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import warnings
@@ -54,12 +56,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[str, str]]:
-    """A Ray head on loopback with 2 CPUs, its processes marked with a token; this process connected to it."""
+    """A Ray head on loopback with 2 CPUs, its processes marked with a token; this process connected to it.
+
+    Its files live in a private directory: ``ray start`` records the cluster's address in its temp
+    directory, where any later ``ray.init()`` on this machine (Flower's, another test's) would find it.
+    """
     token = uuid.uuid4().hex
     address = f"127.0.0.1:{_free_port()}"
+    temp = tempfile.mkdtemp(prefix="fbray")  # short: Ray's socket paths must stay under 108 bytes
     env = {**os.environ, TOKEN_ENV: token, "RAY_USAGE_STATS_ENABLED": "0"}
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address=127.0.0.1"]
     argv += [f"--port={address.split(':')[1]}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    argv += [f"--temp-dir={temp}"]
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=120)
     try:
         with warnings.catch_warnings():
@@ -69,6 +77,7 @@ def cluster() -> Iterator[tuple[str, str]]:
     finally:
         ray.shutdown()
         left = processes.stop([], also=lambda: processes.marked(TOKEN_ENV, token))
+        shutil.rmtree(temp, ignore_errors=True)
         assert left == [], f"Ray processes still running: {left}"
 
 
