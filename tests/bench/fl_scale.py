@@ -38,6 +38,7 @@ Run: ``python -m tests.bench.fl_scale`` (defaults: the issue's sizes);
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -188,6 +189,14 @@ def _flower(settings: Settings) -> dict[str, Any]:
     test = _federated(settings.clients, settings.seed).test
     marks: list[float] = []
     accuracy: list[float] = []
+    failures: list[str] = []
+
+    class CountingFedAvg(FedAvg):  # type: ignore[misc]
+        """Flower's FedAvg, counting the clients that failed (Flower aggregates the others silently)."""
+
+        def aggregate_fit(self, server_round: int, results: list[Any], failed: list[Any]) -> Any:
+            failures.extend(f"round {server_round}: {f}" for f in failed)
+            return super().aggregate_fit(server_round, results, failed)
 
     def evaluate_fn(server_round: int, parameters: list[Any], config: dict[str, Any]) -> tuple[float, dict] | None:
         marks.append(time.perf_counter())  # called once before the first round and after every round
@@ -199,7 +208,7 @@ def _flower(settings: Settings) -> dict[str, Any]:
         return out["loss"], {"accuracy": out["accuracy"]}
 
     def server_fn(context: Any) -> Any:
-        strategy = FedAvg(
+        strategy = CountingFedAvg(
             fraction_fit=settings.per_round / settings.clients, fraction_evaluate=0.0,
             min_fit_clients=settings.per_round, min_evaluate_clients=0, min_available_clients=settings.clients,
             initial_parameters=ndarrays_to_parameters([initial[n] for n in names]), evaluate_fn=evaluate_fn,
@@ -208,14 +217,17 @@ def _flower(settings: Settings) -> dict[str, Any]:
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=settings.rounds))
 
     cpus = settings.workers or os.cpu_count() or 1
+    # By reference, not by value: run as `python -m`, this module is __main__, which Ray's workers cannot import.
+    client_fn = importlib.import_module("tests.bench.fl_scale")._flower_client_fn
     run_simulation(
         server_app=ServerApp(server_fn=server_fn),
-        client_app=ClientApp(client_fn=_flower_client_fn),
+        client_app=ClientApp(client_fn=client_fn),
         num_supernodes=settings.clients,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": cpus}},
     )
     rounds = [b - a for a, b in zip(marks, marks[1:], strict=False)]
-    return {"round_s": rounds, "accuracy": accuracy[-1] if accuracy else float("nan")}
+    error = f"{len(failures)} client failures, e.g. {failures[0]}" if failures else ""
+    return {"round_s": rounds, "accuracy": accuracy[-1] if accuracy else float("nan"), "error": error}
 
 
 def child(config: str, settings: Settings) -> None:
@@ -282,6 +294,7 @@ def measure(config: str, settings: Settings) -> Outcome:
         return outcome
     result = json.loads(lines[-1][len("RESULT ") :])
     outcome.round_s, outcome.accuracy = result["round_s"], result["accuracy"]
+    outcome.error = result.get("error", "")
     return outcome
 
 
