@@ -596,7 +596,8 @@ def run_clock_only(
     HeteroFL-style strategy would send it; methods that decide widths from training
     results, FLuID's stragglers, need training), keeps the first K to finish by the
     deadline and logs the round: kept clients ``ok``, the others ``timeout``, with
-    their virtual times. No data are loaded when ``examples`` is given.
+    their virtual times. A round that keeps no client is a failed round, as in training
+    (``config.max_failed_rounds``). No data are loaded when ``examples`` is given.
 
     Parameters
     ----------

@@ -264,9 +264,12 @@ class RayExecutor(ClosingExecutor):
             ref = ready[0]
             index = pending.pop(ref)
             slot = self._slots[index]
-            _, cid = slot.calls.popleft()
-            slot.head_started = self.clock()
-            self._collect(ref, cid, index, done, failures, timeout_s, pending, started)
+            # An actor runs its calls in order, but when it dies they all fail at once, in any order.
+            entry = next(e for e in slot.calls if e[0] == ref)
+            if slot.calls[0] == entry:
+                slot.head_started = self.clock()
+            slot.calls.remove(entry)
+            self._collect(ref, entry[1], index, done, failures, timeout_s, pending, started)
         results = [done[cid] for cid in instructions if cid in done]
         return results, [failures[cid] for cid in instructions if cid in failures]
 
@@ -331,6 +334,9 @@ class RayExecutor(ClosingExecutor):
                 failures[queued_cid] = ClientFailure(queued_cid, reason, message, self.clock() - started)
             slot.calls.clear()
             self._replace(index)
+            return
+        except exceptions.RayError as exc:  # an object lost with its node, a runtime environment that failed
+            failures[cid] = _failure(cid, "error", exc, self.clock() - started)
             return
         if timeout_s is not None and res.compute_seconds > timeout_s:
             message = f"took {res.compute_seconds:.3f} s > {timeout_s:g} s"
