@@ -409,6 +409,39 @@ def fl_timeline_figure(timeline: pd.DataFrame) -> Figure:
 
 
 @_styled
+def fl_virtual_figure(virtual: pd.DataFrame) -> Figure:
+    """Draw the virtual clock: each round a band on the virtual time line, each client's finish time a mark.
+
+    Parameters
+    ----------
+    virtual : pandas.DataFrame
+        `reports.tables.fl_virtual_table` rows of one run (not empty).
+
+    Returns
+    -------
+    Figure
+        Kept clients as dots, clients the round did not keep (over the deadline, or
+        over-committed and later than the K-th) as crosses.
+    """
+    rounds = virtual.drop_duplicates("round").sort_values("round")
+    fig, ax = _figure(6.8, max(2.6, 0.9 + 0.22 * len(rounds)))
+    for _, r in rounds.iterrows():
+        ax.barh(r["round"], r["round_s"], left=r["round_start_s"], height=0.7, color="#E6E6E6", edgecolor="#7f7f7f")
+    ok = virtual["status"] == "ok"
+    finish = virtual["round_start_s"] + virtual["virtual_s"]
+    ax.scatter(finish[ok], virtual["round"][ok], s=9, color="#0072B2", label="kept", zorder=3)
+    ax.scatter(finish[~ok], virtual["round"][~ok], s=14, marker="x", color="#D55E00", label="not kept", zorder=3)
+    ax.set_yticks(list(rounds["round"]))
+    ax.set_yticklabels([str(int(r) + 1) for r in rounds["round"]])
+    ax.invert_yaxis()
+    ax.set_ylabel("round")
+    ax.set_xlabel("virtual seconds since the run's start")
+    ax.set_title("Virtual clock: rounds and client finish times")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    return fig
+
+
+@_styled
 def fl_tier_figure(timeline: pd.DataFrame) -> Figure:
     """Tier membership over rounds: one row per client, coloured by its tier in each round.
 

@@ -33,6 +33,8 @@ from reports.html import EmbeddedFigure, Page, Section, TableBlock, render_page
 
 #: File name of the page inside the output directory.
 REPORT_FILE = "report.html"
+#: Runs with more clients get no per-client timeline and tier chart (one row per client would not read).
+MAX_TIMELINE_CLIENTS = 40
 
 
 @dataclass(frozen=True)
@@ -498,12 +500,14 @@ def _fl(src: Sources) -> list[Draft]:
     accuracy = tables.fl_accuracy_table(src.fl_rounds)
     timeline = tables.fl_timeline_table(src.fl_client_rounds)
     tiers = tables.fl_tier_table(src.fl_client_rounds)
+    virtual = tables.fl_virtual_table(src.fl_rounds, src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
         acc = accuracy[accuracy["run_id"] == rid] if not accuracy.empty else accuracy
         tl = timeline[timeline["run_id"] == rid] if not timeline.empty else timeline
         tr = tiers[tiers["run_id"] == rid] if not tiers.empty else tiers
+        vt = virtual[virtual["run_id"] == rid] if not virtual.empty else virtual
         figures, blocks, notes = [], [], []
         if acc.empty:
             notes.append("No round of this run was evaluated yet.")
@@ -514,19 +518,32 @@ def _fl(src: Sources) -> list[Draft]:
                 )
             )
             blocks.append(TableBlock(f"fl_run{rid}_accuracy", "Evaluation per round and width.", acc))
+        if not vt.empty:
+            figures.append(
+                PendingFigure(
+                    f"fl_run{rid}_virtual",
+                    "Virtual clock of the population: one band per round (it closes when its K-th client "
+                    "finishes, or at the deadline), one mark per sampled client at its virtual finish time.",
+                    plots.fl_virtual_figure(vt),
+                )
+            )
+        many = tl["cid"].nunique() > MAX_TIMELINE_CLIENTS if not tl.empty else False
         if tl.empty:
             notes.append("No client round of this run is logged.")
-        else:
-            figures.append(
+        elif many:
+            notes.append(
+                f"{tl['cid'].nunique()} clients: more than {MAX_TIMELINE_CLIENTS}, so no per-client timeline "
+                "and tier chart (the virtual clock figure shows every client round)."
+            )
+        if not tl.empty:
+            figures.extend([] if many else [
                 PendingFigure(
                     f"fl_run{rid}_timeline",
                     "One bar per client and round: download, compute, upload; stragglers outlined, failures hatched.",
                     plots.fl_timeline_figure(tl),
-                )
-            )
-            figures.append(
-                PendingFigure(f"fl_run{rid}_tiers", "Tier of every client in every round.", plots.fl_tier_figure(tl))
-            )
+                ),
+                PendingFigure(f"fl_run{rid}_tiers", "Tier of every client in every round.", plots.fl_tier_figure(tl)),
+            ])  # fmt: skip
             blocks.append(TableBlock(f"fl_run{rid}_tiers", "Clients and stragglers per tier and round.", tr))
             stragglers = int(tl["straggler"].sum())
             failed = int((tl["status"] != "ok").sum())

@@ -750,6 +750,40 @@ def fl_timeline_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
 
 
+def fl_virtual_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Place each client's virtual round of a population run on the run's virtual time line.
+
+    Rounds follow each other on the virtual clock: a round starts when the previous one
+    closed (``virtual_seconds`` of ``fl_rounds``, summed).
+
+    Parameters
+    ----------
+    rounds : pandas.DataFrame
+        ``fl_rounds`` rows.
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, round, round_start_s, round_s, cid, device, status, virtual_s`` for the client rounds
+        with a virtual time (empty when no run has one, or the store predates virtual times).
+    """
+    columns = ["run_id", "round", "round_start_s", "round_s", "cid", "device", "status", "virtual_s"]
+    if "virtual_seconds" not in rounds or "virtual_seconds" not in client_rounds:
+        return pd.DataFrame(columns=columns)
+    frame = rounds[["run_id", "round"]].copy()
+    frame["round_s"] = _floats(rounds["virtual_seconds"])
+    frame = frame.dropna(subset=["round_s"]).sort_values(["run_id", "round"])
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    frame["round_start_s"] = frame.groupby("run_id")["round_s"].cumsum() - frame["round_s"]
+    clients = client_rounds[["run_id", "round", "cid", "device", "status"]].copy()
+    clients["virtual_s"] = _floats(client_rounds["virtual_seconds"])
+    out = frame.merge(clients.dropna(subset=["virtual_s"]), on=["run_id", "round"])
+    return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
+
+
 def fl_tier_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     """Tier membership: how many clients each tier held per round.
 

@@ -303,3 +303,18 @@ def test_cells_without_the_emulated_isa_column_count_as_native(cells: pd.DataFra
     assert not tables.is_emulated(bare).any()
     assert tables.emulated_devices(bare) == []
     pd.testing.assert_frame_equal(tables.headline_table(bare), tables.headline_table(cells))
+
+
+def test_fl_virtual_table_places_client_rounds_on_the_run_clock() -> None:
+    rounds = pd.DataFrame({"run_id": [1, 1, 2], "round": [0, 1, 0], "virtual_seconds": [2.0, 3.0, None]})
+    clients = pd.DataFrame(
+        {
+            "run_id": [1, 1, 1, 2], "round": [0, 1, 1, 0], "cid": ["c0", "c0", "c1", "c0"], "device": ["a"] * 4,
+            "status": ["ok", "ok", "timeout", "ok"], "virtual_seconds": [1.5, 2.5, 4.0, None],
+        }
+    )  # fmt: skip
+    out = tables.fl_virtual_table(rounds, clients)
+    assert list(out["round_start_s"]) == [0.0, 2.0, 2.0]  # round 1 starts when round 0 closed
+    assert list(out["virtual_s"]) == [1.5, 2.5, 4.0] and list(out["status"]) == ["ok", "ok", "timeout"]
+    assert set(out["run_id"]) == {1}  # run 2 has no virtual clock
+    assert tables.fl_virtual_table(rounds.drop(columns="virtual_seconds"), clients).empty
