@@ -52,14 +52,12 @@ Eval model: ORT derives it from the same training-mode graph, switching
 Optimizers are ORT's defaults: AdamW in Hugging Face mode (``adam_mode=1``,
 bias correction folded into the learning rate, ``betas=(0.9, 0.999)`` held as
 float32, ``eps=1e-6``, ``weight_decay=0``) and plain SGD, both at ORT's initial
-learning rate 1e-3. `OrtAdamW` is the same update in PyTorch, for executors that
-must train exactly as the devices do (``torch.optim.AdamW`` differs: it scales
-``eps`` by ``sqrt(1 - beta2**t)``, and forms ``1 - beta`` in double precision).
+learning rate 1e-3 (`exporters.torch_twin.OrtAdamW` is the same AdamW update in PyTorch).
 
-`OrtTrainer` trains a set with ``onnxruntime.training.api`` (train steps, eval
-loss, gradients, flat parameters in and out); note that ORT 1.19's
-``Module.copy_buffer_to_parameters`` wrapper passes its argument straight to C++
-and so needs the raw ``OrtValue._ortvalue``.
+Neighbours: `exporters.manifest` reads and verifies a set (file names, manifest,
+the flat parameter order); `exporters.ort_training` trains one on the host with
+``onnxruntime.training``; `exporters.torch_twin` holds the PyTorch optimizers that
+update exactly like the exported ORT graphs.
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -88,7 +86,19 @@ from torch import nn
 from exporters.arch import Arch
 from exporters.errors import ExportError, InputError
 from exporters.export_forms import export_form
-from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL, write_step_model
+from exporters.manifest import (
+    ARTIFACT_FILES,
+    CHECKPOINT,
+    EVAL_MODEL,
+    MANIFEST,
+    TRAINING_MODEL,
+    file_entry,
+    load_valid_manifest,
+    sha256_file,
+    write_json,
+)
+from exporters.ort_training import session_options
+from exporters.step_model import write_step_model
 from exporters.zoo import ZooModel
 
 #: Bumped whenever the export procedure changes what it writes; part of the cache key.
@@ -116,14 +126,6 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "sgd": {"lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0},
 }
-
-MANIFEST = "manifest.json"
-TRAINING_MODEL = "training_model.onnx"
-EVAL_MODEL = "eval_model.onnx"
-OPTIMIZER_MODEL = "optimizer_model.onnx"
-CHECKPOINT = "checkpoint"
-#: Every file of a set except the manifest, in the order the manifest lists them.
-ARTIFACT_FILES = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL, CHECKPOINT, STEP_MODEL, INITIAL_PARAMETERS)
 
 #: Name of the model input in the exported graph; ORT's loss block adds ``labels``.
 INPUT_NAME = "input"
@@ -288,8 +290,8 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     sources = sorted({_source_digest(type(m)) for m in (*net.modules(), *exported.modules())} - {""})
     return {
         "format_version": EXPORT_FORMAT_VERSION,
-        "exporter": _sha256_file(Path(__file__)),
-        "step_exporter": _sha256_file(Path(inspect.getfile(write_step_model))),
+        "exporter": sha256_file(Path(__file__)),
+        "step_exporter": sha256_file(Path(inspect.getfile(write_step_model))),
         "model": model.name,
         "groups": [[name, size] for name, size in model.groups],
         "layouts": {name: _layout_json(layout) for name, layout in sorted(model.layouts.items())},
@@ -340,7 +342,7 @@ def _source_digest(cls: type) -> str:
         return f"{module}.{cls.__qualname__}"
     if path is None:
         return f"{module}.{cls.__qualname__}"
-    return f"{module}:{_sha256_file(Path(path))}"
+    return f"{module}:{sha256_file(Path(path))}"
 
 
 # --------------------------------------------------------------------------- export
@@ -398,7 +400,7 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
             manifest = _export_into(tmp, model, arch, net, batch=batch, optimizer=optimizer)
         manifest["cache_key"] = key
         manifest["cache_key_inputs"] = key_inputs
-        _write_json(tmp / MANIFEST, manifest)
+        write_json(tmp / MANIFEST, manifest)
         _move_into_place(tmp, target)
     finally:
         if tmp.exists():
@@ -522,7 +524,7 @@ def _export_into(
         "counts": {k: _json_number(v) for k, v in counts_json.items()},
         "counts_unit": "per example",
         "step_model": step,
-        "files": {name: _file_entry(directory / name) for name in ARTIFACT_FILES},
+        "files": {name: file_entry(directory / name) for name in ARTIFACT_FILES},
         "versions": {
             "torch": torch.__version__,
             "onnx": onnx.__version__,
@@ -651,409 +653,3 @@ def _move_into_place(tmp: Path, target: Path) -> None:
     finally:
         if stale is not None:
             shutil.rmtree(stale, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------- manifests
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """Read ``manifest.json`` of an artifact set.
-
-    Parameters
-    ----------
-    directory : pathlib.Path
-
-    Returns
-    -------
-    dict
-
-    Raises
-    ------
-    InputError
-        If the directory holds no readable manifest.
-    """
-    path = Path(directory) / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{directory}: no readable {MANIFEST} ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: not a JSON object")
-    return data
-
-
-def load_valid_manifest(directory: Path, key: str | None = None) -> dict[str, Any] | None:
-    """Return the manifest if the set is complete and intact, else ``None``.
-
-    Parameters
-    ----------
-    directory : pathlib.Path
-    key : str, optional
-        Expected cache key; any key is accepted when ``None``.
-
-    Returns
-    -------
-    dict or None
-        The manifest when it parses, carries ``key`` and every listed file
-        matches its recorded sha256 and size.
-    """
-    try:
-        manifest = read_manifest(directory)
-    except InputError:
-        return None
-    if key is not None and manifest.get("cache_key") != key:
-        return None
-    files = manifest.get("files")
-    if not isinstance(files, dict) or set(files) != set(ARTIFACT_FILES):
-        return None
-    for name, entry in files.items():
-        path = Path(directory) / name
-        try:
-            if path.stat().st_size != entry["bytes"] or _sha256_file(path) != entry["sha256"]:
-                return None
-        except (OSError, KeyError, TypeError):
-            return None
-    return manifest
-
-
-def _file_entry(path: Path) -> dict[str, Any]:
-    return {"sha256": _sha256_file(path), "bytes": path.stat().st_size}
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-# --------------------------------------------------------------------------- ORT training
-
-
-def session_options(threads: int = 1) -> Any:
-    """Return ORT session options for on-device style training.
-
-    Parameters
-    ----------
-    threads : int
-        Intra-op threads (>= 1); inter-op parallelism is off (sequential execution).
-
-    Returns
-    -------
-    onnxruntime.SessionOptions
-    """
-    import onnxruntime
-
-    if threads < 1:
-        raise InputError(f"threads {threads} must be at least 1")
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    return options
-
-
-class OrtTrainer:
-    """Train one artifact set with ``onnxruntime.training.api``.
-
-    Parameters
-    ----------
-    directory : pathlib.Path
-        An artifact set written by `export_artifacts`.
-    threads : int
-        Intra-op threads.
-    lr : float, optional
-        Learning rate; ORT's initial 1e-3 when ``None``.
-
-    Attributes
-    ----------
-    manifest : dict
-        The set's manifest.
-    state, module, optimizer
-        The ORT ``CheckpointState``, ``Module`` and ``Optimizer``.
-    """
-
-    def __init__(self, directory: Path, *, threads: int = 1, lr: float | None = None) -> None:
-        from onnxruntime.training.api import CheckpointState, Module, Optimizer
-
-        directory = Path(directory)
-        self.directory = directory
-        self.manifest = read_manifest(directory)
-        self.state = CheckpointState.load_checkpoint(str(directory / CHECKPOINT))
-        self.module = Module(
-            str(directory / TRAINING_MODEL),
-            self.state,
-            str(directory / EVAL_MODEL),
-            session_options=session_options(threads),
-        )
-        self.optimizer = Optimizer(str(directory / OPTIMIZER_MODEL), self.module)
-        if lr is not None:
-            self.optimizer.set_learning_rate(lr)
-
-    @property
-    def num_parameters(self) -> int:
-        """Number of trainable float32 values (length of the flat buffer)."""
-        return int(self.manifest["num_parameters"])
-
-    def train_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Run forward, backward and one optimizer step on a batch; return the loss.
-
-        Parameters
-        ----------
-        x : numpy.ndarray
-            Inputs of the manifest's input shape and dtype.
-        y : numpy.ndarray
-            int64 labels of shape ``(batch,)``.
-
-        Returns
-        -------
-        float
-            The loss before the step.
-        """
-        loss = self.forward_backward(x, y)
-        self.step()
-        return loss
-
-    def forward_backward(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Compute the loss and accumulate gradients, without updating parameters.
-
-        Parameters
-        ----------
-        x, y : numpy.ndarray
-            As for `train_step`.
-
-        Returns
-        -------
-        float
-            The loss.
-        """
-        self.module.train()
-        return float(np.asarray(self.module(*self._feed(x, y))))
-
-    def gradients(self) -> dict[str, np.ndarray]:
-        """Return copies of the accumulated gradients by name, in manifest order."""
-        params = self.state.parameters
-        return {p["name"]: np.array(params[p["name"]].grad, copy=True) for p in self.manifest["parameters"]}
-
-    def step(self) -> None:
-        """Apply the optimizer to the accumulated gradients, then clear them (lazily)."""
-        self.optimizer.step()
-        self.module.lazy_reset_grad()
-
-    def eval_loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Return the loss of the eval graph on a batch (no update).
-
-        Parameters
-        ----------
-        x, y : numpy.ndarray
-            As for `train_step`.
-
-        Returns
-        -------
-        float
-        """
-        self.module.eval()
-        try:
-            return float(np.asarray(self.module(*self._feed(x, y))))
-        finally:
-            self.module.train()
-
-    def get_flat(self) -> np.ndarray:
-        """Return a copy of all parameters as one float32 vector in manifest order."""
-        return np.array(self.module.get_contiguous_parameters(trainable_only=True).numpy(), copy=True)
-
-    def set_flat(self, flat: np.ndarray) -> None:
-        """Load all parameters from one float32 vector in manifest order.
-
-        Parameters
-        ----------
-        flat : numpy.ndarray
-            Length `num_parameters`.
-
-        Raises
-        ------
-        InputError
-            If the length is wrong.
-        """
-        from onnxruntime import OrtValue
-
-        arr = np.ascontiguousarray(flat, dtype=np.float32).reshape(-1)
-        if arr.size != self.num_parameters:
-            raise InputError(f"flat parameters have {arr.size} values, the set needs {self.num_parameters}")
-        self.module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(arr)._ortvalue, trainable_only=True)
-
-    def get_parameters(self) -> dict[str, np.ndarray]:
-        """Return every parameter by name, shaped, in manifest order."""
-        return unflatten(self.manifest, self.get_flat())
-
-    def set_parameters(self, params: Mapping[str, np.ndarray]) -> None:
-        """Load parameters by name (every manifest parameter must be given).
-
-        Parameters
-        ----------
-        params : mapping of str to numpy.ndarray
-        """
-        self.set_flat(flatten(self.manifest, params))
-
-    def _feed(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        spec = self.manifest["inputs"][0]
-        return (
-            np.ascontiguousarray(x, dtype=spec["dtype"]),
-            np.ascontiguousarray(y, dtype=np.int64),
-        )
-
-
-def flatten(manifest: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Concatenate named parameters into the flat float32 buffer of a manifest.
-
-    Parameters
-    ----------
-    manifest : mapping
-    params : mapping of str to numpy.ndarray
-
-    Returns
-    -------
-    numpy.ndarray
-
-    Raises
-    ------
-    InputError
-        If a parameter is missing or has the wrong shape.
-    """
-    parts = []
-    for p in manifest["parameters"]:
-        if p["name"] not in params:
-            raise InputError(f"parameter {p['name']!r} missing")
-        arr = np.asarray(params[p["name"]], dtype=np.float32)
-        if list(arr.shape) != list(p["shape"]):
-            raise InputError(f"parameter {p['name']!r} has shape {list(arr.shape)}, expected {p['shape']}")
-        parts.append(arr.reshape(-1))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-
-
-def unflatten(manifest: Mapping[str, Any], flat: np.ndarray) -> dict[str, np.ndarray]:
-    """Split a flat buffer into named, shaped parameters (copies).
-
-    Parameters
-    ----------
-    manifest : mapping
-    flat : numpy.ndarray
-
-    Returns
-    -------
-    dict of str to numpy.ndarray
-    """
-    return {
-        p["name"]: np.array(flat[p["offset"] : p["offset"] + p["size"]], dtype=np.float32).reshape(p["shape"])
-        for p in manifest["parameters"]
-    }
-
-
-# --------------------------------------------------------------------------- PyTorch twin
-
-
-class OrtAdamW(torch.optim.Optimizer):
-    """PyTorch AdamW that updates exactly like ORT's default AdamW graph.
-
-    ORT's ``AdamWOptimizer`` kernel in ``adam_mode=1`` (Hugging Face): with
-    ``m, v`` the moment estimates at step ``t``,
-    ``p -= lr * sqrt(1 - b2**t) / (1 - b1**t) * m / (sqrt(v) + eps)``, then
-    ``p -= lr * weight_decay * p``.
-
-    Parameters
-    ----------
-    params : iterable
-        Parameters or parameter groups.
-    lr : float
-    betas : tuple of float
-    eps : float
-    weight_decay : float
-    """
-
-    def __init__(
-        self,
-        params: Iterable[Any],
-        lr: float = OPTIMIZER_DEFAULTS["adamw"]["lr"],
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = OPTIMIZER_DEFAULTS["adamw"]["eps"],
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Apply one update to every parameter that has a gradient.
-
-        Parameters
-        ----------
-        closure : callable, optional
-            Re-evaluates the model and returns the loss.
-
-        Returns
-        -------
-        float or None
-            The closure's loss.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            # The kernel holds the betas as float32 attributes and forms 1 - beta in float32
-            # (1 - 0.999f = 0.00099998713, not 0.001): a 6e-6 relative difference in the step.
-            b1, b2 = (np.float32(b) for b in group["betas"])
-            one = np.float32(1.0)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["m"] = torch.zeros_like(p)
-                    state["v"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"]
-                m, v = state["m"], state["v"]
-                m.mul_(float(b1)).add_(p.grad, alpha=float(one - b1))
-                v.mul_(float(b2)).addcmul_(p.grad, p.grad, value=float(one - b2))
-                # As the kernel: float32 corrections from a double power of the float32 betas.
-                bc1 = float(one - np.float32(float(b1) ** t))
-                bc2 = float(one - np.float32(float(b2) ** t))
-                step_size = group["lr"] * (bc2**0.5) / bc1
-                p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-step_size)
-                if group["weight_decay"]:
-                    p.mul_(1.0 - group["lr"] * group["weight_decay"])
-        return loss
-
-
-def torch_optimizer(optimizer: str, params: Iterable[Any], lr: float | None = None) -> torch.optim.Optimizer:
-    """Return the PyTorch optimizer that trains like the exported ORT optimizer.
-
-    Parameters
-    ----------
-    optimizer : {"adamw", "sgd"}
-    params : iterable
-        Module parameters.
-    lr : float, optional
-        Learning rate; ORT's default when ``None``.
-
-    Returns
-    -------
-    torch.optim.Optimizer
-    """
-    if optimizer not in OPTIMIZERS:
-        raise InputError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-    rate = OPTIMIZER_DEFAULTS[optimizer]["lr"] if lr is None else lr
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=rate)
-    return OrtAdamW(params, lr=rate)

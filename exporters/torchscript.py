@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from exporters.arch import Arch
-from exporters.artifacts import MANIFEST, ExportError, build_seeded
+from exporters.artifacts import ExportError, build_seeded
 from exporters.errors import InputError
+from exporters.manifest import MANIFEST
 from exporters.zoo import ZooModel
 
 #: File name of the TorchScript module inside an artifact set (the runner reads this name).

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from exporters.artifacts import flatten, unflatten
+from exporters.manifest import flatten, unflatten
 from harness import runner
 
 #: The runner file pushed to devices.

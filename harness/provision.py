@@ -44,7 +44,7 @@ from devices.fleet import Device, Fleet
 from devices.group import FleetResult, run_on_fleet
 from devices.transport import RunResult, Transport
 from harness.deploy import deploy_files, sha256_file
-from harness.runner import import_ort_training
+from harness.runner import import_ort_training, torch_blocked
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
 CHECK_TIMEOUT_S = 180.0
@@ -149,7 +149,8 @@ class ProvisionReport:
 
 
 _CHECK_TEMPLATE = r"""
-import importlib, importlib.util, json, os, platform, sys
+from __future__ import annotations
+import contextlib, importlib, importlib.util, json, os, platform, sys
 A = json.loads(sys.argv[1])
 site = os.path.expanduser(A["site"])
 sys.path.insert(0, site)
@@ -194,7 +195,9 @@ print(json.dumps(out))
 #: The device-side check. ``onnxruntime.training`` is imported the runner's way
 #: (`harness.runner.import_ort_training`, PyTorch blocked), so a device without PyTorch
 #: is not reported as missing onnxruntime-training, which the runner can use there.
-_CHECK = _CHECK_TEMPLATE.replace("#ORT_IMPORT#", inspect.getsource(import_ort_training))
+_CHECK = _CHECK_TEMPLATE.replace(
+    "#ORT_IMPORT#",
+    "".join(inspect.getsource(function) for function in (torch_blocked, import_ort_training)))
 
 
 def normalize(name: str) -> str:

@@ -82,7 +82,7 @@ Decisions:
   ``exporters.torchscript.export_torchscript``); it trains with
   ``torch.optim.AdamW`` / ``SGD`` at the manifest's ``optimizer_defaults`` and the
   mean cross-entropy. ``torch.optim.AdamW`` differs from ORT's AdamW in how
-  ``eps`` enters (see ``exporters.artifacts.OrtAdamW``); SGD matches exactly.
+  ``eps`` enters (see ``exporters.torch_twin.OrtAdamW``); SGD matches exactly.
 * throttled: true when, on any cpu, the frequency after the run is more than 5 %
   below the frequency before it, or when any thermal zone is at or above one of
   its ``passive`` trip points after the run. A heuristic: governors also lower
@@ -594,7 +594,7 @@ def import_ort_training() -> tuple:
         "missing runtime" (``missing="onnxruntime.training"``) when either import fails.
     """
     try:
-        with _torch_blocked() as blocked:
+        with torch_blocked() as blocked:
             import onnxruntime
 
             try:
@@ -616,7 +616,7 @@ def import_ort_training() -> tuple:
 
 
 @contextlib.contextmanager
-def _torch_blocked() -> Iterator[bool]:
+def torch_blocked() -> Iterator[bool]:
     """Make ``import torch`` fail while the block runs, unless torch is already loaded.
 
     Yields
@@ -647,7 +647,7 @@ def import_onnxruntime():
         "missing runtime" (``missing="onnxruntime"``) when the import fails.
     """
     try:
-        with _torch_blocked():
+        with torch_blocked():
             import onnxruntime
     except ImportError as exc:
         raise _import_failure("onnxruntime", exc) from None

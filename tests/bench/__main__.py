@@ -68,7 +68,7 @@ def _step_model_seconds(directory: Path, scratch: Path) -> float:
     """Time the export's step-model stage again (lowering, checks, writing) on a copy of its inputs."""
     import shutil
 
-    from exporters.artifacts import OPTIMIZER_MODEL, TRAINING_MODEL, read_manifest
+    from exporters.manifest import OPTIMIZER_MODEL, TRAINING_MODEL, read_manifest
     from exporters.step_model import initial_flat
 
     work = Path(tempfile.mkdtemp(dir=scratch))

@@ -1,8 +1,8 @@
 """The portable step model: default-domain ONNX only, and the same maths as the training build.
 
 Tolerance (float32). From the same parameters, batch and learning rate, one step of the step
-model, one step of the training build (`exporters.artifacts.OrtTrainer`) and one PyTorch step
-(`exporters.artifacts.torch_optimizer`) agree to
+model, one step of the training build (`exporters.ort_training.OrtTrainer`) and one PyTorch step
+(`exporters.torch_twin.torch_optimizer`) agree to
 
 * the loss: within ``LOSS_RTOL`` = 1e-5 relative;
 * every parameter element after the step: within ``PARAM_RTOL`` = 1e-5 of the largest
@@ -41,13 +41,9 @@ import pytest
 import torch
 from onnx import helper
 
-from exporters.artifacts import (
-    ARTIFACT_FILES,
-    OPTIMIZER_DEFAULTS,
-    OrtTrainer,
-    export_artifacts,
-    torch_optimizer,
-)
+from exporters.artifacts import OPTIMIZER_DEFAULTS, export_artifacts
+from exporters.manifest import ARTIFACT_FILES
+from exporters.ort_training import OrtTrainer
 from exporters.step_model import (
     INITIAL_PARAMETERS,
     STEP_MODEL,
@@ -56,6 +52,7 @@ from exporters.step_model import (
     check_portable,
     mask_input,
 )
+from exporters.torch_twin import torch_optimizer
 from exporters.zoo import ZooModel, get_model, model_names
 
 BATCH = 4

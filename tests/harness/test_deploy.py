@@ -22,7 +22,7 @@ from devices.errors import ConnectionLost
 from devices.fleet import Device
 from devices.local import LocalTransport
 from devices.transport import RunResult, Transport
-from exporters.artifacts import ARTIFACT_FILES
+from exporters.manifest import ARTIFACT_FILES
 from harness.deploy import DeployError, deploy_artifact_set, deploy_files, deploy_runner, sha256_file
 from tests.devices.sshd_server import Server
 

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from exporters.artifacts import OrtTrainer, export_artifacts
+from exporters.artifacts import export_artifacts
+from exporters.ort_training import OrtTrainer
 from exporters.torchscript import export_torchscript
 from exporters.zoo import get_model
 from harness import runner as runner_module

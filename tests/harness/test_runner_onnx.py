@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exporters.artifacts import OrtTrainer, export_artifacts
+from exporters.artifacts import export_artifacts
+from exporters.ort_training import OrtTrainer
 from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL
 from exporters.zoo import get_model
 from harness import runner as runner_module
