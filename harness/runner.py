@@ -14,7 +14,7 @@ Command line::
                             --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
                             [--batch B] [--seed S]
 
-    python3 runner.py serve [--backend ort|onnx|torch] [--threads T] [--max-sessions N]
+    python3 runner.py serve [--backend ort|onnx|torch] [--threads T] [--max-sessions N] [--cwd DIR]
 
 Output: exactly one JSON document on stdout, always, also on failure (logs and
 anything a native library prints go to stderr: file descriptor 1 is pointed at
@@ -42,9 +42,10 @@ stderr while the runner works). Keys::
 
 Serve protocol (version `PROTOCOL_VERSION`; a native runner speaks the same)::
 
-    start     runner.py serve [--backend B] [--threads T] [--max-sessions N]
+    start     runner.py serve [--backend B] [--threads T] [--max-sessions N] [--cwd DIR]
+              (--cwd: relative paths of requests start there)
     ready     the first stdout line: a document with mode "serve", event "ready",
-              protocol, pid, status (not "ok": start-up failed, e.g. "missing runtime"
+              protocol, pid, cwd, status (not "ok": start-up failed, e.g. "missing runtime"
               for --backend's import, and the process exits with that status),
               startup_seconds, peak_memory_*
     request   one JSON object per stdin line (UTF-8, no newline inside):
@@ -97,6 +98,10 @@ Serve decisions:
   (scope "process"). Either way it includes the resident interpreter, imports and kept
   sessions, which a one-shot process also holds.
 * the request keys are command-line options, so one parser checks both paths.
+* ``--cwd``: paths inside request lines reach the runner as data, never through a
+  device's shell, so a device that maps paths in its command lines (the emulated
+  phone's sandbox) would not map them; the host sends paths relative to the directory
+  given on the command line instead, which every device maps.
 
 Exit status (`EXIT_CODES`; the host reads it through ``harness.contract``): 0 ok, 2 bad arguments (also
 an artifact set that the backend cannot use, a parameter vector of the wrong
@@ -275,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, help="open backends kept between requests"
     )
+    serve.add_argument("--cwd", default=None, help="work in this directory (relative request paths start here)")
     return parser
 
 
@@ -2023,6 +2029,12 @@ def serve(argv: list, out) -> int:
         if args.threads < 1 or args.max_sessions < 1:
             raise bad(f"--threads and --max-sessions must be at least 1, got {args.threads}, {args.max_sessions}")
         ready.update(threads=args.threads, backend=args.backend, max_sessions=args.max_sessions)
+        if args.cwd is not None:
+            try:
+                os.chdir(args.cwd)
+            except OSError as exc:
+                raise bad(f"--cwd {args.cwd}: {exc.strerror or exc}") from None
+        ready["cwd"] = os.getcwd()
         import_numpy(args.threads)
         if args.backend == "ort":
             import_ort_training()

@@ -1,4 +1,11 @@
-"""The devices executor: real runner, real ORT training, over a local, an unreachable and an emulated SSH device."""
+"""The devices executor: real runner, real ORT training, over a local, an unreachable and an emulated SSH device.
+
+The resident runner (one ``runner.py serve`` per device) is checked against the one-shot
+mode (same parameters out for the same inputs), across rounds (one process, its pid
+stays), after a request that times out (killed, a new one next round), and on an SSH
+device that goes down and comes back (a new runner). FjORD per step and FedDrop's
+SyncDrop are checked against the in-process trainers on the same data and seeds.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +22,7 @@ from devices.fleet import Device, Emulation
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from exporters.zoo import get_model
-from fl.executors.devices import (
-    DevicesExecutor,
-    cut_prefix,
-    modelled_transfer_seconds,
-    ordered_width_for_round,
-    write_prefix,
-)
+from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions
 from fl.records import ClientFailure, TrainIns
 
 PY = sys.executable
@@ -90,19 +91,32 @@ def test_a_second_round_pushes_only_parameters(tmp_path: Path) -> None:
     assert any(not np.array_equal(second[0].parameters[k], first[0].parameters[k]) for k in first[0].parameters)
 
 
-def test_an_unknown_local_trainer_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+def test_an_unknown_local_trainer_and_fjord_kd_are_refused_not_dropped(tmp_path: Path) -> None:
     model = get_model("fjord-cnn")
     device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
     executor = DevicesExecutor(
-        model, {"c0": device}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20, connect=connect
-    )
+        model, {"c0": device, "c1": device, "c2": device}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w",
+        batch=20, connect=connect,
+    )  # fmt: skip
     sub = model.static(0.25)
-    ins = TrainIns("c0", sub, model.extract(_global("fjord-cnn"), sub), {"trainer": "syncdrop"})
-    results, failures = executor.run({"c0": ins}, {"c0": _shard(20, 0)})
-    assert results == [] and isinstance(failures[0], ClientFailure) and "syncdrop" in failures[0].message
+    params = model.extract(_global("fjord-cnn"), sub)
+    kd = {"trainer": "fjord", "widths": [0.25], "p_max": 0.25, "kd": True}
+    instructions = {
+        "c0": TrainIns("c0", sub, params, {"trainer": "scaffold"}),
+        "c1": TrainIns("c1", sub, params, {"trainer": "syncdrop"}),  # SyncDrop trains the full model only
+        "c2": TrainIns("c2", sub, params, kd),
+    }
+    results, failures = executor.run(instructions, {c: _shard(20, 0) for c in instructions})
+    executor.close()
+    assert results == [] and all(isinstance(f, ClientFailure) and f.reason == "refused" for f in failures)
+    messages = {f.cid: f.message for f in failures}
+    assert "scaffold" in messages["c0"] and "full model" in messages["c1"]
+    assert "kd=true" in messages["c2"] and "devices" in messages["c2"]
 
 
-def test_prefix_cut_and_write_back_on_an_lstm() -> None:
+def test_prefix_cut_and_flat_positions_on_an_lstm() -> None:
+    from exporters.manifest import flatten
+
     model = get_model("fjord-rnn")  # LSTM gate blocks: positions depend on the outer width
     g = _global("fjord-rnn")
     outer, inner = model.arch(0.6), model.arch(0.2)
@@ -110,17 +124,20 @@ def test_prefix_cut_and_write_back_on_an_lstm() -> None:
     cut = cut_prefix(model, outer, outer_params, inner)
     direct = model.extract(g, model.static(0.2))
     assert all(np.array_equal(cut[k], direct[k]) for k in direct)
-    bumped = {k: v + 1.0 for k, v in cut.items()}
-    merged = write_prefix(model, outer, outer_params, inner, bumped)
-    assert all(np.array_equal(cut_prefix(model, outer, merged, inner)[k], bumped[k]) for k in bumped)
-    changed = sum(int((merged[k] != outer_params[k]).sum()) for k in merged)
-    assert changed == sum(v.size for v in bumped.values())
 
+    def manifest(params: dict[str, np.ndarray]) -> dict:
+        entries, offset = [], 0
+        for name in sorted(params, reverse=True):  # an order other than the dict's
+            entries.append(
+                {"name": name, "shape": list(params[name].shape), "offset": offset, "size": params[name].size}
+            )
+            offset += params[name].size
+        return {"parameters": entries}
 
-def test_ordered_width_is_drawn_only_up_to_p_max() -> None:
-    widths = (0.2, 0.4, 0.6, 0.8, 1.0)
-    drawn = {ordered_width_for_round(widths, 0.6, seed) for seed in range(200)}
-    assert drawn == {0.2, 0.4, 0.6}
+    outer_m, inner_m = manifest(outer_params), manifest(direct)
+    positions = prefix_positions(model, outer, outer_m, inner, inner_m)
+    assert np.array_equal(flatten(outer_m, outer_params)[positions], flatten(inner_m, direct))
+    assert len(set(positions.tolist())) == positions.size
 
 
 def test_modelled_transfer_time() -> None:
