@@ -13,7 +13,9 @@ Decisions:
   dead runner costs one client, not the run.
 * **A timeout is the caller's failure**: `request` raises `devices.errors.CommandTimeout`
   after killing the runner, like ``Transport.run``; a runner that ended mid-request is a
-  failed `RunnerOutput` (`harness.contract.ended_output`, SIGKILL read as out of memory).
+  failed `RunnerOutput` (`harness.contract.ended_output`, SIGKILL read as out of memory;
+  over SSH the signal is not known, paramiko ignores ``exit-signal`` and reports -1, so
+  there it is a runner error).
   Transport failures (unreachable, connection lost) propagate: the caller drops the
   connection, and a device that comes back gets a new transport and a new runner.
 * **A failed reply does not restart the runner** (bad arguments, a missing file): the
