@@ -459,7 +459,7 @@ def export_masked_artifacts(
     unknown = [g for g in groups if g not in model.group_names]
     if unknown or not groups:
         raise InputError(f"{model.name}: mask groups {groups} must be some of {list(model.group_names)}")
-    key_inputs = {"plain_set": base.manifest["cache_key"], "mask_groups": groups}
+    key_inputs = {**base.manifest["cache_key_inputs"], "plain_set": base.manifest["cache_key"], "mask_groups": groups}
     key = cache_key(key_inputs)
     target = Path(out_dir) / f"{base.directory.name}-mask-{key[:8]}"
     manifest = load_valid_manifest(target, key)
