@@ -1279,7 +1279,13 @@ def initial_flat(parameters: Sequence[Mapping[str, Any]], values: Mapping[str, n
 
 
 def write_step_model(
-    directory: Path, parameters: Sequence[Mapping[str, Any]], initial: Mapping[str, np.ndarray]
+    directory: Path,
+    parameters: Sequence[Mapping[str, Any]],
+    initial: Mapping[str, np.ndarray],
+    *,
+    mask_groups: Sequence[str] = (),
+    layouts: Mapping[str, Sequence[Any]] | None = None,
+    widths: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Write ``step_model.onnx`` and ``initial_parameters.npy`` into an artifact set being exported.
 
@@ -1292,6 +1298,8 @@ def write_step_model(
         The manifest's ``parameters`` entries, in flat buffer order.
     initial : mapping of str to numpy.ndarray
         The set's initial parameter values by name.
+    mask_groups, layouts, widths
+        As for `build_step_model` (a masked variant; none for the exported set).
 
     Returns
     -------
@@ -1303,7 +1311,14 @@ def write_step_model(
     directory = Path(directory)
     training = onnx.load(str(directory / "training_model.onnx"), load_external_data=False)
     optimizer = onnx.load(str(directory / "optimizer_model.onnx"), load_external_data=False)
-    model, signature = build_step_model(training, optimizer, [(p["name"], p["shape"]) for p in parameters])
+    model, signature = build_step_model(
+        training,
+        optimizer,
+        [(p["name"], p["shape"]) for p in parameters],
+        mask_groups=mask_groups,
+        layouts=layouts,
+        widths=widths,
+    )
     onnx.save(model, str(directory / STEP_MODEL))
     with open(directory / INITIAL_PARAMETERS, "wb") as handle:
         np.save(handle, initial_flat(parameters, initial), allow_pickle=False)
