@@ -114,6 +114,10 @@ FL_MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE fl_runs ADD COLUMN error TEXT;
     """,
+    # v3: the runner backend a client trained with on its device (ort / onnx / torch; NULL in process).
+    """
+    ALTER TABLE fl_client_rounds ADD COLUMN backend TEXT;
+    """,
 )
 
 
@@ -228,6 +232,7 @@ class ClientRound:
     wait_seconds: float | None = None
     train_flops: float | None = None
     metrics: Mapping[str, Any] | None = None
+    backend: str | None = None
 
 
 class RunLog:
@@ -355,8 +360,8 @@ class RunLog:
             conn.executemany(
                 "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
                 "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
-                "upload_seconds, wait_seconds, train_flops, metrics) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "upload_seconds, wait_seconds, train_flops, metrics, backend) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -379,6 +384,7 @@ class RunLog:
                         c.wait_seconds,
                         c.train_flops,
                         json.dumps(_jsonable(c.metrics or {}), sort_keys=True),
+                        c.backend,
                     )
                     for c in clients
                 ],

@@ -353,6 +353,7 @@ def run_fl(
     data: FederatedDataLike | None = None,
     capacities: Sequence[float] | None = None,
     placement: Mapping[str, str] | None = None,
+    backends: Mapping[str, str] | None = None,
 ) -> RunSummary:
     """Run (or resume) an FL run and log it in the profile store.
 
@@ -381,6 +382,8 @@ def run_fl(
     placement : mapping of str to str, optional
         Device name per client id (``ClientSpec.device``), for an executor that trains on
         devices; clients with a device get the store's profiles of that device.
+    backends : mapping of str to str, optional
+        Runner backend per client id (``ClientSpec.backend``), logged with each client round.
 
     Returns
     -------
@@ -423,7 +426,7 @@ def run_fl(
             from fl.capacity import assign
 
             capacities = assign(config.capacities, config.clients, config.seed)
-        clients = _client_specs(shards, capacities, placement or {})
+        clients = _client_specs(shards, capacities, placement or {}, backends or {})
         strategy = _make_strategy(config, model)
         strategy.check_clients(clients)
         if store is None:
@@ -617,7 +620,10 @@ def _make_strategy(config: RunConfig, model: ZooModel) -> Strategy:
 
 
 def _client_specs(
-    shards: Sequence[Shard], capacities: Sequence[float], placement: Mapping[str, str]
+    shards: Sequence[Shard],
+    capacities: Sequence[float],
+    placement: Mapping[str, str],
+    backends: Mapping[str, str] | None = None,
 ) -> list[ClientSpec]:
     caps = [float(c) for c in capacities]
     if len(caps) != len(shards):
@@ -625,7 +631,14 @@ def _client_specs(
     from fl.capacity import tiers
 
     return [
-        ClientSpec(cid=f"c{i}", num_examples=int(len(y)), capacity=cap, tier=tier, device=placement.get(f"c{i}"))
+        ClientSpec(
+            cid=f"c{i}",
+            num_examples=int(len(y)),
+            capacity=cap,
+            tier=tier,
+            device=placement.get(f"c{i}"),
+            backend=(backends or {}).get(f"c{i}"),
+        )
         for i, ((_, y), cap, tier) in enumerate(zip(shards, caps, tiers(caps), strict=True))
     ]
 
@@ -682,6 +695,7 @@ def _client_rows(
             width=_width_of(model, ins, client.capacity),
             status="ok",
             device=client.device,
+            backend=client.backend,
             arch_widths=tuple(ins.submodel.arch.widths),
             tier=client.tier,
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),

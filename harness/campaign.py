@@ -24,6 +24,15 @@ Failure policy (decided here):
   `harness.contract.parse_output`) becomes the cell's status; output that is not
   a JSON document is a ``runner error``.
 
+Backend per device (``--backend auto``, the default): before anything is exported,
+every device is asked what it can run (`harness.provision.fleet_backends`) and measured
+with its best available backend (`harness.backends`: ort > onnx > torch); the backend
+is part of every cell, so the store records it. A device with no usable backend is
+reported on stderr with its reason and gets no cells; the others are measured. Skipped
+devices do not change the exit status (the campaign measured everything it could run;
+``fleetbench fleet provision FLEET`` says how to fix them), unless no device is left. ``--backend ort,torch``
+measures the named backends on every device, asking nothing first.
+
 Ctrl-C sets a stop event; each device thread finishes (or times out) its current
 cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
 `cmd_profile` prints the command that resumes the campaign.
@@ -50,10 +59,11 @@ from harness import contract
 from harness.records import Backend, BenchSpec, Measurement
 
 if TYPE_CHECKING:
+    from harness.backends import BackendChoice
     from harness.store import ProfileStore
 
 #: Backends `plan_cells` accepts.
-BACKENDS: tuple[str, ...] = ("ort", "torch")
+BACKENDS: tuple[str, ...] = ("ort", "onnx", "torch")
 
 #: Failure kinds after which a device's remaining cells are not tried.
 DEVICE_DOWN_KINDS = frozenset({"unreachable", "authentication failed", "host key rejected"})
@@ -128,7 +138,7 @@ def plan_cells(
     model: str,
     widths: Iterable[float],
     batches: Iterable[int],
-    backends: Iterable[str],
+    backends: Iterable[str] | Mapping[str, str],
     steps: int,
     warmup: int,
     optimizer: str = "adamw",
@@ -145,8 +155,9 @@ def plan_cells(
         Widths in (0, 1].
     batches : iterable of int
         Training batch sizes.
-    backends : iterable of str
-        ``"ort"`` and/or ``"torch"``.
+    backends : iterable of str, or mapping of str to str
+        Backends measured on every device (``"ort"``, ``"onnx"``, ``"torch"``), or one
+        backend per device name; devices the mapping does not name get no cells.
     steps, warmup : int
         Timed and warm-up steps per cell.
     optimizer : str
@@ -167,8 +178,11 @@ def plan_cells(
 
     zoo_model = get_model(model)
     devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
-    backend_list = list(backends)
-    for backend in backend_list:
+    if isinstance(backends, Mapping):
+        per_device = {d.name: [backends[d.name]] for d in devices if d.name in backends}
+    else:
+        per_device = {d.name: list(backends) for d in devices}
+    for backend in {b for listed in per_device.values() for b in listed}:
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
     archs = [(width, tuple(zoo_model.arch(width).widths)) for width in widths]
@@ -186,9 +200,10 @@ def plan_cells(
             optimizer=optimizer,
         )
         for device in devices
+        if device.name in per_device
         for width, arch_widths in archs
         for batch in batches
-        for backend in backend_list
+        for backend in per_device[device.name]
     ]
 
 
@@ -677,6 +692,27 @@ def summary_table(cells: Any, specs: Sequence[BenchSpec]) -> str:
     return "\n".join(lines)
 
 
+def report_choices(choices: Sequence[BackendChoice], say: Callable[[str], None] | None = None) -> list[BackendChoice]:
+    """Print the backend each device uses, or why it is skipped; return ``choices``.
+
+    Parameters
+    ----------
+    choices : sequence of harness.backends.BackendChoice
+    say : callable, optional
+        Receives each line (default: stderr).
+
+    Returns
+    -------
+    list of BackendChoice
+    """
+    from harness.backends import format_choices
+
+    out = say or (lambda line: print(f"fleetbench: {line}", file=sys.stderr, flush=True))
+    for line in format_choices(choices):
+        out(f"backend of {line}")
+    return list(choices)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """``fleetbench profile``: run a campaign and print a summary table.
 
@@ -693,15 +729,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from devices.fleetfile import load_fleet
     from exporters.arch import parse_widths
     from exporters.errors import InputError
+    from harness.backends import AUTO, check_override, usable_devices
+    from harness.provision import fleet_backends
     from harness.store import ProfileStore
 
     widths = parse_widths(args.widths)
     batches = _split(args.batch, "batch size", _positive)
-    backends = _split(args.backend, "backend", str)
+    backends = _split(args.backend, "backend", check_override)
+    if AUTO in backends and len(backends) > 1:
+        raise InputError(f"--backend {args.backend}: auto chooses one backend per device; name no others with it")
     if args.timeout <= 0:
         raise InputError(f"timeout {args.timeout:g} must be positive")
     fleet = load_fleet(args.fleet)
-    specs = plan_cells(fleet, args.model, widths, batches, backends, args.steps, args.warmup)
+    plan: Sequence[str] | Mapping[str, str] = backends
+    if backends == [AUTO]:
+        plan_cells(fleet, args.model, widths, batches, [], args.steps, args.warmup)  # bad input fails first
+        plan = usable_devices(report_choices(fleet_backends(fleet)))
+    specs = plan_cells(fleet, args.model, widths, batches, plan, args.steps, args.warmup)
+    if not specs:
+        print(f"no device of {args.fleet} can run a backend; see: fleetbench fleet provision {args.fleet}",
+              file=sys.stderr)
+        return EXIT_INCOMPLETE
     with ProfileStore(Path(args.db)) as store:
         result = run_campaign(
             fleet, specs, store, artifacts_dir=Path(args.artifacts), timeout=args.timeout, resume=args.resume

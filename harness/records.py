@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 #: Backends the runner can train with.
-Backend = Literal["ort", "torch"]
+Backend = Literal["ort", "onnx", "torch"]
 
 #: Status of a cell: measured, or why not.
 Status = Literal[
@@ -46,7 +46,7 @@ class BenchSpec:
         Kept neurons per group (the `exporters.arch.Arch` widths).
     batch : int
         Training batch size.
-    backend : {"ort", "torch"}
+    backend : {"ort", "onnx", "torch"}
     threads : int
         Intra-op threads on the device.
     warmup : int

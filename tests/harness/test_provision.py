@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
+import platform
 import sys
 import zipfile
 from pathlib import Path
@@ -70,9 +71,11 @@ def test_local_device_reports_backends_with_versions(tmp_path: Path) -> None:
     assert report.python == ".".join(map(str, sys.version_info[:3]))
     assert report.packages["numpy"].version == numpy.__version__
     assert report.packages["onnxruntime"].version == onnxruntime.__version__
+    assert report.packages["onnxruntime-training"].version == onnxruntime.__version__
     assert report.packages["torch"].version == torch.__version__
     assert all(s.present and s.importable for s in report.packages.values())
-    assert report.can_run("ort") and report.can_run("torch")
+    assert report.can_run("ort") and report.can_run("onnx") and report.can_run("torch")
+    assert report.machine == platform.machine()
     assert report.site == f"{tmp_path}/device/site"
 
 
@@ -112,7 +115,8 @@ def test_a_dead_device_fails_while_the_others_answer(tmp_path: Path) -> None:
     assert result.successes["alive"].packages["numpy"].importable
     assert result.successes["nopython"].python is None and not result.successes["nopython"].can_run("ort")
     table = format_table(result, devices, (NUMPY,))
-    assert "FAILED: unreachable" in table and "nopython | missing" in table
+    assert "FAILED: unreachable" in table and "nopython | -       | missing" in table
+    assert "nopython: no Python on the device (the device's python cannot run): no backend can run" in table
 
 
 def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
@@ -127,15 +131,19 @@ def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
     assert main(["fleet", "provision", str(fleet)]) == 1
     out = capsys.readouterr().out
     header = [cell.strip() for cell in out.splitlines()[0].split(" | ")]
-    assert header == ["device", "python", "numpy", "onnxruntime", "torch", "can run"]
-    assert "ort/torch" in out and "FAILED: unreachable" in out
+    assert header == [
+        "device", "machine", "python", "numpy", "onnxruntime", "onnxruntime-training", "torch", "can run", "uses"
+    ]
+    here = next(line for line in out.splitlines() if line.startswith("here "))
+    assert [cell.strip() for cell in here.split(" | ")][-2:] == ["ort, onnx, torch", "ort"]
+    assert "FAILED: unreachable" in out
 
 
 def test_wheel_names_are_matched_by_distribution(tmp_path: Path) -> None:
     ort = tmp_path / "onnxruntime_training-1.19.2-cp311-cp311-manylinux_2_17_x86_64.whl"
     assert wheel_distribution(ort) == "onnxruntime-training"
     assert wheel_distribution(Path("torch-2.5.1+cpu-1-cp311-cp311-linux_x86_64.whl")) == "torch"
-    assert match_wheels(DEFAULT_PACKAGES, [ort]) == {"onnxruntime": [ort]}
+    assert match_wheels(DEFAULT_PACKAGES, [ort]) == {"onnxruntime-training": [ort]}
     with pytest.raises(ValueError):
         wheel_distribution(Path("numpy.tar.gz"))
     assert main(["fleet", "provision", str(tmp_path / "fleet.yaml"), "--wheel", str(tmp_path / "nope.whl")]) == 2
@@ -152,5 +160,6 @@ def test_onnxruntime_counts_as_importable_on_a_device_without_torch(tmp_path: Pa
     device = Device("notorch", "local", workdir=str(tmp_path / "device"), python=str(wrapper))
     report = check_device(LocalTransport(), device)
     assert not report.packages["torch"].importable
+    assert report.packages["onnxruntime-training"].importable, report.packages["onnxruntime-training"].error
     assert report.packages["onnxruntime"].importable, report.packages["onnxruntime"].error
-    assert report.can_run("ort") and not report.can_run("torch")
+    assert report.can_run("ort") and report.can_run("onnx") and not report.can_run("torch")
