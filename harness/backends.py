@@ -163,9 +163,8 @@ def choose_backend(name: str, report: ProvisionReport | None, override: str | No
         return BackendChoice(name, None, f"provisioning check failed: {failure or 'no answer'}")
     usable = usable_backends(report)
     if usable:
-        return BackendChoice(name, usable[0], "best available" + (
-            f" ({', '.join(f'{b}: {why_not(report, b)}' for b in PREFERENCE[:PREFERENCE.index(usable[0])])})"
-            if usable[0] != PREFERENCE[0] else ""))
+        better = "; ".join(f"{b}: {why_not(report, b)}" for b in PREFERENCE[: PREFERENCE.index(usable[0])])
+        return BackendChoice(name, usable[0], f"best available ({better})" if better else "best available")
     reasons = "; ".join(f"{b}: {why_not(report, b)}" for b in PREFERENCE)
     return BackendChoice(name, None, f"no usable backend ({reasons})")
 
