@@ -21,6 +21,13 @@ earlier campaigns; ``onnx`` next because it measures the same ONNX graphs (same 
 checked to float32 tolerance) on any onnxruntime build; ``torch`` last because it does
 not run the exported ONNX artifacts at all, only an eager twin of the model.
 
+A device that answers and can run no backend is skipped (``backend=None``, with every
+reason). A device that does not answer the check at all (unreachable, timed out) is *not*
+skipped: it keeps `PREFERENCE`'s first backend, so a campaign records its cells with the
+failure's kind and an FL run logs its clients as unreachable, as for a device that fails
+later, and a device that comes back mid-run trains (the runner says "missing runtime" if
+the guess was wrong).
+
 Everything here reads a `harness.provision.ProvisionReport` (what a device answered)
 and does no I/O, so the choice is testable without devices; `harness.provision` asks
 the devices.
@@ -146,7 +153,8 @@ def choose_backend(name: str, report: ProvisionReport | None, override: str | No
     name : str
         Device name.
     report : harness.provision.ProvisionReport or None
-        What the device answered; None when it could not be asked (see ``failure``).
+        What the device answered; None when it could not be asked (see ``failure``): such a
+        device keeps the first backend of `PREFERENCE` rather than being skipped.
     override : str, optional
         A backend the user named (``--backend``); it is taken as given, without a report:
         the runner then says "missing runtime" on a device that lacks it.
@@ -160,7 +168,9 @@ def choose_backend(name: str, report: ProvisionReport | None, override: str | No
     if override is not None and override != AUTO:
         return BackendChoice(name, override, f"--backend {override}")
     if report is None:
-        return BackendChoice(name, None, f"provisioning check failed: {failure or 'no answer'}")
+        # Not skipped: the run's own failure handling records it (unreachable, timeout) and
+        # a device that comes back later trains; see the module docstring.
+        return BackendChoice(name, PREFERENCE[0], f"not checked ({failure or 'no answer'}); tried with {PREFERENCE[0]}")
     usable = usable_backends(report)
     if usable:
         better = "; ".join(f"{b}: {why_not(report, b)}" for b in PREFERENCE[: PREFERENCE.index(usable[0])])

@@ -714,8 +714,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
     fleet = load_fleet(args.file)
-    result = provision(fleet, wheels, install=getattr(args, "install", False),
-                       index_url=getattr(args, "index_url", None))
+    result = provision(fleet, wheels, install=args.install, index_url=args.index_url)
     print(format_table(result, fleet.devices))
     return 0 if result.ok else 1
 

@@ -71,12 +71,12 @@ def test_torch_is_the_last_resort_and_a_device_with_nothing_is_skipped_with_ever
     assert usable_devices([torch_only, nothing]) == {"t": "torch"}
 
 
-def test_an_override_is_taken_as_given_and_an_unanswered_device_has_no_backend() -> None:
+def test_an_override_is_taken_as_given_and_an_unanswered_device_keeps_the_first_backend() -> None:
     nothing = report("aarch64")
     assert choose_backend("d", nothing, "ort") == BackendChoice("d", "ort", "--backend ort")
     assert choose_backend("d", nothing, "auto").backend is None
     gone = choose_backend("d", None, None, "unreachable: connection refused")
-    assert gone == BackendChoice("d", None, "provisioning check failed: unreachable: connection refused")
+    assert gone == BackendChoice("d", "ort", "not checked (unreachable: connection refused); tried with ort")
     assert [check_override(v) for v in ("auto", " onnx")] == ["auto", "onnx"]
     with pytest.raises(InputError, match="unknown backend 'tflite'"):
         check_override("tflite")
