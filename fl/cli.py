@@ -144,6 +144,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)"
     )
     run.add_argument("--artifacts", default="artifacts", help="artifact cache for --fleet (default ./artifacts)")
+    run.add_argument(
+        "--backend",
+        choices=("auto", "ort", "onnx", "torch"),
+        default="auto",
+        help="runner backend on the --fleet devices (default auto: each device's best available, ort > onnx > torch)",
+    )
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
@@ -385,8 +391,51 @@ def _load_fleet(path: str) -> Any:
     return fleet
 
 
+def fleet_placement(fleet: Any, override: str, clients: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """Choose each device's backend and place the clients on the devices that have one.
+
+    Every device is asked what it can run (`harness.provision.fleet_backends`; ``override``
+    other than ``"auto"`` is taken as given); each choice is printed on stderr, and a
+    device with no usable backend is skipped with its reason. Client ``i`` goes to usable
+    device ``i mod n``.
+
+    Parameters
+    ----------
+    fleet : devices.fleet.Fleet
+    override : str
+        ``--backend``: ``auto``, ``ort``, ``onnx`` or ``torch``.
+    clients : int
+
+    Returns
+    -------
+    placement : dict of str to Device
+        Client id -> device.
+    backends : dict of str to str
+        Client id -> runner backend.
+
+    Raises
+    ------
+    InputError
+        When no device of the fleet can run a backend.
+    """
+    from harness.backends import format_choices, usable_devices
+    from harness.provision import fleet_backends
+
+    choices = fleet_backends(fleet, override)
+    for line in format_choices(choices):
+        print(f"fleetbench: backend of {line}", file=sys.stderr, flush=True)
+    backend_of = usable_devices(choices)
+    usable = [d for d in fleet.devices if d.name in backend_of]
+    if not usable:
+        reasons = "; ".join(f"{c.device}: {c.reason}" for c in choices)
+        raise InputError(f"no device of {fleet.path} can run a backend ({reasons}); "
+                         f"see: fleetbench fleet provision {fleet.path}")
+    placement = {f"c{i}": usable[i % len(usable)] for i in range(clients)}
+    return placement, {cid: backend_of[device.name] for cid, device in placement.items()}
+
+
 def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
-    """Run ``config`` with the devices executor on ``fleet`` (client ``i`` on device ``i mod n``)."""
+    """Run ``config`` with the devices executor on ``fleet`` (`fleet_placement` places the clients)."""
     import dataclasses
     import tempfile
     from pathlib import Path
@@ -397,7 +446,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from fl.server import run_fl
 
     config = dataclasses.replace(config, executor="devices")
-    placement = {f"c{i}": fleet.devices[i % len(fleet.devices)] for i in range(config.clients)}
+    placement, backends = fleet_placement(fleet, args.backend, config.clients)
     with (
         tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work,
         DevicesExecutor(
@@ -408,6 +457,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             batch=config.batch_size,
             connect=connect,
             timeout_s=config.timeout_s or 300.0,
+            backends={device.name: backends[cid] for cid, device in placement.items()},
         ) as executor,
     ):
         return run_fl(
@@ -415,6 +465,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             executor=executor,
             resume_run=args.resume,
             placement={cid: device.name for cid, device in placement.items()},
+            backends=backends,
         )
 
 

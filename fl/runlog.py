@@ -121,6 +121,10 @@ FL_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE fl_client_rounds ADD COLUMN virtual_seconds REAL;
     ALTER TABLE fl_clients ADD COLUMN speed_factor REAL;
     """,
+    # v4: the runner backend a client trained with on its device (ort / onnx / torch; NULL in process).
+    """
+    ALTER TABLE fl_client_rounds ADD COLUMN backend TEXT;
+    """,
 )
 
 
@@ -236,6 +240,7 @@ class ClientRound:
     train_flops: float | None = None
     metrics: Mapping[str, Any] | None = None
     virtual_seconds: float | None = None
+    backend: str | None = None
 
 
 class RunLog:
@@ -372,8 +377,8 @@ class RunLog:
             conn.executemany(
                 "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
                 "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
-                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds, backend) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -397,6 +402,7 @@ class RunLog:
                         c.train_flops,
                         json.dumps(_jsonable(c.metrics or {}), sort_keys=True),
                         c.virtual_seconds,
+                        c.backend,
                     )
                     for c in clients
                 ],

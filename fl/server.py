@@ -420,6 +420,7 @@ def run_fl(
     placement: Mapping[str, str] | None = None,
     virtual: VirtualClock | None = None,
     profiles: Profiles | None = None,
+    backends: Mapping[str, str] | None = None,
 ) -> RunSummary:
     """Run (or resume) an FL run and log it in the profile store.
 
@@ -454,6 +455,8 @@ def run_fl(
         strategy sees the clients' virtual times.
     profiles : Profiles, optional
         The strategies' device profiles; default: the store's cells of the clients' devices.
+    backends : mapping of str to str, optional
+        Runner backend per client id (``ClientSpec.backend``), logged with each client round.
 
     Returns
     -------
@@ -498,7 +501,7 @@ def run_fl(
             capacities = assign(config.capacities, config.clients, config.seed)
         if placement is None and virtual is not None:
             placement = virtual.population.placement()
-        clients = _client_specs([len(y) for _, y in shards], capacities, placement or {})
+        clients = _client_specs([len(y) for _, y in shards], capacities, placement or {}, backends or {})
         strategy = _make_strategy(config, model)
         strategy.check_clients(clients)
         if store is None:
@@ -895,7 +898,10 @@ def _make_strategy(config: RunConfig, model: ZooModel) -> Strategy:
 
 
 def _client_specs(
-    examples: Sequence[int], capacities: Sequence[float], placement: Mapping[str, str]
+    examples: Sequence[int],
+    capacities: Sequence[float],
+    placement: Mapping[str, str],
+    backends: Mapping[str, str] | None = None,
 ) -> list[ClientSpec]:
     caps = [float(c) for c in capacities]
     if len(caps) != len(examples):
@@ -903,7 +909,14 @@ def _client_specs(
     from fl.capacity import tiers
 
     return [
-        ClientSpec(cid=f"c{i}", num_examples=int(n), capacity=cap, tier=tier, device=placement.get(f"c{i}"))
+        ClientSpec(
+            cid=f"c{i}",
+            num_examples=int(n),
+            capacity=cap,
+            tier=tier,
+            device=placement.get(f"c{i}"),
+            backend=(backends or {}).get(f"c{i}"),
+        )
         for i, (n, cap, tier) in enumerate(zip(examples, caps, tiers(caps), strict=True))
     ]
 
@@ -962,6 +975,7 @@ def _client_rows(
             width=_width_of(model, ins, client.capacity),
             status="ok",
             device=client.device,
+            backend=client.backend,
             arch_widths=tuple(ins.submodel.arch.widths),
             tier=client.tier,
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),

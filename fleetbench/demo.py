@@ -4,6 +4,9 @@
    `devices/fleets/emulated.yaml`) is written into the demo directory on free loopback
    ports and brought up. Without OpenSSH's ``sshd`` (or when ``--local`` is given) the
    demo says so and uses three local devices instead, which run at the host's speed.
+   Each device is then asked what it can run and uses its best available runner
+   backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all);
+   a device with none is reported with its reason and left out of the rest.
 2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
    optimizer graph, which both the profile and the FL rounds train with.
 3. **Profile**: every device x width into the demo's store, the devices that share this
@@ -152,10 +155,12 @@ def run_demo(args: argparse.Namespace) -> int:
         progress.steps -= 1  # nothing to stop at the end
     progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
     status = 0
+    started = fleet
     try:
+        fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
         specs = campaign.plan_cells(
-            fleet, model, DEMO_WIDTHS, [DEMO_BATCH], ["ort"], args.steps, 20, "sgd", precision=args.precision,
+            fleet, model, DEMO_WIDTHS, [DEMO_BATCH], backends, args.steps, 20, "sgd", precision=args.precision,
             max_seconds=args.max_seconds,
         )  # fmt: skip
         sets = campaign.export_sets(specs, artifacts)
@@ -185,11 +190,11 @@ def run_demo(args: argparse.Namespace) -> int:
             else:
                 paths = (artifacts, out / "fl-work")
                 progress.step(f"hardware-in-the-loop FL: FjORD with the tiers' p_max, {args.rounds} rounds")
-                run_fl_rounds("fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4})
+                run_fl_rounds("fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4}, backends)
                 progress.step(f"hardware-in-the-loop FL: FLuID straggler handling, {args.rounds} rounds")
                 run_fl_rounds(
                     "fluid", fleet, store, data, [1.0] * len(capacities), paths, args, progress,
-                    {"sizes": list(DEMO_WIDTHS)},
+                    {"sizes": list(DEMO_WIDTHS)}, backends,
                 )  # fmt: skip
 
         progress.step("writing the report")
@@ -200,10 +205,47 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         if emulated and not args.keep_up:
             progress.step("stopping the emulated fleet")
-            for problem in emulate.down(fleet, say=lambda line: None):
+            for problem in emulate.down(started, say=lambda line: None):
                 progress.detail(problem)
     print(f"\nreport:  {html}\nstore:   {db}\nelapsed: {progress.elapsed:.0f} s")
     return status
+
+
+def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any, dict[str, str]]:
+    """Choose each device's runner backend; return the fleet of usable devices and their backends.
+
+    Parameters
+    ----------
+    fleet : devices.fleet.Fleet
+    override : str
+        ``--backend`` (``auto``: each device's best available).
+    progress : Progress
+        Receives one line per device.
+
+    Returns
+    -------
+    fleet : devices.fleet.Fleet
+        Only the devices with a backend.
+    backends : dict of str to str
+        Device name -> backend.
+
+    Raises
+    ------
+    InputError
+        When no device can run a backend.
+    """
+    from exporters.errors import InputError
+    from harness.backends import format_choices, usable_devices
+    from harness.provision import fleet_backends
+
+    choices = fleet_backends(fleet, override)
+    for line in format_choices(choices):
+        progress.detail(f"backend of {line}")
+    backends = usable_devices(choices)
+    if not backends:
+        raise InputError(f"no device can run a backend; see: fleetbench fleet provision {fleet.path}")
+    usable = tuple(d for d in fleet.devices if d.name in backends)
+    return dataclasses.replace(fleet, devices=usable), backends
 
 
 def plan_capacities(
@@ -241,7 +283,7 @@ def plan_capacities(
     deadline = sorted(full_times)[len(full_times) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
     plan = scheduling.assign_tiers(
         cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
-        batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
+        batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2, backend=None,
     )  # fmt: skip
     progress.detail(f"round deadline {deadline:.2f} s of training (the median device at full width)")
     capacities = []
@@ -264,8 +306,12 @@ def run_fl_rounds(
     args: argparse.Namespace,
     progress: Progress,
     options: dict[str, Any],
+    backends: dict[str, str] | None = None,
 ) -> Any:
     """Run ``strategy`` for ``args.rounds`` rounds on the devices, one client per device.
+
+    ``backends`` (device name -> runner backend) is passed to the executor and logged
+    with every client round.
 
     Returns
     -------
@@ -288,11 +334,12 @@ def run_fl_rounds(
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout, backends=backends,
     ) as executor:  # fmt: skip
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities,
             placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
+            backends={cid: (backends or {}).get(d.name, "ort") for cid, d in placement.items()},
         )  # fmt: skip
     accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
     progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
@@ -324,6 +371,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)"
     )
     demo.add_argument("--seed", type=non_negative_int, default=0)
+    demo.add_argument(
+        "--backend",
+        choices=("auto", "ort", "onnx", "torch"),
+        default="auto",
+        help="runner backend on every device (default auto: each device's best available, ort > onnx > torch)",
+    )
     demo.add_argument("--local", action="store_true", help="use local devices instead of the emulated fleet")
     demo.add_argument("--keep-up", action="store_true", help="leave the emulated fleet running")
     demo.set_defaults(handler="fleetbench.demo:run_demo")

@@ -65,6 +65,15 @@ Failure policy (decided here):
   `harness.contract.parse_output`) becomes the cell's status; output that is not
   a JSON document is a ``runner error``.
 
+Backend per device (``--backend auto``, the default): before anything is exported,
+every device is asked what it can run (`harness.provision.fleet_backends`) and measured
+with its best available backend (`harness.backends`: ort > onnx > torch); the backend
+is part of every cell, so the store records it. A device with no usable backend is
+reported on stderr with its reason and gets no cells; the others are measured. Skipped
+devices do not change the exit status (the campaign measured everything it could run;
+``fleetbench fleet provision FLEET`` says how to fix them), unless no device is left. ``--backend ort,torch``
+measures the named backends on every device, asking nothing first.
+
 Ctrl-C sets a stop event; each device thread finishes (or times out) its current
 cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
 `cmd_profile` prints the command that resumes the campaign.
@@ -93,10 +102,11 @@ from harness.records import Backend, BenchSpec, Measurement
 from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 
 if TYPE_CHECKING:
+    from harness.backends import BackendChoice
     from harness.store import ProfileStore
 
 #: Backends `plan_cells` accepts.
-BACKENDS: tuple[str, ...] = ("ort", "torch")
+BACKENDS: tuple[str, ...] = ("ort", "onnx", "torch")
 
 #: Failure kinds after which a device's remaining cells are not tried.
 DEVICE_DOWN_KINDS = frozenset({"unreachable", "authentication failed", "host key rejected"})
@@ -174,7 +184,7 @@ def plan_cells(
     model: str,
     widths: Iterable[float],
     batches: Iterable[int],
-    backends: Iterable[str],
+    backends: Iterable[str] | Mapping[str, str],
     steps: int,
     warmup: int,
     optimizer: str = "adamw",
@@ -194,8 +204,9 @@ def plan_cells(
         Widths in (0, 1].
     batches : iterable of int
         Training batch sizes.
-    backends : iterable of str
-        ``"ort"`` and/or ``"torch"``.
+    backends : iterable of str, or mapping of str to str
+        Backends measured on every device (``"ort"``, ``"onnx"``, ``"torch"``), or one
+        backend per device name; devices the mapping does not name get no cells.
     steps, warmup : int
         Fewest timed samples and most warm-up steps per cell.
     optimizer : str
@@ -220,8 +231,11 @@ def plan_cells(
 
     zoo_model = get_model(model)
     devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
-    backend_list = list(backends)
-    for backend in backend_list:
+    if isinstance(backends, Mapping):
+        per_device = {d.name: [backends[d.name]] for d in devices if d.name in backends}
+    else:
+        per_device = {d.name: list(backends) for d in devices}
+    for backend in {b for listed in per_device.values() for b in listed}:
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
     archs = [(width, tuple(zoo_model.arch(width).widths)) for width in widths]
@@ -241,9 +255,10 @@ def plan_cells(
             max_seconds=max_seconds,
         )
         for device in devices
+        if device.name in per_device
         for width, arch_widths in archs
         for batch in batches
-        for backend in backend_list
+        for backend in per_device[device.name]
     ]
 
 
@@ -1253,6 +1268,27 @@ def choose_widths(
     return choice
 
 
+def report_choices(choices: Sequence[BackendChoice], say: Callable[[str], None] | None = None) -> list[BackendChoice]:
+    """Print the backend each device uses, or why it is skipped; return ``choices``.
+
+    Parameters
+    ----------
+    choices : sequence of harness.backends.BackendChoice
+    say : callable, optional
+        Receives each line (default: stderr).
+
+    Returns
+    -------
+    list of BackendChoice
+    """
+    from harness.backends import format_choices
+
+    out = say or (lambda line: print(f"fleetbench: {line}", file=sys.stderr, flush=True))
+    for line in format_choices(choices):
+        out(f"backend of {line}")
+    return list(choices)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """``fleetbench profile``: run a campaign and print a summary table.
 
@@ -1269,11 +1305,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """
     from devices.fleetfile import load_fleet
     from exporters.errors import InputError
+    from harness.backends import AUTO, check_override, usable_devices
+    from harness.provision import fleet_backends
     from harness.store import ProfileStore
 
     request = parse_width_request(args.widths)
     batches = _split(args.batch, "batch size", _positive)
-    backends = _split(args.backend, "backend", str)
+    backends = _split(args.backend, "backend", check_override)
+    if AUTO in backends and len(backends) > 1:
+        raise InputError(f"--backend {args.backend}: auto chooses one backend per device; name no others with it")
     if args.timeout <= 0:
         raise InputError(f"timeout {args.timeout:g} must be positive")
     if not 0 <= args.precision < 1:
@@ -1284,14 +1324,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
             "deployment come on top of its sampling)"
         )
     fleet = load_fleet(args.fleet)
+    plan: Sequence[str] | Mapping[str, str] = backends
 
     def cells(widths: Sequence[float]) -> list[BenchSpec]:
         return plan_cells(
-            fleet, args.model, widths, batches, backends, args.steps, args.warmup,
+            fleet, args.model, widths, batches, plan, args.steps, args.warmup,
             precision=args.precision, max_seconds=args.max_seconds,
         )  # fmt: skip
 
-    cells([1.0])  # bad model or backend: refused before anything is measured
+    if backends == [AUTO]:
+        plan_cells(fleet, args.model, [1.0], batches, [], args.steps, args.warmup)  # bad input fails first
+        plan = usable_devices(report_choices(fleet_backends(fleet)))
+    if not cells([1.0]):  # bad model or backend: refused before anything is measured
+        print(f"no device of {args.fleet} can run a backend; see: fleetbench fleet provision {args.fleet}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INCOMPLETE
     with ProfileStore(Path(args.db)) as store:
         run = {"artifacts_dir": Path(args.artifacts), "timeout": args.timeout, "resume": args.resume}
         if isinstance(request, int):

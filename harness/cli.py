@@ -32,7 +32,12 @@ def register(commands: Any) -> None:
         help="widths in (0, 1], or auto:N to measure the N widths the latency model is least sure of",
     )
     profile.add_argument("--batch", default="20", help="batch sizes, comma-separated (default 20)")
-    profile.add_argument("--backend", default="ort", help="ort, torch, or both comma-separated (default ort)")
+    profile.add_argument(
+        "--backend",
+        default="auto",
+        help="auto (each device's best available: ort > onnx > torch), or ort, onnx, torch, comma-separated "
+        "for every device (default auto)",
+    )
     profile.add_argument(
         "--steps", type=positive_int, default=MIN_SAMPLES, help=f"fewest timed samples per cell (default {MIN_SAMPLES})"
     )
@@ -71,6 +76,10 @@ def register(commands: Any) -> None:
     provision = fleet_actions.add_parser("provision", help="report and install the backends each device can run")
     provision.add_argument("file", help="fleet YAML file")
     provision.add_argument("--wheel", action="append", default=[], help="a wheel file to install where missing")
+    provision.add_argument(
+        "--install", action="store_true", help="install missing numpy and onnxruntime from the package index"
+    )
+    provision.add_argument("--index-url", help="package index for --install (default: the device pip's own)")
     provision.set_defaults(handler="harness.provision:cmd_provision")
     up = fleet_actions.choices["up"]
     up.add_argument("--match", metavar="DEVICE", help="calibrate CPU shares to replay a stored device's profile")

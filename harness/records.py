@@ -16,7 +16,7 @@ from typing import Any, Literal
 from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 
 #: Backends the runner can train with.
-Backend = Literal["ort", "torch"]
+Backend = Literal["ort", "onnx", "torch"]
 
 #: Status of a cell: measured, or why not.
 Status = Literal[
@@ -48,7 +48,7 @@ class BenchSpec:
         Kept neurons per group (the `exporters.arch.Arch` widths).
     batch : int
         Training batch size.
-    backend : {"ort", "torch"}
+    backend : {"ort", "onnx", "torch"}
     threads : int
         Intra-op threads on the device.
     warmup : int

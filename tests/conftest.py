@@ -10,6 +10,7 @@ from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every t
     adb_path,
     adb_server,
     adb_transport,
+    arm64_tree,
     example_fleet_file,
     phone,
     sshd_path,

@@ -188,7 +188,7 @@ def assign_tiers(
     batch: int | None,
     memory_budget_bytes: Mapping[str, int] | None,
     k: int,
-    backend: str = "ort",
+    backend: str | None = "ort",
     round_overhead_s: float | Mapping[str, float] = 0.0,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
@@ -215,8 +215,9 @@ def assign_tiers(
         Memory budget per device; a device without an entry (or ``None``) is unconstrained.
     k : int
         Number of tiers.
-    backend : str
-        Profile backend (``"ort"`` or ``"torch"``).
+    backend : str or None
+        Profile backend (``"ort"``, ``"onnx"`` or ``"torch"``); None takes each device's
+        one measured backend (devices profiled with their own best backend).
     round_overhead_s : float or mapping of str to float
         Fixed per-round cost (transfer, set-up) added to every predicted round time,
         one value for all devices or per device (missing devices: 0).
@@ -288,7 +289,7 @@ def _device_checks(
     model: str,
     candidates: tuple[float, ...],
     batch: int | None,
-    backend: str,
+    backend: str | None,
     *,
     round_seconds_per_us: float,
     overhead_s: float,
@@ -298,7 +299,7 @@ def _device_checks(
     """Return ``(best fitting check, all checks)`` of one device, or why it is excluded."""
     mine = select(rows, device=device, batch=batch)
     if not mine:
-        where = f"batch {batch}, backend {backend}" if batch is not None else f"backend {backend}"
+        where = f"batch {batch}, backend {backend or 'any'}" if batch is not None else f"backend {backend or 'any'}"
         return f"no measured profile of {model} ({where})"
     if device not in models:
         return f"no successful measurement of {model}: latest cells {status_summary(mine)}"

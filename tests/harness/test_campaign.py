@@ -23,6 +23,7 @@ from harness import campaign, contract
 from harness.campaign import CellEvent, plan_cells
 from harness.store import ProfileStore
 from tests.devices.conftest import kill_device
+from tests.harness.test_runner_onnx import plain_python  # noqa: F401, F811 - a fixture, used as an argument
 
 MODEL, WIDTHS, BATCH, STEPS, WARMUP = "fjord-cnn", (0.25, 0.5, 0.75, 1.0), 4, 3, 1
 TIMEOUT = 120.0
@@ -365,7 +366,7 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     first = proc.stderr.readline()
-    while first.startswith(("isolation plan", "  ")):  # the plan comes first
+    while first.startswith(("isolation plan", "  ", "fleetbench: backend of")):  # backends and the plan first
         first = proc.stderr.readline()
     # the first finished cell
     proc.send_signal(signal.SIGINT)
@@ -456,3 +457,38 @@ def test_cli_profile_auto_widths_on_a_local_device(
     assert f"widths chosen: {', '.join(f'{w:g}' for w in widths)}" in captured.err
     assert "most uncertain" in captured.err and "isolation plan" in captured.err
     assert len([line for line in captured.out.splitlines() if line.startswith("here")]) == 3
+
+
+def test_profile_measures_each_device_with_its_best_backend_and_skips_one_without(
+    plain_python: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811 - the imported fixture
+) -> None:
+    from fleetbench.cli import main
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "devices:\n"
+        f"  - {{name: full, kind: local, python: {sys.executable}, workdir: {tmp_path / 'full'}}}\n"
+        f"  - {{name: plain, kind: local, python: {plain_python}, workdir: {tmp_path / 'plain'}}}\n"
+        f"  - {{name: nopy, kind: local, python: /nonexistent/python3, workdir: {tmp_path / 'nopy'}}}\n"
+    )
+    db = tmp_path / "p.db"
+    argv = ["profile", "--fleet", str(fleet), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
+    argv += ["--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "backend of full: ort (best available)" in captured.err
+    assert "backend of plain: onnx (best available (ort: onnxruntime-training is not installed" in captured.err
+    assert "backend of nopy: skipped: no usable backend" in captured.err
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+    assert sorted(zip(cells.device, cells.backend, cells.status, strict=True)) == [
+        ("full", "ort", "ok"),
+        ("plain", "onnx", "ok"),
+    ]
+    # an explicit backend is measured on every device, unasked
+    assert main([*argv, "--backend", "onnx"]) == 1  # nopy cannot run it: recorded as failed
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+    onnx = cells[cells.backend == "onnx"].set_index("device").status.to_dict()
+    assert onnx["full"] == "ok" and onnx["plain"] == "ok" and onnx["nopy"] != "ok"
+    assert main([*argv, "--backend", "auto,ort"]) == 2
