@@ -230,7 +230,7 @@ def test_a_store_before_virtual_times_is_upgraded_and_keeps_its_rows(tmp_path):
             )
     with ProfileStore(path) as upgraded:
         log = RunLog(upgraded)
-        assert upgraded.ensure_schema("fl", FL_MIGRATIONS) == len(FL_MIGRATIONS) == 3
+        assert upgraded.ensure_schema("fl", FL_MIGRATIONS) == len(FL_MIGRATIONS) >= 3
         old_round = log.rounds(1)
         assert list(old_round["wall_seconds"]) == [1.0] and old_round["virtual_seconds"].isna().all()
         run_id = start(log)
