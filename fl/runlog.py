@@ -121,6 +121,11 @@ FL_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE fl_client_rounds ADD COLUMN virtual_seconds REAL;
     ALTER TABLE fl_clients ADD COLUMN speed_factor REAL;
     """,
+    # v4: the round-cost model's prediction of each client's round, beside the measured times
+    # (`fl.roundcost.ClientRoundPredictor`; NULL where the run had no profiles to predict from).
+    """
+    ALTER TABLE fl_client_rounds ADD COLUMN predicted_seconds REAL;
+    """,
 )
 
 
@@ -236,6 +241,7 @@ class ClientRound:
     train_flops: float | None = None
     metrics: Mapping[str, Any] | None = None
     virtual_seconds: float | None = None
+    predicted_seconds: float | None = None
 
 
 class RunLog:
@@ -372,8 +378,8 @@ class RunLog:
             conn.executemany(
                 "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
                 "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
-                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds, predicted_seconds) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -397,6 +403,7 @@ class RunLog:
                         c.train_flops,
                         json.dumps(_jsonable(c.metrics or {}), sort_keys=True),
                         c.virtual_seconds,
+                        c.predicted_seconds,
                     )
                     for c in clients
                 ],

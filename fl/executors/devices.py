@@ -3,7 +3,8 @@
 Each round, for each client placed on a device:
 
 1. the artifact set of the client's width is exported on the host (cached by
-   `exporters.artifacts.export_artifacts`, SGD optimizer graph) and deployed once per
+   `exporters.artifacts.export_artifacts`, the executor's optimizer graph, SGD by default;
+   the runner uses the device's fleet-file ``threads`` unless the executor fixes them) and deployed once per
    device through the device's content-addressed cache, like the runner itself;
 2. the client's data shard is written as ``.npz`` and deployed once (the cache keys it
    by content, so later rounds push nothing);
@@ -143,13 +144,16 @@ class DevicesExecutor(ClosingExecutor):
         ``connect(device) -> Transport`` (`devices.connect.connect` in production).
     timeout_s : float
         Seconds allowed per remote command.
-    threads : int
-        Threads the runner uses on the device.
+    threads : int or None
+        Threads the runner uses on every device; None: each device's fleet-file ``threads``
+        (`threads_of`), the threads its profile was measured with.
     clock : callable
         Monotonic clock in seconds.
     backends : mapping of str to str, optional
         The runner backend of each device by name (``"ort"``, ``"onnx"``, ``"torch"``);
         devices not named train with ``"ort"``. Each client round records its backend.
+    optimizer : str
+        The optimizer graph clients train with (``"sgd"`` or ``"adamw"``); profile with the same.
     """
 
     name = "devices"
@@ -164,9 +168,10 @@ class DevicesExecutor(ClosingExecutor):
         batch: int,
         connect: Callable[[Device], Transport],
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        threads: int = 1,
+        threads: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         backends: Mapping[str, str] | None = None,
+        optimizer: str = "sgd",
     ) -> None:
         self.model = model
         self.backends = dict(backends or {})
@@ -178,6 +183,7 @@ class DevicesExecutor(ClosingExecutor):
         self.connect = connect
         self.timeout_s = timeout_s
         self.threads = threads
+        self.optimizer = optimizer
         self.clock = clock
         self._transports: dict[str, Transport] = {}
         self._runner: dict[str, str] = {}
@@ -198,10 +204,27 @@ class DevicesExecutor(ClosingExecutor):
         """
         return self.backends.get(device.name, "ort")
 
+    # -- one configuration from profile to round (fleetbench issue 15) -------------------
+
+    def threads_of(self, device: Device) -> int:
+        """Return the threads ``device`` trains with: the executor's, else the fleet file's.
+
+        Parameters
+        ----------
+        device : Device
+
+        Returns
+        -------
+        int
+        """
+        return int(self.threads) if self.threads is not None else int(device.threads)
+
     # -- host side -----------------------------------------------------------------------
 
     def _artifact_set(self, arch: Arch) -> tuple[Path, Mapping[str, Any]]:
-        result = export_artifacts(self.model, arch, batch=self.batch, optimizer="sgd", out_dir=self.artifacts_dir)
+        result = export_artifacts(
+            self.model, arch, batch=self.batch, optimizer=self.optimizer, out_dir=self.artifacts_dir
+        )
         return result.directory, result.manifest
 
     def _write_shard(self, cid: str, x: np.ndarray, y: np.ndarray) -> Path:
@@ -293,7 +316,7 @@ class DevicesExecutor(ClosingExecutor):
             argv = contract.train_argv(
                 device.python, runner, remote_set, backend=self.backend_of(device), params=remote_in, data=remote_shard,
                 out=remote_out, epochs=int(ins.config.get("epochs", 1)), lr=float(ins.config.get("lr", 0.05)),
-                threads=self.threads, seed=int(ins.config.get("seed", 0)),
+                threads=self.threads_of(device), seed=int(ins.config.get("seed", 0)),
             )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout_s)
             output = contract.parse_output(run.rc, run.stdout, run.stderr)
