@@ -345,3 +345,26 @@ def executor_configs(executor: Any, devices: Iterable[Any], batch: int) -> dict[
         )
         for d in devices
     }
+
+
+def round_overheads(cost: RoundCost, model: ZooModel, devices: Iterable[str], width: float = 1.0) -> dict[str, float]:
+    """Return each device's predicted round without training: fixed cost plus the transfers of ``width``'s payload.
+
+    FedDrop's budgets (`fl.scheduling.budgets_for_fleet`, ``round_overhead_s``) subtract it
+    from the round time budget: SyncDrop sends the dense model, so the transfers do not shrink.
+
+    Parameters
+    ----------
+    cost : RoundCost
+    model : ZooModel
+    devices : iterable of str
+    width : float
+        The width whose parameters travel (1.0: the dense model).
+
+    Returns
+    -------
+    dict of str to float
+    """
+    arch = model.arch(width)
+    nbytes = payload_bytes_of(arch)
+    return {d: float(cost(d, arch, 0, nbytes, nbytes)) for d in devices}
