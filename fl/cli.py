@@ -144,6 +144,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)"
     )
     run.add_argument("--artifacts", default="artifacts", help="artifact cache for --fleet (default ./artifacts)")
+    run.add_argument(
+        "--optimizer",
+        choices=("sgd", "adamw"),
+        default="sgd",
+        help="optimizer graph the devices train with (--fleet; default sgd); profile with the same",
+    )
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
@@ -280,6 +286,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fleet = _load_fleet(args.fleet) if args.fleet else None
     if fleet is not None and (config.executor == "ray" or config.population is not None):
         raise InputError("--fleet trains on the fleet's devices; it takes neither --executor ray nor --population")
+    if fleet is None and args.optimizer != "sgd":
+        raise InputError(f"--optimizer {args.optimizer} needs --fleet: in-process training uses SGD")
     if args.ray_address is not None and config.executor != "ray":
         raise InputError("--ray-address needs --executor ray")
     if config.clock_only and args.resume is not None:
@@ -386,7 +394,11 @@ def _load_fleet(path: str) -> Any:
 
 
 def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
-    """Run ``config`` with the devices executor on ``fleet`` (client ``i`` on device ``i mod n``)."""
+    """Run ``config`` with the devices executor on ``fleet`` (client ``i`` on device ``i mod n``).
+
+    Each device trains with its fleet-file threads and ``--optimizer``; the run plans with the
+    profile of each device matching that configuration (the nearest, with a warning).
+    """
     import dataclasses
     import tempfile
     from pathlib import Path
@@ -394,6 +406,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from devices.connect import connect
     from exporters.zoo import get_model
     from fl.executors.devices import DevicesExecutor
+    from fl.roundcost import executor_configs
     from fl.server import run_fl
 
     config = dataclasses.replace(config, executor="devices")
@@ -408,6 +421,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             batch=config.batch_size,
             connect=connect,
             timeout_s=config.timeout_s or 300.0,
+            optimizer=args.optimizer,
         ) as executor,
     ):
         return run_fl(
@@ -415,6 +429,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             executor=executor,
             resume_run=args.resume,
             placement={cid: device.name for cid, device in placement.items()},
+            device_configs=executor_configs(executor, fleet.devices, config.batch_size),
         )
 
 
