@@ -358,19 +358,29 @@ def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
     """
     from fl.population import VirtualClock, check_devices, draw_population, parse_population
     from fl.roundcost import measured_models, parse_links, round_cost_from_rows
+    from fl.scheduling.configs import ProfileConfig, match_round_cost
     from fl.scheduling.rows import profile_rows
     from harness.store import ProfileStore
 
     shares = parse_population(config.population)
     with ProfileStore(config.profiles, create=False) as store:
         cells = store.latest_cells()
+        stored = store.round_costs()
     check_devices(shares, measured_models(cells), config.model, config.profiles)
     devices = [d for d, share in shares.items() if share > 0]
     links = parse_links(config.link, devices)
-    cost = round_cost_from_rows(cells, config.model, config.batch_size, devices, links=links)
     population = draw_population(
         shares, config.clients, config.seed, variation=config.variation, availability=config.availability
     )
+    costs = {}
+    for device in devices:
+        measured, _ = match_round_cost(stored, device, config.model, ProfileConfig(batch=config.batch_size))
+        if measured is not None:
+            costs[device] = measured
+    cost = round_cost_from_rows(
+        cells, config.model, config.batch_size, devices, links=links, costs=costs,
+        warn=lambda line: print(f"fleetbench: warning: {line}", file=sys.stderr),
+    )  # fmt: skip
     clock = VirtualClock(
         population, cost, seed=config.seed, overcommit=config.overcommit, deadline_s=config.deadline_s
     )
