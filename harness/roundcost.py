@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from exporters.arch import Arch
 
 #: Local step counts of the two ``train`` requests whose intercept is the fixed cost.
-DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 10)
+DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 26)
 #: Sizes of the files pushed and pulled to fit the transfer lines (bytes).
 DEFAULT_TRANSFER_BYTES: tuple[int, int] = (16 * 1024, 1024 * 1024)
 #: Backend chosen when a device was measured with several (the one FL trains with first).

@@ -490,7 +490,7 @@ def test_round_cost_step_measures_each_device_through_its_transport(
         )
         assert cost.campaign_id == result.campaign_id and cost.measured_at > 0
         train = cost.samples["train"]
-        assert sorted(p["steps"] for p in train) == [2, 10]
+        assert sorted(p["steps"] for p in train) == [2, 26]
         # the intercept is the request's time outside its steps (a process start on a CPU share: seconds)
         outside = [p["seconds"] - p["step_seconds"] for p in train]
         assert 0.5 * min(outside) <= cost.fixed_s <= 1.5 * max(outside), (cost.fixed_s, outside)
