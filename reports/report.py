@@ -502,7 +502,7 @@ def _fl(src: Sources) -> list[Draft]:
     tiers = tables.fl_tier_table(src.fl_client_rounds)
     virtual = tables.fl_virtual_table(src.fl_rounds, src.fl_client_rounds)
     predictions = tables.fl_prediction_table(src.fl_client_rounds)
-    stragglers = tables.fl_straggler_table(src.fl_rounds, src.fl_client_rounds)
+    straggler_rounds = tables.fl_straggler_table(src.fl_rounds, src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
@@ -551,7 +551,7 @@ def _fl(src: Sources) -> list[Draft]:
             failed = int((tl["status"] != "ok").sum())
             notes_text = f"{len(tl)} client rounds, {stragglers} straggler(s), {failed} failed."
         pr = predictions[predictions["run_id"] == rid] if not predictions.empty else predictions
-        st = stragglers[stragglers["run_id"] == rid] if not stragglers.empty else stragglers
+        st = straggler_rounds[straggler_rounds["run_id"] == rid] if not straggler_rounds.empty else straggler_rounds
         extra = []
         if not pr.empty:
             median, worst, n = tables.prediction_errors(src.fl_client_rounds[src.fl_client_rounds["run_id"] == rid])
