@@ -150,6 +150,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         default="auto",
         help="runner backend on the --fleet devices (default auto: each device's best available, ort > onnx > torch)",
     )
+    run.add_argument(
+        "--optimizer",
+        choices=("sgd", "adamw"),
+        default="sgd",
+        help="optimizer graph the devices train with (--fleet; default sgd); profile with the same",
+    )
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
@@ -286,6 +292,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fleet = _load_fleet(args.fleet) if args.fleet else None
     if fleet is not None and (config.executor == "ray" or config.population is not None):
         raise InputError("--fleet trains on the fleet's devices; it takes neither --executor ray nor --population")
+    if fleet is None and args.optimizer != "sgd":
+        raise InputError(f"--optimizer {args.optimizer} needs --fleet: in-process training uses SGD")
     if args.ray_address is not None and config.executor != "ray":
         raise InputError("--ray-address needs --executor ray")
     if config.clock_only and args.resume is not None:
@@ -356,19 +364,29 @@ def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
     """
     from fl.population import VirtualClock, check_devices, draw_population, parse_population
     from fl.roundcost import measured_models, parse_links, round_cost_from_rows
+    from fl.scheduling.configs import ProfileConfig, match_round_cost
     from fl.scheduling.rows import profile_rows
     from harness.store import ProfileStore
 
     shares = parse_population(config.population)
     with ProfileStore(config.profiles, create=False) as store:
         cells = store.latest_cells()
+        stored = store.round_costs()
     check_devices(shares, measured_models(cells), config.model, config.profiles)
     devices = [d for d, share in shares.items() if share > 0]
     links = parse_links(config.link, devices)
-    cost = round_cost_from_rows(cells, config.model, config.batch_size, devices, links=links)
     population = draw_population(
         shares, config.clients, config.seed, variation=config.variation, availability=config.availability
     )
+    costs = {}
+    for device in devices:
+        measured, _ = match_round_cost(stored, device, config.model, ProfileConfig(batch=config.batch_size))
+        if measured is not None:
+            costs[device] = measured
+    cost = round_cost_from_rows(
+        cells, config.model, config.batch_size, devices, links=links, costs=costs,
+        warn=lambda line: print(f"fleetbench: warning: {line}", file=sys.stderr),
+    )  # fmt: skip
     clock = VirtualClock(
         population, cost, seed=config.seed, overcommit=config.overcommit, deadline_s=config.deadline_s
     )
@@ -435,7 +453,11 @@ def fleet_placement(fleet: Any, override: str, clients: int) -> tuple[dict[str, 
 
 
 def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
-    """Run ``config`` with the devices executor on ``fleet`` (`fleet_placement` places the clients)."""
+    """Run ``config`` with the devices executor on ``fleet`` (`fleet_placement` places the clients).
+
+    Each device trains with its fleet-file threads and ``--optimizer``; the run plans with the
+    profile of each device matching that configuration (the nearest, with a warning).
+    """
     import dataclasses
     import tempfile
     from pathlib import Path
@@ -443,6 +465,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from devices.connect import connect
     from exporters.zoo import get_model
     from fl.executors.devices import DevicesExecutor
+    from fl.roundcost import executor_configs
     from fl.server import run_fl
 
     config = dataclasses.replace(config, executor="devices")
@@ -458,6 +481,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             connect=connect,
             timeout_s=config.timeout_s or 300.0,
             backends={device.name: backends[cid] for cid, device in placement.items()},
+            optimizer=args.optimizer,
         ) as executor,
     ):
         return run_fl(
@@ -466,6 +490,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             resume_run=args.resume,
             placement={cid: device.name for cid, device in placement.items()},
             backends=backends,
+            device_configs=executor_configs(executor, fleet.devices, config.batch_size),
         )
 
 

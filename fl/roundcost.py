@@ -1,58 +1,54 @@
-"""Round-cost functions for the virtual clock, built from a profile store (the edge of `fl.population`).
+"""Round-cost functions built from a profile store: the edge between the harness's round-cost model and FL.
 
 `round_cost_from_rows` returns the ``(device, arch, steps, bytes_down, bytes_up) ->
-seconds`` function `fl.population.VirtualClock` needs:
+seconds`` function `fl.population.VirtualClock` and the server's predictions need; it is
+`harness.roundcost.round_cost` (the one round-cost model)::
 
-    seconds = steps * batch * latency(device, arch) + transfer(bytes_down) + transfer(bytes_up)
+    seconds = fixed + steps * batch * latency(device, arch) + transfer_down(bytes_down) + transfer_up(bytes_up)
 
 ``latency`` is the device's per-image training latency predicted for ``arch`` by its fitted
-line (`harness.latency.fit`, `harness.latency.predict`: any width or mixed architecture,
-measured or not), at the run's batch when the device was measured at it, else at the
-one batch it was measured at. A transfer takes ``bytes * 8 / rate + delay`` over the
-device's link (`fl.executors.devices.modelled_transfer_seconds`) when ``--link`` gives
-one, and no time otherwise. Predictions are cached per (device, architecture).
+model (`harness.latency`: any width or mixed architecture), ``fixed`` and the transfer lines
+the device's measured `harness.roundcost.RoundCostModel` (a device without one is costed
+from latency alone, with a warning). A ``--link`` of a virtual population replaces the
+measured transfer time by ``bytes * 8 / rate + delay`` (`fl.executors.devices.modelled_transfer_seconds`).
 
-**One place to switch.** When the measurement side's round-cost model exists
-(`harness.roundcost`: the fixed cost of a round on a resident runner, step time per
-width through the latency model, transfer time per byte each way, fitted per device),
-`round_cost_from_rows` uses it instead: it calls ``harness.roundcost.round_cost(rows,
-model, batch, backend)``, which must return a function of the same signature. Nothing
-else in `fl` reads a round-cost model.
+`round_cost_from_store` does the same from a store, each device's profile and round cost
+chosen to match the configuration it trains with in the run (`fl.scheduling.configs`:
+the nearest one with a warning naming the difference, an `InputError` when there is none).
+
+`ClientRoundPredictor` turns a round cost into the prediction of one client's round at an
+architecture (its local steps from its examples, the payload from the architecture's
+parameters in the runner's wire format): the server logs it beside every measured round
+(``fl_client_rounds.predicted_seconds``) and hands it to the strategies that plan on it
+(FLuID's target and straggler size).
 
 Backends: a device measured with several backends is costed with the first of
-`BACKEND_PREFERENCE` it has (the one the devices executor trains with), unless one is named.
+`harness.roundcost.BACKEND_PREFERENCE` it has (the one the devices executor trains with), unless one is named.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Iterable, Mapping
-from types import ModuleType
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from exporters.arch import Arch
 from exporters.errors import InputError
+from exporters.zoo import ZooModel
 from fl.executors.devices import modelled_transfer_seconds
 from fl.population import RoundCost, split_item
+from fl.records import ClientSpec
+from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import profile_rows, select
-from harness.latency import DeviceModels, fit, usable_rows
-
-#: Backend chosen when a device was measured with several (first found wins).
-BACKEND_PREFERENCE = ("ort", "onnx", "torch")
+from harness.latency import arch_counts, usable_rows
+from harness.roundcost import RoundCostModel, round_cost
 
 #: A device's link: rate in kbit/s and one-way delay in milliseconds.
 Link = tuple[float, float]
 
-
-def roundcost_module() -> ModuleType | None:
-    """Return `harness.roundcost` when it exists, else None (the one switch; see the module docstring)."""
-    try:
-        return importlib.import_module("harness.roundcost")
-    except ModuleNotFoundError as exc:
-        if exc.name == "harness.roundcost":
-            return None
-        raise
+#: Bytes of the ``.npy`` header in front of a flat float32 parameter vector (the runner's wire format).
+NPY_HEADER_BYTES = 128
 
 
 def measured_models(rows: Any) -> dict[str, set[str]]:
@@ -119,22 +115,6 @@ def _link(text: str, spec: str) -> Link:
     return rate, delay
 
 
-def _config(dm: DeviceModels, model: str, batch: int, backend: str | None) -> tuple[str, int, str]:
-    """Return the fitted configuration of ``model`` to cost with: the run's batch if measured, else the only one."""
-    keys = [k for k in dm.latency if k[0] == model and (backend is None or k[2] == backend)]
-    if not keys:
-        raise InputError(f"device {dm.device!r} has no usable profile of model {model!r}")
-    backends = [b for b in BACKEND_PREFERENCE if any(k[2] == b for k in keys)] or sorted({k[2] for k in keys})
-    keys = [k for k in keys if k[2] == backends[0]]
-    at_batch = [k for k in keys if k[1] == batch]
-    if at_batch:
-        return at_batch[0]
-    if len(keys) == 1:
-        return keys[0]
-    measured = ", ".join(str(k[1]) for k in sorted(keys))
-    raise InputError(f"device {dm.device!r} measured {model} at batches {measured}, not at the run's batch {batch}")
-
-
 def round_cost_from_rows(
     rows: Any,
     model: str,
@@ -143,6 +123,8 @@ def round_cost_from_rows(
     *,
     backend: str | None = None,
     links: Mapping[str, Link] | None = None,
+    costs: Mapping[str, RoundCostModel] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> RoundCost:
     """Build the round-cost function of ``devices`` from profile rows (see the module docstring).
 
@@ -159,6 +141,13 @@ def round_cost_from_rows(
     backend : str, optional
         Only this backend's measurements.
     links : mapping of str to (kbit/s, delay ms), optional
+        Modelled links; they replace a device's measured transfer time.
+    costs : mapping of str to RoundCostModel, optional
+        Each device's measured round costs; a device without one (none given: every device)
+        is costed from its latency alone.
+    warn : callable, optional
+        Receives the fallback warnings (only when ``costs`` is given: without measurements
+        the latency-only cost is what was asked for).
 
     Returns
     -------
@@ -169,36 +158,213 @@ def round_cost_from_rows(
     InputError
         When a device has no usable profile of ``model``, or several batches and none is the run's.
     """
+    from harness.latency import fit
+    from harness.roundcost import config_key
+
     names = list(devices)
     chosen = select(profile_rows(rows), model=model, backend=backend)
-    module = roundcost_module()
-    if module is not None:
-        cost: RoundCost = module.round_cost(chosen, model, batch, backend)
-        return cost
     models = fit(chosen)
     for device in names:
         if device not in models:
             raise InputError(f"device {device!r} has no usable profile of model {model!r}")
-    configs = {device: _config(models[device], model, batch, backend) for device in names}
+        config_key(models[device], model, batch, backend)  # several batches, none the run's: refused now
     link_of = dict(links or {})
-    cache: dict[tuple[str, str], float] = {}
 
-    def per_image_seconds(device: str, arch: Arch) -> float:
-        key = (device, arch.key())
-        if key not in cache:
-            _, config_batch, config_backend = configs[device]
-            dm = models[device]
-            cache[key] = dm.latency[dm.key(model, config_batch, config_backend)].predict(arch).value
-        return cache[key]
-
-    def transfer(device: str, nbytes: int) -> float:
-        if nbytes <= 0 or device not in link_of:
-            return 0.0
+    def transfer(device: str, nbytes: int) -> float | None:
+        if device not in link_of:
+            return None
         rate, delay = link_of[device]
         return float(modelled_transfer_seconds(nbytes, rate, delay) or 0.0)  # type: ignore[arg-type]
 
-    def round_cost(device: str, arch: Arch, steps: int, bytes_down: int, bytes_up: int) -> float:
-        compute = steps * batch * per_image_seconds(device, arch) if steps > 0 else 0.0
-        return compute + transfer(device, bytes_down) + transfer(device, bytes_up)
+    wanted = {d: c for d, c in (costs or {}).items() if d in names}
+    return round_cost(
+        [r for r in chosen if r["device"] in names], model, batch, backend, costs=wanted, transfer=transfer,
+        warn=warn if costs is not None else None,
+    )  # fmt: skip
 
-    return round_cost
+
+def round_cost_from_store(
+    store: Any,
+    model: str,
+    batch: int,
+    wants: Mapping[str, ProfileConfig],
+    *,
+    links: Mapping[str, Link] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> RoundCost:
+    """Build the round-cost function of the devices of ``wants`` from a profile store.
+
+    Each device's profile and round-cost measurement are the ones matching the configuration
+    it trains with (`fl.scheduling.configs`), or the nearest, with a warning naming the
+    difference.
+
+    Parameters
+    ----------
+    store : harness.store.ProfileStore
+    model : str
+    batch : int
+    wants : mapping of str to ProfileConfig
+        The devices and their configurations in the run.
+    links : mapping of str to (kbit/s, delay ms), optional
+    warn : callable, optional
+        Receives every warning line.
+
+    Returns
+    -------
+    RoundCost
+
+    Raises
+    ------
+    InputError
+        When a device has no usable profile of ``model``.
+    """
+    cells = profile_rows(store.latest_cells())
+    stored = store.round_costs()
+    rows: list[dict[str, Any]] = []
+    costs: dict[str, RoundCostModel] = {}
+    for device in sorted(wants):
+        match = match_profile(cells, device, model, wants[device])
+        if not match.exact and warn is not None:
+            warn(match.warning(model))
+        rows += list(match.rows)
+        cost, differences = match_round_cost(stored, device, model, wants[device])
+        if cost is not None:
+            costs[device] = cost
+            if differences and warn is not None:
+                warn(
+                    f"device {device!r}: no round-cost measurement of {model} in the run's configuration; using the "
+                    f"nearest, which differs in {', '.join(differences)}"
+                )
+    return round_cost_from_rows(rows, model, batch, sorted(wants), links=links, costs=costs, warn=warn)
+
+
+def payload_bytes_of(arch: Arch) -> int:
+    """Return the bytes of an architecture's parameters in the runner's wire format (float32 ``.npy``).
+
+    Parameters
+    ----------
+    arch : Arch
+        A zoo architecture.
+
+    Returns
+    -------
+    int
+    """
+    return int(arch_counts(arch).params) * 4 + NPY_HEADER_BYTES
+
+
+@dataclass(frozen=True)
+class ClientRoundPredictor:
+    """Predict one client's round on its device from a round cost.
+
+    Attributes
+    ----------
+    cost : RoundCost
+    batch : int
+        The run's local batch size.
+    epochs : int
+        Local epochs.
+    devices : frozenset of str
+        The devices ``cost`` knows; clients elsewhere (or without a device) get None.
+    whole_batches : bool
+        Steps per epoch are ``examples // batch`` (the on-device runner drops a short last
+        batch) instead of ``ceil(examples / batch)``.
+    """
+
+    cost: RoundCost
+    batch: int
+    epochs: int
+    devices: frozenset[str]
+    whole_batches: bool = True
+
+    def steps(self, examples: int) -> int:
+        """Return the local steps of a client with ``examples`` examples."""
+        per_epoch = examples // self.batch if self.whole_batches else math.ceil(examples / self.batch)
+        return int(self.epochs) * max(per_epoch, 1)
+
+    def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
+        """Return the predicted seconds of ``client``'s round at ``arch`` (None: not predictable).
+
+        Parameters
+        ----------
+        client : ClientSpec
+        arch : Arch
+            The architecture it trains (and, unless ``bytes_down`` says otherwise, receives and returns).
+        bytes_down : int, optional
+            The payload it receives and returns when that is not ``arch``'s (FjORD on a device
+            trains a prefix of the p_max parameters it is sent).
+        """
+        if client.device is None or client.device not in self.devices:
+            return None
+        nbytes = payload_bytes_of(arch) if bytes_down is None else int(bytes_down)
+        return float(self.cost(client.device, arch, self.steps(client.num_examples), nbytes, nbytes))
+
+
+def round_seconds_by_width(cost: RoundCost, model: ZooModel, steps: Mapping[str, int]) -> Callable[[str, float], float]:
+    """Return ``(device, width) -> predicted round seconds`` for planners that think in uniform widths.
+
+    Parameters
+    ----------
+    cost : RoundCost
+    model : ZooModel
+    steps : mapping of str to int
+        Each device's local steps per round.
+
+    Returns
+    -------
+    callable
+        The round at ``model.arch(width)``, its payload sent down and back.
+    """
+
+    def seconds(device: str, width: float) -> float:
+        arch = model.arch(width)
+        nbytes = payload_bytes_of(arch)
+        return float(cost(device, arch, int(steps[device]), nbytes, nbytes))
+
+    return seconds
+
+
+def executor_configs(executor: Any, devices: Iterable[Any], batch: int) -> dict[str, ProfileConfig]:
+    """Return the configuration each device trains with under a devices executor.
+
+    Parameters
+    ----------
+    executor : fl.executors.devices.DevicesExecutor
+        Its ``backend_of(device)``, ``threads_of(device)`` and ``optimizer``.
+    devices : iterable of devices.fleet.Device
+    batch : int
+        The run's local batch size.
+
+    Returns
+    -------
+    dict of str to ProfileConfig
+    """
+    return {
+        d.name: ProfileConfig(
+            batch=batch, backend=executor.backend_of(d), optimizer=executor.optimizer, threads=executor.threads_of(d)
+        )
+        for d in devices
+    }
+
+
+def round_overheads(cost: RoundCost, model: ZooModel, devices: Iterable[str], width: float = 1.0) -> dict[str, float]:
+    """Return each device's predicted round without training: fixed cost plus the transfers of ``width``'s payload.
+
+    FedDrop's budgets (`fl.scheduling.budgets_for_fleet`, ``round_overhead_s``) subtract it
+    from the round time budget: SyncDrop sends the dense model, so the transfers do not shrink.
+
+    Parameters
+    ----------
+    cost : RoundCost
+    model : ZooModel
+    devices : iterable of str
+    width : float
+        The width whose parameters travel (1.0: the dense model).
+
+    Returns
+    -------
+    dict of str to float
+    """
+    arch = model.arch(width)
+    nbytes = payload_bytes_of(arch)
+    return {d: float(cost(d, arch, 0, nbytes, nbytes)) for d in devices}

@@ -125,6 +125,11 @@ FL_MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE fl_client_rounds ADD COLUMN backend TEXT;
     """,
+    # v5: the round-cost model's prediction of each client's round, beside the measured times
+    # (`fl.roundcost.ClientRoundPredictor`; NULL where the run had no profiles to predict from).
+    """
+    ALTER TABLE fl_client_rounds ADD COLUMN predicted_seconds REAL;
+    """,
 )
 
 
@@ -241,6 +246,7 @@ class ClientRound:
     metrics: Mapping[str, Any] | None = None
     virtual_seconds: float | None = None
     backend: str | None = None
+    predicted_seconds: float | None = None
 
 
 class RunLog:
@@ -377,7 +383,7 @@ class RunLog:
             conn.executemany(
                 "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
                 "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
-                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds, backend) "
+                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds, backend, predicted_seconds) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
@@ -403,6 +409,7 @@ class RunLog:
                         json.dumps(_jsonable(c.metrics or {}), sort_keys=True),
                         c.virtual_seconds,
                         c.backend,
+                        c.predicted_seconds,
                     )
                     for c in clients
                 ],

@@ -43,6 +43,7 @@ from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
 from fl.population import (
     DEFAULT_VARIATION,
+    RoundCost,
     RoundSchedule,
     Timing,
     VirtualClock,
@@ -51,7 +52,9 @@ from fl.population import (
     payload_bytes,
 )
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
+from fl.roundcost import ClientRoundPredictor, measured_models, payload_bytes_of, round_cost_from_store
 from fl.runlog import ClientRound, RunLog
+from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
 from fl.strategies.base import Profiles, Strategy
 from harness.store import DEFAULT_DB, ProfileStore
@@ -390,8 +393,31 @@ def initial_parameters(model: ZooModel, seed: int) -> dict[str, np.ndarray]:
     return module_params(model.build())
 
 
-def profiles_for(store: ProfileStore, clients: Sequence[ClientSpec]) -> Profiles:
-    """Return the store's latest measured cells grouped by device, for the clients' devices ({} when none)."""
+def profiles_for(
+    store: ProfileStore,
+    clients: Sequence[ClientSpec],
+    model: str | None = None,
+    device_configs: Mapping[str, ProfileConfig] | None = None,
+    *,
+    warn: Callable[[str], None] | None = None,
+) -> Profiles:
+    """Return the store's latest cells grouped by device, for the clients' devices ({} when none).
+
+    Parameters
+    ----------
+    store : ProfileStore
+    clients : sequence of ClientSpec
+    model : str, optional
+        With ``device_configs``: keep each device's cells of this model in its matching configuration.
+    device_configs : mapping of str to ProfileConfig, optional
+        The configuration each device trains with; a device whose profile differs gets the
+        nearest one and ``warn`` a line naming the difference; a device without any is left out.
+    warn : callable, optional
+
+    Returns
+    -------
+    Profiles
+    """
     devices = {c.device for c in clients if c.device}
     if not devices:
         return {}
@@ -399,7 +425,38 @@ def profiles_for(store: ProfileStore, clients: Sequence[ClientSpec]) -> Profiles
     if cells.empty:
         return {}
     cells = cells[cells["device"].isin(devices)]
+    if model is not None and device_configs is not None:
+        wants = {d: c for d, c in device_configs.items() if d in devices}
+        return matched_profiles(cells, model, wants, warn=warn, strict=False)
     return {str(device): group.to_dict("records") for device, group in cells.groupby("device")}
+
+
+def _round_predictor(
+    store: ProfileStore,
+    config: RunConfig,
+    executor: Executor,
+    clients: Sequence[ClientSpec],
+    profiles: Profiles,
+    device_configs: Mapping[str, ProfileConfig] | None,
+    cost: RoundCost | None,
+    warn: Callable[[str], None],
+) -> ClientRoundPredictor | None:
+    """Return the predictor of the clients' rounds, or None when nothing can be predicted."""
+    devices = {c.device for c in clients if c.device}
+    whole_batches = getattr(executor, "name", "") == "devices"
+    if cost is not None:
+        return ClientRoundPredictor(cost, config.batch_size, config.epochs, frozenset(devices), whole_batches)
+    measured = {d for d, ok in measured_models(profiles).items() if config.model in ok and d in devices}
+    if not measured:
+        return None
+    configs = device_configs or {}
+    wants = {d: configs.get(d, ProfileConfig(batch=config.batch_size)) for d in sorted(measured)}
+    try:
+        cost = round_cost_from_store(store, config.model, config.batch_size, wants, warn=warn)
+    except InputError as exc:
+        warn(f"client rounds are not predicted: {exc}")
+        return None
+    return ClientRoundPredictor(cost, config.batch_size, config.epochs, frozenset(measured), whole_batches)
 
 
 def _stderr(line: str) -> None:
@@ -421,6 +478,8 @@ def run_fl(
     virtual: VirtualClock | None = None,
     profiles: Profiles | None = None,
     backends: Mapping[str, str] | None = None,
+    device_configs: Mapping[str, ProfileConfig] | None = None,
+    round_cost: RoundCost | None = None,
 ) -> RunSummary:
     """Run (or resume) an FL run and log it in the profile store.
 
@@ -454,7 +513,16 @@ def run_fl(
         clients (unless ``placement`` is given), it samples each round's clients, and the
         strategy sees the clients' virtual times.
     profiles : Profiles, optional
-        The strategies' device profiles; default: the store's cells of the clients' devices.
+        The strategies' device profiles; default: the store's cells of the clients' devices
+        (with ``device_configs``, each device's profile matching its configuration, or the
+        nearest one with a warning naming the difference; `fl.scheduling.configs`).
+    device_configs : mapping of str to ProfileConfig, optional
+        The configuration each device trains with (`fl.roundcost.executor_configs`).
+    round_cost : RoundCost, optional
+        Predicts every client round (``fl_client_rounds.predicted_seconds``, and the
+        strategies' ``round_predictor``); default: built from the store's profiles and
+        round costs of the clients' devices (`fl.roundcost.round_cost_from_store`) when
+        there are any, none in a virtual-clock run (its virtual times are the prediction).
     backends : mapping of str to str, optional
         Runner backend per client id (``ClientSpec.backend``), logged with each client round.
 
@@ -533,8 +601,12 @@ def run_fl(
                 speed_factors=None if virtual is None else _speed_factors(virtual),
             )
             first = 0
+        say = progress if progress is not None else (lambda line: None)
         if profiles is None:
-            profiles = profiles_for(store, clients)
+            profiles = profiles_for(store, clients, config.model, device_configs, warn=say)
+        if virtual is None:
+            predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, say)
+            strategy.round_predictor = predictor
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
         error: str | None = None
@@ -776,7 +848,10 @@ def _run_round(
         "clients_failed": len(failures),
         "mean_loss": mean_loss,
     }
-    rows = _client_rows(strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of)
+    predicted = _predictions(strategy, instructions, results, by_cid)
+    rows = _client_rows(
+        strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of, predicted
+    )
     log.log_round(
         run_id,
         rnd,
@@ -793,6 +868,44 @@ def _run_round(
     return RoundSummary(
         rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures), virtual_seconds
     )
+
+
+def _predictions(
+    strategy: Strategy,
+    instructions: Mapping[str, TrainIns],
+    results: Sequence[TrainRes],
+    by_cid: Mapping[str, ClientSpec],
+) -> dict[str, float]:
+    """Return the round-cost model's prediction of every instructed client's round (none without a predictor).
+
+    The architecture is the one the client trained: a result's ``trained_width`` when it
+    trained a narrower prefix than it was sent (FjORD on a device), else its instruction's;
+    the payload is always what was sent.
+    """
+    predictor = strategy.round_predictor
+    if predictor is None:
+        return {}
+    trained = {r.cid: r.metrics.get("trained_width") for r in results}
+    out: dict[str, float] = {}
+    for cid, ins in instructions.items():
+        arch = ins.submodel.arch
+        width = trained.get(cid)
+        if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
+            sent = payload_bytes_of(arch)
+            value = _call_predictor(predictor, by_cid[cid], strategy.model.arch(float(width)), sent)
+        else:
+            value = predictor(by_cid[cid], arch)
+        if value is not None:
+            out[cid] = float(value)
+    return out
+
+
+def _call_predictor(predictor: Any, client: ClientSpec, arch: Any, sent: int) -> float | None:
+    """Ask a predictor for a round whose payload is not the trained architecture's (when it can say so)."""
+    if isinstance(predictor, ClientRoundPredictor):
+        return predictor(client, arch, bytes_down=sent)
+    value = predictor(client, arch)
+    return None if value is None else float(value)
 
 
 def _virtual_timings(
@@ -872,9 +985,7 @@ def failure_report(rounds: Sequence[RoundSummary]) -> str:
     """
     parts = []
     for summary in rounds:
-        reasons = "; ".join(
-            f"{f.cid} {f.reason}" + (f" ({f.message})" if f.message else "") for f in summary.failures
-        )
+        reasons = "; ".join(f"{f.cid} {f.reason}" + (f" ({f.message})" if f.message else "") for f in summary.failures)
         parts.append(f"round {summary.round + 1}: {reasons or 'no client was sampled'}")
     return " | ".join(parts)
 
@@ -963,8 +1074,10 @@ def _client_rows(
     epochs: int,
     stragglers: set[str],
     virtual_of: Mapping[str, float] | None = None,
+    predicted_of: Mapping[str, float] | None = None,
 ) -> list[ClientRound]:
     virtual_of = virtual_of or {}
+    predicted_of = predicted_of or {}
     rows: list[ClientRound] = []
     result_of = {r.cid: r for r in results}
     failure_of = {f.cid: f for f in failures}
@@ -980,6 +1093,7 @@ def _client_rows(
             tier=client.tier,
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),
             virtual_seconds=virtual_of.get(cid),
+            predicted_seconds=predicted_of.get(cid),
         )
         if cid in result_of:
             res = result_of[cid]

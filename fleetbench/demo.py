@@ -13,13 +13,17 @@
    machine's cpus one at a time (the example fleet pins its slowest device to a cpu of its
    own, so two lanes run side by side; the plan is printed), each cell sampled until its
    median is within +-2 % or `DEMO_MAX_SECONDS` (then flagged imprecise).
-4. **Tiers**: from the profiles (`fl.scheduling.assign_tiers`): each device's widest width
-   whose predicted training time meets the deadline (the median device's full-width
-   time), devices clustered into two tiers.
+   After its cells, each device's round cost is measured (`harness.roundcost`: the fixed
+   cost of a runner request, the transfer time per byte each way).
+4. **Tiers**: on the predicted round (`fl.scheduling.assign_tiers` with the round-cost
+   model): each device's widest width whose predicted round meets the deadline (the
+   median device's predicted full-width round), devices clustered into two tiers.
 5. **FL**: hardware-in-the-loop rounds on MNIST 5k with the ``devices`` executor, one
-   client per device: FjORD with each client's p_max from its tier (width sampled per
-   round on a device), then FLuID, which finds the straggler from the measured round
-   times and sizes its sub-model from its device's measured latency curve.
+   client per device, each training with its fleet-file threads and the profiled SGD
+   graph: FjORD with each client's p_max from its tier (width sampled per round on a
+   device), then each device's predicted against measured rounds; then FLuID, which finds
+   the straggler from the measured round times and sets its target and sub-model size on
+   the predicted round, printed per round (straggler, size, time against the target).
 6. **Report**: ``report.html`` with the profile and both FL runs.
 
 Everything lands in ``--out`` (default ``./fleetbench-demo``): ``fleetbench.db``,
@@ -44,6 +48,9 @@ DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
 
 #: Training batch of every artifact set the demo uses.
 DEMO_BATCH = 20
+
+#: Optimizer graph of the profile and of the FL rounds (one configuration from profile to round).
+DEMO_OPTIMIZER = "sgd"
 
 #: Per-cell cap on warm-up and sampling: a cell on an idle emulated device reaches +-2 % in
 #: about a second; a busy machine gets its cells flagged imprecise rather than a longer demo.
@@ -160,7 +167,7 @@ def run_demo(args: argparse.Namespace) -> int:
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
         specs = campaign.plan_cells(
-            fleet, model, DEMO_WIDTHS, [DEMO_BATCH], backends, args.steps, 20, "sgd", precision=args.precision,
+            fleet, model, DEMO_WIDTHS, [DEMO_BATCH], backends, args.steps, 20, DEMO_OPTIMIZER, precision=args.precision,
             max_seconds=args.max_seconds,
         )  # fmt: skip
         sets = campaign.export_sets(specs, artifacts)
@@ -169,6 +176,7 @@ def run_demo(args: argparse.Namespace) -> int:
             result = campaign.run_campaign(
                 fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
                 progress=lambda event: progress.detail(campaign.format_event(event)), announce=progress.detail,
+                round_cost=True,
             )  # fmt: skip
             ok = sum(m.ok for m in result.measurements)
             imprecise = sum(m.imprecise for m in result.measurements)
@@ -184,18 +192,22 @@ def run_demo(args: argparse.Namespace) -> int:
             data = load_federated("mnist5k", get_model(model), len(fleet.devices), "iid", args.seed,
                                   max_examples=args.examples)  # fmt: skip
             examples = {d.name: len(shard[1]) for d, shard in zip(fleet.devices, data.train, strict=True)}
-            capacities = plan_capacities(fleet, store, examples, args.epochs, progress)
+            capacities = plan_capacities(fleet, store, examples, args.epochs, progress, backends)
             if capacities is None:
                 status = 1
             else:
                 paths = (artifacts, out / "fl-work")
                 progress.step(f"hardware-in-the-loop FL: FjORD with the tiers' p_max, {args.rounds} rounds")
-                run_fl_rounds("fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4}, backends)
+                fjord = run_fl_rounds(
+                    "fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4}, backends
+                )
+                show_predictions(store, fjord.run_id, progress)
                 progress.step(f"hardware-in-the-loop FL: FLuID straggler handling, {args.rounds} rounds")
-                run_fl_rounds(
+                fluid = run_fl_rounds(
                     "fluid", fleet, store, data, [1.0] * len(capacities), paths, args, progress,
                     {"sizes": list(DEMO_WIDTHS)}, backends,
                 )  # fmt: skip
+                show_stragglers(store, fluid.run_id, progress)
 
         progress.step("writing the report")
         from reports.report import format_headline, load_sources, write_report
@@ -249,51 +261,108 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
 
 
 def plan_capacities(
-    fleet: Any, store: Any, examples: dict[str, int], epochs: int, progress: Progress
+    fleet: Any, store: Any, examples: dict[str, int], epochs: int, progress: Progress, backends: dict[str, str]
 ) -> list[float] | None:
-    """Give every device the width of its tier, planned from the stored profiles.
+    """Give every device the width of its tier, planned on the predicted round.
 
-    The round deadline is the median device's predicted full-width training time (its
-    latency model's, `harness.latency`: the same prediction the tiers are planned with, so
-    that the median device meets the deadline at full width exactly, whatever the fit's
-    residual at its measured width); each device gets the widest width that meets it (and
-    fits its memory budget), and devices are clustered into two tiers
+    Each device's round is predicted by its round-cost model (`fl.roundcost`: the fixed
+    cost of a runner request, local steps at the width's architecture, the transfers of
+    its parameters), from the profile matching the configuration FL trains with (SGD, the
+    device's threads and backend, the demo's batch). The round deadline is the median device's
+    predicted full-width round; each device gets the widest width whose predicted round
+    meets it (and fits its memory budget), and devices are clustered into two tiers
     (`fl.scheduling.assign_tiers`).
 
     Returns
     -------
     list of float or None
-        One capacity per device, in fleet order; None when no device has a full-width profile.
+        One capacity per device, in fleet order; None when no device has a profile.
     """
     from exporters.arch import DEFAULT_MODEL
+    from exporters.errors import InputError
+    from exporters.zoo import get_model
     from fl import scheduling
-    from harness.latency import fit
+    from fl.roundcost import round_cost_from_store, round_seconds_by_width
+    from fl.scheduling.configs import ProfileConfig
 
+    wants = {
+        d.name: ProfileConfig(
+            batch=DEMO_BATCH, backend=backends.get(d.name, "ort"), optimizer=DEMO_OPTIMIZER, threads=d.threads
+        )
+        for d in fleet.devices
+    }
     cells = store.latest_cells()
-    models = fit(cells[(cells.model == DEFAULT_MODEL) & (cells.batch == DEMO_BATCH) & (cells.backend == "ort")])
-    full_times = []
-    for device in fleet.devices:
-        rows = cells[(cells.device == device.name) & (cells.status == "ok") & (cells.width == 1.0)]
-        if len(rows) and device.name in models:
-            latency = models[device.name].latency_model(DEFAULT_MODEL, DEMO_BATCH, "ort")
-            full_times.append(latency.predict(1.0).value * examples[device.name] * epochs)
-    if not full_times:
-        progress.detail("no device has a full-width profile; FL skipped")
+    measured = set(cells[(cells.status == "ok") & (cells.model == DEFAULT_MODEL)].device)
+    wants = {name: want for name, want in wants.items() if name in measured}
+    if not wants:
+        progress.detail("no device has a profile; FL skipped")
         return None
-    deadline = sorted(full_times)[len(full_times) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
+    try:
+        cost = round_cost_from_store(store, DEFAULT_MODEL, DEMO_BATCH, wants, warn=progress.detail)
+    except InputError as exc:
+        progress.detail(f"cannot predict rounds ({exc}); FL skipped")
+        return None
+    steps = {d: epochs * (examples[d] // DEMO_BATCH) for d in wants}
+    round_seconds = round_seconds_by_width(cost, get_model(DEFAULT_MODEL), steps)
+    full = sorted(round_seconds(d, 1.0) for d in wants)
+    deadline = full[len(full) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
     plan = scheduling.assign_tiers(
-        cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
-        batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2, backend=None,
+        cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round={d: examples[d] for d in wants},
+        epochs=epochs, batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
+        backend=None, round_seconds=round_seconds,
     )  # fmt: skip
-    progress.detail(f"round deadline {deadline:.2f} s of training (the median device at full width)")
+    progress.detail(f"round deadline {deadline:.2f} s (the median device's predicted full-width round)")
     capacities = []
     for device in fleet.devices:
-        choice = plan.choice(device.name)
-        width = choice.tier_width if choice.tier_width is not None else min(DEMO_WIDTHS)
+        choice = plan.choice(device.name) if device.name in wants else None
+        width = choice.tier_width if choice is not None and choice.tier_width is not None else min(DEMO_WIDTHS)
         capacities.append(width)
-        tier = "none" if choice.tier is None else str(choice.tier)
-        progress.detail(f"{device.name}: tier {tier}, width {width:g} ({choice.reason or 'meets the deadline'})")
+        tier = "none" if choice is None or choice.tier is None else str(choice.tier)
+        predicted = (
+            "" if choice is None or choice.round_seconds is None else f", predicted round {choice.round_seconds:.2f} s"
+        )
+        why = "no profile" if choice is None else (choice.reason or "meets the deadline")
+        progress.detail(f"{device.name}: tier {tier}, width {width:g}{predicted} ({why})")
     return capacities
+
+
+def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
+    """Print each device's predicted and measured client rounds of a run, and the error."""
+    from fl.runlog import RunLog
+    from reports import tables
+
+    client_rounds = RunLog(store).client_rounds(run_id)
+    table = tables.fl_prediction_table(client_rounds)
+    if table.empty:
+        progress.detail("no client round was predicted (no round-cost model)")
+        return
+    rounds = tables.fl_predicted_rounds(client_rounds)
+    for row in table.itertuples(index=False):
+        mine = rounds[rounds.device == row.device]
+        pairs = " ".join(f"{p:.2f}/{m:.2f}" for p, m in zip(mine.predicted_s, mine.total_s, strict=True))
+        progress.detail(
+            f"{row.device}: predicted/measured round s {pairs}; error median {row.median_error:.0%}, "
+            f"worst {row.worst_error:.0%}"
+        )
+    median, worst, n = tables.prediction_errors(client_rounds)
+    progress.detail(f"all {n} client rounds: |predicted - measured| / measured median {median:.0%}, worst {worst:.0%}")
+
+
+def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
+    """Print FLuID's straggler per round: its target, sub-model size and time against the target."""
+    from fl.runlog import RunLog
+    from reports import tables
+
+    log = RunLog(store)
+    table = tables.fl_straggler_table(log.rounds(run_id), log.client_rounds(run_id))
+    if table.empty:
+        progress.detail("no straggler was calibrated (FLuID needs a round of measured times first)")
+        return
+    for row in table.itertuples(index=False):
+        progress.detail(
+            f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), size {row.size:g}, round "
+            f"{row.seconds:.2f} s against target {row.target_s:.2f} s = {row.over_target:.2f} x target"
+        )
 
 
 def run_fl_rounds(
@@ -321,6 +390,7 @@ def run_fl_rounds(
     from exporters.arch import DEFAULT_MODEL
     from exporters.zoo import get_model
     from fl.executors.devices import DevicesExecutor
+    from fl.roundcost import executor_configs
     from fl.server import RunConfig, run_fl
 
     artifacts, work = paths
@@ -334,12 +404,13 @@ def run_fl_rounds(
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout, backends=backends,
+        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER,
     ) as executor:  # fmt: skip
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities,
             placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
             backends={cid: (backends or {}).get(d.name, "ort") for cid, d in placement.items()},
+            device_configs=executor_configs(executor, fleet.devices, DEMO_BATCH),
         )  # fmt: skip
     accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
     progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
@@ -367,9 +438,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-seconds", type=positive_float, default=DEMO_MAX_SECONDS,
         help=f"per-cell cap on warm-up and sampling (default {DEMO_MAX_SECONDS:g})",
     )  # fmt: skip
-    demo.add_argument(
-        "--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)"
-    )
+    demo.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)")
     demo.add_argument("--seed", type=non_negative_int, default=0)
     demo.add_argument(
         "--backend",

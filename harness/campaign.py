@@ -160,6 +160,10 @@ class CampaignResult:
         True when the stop event was set before every cell ran.
     plan : IsolationPlan or None
         Which devices were allowed to run at the same time (None when nothing ran).
+    round_costs : dict
+        Device name -> list of `harness.roundcost.RoundCostModel` measured by this run.
+    round_cost_failures : dict
+        Device name -> list of one-line reasons a round-cost measurement failed.
     """
 
     campaign_id: int
@@ -169,11 +173,13 @@ class CampaignResult:
     runner_invocations: int = 0
     interrupted: bool = False
     plan: IsolationPlan | None = None
+    round_costs: dict[str, list[Any]] = field(default_factory=dict)
+    round_cost_failures: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
-        """Whether every planned cell is measured (now or before, for resumed cells)."""
-        return not self.interrupted and all(m.ok for m in self.measurements)
+        """Whether every planned cell (and round-cost measurement) is measured (now or before, when resumed)."""
+        return not self.interrupted and all(m.ok for m in self.measurements) and not self.round_cost_failures
 
 
 # --------------------------------------------------------------------------- planning
@@ -473,6 +479,37 @@ def pinned_cpus(fleet: Fleet) -> dict[str, frozenset[int] | None]:
 
 
 # --------------------------------------------------------------------------- host side
+
+
+def round_cost_specs(specs: Sequence[BenchSpec]) -> list[BenchSpec]:
+    """Return the cells whose configuration gets a round-cost measurement (pure).
+
+    One per device and configuration (model, batch, backend, optimizer, threads) that FL
+    trains with: the widest width of it; torch cells get none (FL trains with the ONNX
+    Runtime backends).
+
+    Parameters
+    ----------
+    specs : sequence of BenchSpec
+
+    Returns
+    -------
+    list of BenchSpec
+        In the order of first appearance.
+    """
+    widest: dict[tuple[Any, ...], BenchSpec] = {}
+    for spec in specs:
+        if spec.backend == "torch":
+            continue
+        key = (spec.device, *round_cost_config(spec))
+        if key not in widest or spec.width > widest[key].width:
+            widest[key] = spec
+    return list(widest.values())
+
+
+def round_cost_config(spec: BenchSpec) -> tuple[str, int, str, str, int]:
+    """Return the ``(model, batch, backend, optimizer, threads)`` a round cost is stored under."""
+    return (spec.model, spec.batch, spec.backend, spec.optimizer, spec.threads)
 
 
 def _set_key(spec: BenchSpec) -> tuple[str, tuple[int, ...], int, str]:
@@ -775,7 +812,11 @@ class _DeviceRun:
         plan: IsolationPlan,
         activity: _Activity,
         finished: Mapping[str, threading.Event],
+        cost_specs: Sequence[BenchSpec] = (),
+        scratch: Path | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
+        self.cost_specs, self.scratch, self.say = list(cost_specs), scratch, say
         self.device, self.specs, self.sets = device, specs, sets
         self.store, self.campaign_id, self.timeout = store, campaign_id, timeout
         self.connect, self.clock, self.progress, self.stop = connect, clock, progress, stop
@@ -903,6 +944,57 @@ class _DeviceRun:
             isolation=self.plan.isolation(self.device.name, concurrent),
         )
 
+    def _measure_round_cost(self, spec: BenchSpec) -> None:
+        """Measure and store the round cost of ``spec``'s configuration (`harness.roundcost`); never raises."""
+        from harness.roundcost import RoundCostError, measure_round_cost
+
+        name = self.device.name
+        status, message = "runner error", ""
+        try:
+            set_dir = self.sets[_set_key(spec)]
+            transport, runner, remote_set = self._prepare(set_dir, spec.backend)
+            assert self.scratch is not None
+            cost = measure_round_cost(
+                transport, self.device, runner=runner, remote_set=remote_set, set_dir=set_dir, width=spec.width,
+                scratch=self.scratch / name, backend=spec.backend, optimizer=spec.optimizer, threads=spec.threads,
+                timeout=self.timeout, campaign_id=self.campaign_id, measured_at=self.clock(),
+            )  # fmt: skip
+        except TransportError as exc:
+            status, message = exc.kind, str(exc) or type(exc).__name__
+            self._drop_transport()
+        except RoundCostError as exc:
+            status, message = exc.status, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a failed round-cost step is a record, never a crashed campaign
+            status, message = "runner error", f"{type(exc).__name__}: {exc}"
+            self._drop_transport()
+        else:
+            self.store.record_round_cost(self.campaign_id, cost)
+            with self.lock:
+                self.result.round_costs.setdefault(name, []).append(cost)
+            self._tell(
+                f"{name}: round cost: fixed {cost.fixed_s:.3f} s, {cost.step_s * 1e3:.1f} ms/step at width "
+                f"{spec.width:g}; down {cost.down_latency_s * 1e3:.1f} ms + {cost.down_s_per_byte * 1e9:.2f} ns/B, "
+                f"up {cost.up_latency_s * 1e3:.1f} ms + {cost.up_s_per_byte * 1e9:.2f} ns/B"
+            )
+            return
+        failed = {
+            "device": name, "model": spec.model, "width": spec.width, "batch": spec.batch, "backend": spec.backend,
+            "optimizer": spec.optimizer, "threads": spec.threads, "status": status, "message": message,
+            "measured_at": self.clock(),
+        }  # fmt: skip
+        self.store.record_round_cost(self.campaign_id, failed=failed)
+        reason = f"round cost of {spec.model} width {spec.width:g} ({spec.backend}): {status}: {message}"
+        with self.lock:
+            self.result.round_cost_failures.setdefault(name, []).append(reason)
+        self._tell(f"{name}: {reason}")
+
+    def _tell(self, line: str) -> None:
+        if self.say is not None:
+            try:
+                self.say(line)
+            except Exception as exc:  # noqa: BLE001 - a broken display must not stop the measurements
+                print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
+
     def _wait_turn(self) -> bool:
         """Wait until every earlier device sharing this one's cpus has finished; False when stopped."""
         for other in self.plan.placement(self.device.name).after:
@@ -942,6 +1034,14 @@ class _DeviceRun:
                     self.progress(CellEvent(self.device.name, done, len(self.specs), measurement))
                 except Exception as exc:  # noqa: BLE001 - a broken display must not stop the measurements
                     print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
+            for spec in self.cost_specs:
+                if self.stop.is_set():
+                    with self.lock:
+                        self.result.interrupted = True
+                    return
+                if down is not None:
+                    continue  # the device is gone; its cells say why
+                self._measure_round_cost(spec)
         finally:
             self._drop_transport()
             self.activity.device_finished(name)
@@ -962,6 +1062,7 @@ def run_campaign(
     stop: threading.Event | None = None,
     announce: Callable[[str], None] | None = None,
     campaign_id: int | None = None,
+    round_cost: bool = False,
 ) -> CampaignResult:
     """Measure ``specs`` on the fleet and store every cell as it finishes.
 
@@ -991,6 +1092,10 @@ def run_campaign(
         Receives the isolation plan's lines before anything is measured (default: stderr).
     campaign_id : int, optional
         Add the cells to this stored campaign instead of starting one (`choose_widths`).
+    round_cost : bool
+        After a device's cells, measure its round cost (`harness.roundcost`) for every
+        configuration of ``specs`` (`round_cost_specs`), in the device's turn; with
+        ``resume``, only configurations without a stored successful one.
 
     Returns
     -------
@@ -1007,6 +1112,14 @@ def run_campaign(
     by_device: dict[str, list[BenchSpec]] = {}
     for spec in todo:
         by_device.setdefault(spec.device, []).append(spec)
+    costs_by_device: dict[str, list[BenchSpec]] = {}
+    if round_cost:
+        stored = {(c.device, c.model, c.batch, c.backend, c.optimizer, c.threads) for c in store.round_costs()}
+        for spec in round_cost_specs(specs):
+            if resume and (spec.device, *round_cost_config(spec)) in stored:
+                continue
+            costs_by_device.setdefault(spec.device, []).append(spec)
+            by_device.setdefault(spec.device, [])
     devices = [d for d in fleet.devices if d.name in by_device]
     plan = plan_isolation(devices, pinned_cpus(fleet))
     if campaign_id is None:
@@ -1015,10 +1128,11 @@ def run_campaign(
             fleet=str(fleet.path), model=",".join(models) or None, versions=versions, commit=commit,
             started_at=clock(), plan=plan.to_dict(),
         )  # fmt: skip
-    result = CampaignResult(campaign_id=campaign_id, skipped=skipped, plan=plan if todo else None)
-    if not todo:
+    cost_specs = [spec for specs_of in costs_by_device.values() for spec in specs_of]
+    result = CampaignResult(campaign_id=campaign_id, skipped=skipped, plan=plan if todo or cost_specs else None)
+    if not todo and not cost_specs:
         return result
-    sets = export_sets(todo, Path(artifacts_dir))
+    sets = export_sets([*todo, *cost_specs], Path(artifacts_dir))
     for line in plan.describe():
         say(line)
     lock = threading.Lock()
@@ -1044,6 +1158,9 @@ def run_campaign(
             plan=plan,
             activity=activity,
             finished=finished,
+            cost_specs=costs_by_device.get(name, ()),
+            scratch=Path(artifacts_dir) / ".roundcost",
+            say=say,
         )
         thread = threading.Thread(target=worker, name=f"campaign-{name}", daemon=True)
         thread.start()
@@ -1232,7 +1349,8 @@ def choose_widths(
     say : callable
         Receives one line per round.
     **campaign
-        Passed to `run_campaign` (``artifacts_dir``, ``timeout``, ``resume``, ...).
+        Passed to `run_campaign` (``artifacts_dir``, ``timeout``, ``resume``, ...);
+        ``round_cost`` only to the first round, which measures the widest width.
 
     Returns
     -------
@@ -1240,6 +1358,7 @@ def choose_widths(
     """
     from harness.latency import choose_next_width, fit
 
+    round_cost = bool(campaign.pop("round_cost", False))
     ordered = sorted(float(c) for c in candidates)
     first = [ordered[-1]] + ([ordered[0]] if n_widths > 1 else [])
     choice = WidthChoice()
@@ -1248,7 +1367,8 @@ def choose_widths(
     while pending:
         say(f"measuring width{'s' if len(pending) > 1 else ''} {', '.join(f'{w:g}' for w in pending)}")
         specs = cells(pending)
-        result = run_campaign(fleet, specs, store, campaign_id=campaign_id, **campaign)
+        result = run_campaign(fleet, specs, store, campaign_id=campaign_id, round_cost=round_cost, **campaign)
+        round_cost = False
         campaign_id = result.campaign_id
         choice.results.append(result)
         choice.widths.extend(pending)
@@ -1295,8 +1415,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     Parameters
     ----------
     args : argparse.Namespace
-        ``fleet, model, widths, batch, backend, steps, warmup, precision, max_seconds, timeout,
-        db, artifacts, resume``.
+        ``fleet, model, widths, batch, backend, steps, warmup, optimizer, precision, max_seconds,
+        timeout, db, artifacts, resume, no_round_cost``.
 
     Returns
     -------
@@ -1328,7 +1448,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     def cells(widths: Sequence[float]) -> list[BenchSpec]:
         return plan_cells(
-            fleet, args.model, widths, batches, plan, args.steps, args.warmup,
+            fleet, args.model, widths, batches, plan, args.steps, args.warmup, args.optimizer,
             precision=args.precision, max_seconds=args.max_seconds,
         )  # fmt: skip
 
@@ -1340,7 +1460,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_INCOMPLETE
     with ProfileStore(Path(args.db)) as store:
-        run = {"artifacts_dir": Path(args.artifacts), "timeout": args.timeout, "resume": args.resume}
+        run = {
+            "artifacts_dir": Path(args.artifacts), "timeout": args.timeout, "resume": args.resume,
+            "round_cost": not args.no_round_cost,
+        }  # fmt: skip
         if isinstance(request, int):
             choice = choose_widths(fleet, store, request, cells=cells, **run)
             specs = cells(choice.widths)
@@ -1350,6 +1473,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
             specs = cells(request)
             results = [run_campaign(fleet, specs, store, **run)]
         print(summary_table(store.latest_cells(), specs))
+    for result in results:
+        for reasons in result.round_cost_failures.values():
+            for reason in reasons:
+                print(f"round cost not measured: {reason}", file=sys.stderr)
     skipped = sum(len(r.skipped) for r in results)
     if skipped:
         print(f"{skipped} cell(s) were already measured and skipped (--resume).")
@@ -1361,9 +1488,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     what = "interrupted: " if interrupted else ""
     resume = ["fleetbench", "profile", "--fleet", args.fleet, "--model", args.model, "--widths", args.widths]
     resume += ["--batch", args.batch, "--backend", args.backend, "--steps", str(args.steps)]
-    resume += ["--warmup", str(args.warmup), "--precision", f"{args.precision:g}"]
+    resume += ["--warmup", str(args.warmup), "--optimizer", args.optimizer, "--precision", f"{args.precision:g}"]
     resume += ["--max-seconds", f"{args.max_seconds:g}", "--timeout", f"{args.timeout:g}", "--db", args.db]
-    resume += ["--artifacts", args.artifacts, "--resume"]
+    resume += ["--artifacts", args.artifacts, "--resume"] + (["--no-round-cost"] if args.no_round_cost else [])
     print(
         f"{what}{missing} of {len(specs)} cell(s) not measured; every finished cell is stored. "
         f"Measure only the missing ones with:\n  {shlex.join(resume)}",

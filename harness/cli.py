@@ -43,6 +43,17 @@ def register(commands: Any) -> None:
     )
     profile.add_argument("--warmup", type=positive_int, default=20, help="most warm-up steps per cell (default 20)")
     profile.add_argument(
+        "--optimizer",
+        choices=("adamw", "sgd"),
+        default="adamw",
+        help="optimizer graph the cells train with; profile with the one FL will use (default adamw)",
+    )
+    profile.add_argument(
+        "--no-round-cost",
+        action="store_true",
+        help="skip the round-cost step (fixed cost of a runner request, transfer time per byte each way)",
+    )
+    profile.add_argument(
         "--precision",
         type=float,
         default=DEFAULT_PRECISION,

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporters.errors import InputError
 from harness.records import BenchSpec, Measurement
+from harness.roundcost import RoundCostModel
 from harness.runner import DEFAULT_MAX_SECONDS
 from harness.stats import summarize
 
@@ -134,6 +135,33 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE cells ADD COLUMN stop_reason TEXT;
     ALTER TABLE cells ADD COLUMN isolation TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE campaigns ADD COLUMN plan TEXT NOT NULL DEFAULT '{}';
+    """,
+    # v6: round costs per device (`harness.roundcost`): the fixed cost of a round and the
+    # transfer lines each way, with the configuration they were measured in and the raw points.
+    # A failed measurement keeps its status and message, its numbers NULL.
+    """
+    CREATE TABLE round_costs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        device TEXT NOT NULL,
+        model TEXT NOT NULL,
+        width REAL NOT NULL,
+        batch INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        optimizer TEXT NOT NULL,
+        threads INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        message TEXT NOT NULL DEFAULT '',
+        fixed_s REAL,
+        step_s REAL,
+        down_s_per_byte REAL,
+        down_latency_s REAL,
+        up_s_per_byte REAL,
+        up_latency_s REAL,
+        samples TEXT NOT NULL DEFAULT '{}',
+        measured_at REAL NOT NULL
+    );
+    CREATE INDEX round_costs_by_device ON round_costs (device, model, id);
     """,
 )
 
@@ -851,6 +879,122 @@ class ProfileStore:
                 **{name: "float64" for name in _STAT_COLUMNS},
             }
         )
+
+    def record_round_cost(
+        self,
+        campaign_id: int,
+        cost: RoundCostModel | None = None,
+        *,
+        failed: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Store one device's round-cost measurement (or its failure) in its own transaction.
+
+        Parameters
+        ----------
+        campaign_id : int
+            From `start_campaign`.
+        cost : RoundCostModel, optional
+            A successful measurement.
+        failed : mapping, optional
+            Instead, a failure: ``device, model, width, batch, backend, optimizer, threads,
+            status, message`` (and ``measured_at``).
+
+        Returns
+        -------
+        int
+            The row id.
+
+        Raises
+        ------
+        StoreError
+            If ``campaign_id`` names no campaign, or neither or both of ``cost`` and ``failed`` are given.
+        """
+        if (cost is None) == (failed is None):
+            raise StoreError("record_round_cost needs exactly one of a cost or a failure")
+        if cost is not None:
+            values: dict[str, Any] = {
+                "device": cost.device, "model": cost.model, "width": float(cost.width), "batch": int(cost.batch),
+                "backend": cost.backend, "optimizer": cost.optimizer, "threads": int(cost.threads), "status": "ok",
+                "message": "", "fixed_s": cost.fixed_s, "step_s": cost.step_s,
+                "down_s_per_byte": cost.down_s_per_byte, "down_latency_s": cost.down_latency_s,
+                "up_s_per_byte": cost.up_s_per_byte, "up_latency_s": cost.up_latency_s,
+                "samples": _dumps(dict(cost.samples)), "measured_at": float(cost.measured_at),
+            }  # fmt: skip
+        else:
+            assert failed is not None
+            keys = ("device", "model", "width", "batch", "backend", "optimizer", "threads", "status", "message")
+            values = {k: failed[k] for k in keys}
+            values["measured_at"] = float(failed.get("measured_at", time.time()))
+        values["campaign_id"] = int(campaign_id)
+        columns = ", ".join(values)
+        marks = ", ".join(f":{name}" for name in values)
+        with self._locked() as conn:
+            known = conn.execute("SELECT 1 FROM campaigns WHERE id = ?", (int(campaign_id),)).fetchone()
+        if known is None:
+            raise StoreError(f"cannot record a round cost in campaign {campaign_id}: no such campaign")
+        with self.transaction() as conn:
+            cursor = conn.execute(f"INSERT INTO round_costs ({columns}) VALUES ({marks})", values)
+        assert cursor.lastrowid is not None
+        return int(cursor.lastrowid)
+
+    def round_cost_rows(self, *, latest: bool = True) -> list[dict[str, Any]]:
+        """Return stored round-cost rows (successful and failed), oldest first.
+
+        Parameters
+        ----------
+        latest : bool
+            Only the latest row per (device, model, batch, backend, optimizer, threads).
+
+        Returns
+        -------
+        list of dict
+            The ``round_costs`` columns; ``samples`` decoded.
+        """
+        where = (
+            " WHERE id IN (SELECT MAX(id) FROM round_costs GROUP BY device, model, batch, backend, optimizer, threads)"
+            if latest
+            else ""
+        )
+        with self._locked() as conn:
+            cursor = conn.execute(f"SELECT * FROM round_costs{where} ORDER BY id")
+            cursor.row_factory = sqlite3.Row
+            rows = [dict(row) for row in cursor.fetchall()]
+        for row in rows:
+            row["samples"] = _loads_mapping(row["samples"])
+        return rows
+
+    def round_costs(self, *, latest: bool = True) -> list[RoundCostModel]:
+        """Return the successful round-cost measurements (`round_cost_rows` with status ``ok``).
+
+        Parameters
+        ----------
+        latest : bool
+            Only the latest row per configuration; a configuration whose latest attempt
+            failed has none.
+
+        Returns
+        -------
+        list of RoundCostModel
+        """
+        fields = (
+            "fixed_s", "step_s", "down_s_per_byte", "down_latency_s", "up_s_per_byte", "up_latency_s", "measured_at",
+        )  # fmt: skip
+        return [
+            RoundCostModel(
+                device=row["device"],
+                model=row["model"],
+                width=float(row["width"]),
+                batch=int(row["batch"]),
+                backend=row["backend"],
+                optimizer=row["optimizer"],
+                threads=int(row["threads"]),
+                campaign_id=int(row["campaign_id"]),
+                samples=row["samples"],
+                **{name: float(row[name]) for name in fields},
+            )
+            for row in self.round_cost_rows(latest=latest)
+            if row["status"] == "ok"
+        ]
 
     def campaigns(self) -> pd.DataFrame:
         """Return the campaigns, one row each.

@@ -501,6 +501,8 @@ def _fl(src: Sources) -> list[Draft]:
     timeline = tables.fl_timeline_table(src.fl_client_rounds)
     tiers = tables.fl_tier_table(src.fl_client_rounds)
     virtual = tables.fl_virtual_table(src.fl_rounds, src.fl_client_rounds)
+    predictions = tables.fl_prediction_table(src.fl_client_rounds)
+    straggler_rounds = tables.fl_straggler_table(src.fl_rounds, src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
@@ -548,13 +550,34 @@ def _fl(src: Sources) -> list[Draft]:
             stragglers = int(tl["straggler"].sum())
             failed = int((tl["status"] != "ok").sum())
             notes_text = f"{len(tl)} client rounds, {stragglers} straggler(s), {failed} failed."
+        pr = predictions[predictions["run_id"] == rid] if not predictions.empty else predictions
+        st = straggler_rounds[straggler_rounds["run_id"] == rid] if not straggler_rounds.empty else straggler_rounds
+        extra = []
+        if not pr.empty:
+            median, worst, n = tables.prediction_errors(src.fl_client_rounds[src.fl_client_rounds["run_id"] == rid])
+            extra.append(
+                f"Round-cost model: over {n} client rounds, |predicted - measured| / measured is {median:.1%} in the "
+                f"median and {worst:.1%} at worst (predicted: fixed cost + steps x batch x per-image latency + "
+                "transfers; measured: download + compute + upload)."
+            )
+            blocks.append(
+                TableBlock(f"fl_run{rid}_predicted", "Predicted against measured client round, per device.", pr)
+            )
+        if not st.empty:
+            blocks.append(
+                TableBlock(
+                    f"fl_run{rid}_stragglers",
+                    "FLuID per round: the straggler, its sub-model size, its round time against the target.",
+                    st,
+                )
+            )
         rounds = src.fl_rounds[src.fl_rounds["run_id"] == rid]
         text = (
             f"Run {rid}: strategy {run['strategy']}, model {run['model']}, data set {run['dataset']}, executor "
             f"{run['executor']}, seed {run['seed']}; {len(rounds)} of {run['rounds']} rounds logged "
             f"(status {run['status']})."
         )
-        paragraphs = [text] + ([notes_text] if not tl.empty else [])
+        paragraphs = [text] + ([notes_text] if not tl.empty else []) + extra
         drafts.append(
             Draft(
                 key, f"FL run {rid}: {run['strategy']}", tuple(paragraphs), tuple(figures), tuple(blocks), tuple(notes)

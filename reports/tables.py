@@ -237,8 +237,10 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
         device, model, batch, backend = key
         widest = group.loc[group["width"].idxmax()]
         lat = models[str(device)].latency[(str(model), int(batch), str(backend))]
-        full = lat.predict_flops(float(widest["train_flops"])).value * 1e6 if not lat.zoo else (
-            lat.predict_us(float(widest["width"]))
+        full = (
+            lat.predict_flops(float(widest["train_flops"])).value * 1e6
+            if not lat.zoo
+            else (lat.predict_us(float(widest["width"])))
         )
         share = lat.fixed_us / full if full > 0 else math.nan
         for _, row in group.sort_values("width").iterrows():
@@ -805,3 +807,121 @@ def fl_tier_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     out = grouped.agg(width=("width", "max"), clients=("cid", "count"), stragglers=("straggler", "sum"))
     out["stragglers"] = out["stragglers"].astype(int)
     return out.reset_index()[columns]
+
+
+def fl_predicted_rounds(client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Return the successful client rounds that have a prediction.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        `fl_timeline_table` columns plus ``predicted_s`` and ``error`` (``|predicted_s -
+        total_s| / total_s``).
+    """
+    if client_rounds.empty or "predicted_seconds" not in client_rounds:
+        return pd.DataFrame(columns=["run_id", "device", "predicted_s", "total_s", "error"])
+    frame = fl_timeline_table(client_rounds)
+    ordered = client_rounds.sort_values(["run_id", "round", "cid"])
+    frame["predicted_s"] = _floats(ordered["predicted_seconds"]).to_numpy()
+    frame = frame[(frame["status"] == "ok") & frame["predicted_s"].notna() & (frame["total_s"] > 0)]
+    return frame.assign(error=(frame["predicted_s"] - frame["total_s"]).abs() / frame["total_s"])
+
+
+def fl_prediction_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured client round time, per run and device.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows (``predicted_seconds`` from FL schema version 4).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, device, rounds, predicted_s, measured_s, median_error, worst_error``: medians
+        over the device's successful rounds with a prediction; the errors are ``|predicted -
+        measured| / measured`` (median and largest). Empty when no round has a prediction.
+    """
+    columns = ["run_id", "device", "rounds", "predicted_s", "measured_s", "median_error", "worst_error"]
+    frame = fl_predicted_rounds(client_rounds)
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for (rid, device), group in frame.groupby(["run_id", "device"], sort=True):
+        rows.append(
+            {
+                "run_id": rid,
+                "device": device,
+                "rounds": len(group),
+                "predicted_s": float(group["predicted_s"].median()),
+                "measured_s": float(group["total_s"].median()),
+                "median_error": float(group["error"].median()),
+                "worst_error": float(group["error"].max()),
+            }
+        )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def prediction_errors(client_rounds: pd.DataFrame) -> tuple[float, float, int]:
+    """Return the median and worst ``|predicted - measured| / measured`` over every predicted client round.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    (median, worst, n)
+        NaN and 0 rounds when none was predicted.
+    """
+    frame = fl_predicted_rounds(client_rounds)
+    if frame.empty:
+        return math.nan, math.nan, 0
+    return float(frame["error"].median()), float(frame["error"].max()), len(frame)
+
+
+def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """FLuID per round: the straggler, its target, its sub-model size and its time against the target.
+
+    Parameters
+    ----------
+    rounds : pandas.DataFrame
+        ``fl_rounds`` rows (``metrics`` with FLuID's ``target_seconds``).
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, round, cid, device, size, seconds, predicted_s, target_s, over_target`` for
+        every straggler of a round with a target.
+    """
+    columns = ["run_id", "round", "cid", "device", "size", "seconds", "predicted_s", "target_s", "over_target"]
+    if rounds.empty or client_rounds.empty:
+        return pd.DataFrame(columns=columns)
+    timeline = fl_timeline_table(client_rounds)
+    ordered = client_rounds.sort_values(["run_id", "round", "cid"])
+    predicted = ordered["predicted_seconds"] if "predicted_seconds" in ordered else pd.Series([math.nan] * len(ordered))
+    timeline["predicted_s"] = _floats(predicted).to_numpy()
+    rows = []
+    for _, r in rounds.iterrows():
+        metrics = r["metrics"] if isinstance(r["metrics"], Mapping) else json.loads(r["metrics"] or "{}")
+        target = _number(metrics.get("target_seconds"))
+        if not math.isfinite(target):
+            continue
+        these = timeline[(timeline["run_id"] == r["run_id"]) & (timeline["round"] == r["round"])]
+        for _, s in these[these["straggler"] & (these["status"] == "ok")].iterrows():
+            rows.append(
+                {
+                    "run_id": r["run_id"], "round": r["round"], "cid": s["cid"], "device": s["device"],
+                    "size": s["width"], "seconds": s["total_s"], "predicted_s": s["predicted_s"], "target_s": target,
+                    "over_target": s["total_s"] / target if target > 0 else math.nan,
+                }
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)

@@ -3,7 +3,8 @@
 Each round, for each client placed on a device:
 
 1. the artifact set of the client's width is exported on the host (cached by
-   `exporters.artifacts.export_artifacts`, SGD optimizer graph) and deployed once per
+   `exporters.artifacts.export_artifacts`, the executor's optimizer graph, SGD by default;
+   the runner uses the device's fleet-file ``threads`` unless the executor fixes them) and deployed once per
    device through the device's content-addressed cache, like the runner itself;
 2. the client's data shard is written as ``.npz`` and deployed once (the cache keys it
    by content, so later rounds push nothing);
@@ -198,8 +199,9 @@ class DevicesExecutor(ClosingExecutor):
         ``connect(device) -> Transport`` (`devices.connect.connect` in production).
     timeout_s : float
         Seconds allowed per remote command, per request and for a runner's start.
-    threads : int
-        Threads the runner uses on the device.
+    threads : int or None
+        Threads the runner uses on every device; None: each device's fleet-file ``threads``
+        (`threads_of`), the threads its profile was measured with.
     clock : callable
         Monotonic clock in seconds.
     backends : mapping of str to str, optional
@@ -207,6 +209,8 @@ class DevicesExecutor(ClosingExecutor):
         devices not named train with ``"ort"``. Each client round records its backend.
     resident : bool
         One serving runner per device (default); False runs a one-shot runner per client.
+    optimizer : str
+        The optimizer graph clients train with (``"sgd"`` or ``"adamw"``); profile with the same.
     """
 
     name = "devices"
@@ -221,10 +225,11 @@ class DevicesExecutor(ClosingExecutor):
         batch: int,
         connect: Callable[[Device], Transport],
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        threads: int = 1,
+        threads: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         backends: Mapping[str, str] | None = None,
         resident: bool = True,
+        optimizer: str = "sgd",
     ) -> None:
         self.model = model
         self.backends = dict(backends or {})
@@ -236,6 +241,7 @@ class DevicesExecutor(ClosingExecutor):
         self.connect = connect
         self.timeout_s = timeout_s
         self.threads = threads
+        self.optimizer = optimizer
         self.clock = clock
         self.resident = resident
         self._transports: dict[str, Transport] = {}
@@ -272,10 +278,27 @@ class DevicesExecutor(ClosingExecutor):
         with self._lock:
             return self._residents.get(name)
 
+    # -- one configuration from profile to round (fleetbench issue 15) -------------------
+
+    def threads_of(self, device: Device) -> int:
+        """Return the threads ``device`` trains with: the executor's, else the fleet file's.
+
+        Parameters
+        ----------
+        device : Device
+
+        Returns
+        -------
+        int
+        """
+        return int(self.threads) if self.threads is not None else int(device.threads)
+
     # -- host side -----------------------------------------------------------------------
 
     def _artifact_set(self, arch: Arch) -> tuple[Path, Mapping[str, Any]]:
-        result = export_artifacts(self.model, arch, batch=self.batch, optimizer="sgd", out_dir=self.artifacts_dir)
+        result = export_artifacts(
+            self.model, arch, batch=self.batch, optimizer=self.optimizer, out_dir=self.artifacts_dir
+        )
         return result.directory, result.manifest
 
     def _write_npy_once(self, stem: str, digest: str, write: Callable[[Path], None]) -> Path:
@@ -442,7 +465,7 @@ class DevicesExecutor(ClosingExecutor):
             resident = self._residents.get(device.name)
             if resident is None:
                 backend = self.backend_of(device)
-                argv = serve_argv(device.python, runner, backend=backend, threads=self.threads, cwd=workdir)
+                argv = serve_argv(device.python, runner, backend=backend, threads=self.threads_of(device), cwd=workdir)
                 resident = ResidentRunner(transport, argv, start_timeout=self.timeout_s, clock=self.clock)
                 self._residents[device.name] = resident
         return resident
@@ -471,7 +494,7 @@ class DevicesExecutor(ClosingExecutor):
             download = self.clock() - t0
             options: dict[str, Any] = dict(
                 backend=self.backend_of(device), params=remote_in, data=remote_shard, out=remote_out,
-                epochs=epochs, lr=lr, threads=self.threads, seed=seed,
+                epochs=epochs, lr=lr, threads=self.threads_of(device), seed=seed,
             )  # fmt: skip
             if self.resident:
                 resident = self._resident_runner(transport, device, runner, workdir)

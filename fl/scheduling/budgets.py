@@ -1,6 +1,8 @@
 """FedDrop's FLOPs-budget ratio per device from its fitted latency model (pure functions).
 
 The per-image time budget ``t = (round_time_budget_s - overhead_s) / (examples * epochs)``
+(``overhead_s`` per device: the predicted round without training, fixed cost and the dense
+model's transfers, `fl.roundcost.round_overheads`, so the budget is one of the whole round)
 is solved on the device's latency model (`harness.latency`): the affordable training FLOPs
 per example ``F`` are those of the widest uniform width whose predicted time is ``t``, found
 by bisection over the architectures of the model (``ceil(r * K)`` neurons per layer, so at

@@ -6,6 +6,10 @@ Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
 
         round_seconds(w) = overhead_s + latency(w) * examples * epochs
 
+    or, given the round-cost model's prediction (``round_seconds``, `fl.roundcost`), that
+    prediction: fixed cost, steps at the width's architecture and the transfers of its
+    payload, so that the deadline is met by the whole round, not its training steps alone.
+
     where ``latency(w)`` is the device's latency model's prediction of seconds per image at
     width ``w``, measured or not (`harness.latency.LatencyModel.predict`: per-layer features
     of the width's architecture, fitted once per device here) and the peak memory is the
@@ -31,7 +35,8 @@ Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +195,7 @@ def assign_tiers(
     k: int,
     backend: str | None = "ort",
     round_overhead_s: float | Mapping[str, float] = 0.0,
+    round_seconds: Callable[[str, float], float] | None = None,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
 
@@ -221,6 +227,10 @@ def assign_tiers(
     round_overhead_s : float or mapping of str to float
         Fixed per-round cost (transfer, set-up) added to every predicted round time,
         one value for all devices or per device (missing devices: 0).
+    round_seconds : callable, optional
+        ``(device, width) -> seconds``: the predicted round of the round-cost model (fixed cost,
+        steps and transfers; `fl.roundcost.round_seconds_by_width`), used instead of
+        ``round_overhead_s + latency * examples * epochs``.
 
     Returns
     -------
@@ -253,6 +263,7 @@ def assign_tiers(
             overhead_s=overhead(round_overhead_s, device),
             deadline_s=deadline,
             budget=budget,
+            round_seconds=None if round_seconds is None else functools.partial(round_seconds, device),
         )
     fitting = {d: p[0].width for d, p in picks.items() if not isinstance(p, str)}
     names = sorted(fitting)
@@ -295,6 +306,7 @@ def _device_checks(
     overhead_s: float,
     deadline_s: float,
     budget: int | None,
+    round_seconds: Callable[[float], float] | None = None,
 ) -> tuple[WidthCheck, tuple[WidthCheck, ...]] | str:
     """Return ``(best fitting check, all checks)`` of one device, or why it is excluded."""
     mine = select(rows, device=device, batch=batch)
@@ -315,7 +327,10 @@ def _device_checks(
     for w in candidates:
         flops = width_flops(model, w, rows)
         estimate = predicted_latency(latency, model, w, rows)
-        seconds = overhead_s + estimate.value * 1e6 * round_seconds_per_us
+        if round_seconds is not None:
+            seconds = float(round_seconds(w))
+        else:
+            seconds = overhead_s + estimate.value * 1e6 * round_seconds_per_us
         peak = None if memory is None else predicted_peak(memory, model, w, rows).value
         notes = []
         fits_deadline = seconds <= deadline_s

@@ -20,7 +20,7 @@ generator carried across rounds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,11 +29,18 @@ from exporters.arch import SubModel
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 
 if TYPE_CHECKING:
+    from exporters.arch import Arch
     from exporters.zoo import ZooModel
 
 #: Per-device profile rows (``ProfileStore.latest_cells`` records), keyed by device
 #: name; empty when the run has no devices or no profiles.
 Profiles = Mapping[str, Sequence[Mapping[str, Any]]]
+
+#: ``(client, arch) -> predicted seconds of its round at arch, or None`` (`fl.roundcost.ClientRoundPredictor`):
+#: the round-cost model's prediction, fixed cost and transfers included. The server sets a strategy's
+#: ``round_predictor`` when the run has profiles to predict from; strategies that plan on the predicted
+#: round (FLuID) use it and fall back to their measured rules without it.
+RoundPredictor = Callable[[ClientSpec, "Arch"], "float | None"]
 
 
 class Strategy:
@@ -50,6 +57,11 @@ class Strategy:
     local : mapping
         Default local training config merged into every `TrainIns.config`
         (``epochs``, ``batch_size``, ``lr``).
+
+    Attributes
+    ----------
+    round_predictor : RoundPredictor or None
+        Set by the server when the run can predict client rounds (see `RoundPredictor`).
     """
 
     #: Name used on the command line (``--strategy``).
@@ -61,6 +73,7 @@ class Strategy:
         self.seed = seed
         self.local: dict[str, Any] = {"epochs": 1, "batch_size": 20, "lr": 0.05, "trainer": "plain"}
         self.local.update(local or {})
+        self.round_predictor: RoundPredictor | None = None
 
     def check_clients(self, clients: Sequence[ClientSpec]) -> None:
         """Refuse, before the run is logged, clients this strategy cannot serve (default: none).

@@ -24,6 +24,17 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
     weight over the clients that held it (`fl.aggregate.selective_average`). A
     client that timed out counts with the seconds it was waited for.
 
+**On the predicted round** (when the server gives the strategy a round predictor, the
+round-cost model of `fl.roundcost`: fixed cost, steps at the sub-model's architecture and
+transfers of its payload): the stragglers are still the clients with the slowest measured
+times, but the target is the *predicted* full-model round of the slowest non-straggler, and a
+straggler's size is the largest whose predicted round meets that target
+(`fl.fluid.curve_rate` on the predicted round as a function of the size). **Decision:**
+target and size come from one model, so its bias toward one device cancels between them,
+and a fixed cost no size can remove is seen before the round (the smallest size is then
+chosen, and the demo shows the straggler above its target). Without a predictor, or for a
+client without a prediction, the measured rules below apply.
+
 Round times are ``TrainRes.round_seconds`` (download + compute + upload). Only the
 training steps scale with the sub-model size: the rest of a client's time (transfers and, on
 a device, the runner's start and loading, see `FLuID.fixed_seconds`) is carried over
@@ -250,17 +261,52 @@ class FLuID(Strategy):
         }
         count = fluid.straggler_count(len(full_times), self.num_stragglers, self.straggler_fraction)
         stragglers, target = fluid.find_stragglers(full_times, count)
+        planned = self._predicted_plan(clients, full_times, stragglers)
         rates: dict[str, float] = {}
+        if planned is not None:
+            target, rates = planned
         for cid in stragglers:
             if self.fixed_rate is not None:
                 rates[cid] = self.fixed_rate
-            else:
+            elif cid not in rates:
                 fixed = self.last_fixed.get(cid, 0.0)
                 rates[cid] = fluid.straggler_rate(full_times[cid], target, self.sizes, predictors.get(cid), fixed)
         self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
         self.stragglers = [cid for cid in stragglers if cid in self.rates]
         self.target_seconds = None if math.isnan(target) else target
         self.last_calibration = rnd
+
+    def _predicted_plan(
+        self, clients: Sequence[ClientSpec], full_times: Mapping[str, float], stragglers: Sequence[str]
+    ) -> tuple[float, dict[str, float]] | None:
+        """Return the target and the stragglers' sizes planned on the predicted round, or None.
+
+        The target is the predicted full-model round of the slowest non-straggler; a
+        straggler's size is the largest whose predicted round meets it (fixed cost and
+        transfers included). None when there is no round predictor or a client lacks a
+        prediction: the measured rules apply then.
+        """
+        predictor = self.round_predictor
+        others = [cid for cid in full_times if cid not in stragglers]
+        if predictor is None or not stragglers or not others:
+            return None
+        by_cid = {c.cid: c for c in clients}
+        full = self.model.arch(1.0)
+        predicted = {cid: predictor(by_cid[cid], full) for cid in full_times}
+        if any(value is None for value in predicted.values()):
+            return None
+        slowest_other = max(others, key=lambda cid: full_times[cid])
+        target = float(predicted[slowest_other])  # type: ignore[arg-type]
+        rates: dict[str, float] = {}
+        for cid in stragglers:
+            client = by_cid[cid]
+
+            def round_at(size: float, client: ClientSpec = client) -> float:
+                value = predictor(client, self.model.arch(size))
+                return math.inf if value is None else float(value)
+
+            rates[cid] = fluid.curve_rate(round_at(1.0), target, self.sizes, round_at)
+        return target, rates
 
     # -- helpers -----------------------------------------------------------------------
 

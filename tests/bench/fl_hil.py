@@ -1,9 +1,10 @@
-"""Hardware-in-the-loop FL on the emulated fleet: FLuID calibration and FedDrop budgets.
+"""Hardware-in-the-loop FL on the emulated fleet: round-cost predictions, FLuID calibration and FedDrop budgets.
 
 Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--examples 4000]``.
 
 1. The example emulated fleet (fast / mid / slow SSH devices and the phone) is brought up
-   and profiled at every FLuID size (``fjord-cnn``, SGD artifact sets).
+   and profiled at every FLuID size (``fjord-cnn``, SGD artifact sets, each device's threads),
+   with each device's round cost (`harness.roundcost`: fixed cost, transfer lines).
 2. **No-dropout baseline**: FedAvg rounds on the devices, one client per device.
 3. **FLuID** (invariant dropout) rounds with the same clients, data and seed: the
    straggler is found from measured round times and its sub-model size is chosen from its
@@ -11,8 +12,13 @@ Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--exa
    the target (the next-slowest client's time) and their ratio (FLuID reports within 10 %);
    and the mean round wall time of the rounds after the first calibration against the
    baseline's same rounds (FLuID reports 18-26 % faster with changing stragglers).
-4. **FedDrop budgets**: each device's FLOPs budget ratio from its measured latency-vs-FLOPs
-   fit and a per-round time budget (`fl.scheduling.budgets_for_fleet`), then FedDrop rounds
+4. **FjORD** rounds with each client's p_max from tiers planned on the predicted round.
+5. **Round-cost model**: median and worst |predicted - measured| / measured client round
+   time over the three runs; the fixed per-round cost's share of the slowest device's
+   full-width round; FLuID's and FjORD's mean round time against FedAvg at full width.
+6. **FedDrop budgets**: each device's FLOPs budget ratio from its measured latency-vs-FLOPs
+   fit and a per-round time budget less its predicted fixed cost and transfers
+   (`fl.scheduling.budgets_for_fleet`, `fl.roundcost.round_overheads`), then FedDrop rounds
    in process with those per-client budgets; printed: each client's expected training-FLOPs
    ratio against its budget (SyncDrop masks do not run on the devices' ORT graphs).
 """
@@ -28,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from devices import emulate
 from devices.connect import connect
 from devices.fleetfile import load_fleet
@@ -36,34 +44,50 @@ from exporters.zoo import get_model
 from fl import scheduling
 from fl.data import load_federated
 from fl.executors.devices import DevicesExecutor
+from fl.roundcost import executor_configs, round_cost_from_store, round_overheads
 from fl.runlog import RunLog
+from fl.scheduling.configs import ProfileConfig
 from fl.server import RunConfig, run_fl
+from fleetbench.demo import Progress, plan_capacities
 from harness import campaign
 from harness.store import ProfileStore
+from reports import tables
 
 MODEL = "fjord-cnn"
 SIZES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 BATCH = 20
+OPTIMIZER = "sgd"
 
 
-def _run(strategy: str, fleet: Any, store: ProfileStore, root: Path, args: argparse.Namespace, **options: Any) -> Any:
+def _run(
+    strategy: str,
+    fleet: Any,
+    store: ProfileStore,
+    root: Path,
+    args: argparse.Namespace,
+    capacities: list[float] | None = None,
+    **options: Any,
+) -> Any:
     model = get_model(MODEL)
     devices = list(fleet.devices)
     placement = {f"c{i}": d for i, d in enumerate(devices)}
     data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
     executor = DevicesExecutor(
         model, placement, artifacts_dir=root / "artifacts", work_dir=root / f"work-{strategy}", batch=BATCH,
-        connect=connect, timeout_s=300,
+        connect=connect, timeout_s=300, optimizer=OPTIMIZER,
     )  # fmt: skip
+    caps = capacities or [1.0] * len(devices)
     config = RunConfig(
         strategy=strategy, model=MODEL, dataset="mnist5k", clients=len(devices), rounds=args.rounds,
         seed=args.seed, epochs=args.epochs, batch_size=BATCH, lr=0.05, executor="devices", db=str(store.path),
-        options=options,
+        options=options, capacities="explicit:" + ",".join(f"{c:g}" for c in caps),
     )  # fmt: skip
-    return run_fl(
-        config, store=store, executor=executor, data=data, progress=lambda line: print(f"  {strategy}: {line}"),
-        placement={cid: d.name for cid, d in placement.items()},
-    )  # fmt: skip
+    with executor:
+        return run_fl(
+            config, store=store, executor=executor, data=data, progress=lambda line: print(f"  {strategy}: {line}"),
+            placement={cid: d.name for cid, d in placement.items()}, capacities=caps,
+            device_configs=executor_configs(executor, devices, BATCH),
+        )  # fmt: skip
 
 
 def _client_times(store: ProfileStore, run_id: int) -> dict[int, dict[str, dict[str, Any]]]:
@@ -75,27 +99,67 @@ def _client_times(store: ProfileStore, run_id: int) -> dict[int, dict[str, dict[
     return out
 
 
-def fluid_figures(store: ProfileStore, fluid_run: int, base_run: int, base_summary: Any, fluid_summary: Any) -> None:
-    """Print the straggler's time against the target per round, and round wall times."""
-    times = _client_times(store, fluid_run)
-    print("\n== FLuID calibration (straggler time vs target = next-slowest client's time)")
-    print(f"{'round':>5} {'straggler':>9} {'device':>7} {'size':>5} {'time s':>7} {'target s':>8} {'ratio':>6}")
-    for rnd in sorted(times):
-        clients = times[rnd]
-        stragglers = [c for c in clients.values() if c["straggler"]]
-        for s in stragglers:
-            others = sorted((c["seconds"] for c in clients.values() if not c["straggler"]), reverse=True)
-            target = others[0] if others else float("nan")
+def fluid_figures(store: ProfileStore, fluid_run: int) -> None:
+    """Print FLuID's straggler per round: size, measured and predicted round against the target."""
+    log = RunLog(store)
+    table = tables.fl_straggler_table(log.rounds(fluid_run), log.client_rounds(fluid_run))
+    print("\n== FLuID calibration (target: the slowest non-straggler's predicted full-width round)")
+    print(
+        f"{'round':>5} {'straggler':>9} {'device':>7} {'size':>5} {'time s':>7} {'pred s':>7} {'target s':>8} "
+        f"{'ratio':>6}"
+    )
+    for r in table.itertuples(index=False):
+        print(
+            f"{int(r.round):>5} {r.cid:>9} {r.device:>7} {r.size:>5.3g} {r.seconds:>7.2f} {r.predicted_s:>7.2f} "
+            f"{r.target_s:>8.2f} {r.over_target:>6.2f}"
+        )
+    if table.empty:
+        print("  no straggler was calibrated")
+
+
+def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) -> None:
+    """Print prediction error, the slowest device's fixed-cost share and round times against FedAvg."""
+    log = RunLog(store)
+    print("\n== Round-cost model: |predicted - measured| / measured client round time")
+    frames = []
+    for name, summary in runs.items():
+        frame = log.client_rounds(summary.run_id)
+        frames.append(frame)
+        median, worst, n = tables.prediction_errors(frame)
+        later = frame[frame["round"] >= 1]
+        median_later, worst_later, n_later = tables.prediction_errors(later)
+        print(
+            f"  {name:>7}: median {median:.1%}, worst {worst:.1%} over {n} client rounds; "
+            f"rounds >= 1: median {median_later:.1%}, worst {worst_later:.1%} over {n_later}"
+        )
+        for r in tables.fl_prediction_table(frame).itertuples(index=False):
             print(
-                f"{rnd:>5} {s['cid']:>9} {s['device']:>7} {s['width']:>5.3g} {s['seconds']:>7.2f} {target:>8.2f} "
-                f"{s['seconds'] / target:>6.2f}"
+                f"           {r.device:>6}: predicted {r.predicted_s:.2f} s, measured {r.measured_s:.2f} s "
+                f"(median error {r.median_error:.1%}, worst {r.worst_error:.1%})"
             )
-    base = [r.seconds for r in base_summary.history[1:]]
-    fl = [r.seconds for r in fluid_summary.history[1:]]
-    if base and fl:
-        b, f = statistics.mean(base), statistics.mean(fl)
-        print(f"\nround wall time, rounds 1..{len(fl)} (after the first calibration):")
-        print(f"  no-dropout baseline {b:.2f} s, FLuID {f:.2f} s: FLuID / baseline = {f / b:.2f}")
+    everything = pd.concat(frames, ignore_index=True)
+    median, worst, n = tables.prediction_errors(everything)
+    print(f"  all runs: median {median:.1%}, worst {worst:.1%} over {n} client rounds (targets: 10 %, 25 %)")
+
+    costs = {c.device: c for c in store.round_costs() if c.model == MODEL and c.optimizer == OPTIMIZER}
+    base = tables.fl_predicted_rounds(log.client_rounds(runs["fedavg"].run_id))
+    measured_full = base.groupby("device")["total_s"].median()
+    if costs and not measured_full.empty:
+        slowest = str(measured_full.idxmax())
+        cost = costs.get(slowest)
+        if cost is not None:
+            share = cost.fixed_s / float(measured_full[slowest])
+            print(
+                f"\n== Fixed per-round cost on the slowest device ({slowest}): {cost.fixed_s:.2f} s of its "
+                f"{float(measured_full[slowest]):.2f} s full-width round = {share:.0%} (target <= 10 %)"
+            )
+    base_times = [r.seconds for r in runs["fedavg"].history[1:]]
+    print("\n== Mean round wall time, rounds 2.. (after the first calibration), against FedAvg at full width")
+    for name in ("fluid", "fjord"):
+        times = [r.seconds for r in runs[name].history[1:]]
+        if base_times and times:
+            b, t = statistics.mean(base_times), statistics.mean(times)
+            print(f"  {name}: {t:.2f} s vs FedAvg {b:.2f} s: ratio {t / b:.2f} (FLuID's paper: 0.74-0.82)")
 
 
 def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace) -> None:
@@ -107,9 +171,18 @@ def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace) -
     cells = store.latest_cells()
     full = cells[(cells.status == "ok") & (cells.width == 1.0)].set_index("device").median_us
     budget_s = statistics.median(float(full[d]) * 1e-6 * examples[d] * args.epochs for d in devices)
-    ratios = scheduling.budgets_for_fleet(cells, MODEL, budget_s, examples, args.epochs, batch=BATCH)
+    wants = {d.name: ProfileConfig(BATCH, "ort", OPTIMIZER, d.threads) for d in fleet.devices}
+    cost = round_cost_from_store(store, MODEL, BATCH, wants, warn=lambda line: print(f"  warning: {line}"))
+    overheads = round_overheads(cost, model, devices)
+    budget_s += statistics.median(overheads.values())  # the budget is one of the whole round
+    ratios = scheduling.budgets_for_fleet(
+        cells, MODEL, budget_s, examples, args.epochs, batch=BATCH, round_overhead_s=overheads
+    )
     budgets = {f"c{i}": min(1.0, max(0.1, ratios[d].ratio or 0.1)) for i, d in enumerate(devices)}
-    print(f"\n== FedDrop FLOPs budgets from the profiles (per-round training time budget {budget_s:.2f} s)")
+    print(
+        f"\n== FedDrop FLOPs budgets on the predicted round (round budget {budget_s:.2f} s, fixed cost and "
+        "transfers included)"
+    )
     for i, d in enumerate(devices):
         r = ratios[d]
         print(f"  {d:>6} (c{i}): budget ratio {budgets[f'c{i}']:.3f} (fit gives {r.ratio})")
@@ -150,15 +223,26 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the emulated fleet did not start")
             with ProfileStore(root / "bench.db") as store:
                 start = time.perf_counter()
-                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], ["ort"], 6, 20, "sgd", max_seconds=3.0)
+                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], ["ort"], 6, 20, OPTIMIZER, max_seconds=3.0)
                 campaign.export_sets(specs, root / "artifacts")
                 campaign.run_campaign(
-                    fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None
+                    fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None,
+                    round_cost=True, announce=lambda line: print(f"  {line}") if "round cost" in line else None,
+                )  # fmt: skip
+                print(f"profiled {len(specs)} cells and the round costs in {time.perf_counter() - start:.0f} s")
+                print(f"machine load average before the FL runs: {os.getloadavg()}")
+                model = get_model(MODEL)
+                data = load_federated(
+                    "mnist5k", model, len(fleet.devices), "iid", args.seed, max_examples=args.examples
                 )
-                print(f"profiled {len(specs)} cells in {time.perf_counter() - start:.0f} s")
-                base = _run("fedavg", fleet, store, root, args)
-                fluid = _run("fluid", fleet, store, root, args, sizes=list(SIZES))
-                fluid_figures(store, fluid.run_id, base.run_id, base, fluid)
+                examples = {d.name: len(s[1]) for d, s in zip(fleet.devices, data.train, strict=True)}
+                capacities = plan_capacities(fleet, store, examples, args.epochs, Progress(1, out=print))
+                runs = {"fedavg": _run("fedavg", fleet, store, root, args)}
+                runs["fluid"] = _run("fluid", fleet, store, root, args, sizes=list(SIZES))
+                runs["fjord"] = _run("fjord", fleet, store, root, args, capacities=capacities, k=4)
+                fluid_figures(store, runs["fluid"].run_id)
+                round_cost_figures(store, fleet, runs)
+                print(f"machine load average after the FL runs: {os.getloadavg()}")
                 feddrop_budgets(store, fleet, args)
         finally:
             emulate.down(fleet, say=lambda line: None)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
-from fl.roundcost import measured_models, parse_links, round_cost_from_rows, roundcost_module
+from fl.roundcost import measured_models, parse_links, round_cost_from_rows, round_cost_from_store
+from fl.scheduling.configs import ProfileConfig
 from harness.latency import fit
+from harness.roundcost import RoundCostModel
 from harness.store import ProfileStore
 from tests.fl.scheduling.profiles import store_lines
 
@@ -73,7 +72,8 @@ def test_measured_models_lists_every_device_also_without_usable_cells(cells):
 
 def test_the_run_batch_is_used_when_measured_else_the_only_one(tmp_path, cells):
     assert round_cost_from_rows(cells, "fjord-cnn", 32, ["fast"])("fast", MODEL.arch(1.0), 1, 0, 0) == pytest.approx(
-        32 * per_image_us("fast", 1.0) * 1e-6, rel=0.01  # the batch-20 line, 32 images a step
+        32 * per_image_us("fast", 1.0) * 1e-6,
+        rel=0.01,  # the batch-20 line, 32 images a step
     )
     path = tmp_path / "two.db"
     store_lines(path, {"fast": (10.0, 1e-4)}, batch=8)
@@ -88,15 +88,62 @@ def test_the_run_batch_is_used_when_measured_else_the_only_one(tmp_path, cells):
         round_cost_from_rows(cells, "fjord-cnn", 20, ["nano"])
 
 
-def test_the_round_cost_model_of_the_harness_is_used_when_it_exists(monkeypatch, cells):
-    assert roundcost_module() is None or hasattr(roundcost_module(), "round_cost")
-    calls = []
+def _cost(device: str, **overrides: object) -> RoundCostModel:
+    values: dict[str, object] = {
+        "device": device, "model": "fjord-cnn", "width": 1.0, "batch": 20, "backend": "ort", "optimizer": "adamw",
+        "threads": 1, "fixed_s": 0.8, "step_s": 0.01, "down_s_per_byte": 2e-8, "down_latency_s": 0.05,
+        "up_s_per_byte": 3e-8, "up_latency_s": 0.07, "measured_at": 1.0,
+    }  # fmt: skip
+    values.update(overrides)
+    return RoundCostModel(**values)  # type: ignore[arg-type]
 
-    def fake_round_cost(rows, model, batch, backend):
-        calls.append((len(rows), model, batch, backend))
-        return lambda device, arch, steps, down, up: 42.0
 
-    monkeypatch.setitem(sys.modules, "harness.roundcost", types.SimpleNamespace(round_cost=fake_round_cost))
-    cost = round_cost_from_rows(cells, "fjord-cnn", 20, ["fast"])
-    assert cost("fast", MODEL.arch(1.0), 1, 0, 0) == 42.0
-    assert calls == [(8, "fjord-cnn", 20, None)]
+def test_a_measured_round_cost_adds_its_fixed_cost_and_transfer_lines(tmp_path):
+    path = tmp_path / "p.db"
+    campaign = store_lines(path, LINES)
+    warnings: list[str] = []
+    with ProfileStore(path, create=False) as store:
+        store.record_round_cost(campaign, _cost("slow"))
+        cost = round_cost_from_store(
+            store, "fjord-cnn", 20, {d: ProfileConfig(batch=20, backend="ort", optimizer="adamw", threads=1)
+                                     for d in LINES}, warn=warnings.append,
+        )  # fmt: skip
+    compute = 5 * 20 * per_image_us("slow", 0.5) * 1e-6
+    down, up = 0.05 + 1e6 * 2e-8, 0.07 + 4e5 * 3e-8
+    assert cost("slow", MODEL.arch(0.5), 5, 10**6, 4 * 10**5) == pytest.approx(0.8 + compute + down + up, rel=0.01)
+    assert cost("slow", MODEL.arch(0.5), 0, 0, 0) == pytest.approx(0.8)  # nothing trained or sent: the fixed cost
+    # fast has no round-cost measurement: latency alone, and a warning that says so
+    assert cost("fast", MODEL.arch(0.5), 5, 10**6, 10**6) == pytest.approx(
+        5 * 20 * per_image_us("fast", 0.5) * 1e-6, rel=0.01
+    )
+    assert len(warnings) == 1 and "'fast' has no round-cost measurement" in warnings[0]
+
+
+def test_a_link_replaces_the_measured_transfer(tmp_path):
+    path = tmp_path / "p.db"
+    campaign = store_lines(path, LINES)
+    with ProfileStore(path, create=False) as store:
+        store.record_round_cost(campaign, _cost("slow"))
+        cost = round_cost_from_store(
+            store, "fjord-cnn", 20, {"slow": ProfileConfig(batch=20)}, links={"slow": (8000.0, 20.0)}
+        )
+    assert cost("slow", MODEL.arch(1.0), 0, 10**6, 0) == pytest.approx(0.8 + 1.02)
+
+
+def test_a_profile_of_another_configuration_is_used_with_a_warning_naming_the_difference(tmp_path):
+    path = tmp_path / "p.db"
+    campaign = store_lines(path, {"slow": LINES["slow"]}, optimizer="adamw")
+    store_lines(path, {"slow": (10.0, 1e-5)}, optimizer="sgd", threads=4)
+    warnings: list[str] = []
+    with ProfileStore(path, create=False) as store:
+        store.record_round_cost(campaign, _cost("slow", optimizer="adamw", fixed_s=2.0))
+        want = ProfileConfig(batch=20, backend="ort", optimizer="adamw", threads=2)
+        cost = round_cost_from_store(store, "fjord-cnn", 20, {"slow": want}, warn=warnings.append)
+        # the adamw profile (threads 1) is nearer than the sgd one (threads 4): an optimizer weighs more
+        assert cost("slow", MODEL.arch(1.0), 3, 0, 0) == pytest.approx(
+            2.0 + 3 * 20 * per_image_us("slow", 1.0) * 1e-6, rel=0.01
+        )
+        assert any("differs in threads 1 (run: 2)" in w for w in warnings), warnings
+        assert not any("optimizer" in w for w in warnings)
+        with pytest.raises(InputError, match="device 'mid' has no measured profile of fjord-cnn"):
+            round_cost_from_store(store, "fjord-cnn", 20, {"mid": want})

@@ -4,6 +4,7 @@ import io
 import sqlite3
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fl.records import ClientSpec
@@ -242,3 +243,32 @@ def test_a_store_before_virtual_times_is_upgraded_and_keeps_its_rows(tmp_path):
         assert list(log.rounds(run_id)["virtual_seconds"]) == [4.5]
         assert list(log.client_rounds(run_id)["virtual_seconds"]) == [3.25]
         assert log.clients(run_id)["speed_factor"].isna().all()
+
+
+def test_a_store_before_predictions_gains_the_column_and_logs_it(tmp_path):
+    from fl.runlog import FL_MIGRATIONS
+
+    path = tmp_path / "v3.db"
+    with ProfileStore(path) as old:
+        old.ensure_schema("fl", FL_MIGRATIONS[:3])  # the log as it was before predicted round times
+        with old.transaction() as conn:
+            conn.execute(
+                "INSERT INTO fl_runs (started_at, strategy, model, dataset, seed, rounds) "
+                "VALUES (1.0, 'fedavg', 'fjord-cnn', 'digits', 0, 1)"
+            )
+            conn.execute(
+                "INSERT INTO fl_client_rounds (run_id, round, cid, width, status, compute_seconds) "
+                "VALUES (1, 0, 'c0', 1.0, 'ok', 2.0)"
+            )
+    with ProfileStore(path) as upgraded:
+        log = RunLog(upgraded)
+        [old_row] = log.client_rounds(1).to_dict("records")
+        assert old_row["compute_seconds"] == 2.0 and old_row["predicted_seconds"] is None
+        run_id = start(log)
+        log.log_round(
+            run_id, 0, started_at=1.0, finished_at=2.0, wall_seconds=1.0, metrics={}, evaluation={},
+            clients=[ClientRound("c0", 1.0, "ok", predicted_seconds=2.5), ClientRound("c1", 1.0, "ok")],
+            checkpoint={"round": 0},
+        )  # fmt: skip
+        frame = log.client_rounds(run_id)
+        assert frame["predicted_seconds"].iloc[0] == 2.5 and pd.isna(frame["predicted_seconds"].iloc[1])

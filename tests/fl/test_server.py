@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from exporters.errors import InputError
@@ -492,9 +493,7 @@ def test_overcommitment_and_the_deadline_keep_the_fastest_and_train_only_them(tm
     order = sorted(sampled, key=lambda c: times[c])
     kept = [c for c in order if times[c] <= 1.0][:2]
     executor = RecordingExecutor(get_model("fjord-cnn"))
-    summary = run_fl(
-        cfg, data=blob_data(6, 10), capacities=[1.0] * 6, virtual=clock, executor=executor, progress=None
-    )
+    summary = run_fl(cfg, data=blob_data(6, 10), capacities=[1.0] * 6, virtual=clock, executor=executor, progress=None)
     assert executor.asked == [sorted(kept, key=sampled.index)]  # only the kept clients trained
     (round0,) = summary.history
     assert round0.clients_ok == len(kept) and round0.clients_failed == 4 - len(kept)
@@ -560,3 +559,64 @@ def test_clock_only_schedules_ten_thousand_clients_for_a_hundred_rounds_within_a
     assert time.perf_counter() - start < 60
     assert summary.rounds == 100 and all(h.clients_ok + h.clients_failed == 130 for h in summary.history)
     assert all(h.clients_ok <= 100 and h.virtual_seconds <= 0.5 for h in summary.history)
+
+
+def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, registered):
+    from fl.roundcost import payload_bytes_of
+    from fl.scheduling.configs import ProfileConfig
+    from harness.latency import fit
+    from harness.roundcost import RoundCostModel
+    from tests.fl.scheduling.profiles import store_lines
+
+    cfg = config(tmp_path, rounds=2)
+    lines = {"pi4": (200.0, 1e-4), "nano": (400.0, 3e-4)}
+    campaign = store_lines(cfg.db, lines, batch=10, optimizer="sgd")
+    measured = RoundCostModel("pi4", "fjord-cnn", 1.0, 10, "ort", "sgd", 1, 1.25, 0.0, 1e-8, 0.02, 2e-8, 0.03)
+    with ProfileStore(cfg.db) as store:
+        store.record_round_cost(campaign, measured)
+        cells = store.latest_cells()
+    warnings: list[str] = []
+    placement = {"c0": "pi4", "c1": "pi4", "c2": "nano"}
+    wants = {d: ProfileConfig(batch=10, backend="ort", optimizer="sgd", threads=1) for d in lines}
+    data = blob_data(4, 10)
+    summary = run_fl(
+        cfg, data=data, capacities=CAPACITIES, placement=placement, progress=warnings.append, device_configs=wants
+    )
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id)
+    models = fit(cells)
+    model = get_model("fjord-cnn")
+    for row in rows.itertuples():
+        client = int(row.cid[1:])
+        if row.cid not in placement:
+            assert row.predicted_seconds is None or row.predicted_seconds != row.predicted_seconds  # no device
+            continue
+        device = placement[row.cid]
+        arch = model.static(CAPACITIES[client]).arch
+        steps = 2 * -(-len(data.train[client][1]) // 10)  # 2 epochs, the in-process trainer keeps a short batch
+        per_image = models[device].latency_model("fjord-cnn", 10, "ort").predict(arch).value
+        expected = steps * 10 * per_image
+        if device == "pi4":  # measured round cost: fixed cost and both transfers on top
+            nbytes = payload_bytes_of(arch)
+            expected += 1.25 + 0.02 + nbytes * 1e-8 + 0.03 + nbytes * 2e-8
+        assert row.predicted_seconds == pytest.approx(expected, rel=1e-9), row.cid
+    assert any("'nano' has no round-cost measurement" in w for w in warnings)
+
+
+def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, registered):
+    from fl.scheduling.configs import ProfileConfig
+    from tests.fl.scheduling.profiles import store_lines
+
+    cfg = config(tmp_path, rounds=1)
+    store_lines(cfg.db, {"pi4": (200.0, 1e-4)}, batch=10, optimizer="adamw")
+    warnings: list[str] = []
+    summary = run_fl(
+        cfg, data=blob_data(4, 10), capacities=CAPACITIES, placement={"c0": "pi4", "c1": "nano"},
+        progress=warnings.append, device_configs={d: ProfileConfig(batch=10, optimizer="sgd") for d in ("pi4", "nano")},
+    )  # fmt: skip
+    assert any("'pi4'" in w and "optimizer adamw (run: sgd)" in w for w in warnings), warnings
+    assert any("'nano' has no measured profile" in w for w in warnings), warnings
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id).set_index("cid")
+    assert rows.loc["c0", "predicted_seconds"] > 0  # planned from the nearest profile
+    assert pd.isna(rows.loc["c1", "predicted_seconds"])  # nothing to plan with

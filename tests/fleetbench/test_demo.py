@@ -65,6 +65,14 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert f"report:  {out / 'report' / 'report.html'}" in printed and "[7/7]" in printed
     _check_outputs(out, {"fast", "mid", "slow", "phone"}, rounds=2)
     _check_tier_widths(out)
+    # each device's predicted and measured rounds after FjORD; FLuID's calibrated straggler against its target
+    assert sum("predicted/measured round s" in line for line in printed.splitlines()) == 4, printed
+    assert "straggler slow (c2)" in printed and "x target" in printed, printed
+    db = sqlite3.connect(out / "fleetbench.db")
+    costs = {d for (d,) in db.execute("SELECT device FROM round_costs WHERE status = 'ok'")}
+    assert costs == {"fast", "mid", "slow", "phone"}
+    predicted = db.execute("SELECT COUNT(*) FROM fl_client_rounds WHERE predicted_seconds > 0").fetchone()[0]
+    assert predicted == 2 * 2 * 4  # every client round of both runs
     state = emulate.load_state(out / "fleet" / "state")
     assert all(state.get(name) is None for name in ("fast", "mid", "slow", "phone"))  # the fleet was stopped
 

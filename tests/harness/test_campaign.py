@@ -272,7 +272,7 @@ def test_cli_profile_prints_table(
     db = tmp_path / "cli.db"
     argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25,0.5", "--batch", str(BATCH)]
     argv += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--db", str(db), "--artifacts", str(artifacts)]
-    argv += ["--timeout", str(TIMEOUT), "--precision", "0"]
+    argv += ["--timeout", str(TIMEOUT), "--precision", "0", "--no-round-cost"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     names = {d.name for d in fleet.devices}
@@ -492,3 +492,68 @@ def test_profile_measures_each_device_with_its_best_backend_and_skips_one_withou
     onnx = cells[cells.backend == "onnx"].set_index("device").status.to_dict()
     assert onnx["full"] == "ok" and onnx["plain"] == "ok" and onnx["nopy"] != "ok"
     assert main([*argv, "--backend", "auto,ort"]) == 2
+
+
+def test_round_cost_step_measures_each_device_through_its_transport(
+    fleet_file: Path, artifacts: Path, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    # an SSH device and the phone behind adb: both transports push and pull the transfer files
+    fleet = dataclasses.replace(fleet, devices=tuple(d for d in fleet.devices if d.name in ("fast", "phone")))
+    specs = plan_cells(fleet, MODEL, (0.25, 1.0), [BATCH], ["ort"], STEPS, WARMUP, "sgd", precision=0.0)
+    store = _store(tmp_path / "fleetbench.db")
+    lines: list[str] = []
+    result = campaign.run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), announce=lines.append,
+        round_cost=True,
+    )  # fmt: skip
+    assert result.complete, result.round_cost_failures
+    costs = {c.device: c for c in store.round_costs()}
+    assert set(costs) == {"fast", "phone"}
+    for device in fleet.devices:
+        cost = costs[device.name]
+        # measured in the configuration of the cells, at their widest width, with provenance
+        assert (cost.model, cost.width, cost.batch, cost.backend, cost.optimizer, cost.threads) == (
+            MODEL,
+            1.0,
+            BATCH,
+            "ort",
+            "sgd",
+            device.threads,
+        )
+        assert cost.campaign_id == result.campaign_id and cost.measured_at > 0
+        train = cost.samples["train"]
+        assert sorted(p["steps"] for p in train) == [2, 26]
+        # the intercept is the request's time outside its steps (a process start on a CPU share: seconds)
+        outside = [p["seconds"] - p["step_seconds"] for p in train]
+        assert 0.5 * min(outside) <= cost.fixed_s <= 1.5 * max(outside), (cost.fixed_s, outside)
+        assert {p["bytes"] for p in cost.samples["down"]} == {16 * 1024, 1024 * 1024}
+        assert all(p["seconds"] > 0 for p in cost.samples["up"])
+    assert sum("round cost: fixed" in line for line in lines) == 2
+
+    # resume measures no round cost that is stored already; without the step, none is measured
+    again = campaign.run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, resume=True, progress=_Counting(),
+        round_cost=True,
+    )  # fmt: skip
+    assert again.round_costs == {} and again.runner_invocations == 0
+    assert len(store.round_costs(latest=False)) == 2
+
+
+def test_a_failed_round_cost_is_stored_with_its_reason(artifacts: Path, tmp_path: Path) -> None:
+    # a local device whose python cannot run the runner: cells and round cost fail, both recorded
+    device = Device("broken", "local", workdir=str(tmp_path / "w"), python=str(tmp_path / "no-python"))
+    fleet = Fleet(tmp_path / "fleet.yaml", (device,))
+    specs = plan_cells(fleet, MODEL, (0.25,), [BATCH], ["ort"], STEPS, WARMUP, precision=0.0)
+    store = _store(tmp_path / "fleetbench.db")
+    result = campaign.run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), announce=lambda _: None,
+        round_cost=True,
+    )  # fmt: skip
+    assert not result.complete and result.round_cost_failures["broken"]
+    [row] = store.round_cost_rows()
+    assert row["device"] == "broken" and row["status"] != "ok" and row["message"] and row["fixed_s"] is None
+    assert store.round_costs() == []

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from exporters.errors import InputError
 from fleetbench.cli import main
 from harness.records import BenchSpec, Measurement
+from harness.roundcost import RoundCostModel
 from harness.store import (
     CELL_COLUMNS,
     MIGRATIONS,
@@ -497,3 +499,43 @@ def test_export_errors_are_one_line_exit_2(
     assert message in err and err.count("\n") == 1 and out == ""
     assert not (tmp_path / "nope.db").exists()  # export never creates a store
     assert time.monotonic() - started < 10
+
+
+def _round_cost(device: str = "pi4", **kw: Any) -> RoundCostModel:
+    values: dict[str, Any] = {
+        "device": device, "model": "fjord-cnn", "width": 1.0, "batch": 20, "backend": "ort", "optimizer": "sgd",
+        "threads": 1, "fixed_s": 1.5, "step_s": 0.02, "down_s_per_byte": 1e-8, "down_latency_s": 0.03,
+        "up_s_per_byte": 2e-8, "up_latency_s": 0.04, "measured_at": 1_700_000_010.0,
+        "samples": {"train": [{"steps": 2, "seconds": 1.54, "step_seconds": 0.04}], "down": [], "up": []},
+    }  # fmt: skip
+    values.update(kw)
+    return RoundCostModel(**values)
+
+
+def test_round_costs_are_stored_with_provenance_latest_per_configuration(db: Path) -> None:
+    make_v1(db)  # a file from before round costs gains the table
+    with ProfileStore(db) as store:
+        campaign = store.start_campaign(None, "fjord-cnn", versions={}, commit=None)
+        store.record_round_cost(campaign, _round_cost(fixed_s=9.0))
+        store.record_round_cost(campaign, _round_cost())  # the latest of the same configuration wins
+        store.record_round_cost(campaign, _round_cost(optimizer="adamw", fixed_s=2.5))
+        failed_id = store.record_round_cost(
+            campaign,
+            failed={
+                "device": "pi3", "model": "fjord-cnn", "width": 1.0, "batch": 20, "backend": "ort",
+                "optimizer": "sgd", "threads": 1, "status": "timeout", "message": "train request timed out",
+            },
+        )  # fmt: skip
+        with pytest.raises(StoreError, match="no such campaign"):
+            store.record_round_cost(campaign + 10, _round_cost())
+        with pytest.raises(StoreError, match="exactly one"):
+            store.record_round_cost(campaign)
+    with ProfileStore(db) as store:
+        costs = store.round_costs()
+        assert [(c.optimizer, c.fixed_s) for c in costs] == [("sgd", 1.5), ("adamw", 2.5)]
+        assert costs[0] == _round_cost(campaign_id=campaign)  # every field, the raw points too
+        assert len(store.round_costs(latest=False)) == 3
+        rows = store.round_cost_rows()
+        [failure] = [r for r in rows if r["status"] != "ok"]
+        assert failure["id"] == failed_id and failure["device"] == "pi3" and failure["fixed_s"] is None
+        assert "timed out" in failure["message"]

@@ -318,3 +318,44 @@ def test_fl_virtual_table_places_client_rounds_on_the_run_clock() -> None:
     assert list(out["virtual_s"]) == [1.5, 2.5, 4.0] and list(out["status"]) == ["ok", "ok", "timeout"]
     assert set(out["run_id"]) == {1}  # run 2 has no virtual clock
     assert tables.fl_virtual_table(rounds.drop(columns="virtual_seconds"), clients).empty
+
+
+def test_predicted_against_measured_client_rounds_per_device() -> None:
+    import math
+
+    import pandas as pd
+
+    from reports.tables import fl_prediction_table, fl_straggler_table, prediction_errors
+
+    def row(rnd: int, cid: str, device: str, compute: float, predicted: float | None, **kw: object) -> dict:
+        return {
+            "run_id": 1, "round": rnd, "cid": cid, "device": device, "width": kw.get("width", 1.0), "tier": 0,
+            "straggler": kw.get("straggler", 0), "status": kw.get("status", "ok"), "download_seconds": 0.5,
+            "compute_seconds": compute, "upload_seconds": 0.5, "wait_seconds": None, "predicted_seconds": predicted,
+        }  # fmt: skip
+
+    client_rounds = pd.DataFrame(
+        [
+            row(0, "c0", "pi4", 3.0, 4.4),  # measured 4.0: error 10 %
+            row(1, "c0", "pi4", 4.0, 4.0),  # measured 5.0: error 20 %
+            row(0, "c1", "pi3", 9.0, 5.0, straggler=1, width=0.5),  # measured 10.0: error 50 %
+            row(1, "c1", "pi3", 1.0, None),  # no prediction: left out
+            row(1, "c2", "pi3", 0.0, 3.0, status="timeout"),  # failed: left out
+        ]
+    )
+    table = fl_prediction_table(client_rounds).set_index("device")
+    assert table.loc["pi4", "rounds"] == 2 and table.loc["pi3", "rounds"] == 1
+    assert table.loc["pi4", "predicted_s"] == pytest.approx(4.2) and table.loc["pi4", "measured_s"] == pytest.approx(
+        4.5
+    )
+    assert table.loc["pi4", "median_error"] == pytest.approx(0.15) and table.loc["pi4", "worst_error"] == pytest.approx(
+        0.2
+    )
+    median, worst, n = prediction_errors(client_rounds)
+    assert (median, worst, n) == (pytest.approx(0.2), pytest.approx(0.5), 3)
+    assert math.isnan(prediction_errors(client_rounds.drop(columns="predicted_seconds"))[0])
+
+    rounds = pd.DataFrame([{"run_id": 1, "round": 0, "metrics": '{"target_seconds": 8.0}'}])
+    [straggler] = fl_straggler_table(rounds, client_rounds).to_dict("records")
+    assert (straggler["device"], straggler["size"], straggler["seconds"]) == ("pi3", 0.5, 10.0)
+    assert straggler["over_target"] == pytest.approx(10.0 / 8.0) and straggler["predicted_s"] == 5.0

@@ -52,12 +52,18 @@ def failed_rows(device: str, status: str = "timeout") -> list[dict[str, object]]
 
 
 def store_lines(
-    path: object, lines: dict[str, tuple[float, float]], *, model: str = "fjord-cnn", batch: int = 20
-) -> None:
+    path: object,
+    lines: dict[str, tuple[float, float]],
+    *,
+    model: str = "fjord-cnn",
+    batch: int = 20,
+    optimizer: str = "adamw",
+    threads: int = 1,
+) -> int:
     """Write a profile store in which each device measured ``model`` at `WIDTHS`: ``a + b * flops`` us per image.
 
     ``lines`` maps a device to ``(a, b)``; the zoo's training FLOPs of each width are stored with the
-    cell (as the runner reports them), so the fitted line is exactly ``(a, b)``.
+    cell (as the runner reports them), so the fitted line is exactly ``(a, b)``. Returns the campaign id.
     """
     from exporters.flops import count
     from exporters.zoo import get_model
@@ -73,7 +79,7 @@ def store_lines(
                 flops = count(zoo, arch).train_flops
                 spec = BenchSpec(
                     device=device, model=model, width=width, arch_widths=arch.widths, batch=batch,
-                    backend="ort", threads=1, warmup=1, steps=3,  # type: ignore[arg-type]
+                    backend="ort", threads=threads, warmup=1, steps=3, optimizer=optimizer,  # type: ignore[arg-type]
                 )  # fmt: skip
                 step = (a + b * flops) * 1e-6 * batch
                 store.record(
@@ -82,3 +88,4 @@ def store_lines(
                         spec=spec, status="ok", step_seconds=(step,) * 3, runner={"counts": {"train_flops": flops}}
                     ),
                 )
+    return campaign

@@ -200,3 +200,18 @@ def test_level_sets() -> None:
     assert uniform_levels(1) == (1.0,)
     with pytest.raises(InputError):
         uniform_levels(0)
+
+
+def test_the_predicted_round_replaces_latency_times_examples() -> None:
+    # a round-cost model's rounds: A has a 0.3 s fixed cost on top of its steps, B none
+    def round_seconds(device: str, width: float) -> float:
+        steps = {"A": (0.4, 0.6, 0.8, 1.0), "B": (0.66, 1.26, 1.86, 2.46)}[device][WIDTHS.index(width)]
+        return steps + (0.3 if device == "A" else 0.0)
+
+    plan = assign_tiers(
+        two_devices(), "m", WIDTHS, deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20,
+        memory_budget_bytes=None, k=2, round_seconds=round_seconds,
+    )  # fmt: skip
+    # A at 0.75: 0.8 + 0.3 > 0.9 -> 0.5 (0.9 s meets it); B unchanged
+    assert plan.choice("A").width == 0.5 and plan.choice("A").round_seconds == pytest.approx(0.9)
+    assert plan.choice("B").width == 0.25

@@ -282,3 +282,35 @@ def test_bad_options_are_input_errors():
         FLuID(tiny_model(), initial(), calibration_period=0)
     with pytest.raises(InputError):
         FLuID(tiny_model(), initial(), rate=1.5)
+
+
+def test_target_and_size_come_from_the_predicted_round_when_there_is_a_predictor():
+    strategy = FLuID(tiny_model(), initial())
+    # a round-cost model: c0 has a 3 s fixed cost, its steps cost 2 s per neuron; the others 1 s + 1 s per neuron
+    fixed = {"c0": 3.0, "c1": 1.0, "c2": 1.0, "c3": 1.0}
+    per_neuron = {"c0": 2.0, "c1": 1.0, "c2": 1.0, "c3": 1.0}
+    strategy.round_predictor = lambda client, arch: fixed[client.cid] + per_neuron[client.cid] * arch.widths[0]
+    play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})  # measured: c0 straggles, c2 next slowest
+    strategy.configure_round(1, CLIENTS, None)
+    assert strategy.stragglers == ["c0"]
+    # target: c2's predicted full round, 1 + 4 = 5 s (not its measured 8 s); c0's predicted round at a size:
+    # 3 + 2 * ceil(4 s); 0.5 -> 2 neurons -> 7 s, 0.65 -> 3 -> 9 s: none meets 5 s, so the smallest size
+    assert strategy.target_seconds == 5.0
+    assert strategy.rates == {"c0": 0.5}
+    # with a smaller fixed cost the largest size meeting the target is taken: 0.5 + 2 * 2 = 4.5 <= 5 < 0.5 + 2 * 3
+    fixed["c0"] = 0.5
+    strategy.last_calibration = None
+    strategy.configure_round(2, CLIENTS, None)
+    assert strategy.rates == {"c0": 0.5} and strategy.target_seconds == 5.0
+    fixed["c0"], per_neuron["c0"] = 0.5, 1.4  # 0.75 -> 3 neurons: 4.7 s meets 5 s, 1.0 -> 6.1 s does not
+    strategy.last_calibration = None
+    strategy.configure_round(3, CLIENTS, None)
+    assert strategy.rates == {"c0": 0.75}
+
+
+def test_without_a_prediction_for_every_client_the_measured_rules_apply():
+    strategy = FLuID(tiny_model(), initial())
+    strategy.round_predictor = lambda client, arch: None if client.cid == "c3" else 1.0
+    play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
+    strategy.configure_round(1, CLIENTS, None)
+    assert strategy.target_seconds == 8.0 and strategy.rates == {"c0": 0.65}  # as test_straggler_and_linear_rate

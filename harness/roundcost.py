@@ -1,0 +1,518 @@
+"""The round-cost model of a device: what one FL client round costs, measured by the campaign.
+
+One client round on a device is: the sub-model's parameters go down, the runner trains
+``steps`` local steps, the trained parameters come back. Its predicted wall time is::
+
+    seconds = fixed_s
+            + steps * batch * latency(arch)                  (harness.latency, any architecture)
+            + down_latency_s + bytes_down * down_s_per_byte  (the device's transport, host -> device)
+            + up_latency_s   + bytes_up   * up_s_per_byte    (device -> host)
+
+``latency(arch)`` is the device's per-image training time predicted by its latency model
+(`harness.latency.LatencyModel.predict`) for the profile configuration (model, batch,
+backend) the run trains with; the other terms are a `RoundCostModel`, measured per device
+by `measure_round_cost` (a step of ``fleetbench profile``, on by default) and stored with
+its provenance (campaign, time, backend, optimizer, threads) in the profile store.
+
+Measurement (decided here)
+    *Transfers*: files of two sizes (`DEFAULT_TRANSFER_BYTES`) are pushed and pulled
+    through the device's own transport (``put`` / ``get``, the calls the FL devices
+    executor makes), ``repeats`` times each; a least-squares line of seconds against
+    bytes gives, per direction, the seconds per byte (slope) and the per-transfer latency
+    (intercept). Two sizes are the fewest that separate the two; the sizes bracket the
+    parameter payloads of the zoo's small models (tens of kB to a MB).
+    *Fixed cost*: the runner's ``train`` mode runs at the profile's widest width on
+    synthetic shards of two step counts (`DEFAULT_STEP_COUNTS`), starting from the set's
+    initial parameters; a line of the request's wall time (``RunResult.seconds``, what
+    the executor reports as a client's compute time) against the step count has the
+    fixed cost as its intercept: interpreter and runtime start, imports, session
+    creation, loading parameters and shard, the first steps' warm-up beyond a settled
+    step, and writing the result. The slope (seconds per step at that width) is stored
+    beside it as a check on the latency model, not used for prediction: the latency
+    model predicts every architecture, the slope only one. **With the resident runner**
+    (``runner.py serve``) the same fit of a ``train`` request against its step count
+    measures the resident request's fixed cost (request parsing, parameter load, a
+    session switch when the width changes) instead of a process start; nothing else in
+    this module changes.
+    Negative intercepts or slopes (noise around zero) are clamped to 0.
+
+Fallback
+    `round_cost` costs a device without a round-cost measurement from its latency model
+    alone (no fixed cost, no transfers) and says so through ``warn``, once per device.
+
+Everything here but `measure_round_cost` is pure.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exporters.errors import InputError
+from harness.latency import DeviceModels, fit
+
+if TYPE_CHECKING:
+    from devices.fleet import Device
+    from devices.transport import Transport
+    from exporters.arch import Arch
+
+#: Local step counts of the two ``train`` requests whose intercept is the fixed cost.
+DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 26)
+#: Sizes of the files pushed and pulled to fit the transfer lines (bytes).
+DEFAULT_TRANSFER_BYTES: tuple[int, int] = (16 * 1024, 1024 * 1024)
+#: Backend chosen when a device was measured with several (the one FL trains with first).
+BACKEND_PREFERENCE: tuple[str, ...] = ("ort", "onnx", "torch")
+#: Learning rate of the measuring ``train`` requests (any positive value times the same).
+MEASURE_LR = 0.05
+
+#: ``(device, arch, steps, bytes_down, bytes_up) -> seconds`` (as `fl.population.RoundCost`).
+RoundCostFn = Callable[[str, "Arch", int, int, int], float]
+#: ``(device, nbytes) -> seconds`` or None: an override of a device's transfer time.
+TransferFn = Callable[[str, int], "float | None"]
+
+
+@dataclass(frozen=True)
+class RoundCostModel:
+    """One device's measured round costs, with provenance.
+
+    Attributes
+    ----------
+    device, model : str
+    width : float
+        Width the fixed cost was measured at.
+    batch : int
+    backend, optimizer : str
+    threads : int
+        The configuration the ``train`` requests ran with.
+    fixed_s : float
+        Fixed cost of one round (intercept of request time against steps).
+    step_s : float
+        Seconds per local step at ``width`` (slope of that fit; a check, not used to predict).
+    down_s_per_byte, down_latency_s : float
+        Host -> device transfer: seconds per byte and per transfer.
+    up_s_per_byte, up_latency_s : float
+        Device -> host transfer.
+    campaign_id : int or None
+        The campaign that measured it.
+    measured_at : float
+        Unix time of the measurement.
+    samples : mapping
+        The raw points: ``{"train": [{"steps", "seconds", "step_seconds"}], "down": [{"bytes",
+        "seconds"}], "up": [...]}``.
+    """
+
+    device: str
+    model: str
+    width: float
+    batch: int
+    backend: str
+    optimizer: str
+    threads: int
+    fixed_s: float
+    step_s: float
+    down_s_per_byte: float
+    down_latency_s: float
+    up_s_per_byte: float
+    up_latency_s: float
+    campaign_id: int | None = None
+    measured_at: float = 0.0
+    samples: Mapping[str, Any] = field(default_factory=dict)
+
+    def down_seconds(self, nbytes: int) -> float:
+        """Return the predicted host -> device transfer time of ``nbytes`` (0 for nothing sent)."""
+        return transfer_seconds(nbytes, self.down_s_per_byte, self.down_latency_s)
+
+    def up_seconds(self, nbytes: int) -> float:
+        """Return the predicted device -> host transfer time of ``nbytes`` (0 for nothing sent)."""
+        return transfer_seconds(nbytes, self.up_s_per_byte, self.up_latency_s)
+
+    def config(self) -> dict[str, Any]:
+        """Return the configuration the model was measured in (``batch, backend, optimizer, threads``)."""
+        return {"batch": self.batch, "backend": self.backend, "optimizer": self.optimizer, "threads": self.threads}
+
+
+class RoundCostError(RuntimeError):
+    """A round-cost measurement that failed on the device (the runner's status and message)."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+# --------------------------------------------------------------------------- pure maths
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Fit ``y = intercept + slope * x`` by least squares; both clamped to at least 0.
+
+    Parameters
+    ----------
+    x, y : sequence of float
+        Equally long, at least two distinct ``x``.
+
+    Returns
+    -------
+    (intercept, slope) : (float, float)
+        When clamping the slope to 0, the intercept is the mean of ``y``; when clamping the
+        intercept to 0, the slope is the least-squares slope through the origin.
+
+    Raises
+    ------
+    InputError
+        On unequal lengths, fewer than two distinct ``x`` or a non-finite value.
+    """
+    xs, ys = [float(v) for v in x], [float(v) for v in y]
+    if len(xs) != len(ys):
+        raise InputError(f"fit_line: {len(xs)} x values for {len(ys)} y values")
+    if not all(math.isfinite(v) for v in (*xs, *ys)):
+        raise InputError("fit_line: values must be finite")
+    if len(set(xs)) < 2:
+        raise InputError(f"fit_line: needs two distinct x values, got {sorted(set(xs))}")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((a - mx) ** 2 for a in xs)
+    slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys, strict=True)) / sxx
+    intercept = my - slope * mx
+    if slope < 0:
+        return max(my, 0.0), 0.0
+    if intercept < 0:
+        return 0.0, max(sum(a * b for a, b in zip(xs, ys, strict=True)) / sum(a * a for a in xs), 0.0)
+    return intercept, slope
+
+
+def transfer_seconds(nbytes: int, s_per_byte: float, latency_s: float) -> float:
+    """Return ``latency_s + nbytes * s_per_byte``, or 0 when nothing is sent.
+
+    Parameters
+    ----------
+    nbytes : int
+    s_per_byte, latency_s : float
+
+    Returns
+    -------
+    float
+    """
+    return 0.0 if nbytes <= 0 else float(latency_s) + float(nbytes) * float(s_per_byte)
+
+
+def round_seconds(
+    cost: RoundCostModel | None, per_image_s: float, batch: int, steps: int, bytes_down: int, bytes_up: int
+) -> float:
+    """Return the predicted wall time of one client round (the module docstring's equation).
+
+    Parameters
+    ----------
+    cost : RoundCostModel or None
+        None: the latency-only cost (no fixed cost, no transfers).
+    per_image_s : float
+        Predicted seconds per image at the round's architecture.
+    batch, steps : int
+    bytes_down, bytes_up : int
+
+    Returns
+    -------
+    float
+    """
+    compute = max(int(steps), 0) * int(batch) * float(per_image_s)
+    if cost is None:
+        return compute
+    return cost.fixed_s + compute + cost.down_seconds(bytes_down) + cost.up_seconds(bytes_up)
+
+
+def fit_round_cost(
+    train: Sequence[Mapping[str, float]],
+    down: Sequence[Mapping[str, float]],
+    up: Sequence[Mapping[str, float]],
+    **provenance: Any,
+) -> RoundCostModel:
+    """Fit a `RoundCostModel` from its raw points (see "Measurement").
+
+    Parameters
+    ----------
+    train : sequence of mapping
+        ``{"steps", "seconds"}`` per ``train`` request (``step_seconds`` optional).
+    down, up : sequence of mapping
+        ``{"bytes", "seconds"}`` per transfer.
+    **provenance
+        ``device, model, width, batch, backend, optimizer, threads`` and optionally
+        ``campaign_id, measured_at``.
+
+    Returns
+    -------
+    RoundCostModel
+    """
+    fixed, step = fit_line([p["steps"] for p in train], [p["seconds"] for p in train])
+    down_lat, down_rate = fit_line([p["bytes"] for p in down], [p["seconds"] for p in down])
+    up_lat, up_rate = fit_line([p["bytes"] for p in up], [p["seconds"] for p in up])
+    samples = {"train": [dict(p) for p in train], "down": [dict(p) for p in down], "up": [dict(p) for p in up]}
+    return RoundCostModel(
+        fixed_s=fixed, step_s=step, down_s_per_byte=down_rate, down_latency_s=down_lat, up_s_per_byte=up_rate,
+        up_latency_s=up_lat, samples=samples, **provenance,
+    )  # fmt: skip
+
+
+def config_key(dm: DeviceModels, model: str, batch: int, backend: str | None) -> tuple[str, int, str]:
+    """Return the fitted configuration of ``model`` to cost a round with.
+
+    The first backend of `BACKEND_PREFERENCE` the device was measured with (unless one is
+    named), at the run's batch when measured, else at the only batch measured.
+
+    Parameters
+    ----------
+    dm : harness.latency.DeviceModels
+    model : str
+    batch : int
+    backend : str or None
+
+    Returns
+    -------
+    (model, batch, backend)
+
+    Raises
+    ------
+    InputError
+        When the device has no fitted configuration of ``model``, or several batches and
+        none is ``batch``.
+    """
+    keys = [k for k in dm.latency if k[0] == model and (backend is None or k[2] == backend)]
+    if not keys:
+        raise InputError(f"device {dm.device!r} has no usable profile of model {model!r}")
+    backends = [b for b in BACKEND_PREFERENCE if any(k[2] == b for k in keys)] or sorted({k[2] for k in keys})
+    keys = [k for k in keys if k[2] == backends[0]]
+    at_batch = [k for k in keys if k[1] == batch]
+    if at_batch:
+        return at_batch[0]
+    if len(keys) == 1:
+        return keys[0]
+    measured = ", ".join(str(k[1]) for k in sorted(keys))
+    raise InputError(f"device {dm.device!r} measured {model} at batches {measured}, not at the run's batch {batch}")
+
+
+def _stderr(line: str) -> None:
+    print(f"fleetbench: warning: {line}", file=sys.stderr, flush=True)
+
+
+def round_cost(
+    rows: Any,
+    model: str,
+    batch: int,
+    backend: str | None = None,
+    *,
+    costs: Mapping[str, RoundCostModel] | None = None,
+    transfer: TransferFn | None = None,
+    warn: Callable[[str], None] | None = _stderr,
+) -> RoundCostFn:
+    """Return the ``(device, arch, steps, bytes_down, bytes_up) -> seconds`` function of the rows' devices.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame or iterable of mapping
+        Profile cells (`harness.latency` rows), one configuration per device.
+    model : str
+    batch : int
+        The run's local batch size.
+    backend : str, optional
+        Only this backend's cells.
+    costs : mapping of str to RoundCostModel, optional
+        Each device's measured round costs; a device without one is costed from its latency
+        model alone, with a warning.
+    transfer : callable, optional
+        ``(device, nbytes) -> seconds or None``: a transfer time that replaces the measured
+        one where it returns a number (a modelled link of a virtual population).
+    warn : callable or None
+        Receives each warning line.
+
+    Returns
+    -------
+    callable
+        Predictions are cached per (device, architecture). An unknown device raises
+        `InputError` naming it.
+    """
+    models = fit(rows)
+    costs = dict(costs or {})
+    keys: dict[str, tuple[str, int, str]] = {}
+    for device in sorted(models):
+        try:
+            keys[device] = config_key(models[device], model, batch, backend)
+        except InputError:
+            continue
+        if device not in costs and warn is not None:
+            warn(
+                f"device {device!r} has no round-cost measurement; its rounds are predicted from per-image latency "
+                "alone (no fixed cost, no transfers): run `fleetbench profile` without --no-round-cost"
+            )
+    cache: dict[tuple[str, str], float] = {}
+
+    def per_image(device: str, arch: Arch) -> float:
+        key = (device, arch.key())
+        if key not in cache:
+            if device not in keys:
+                raise InputError(f"device {device!r} has no usable profile of model {model!r}")
+            cache[key] = models[device].latency[keys[device]].predict(arch).value
+        return cache[key]
+
+    def moved(device: str, nbytes: int, measured: Callable[[int], float] | None) -> float:
+        if nbytes <= 0:
+            return 0.0
+        if transfer is not None:
+            modelled = transfer(device, nbytes)
+            if modelled is not None:
+                return float(modelled)
+        return 0.0 if measured is None else measured(nbytes)
+
+    def cost_of(device: str, arch: Arch, steps: int, bytes_down: int, bytes_up: int) -> float:
+        measured = costs.get(device)
+        compute = round_seconds(None, per_image(device, arch), batch, steps, 0, 0) if steps > 0 else 0.0
+        fixed = measured.fixed_s if measured is not None else 0.0
+        down = moved(device, bytes_down, None if measured is None else measured.down_seconds)
+        up = moved(device, bytes_up, None if measured is None else measured.up_seconds)
+        return fixed + compute + down + up
+
+    return cost_of
+
+
+# --------------------------------------------------------------------------- measurement (I/O)
+
+
+def _shard(path: Path, manifest: Mapping[str, Any], examples: int) -> Path:
+    """Write a synthetic ``.npz`` shard of ``examples`` examples shaped as the set's input (label 0)."""
+    import numpy as np
+
+    spec = manifest["inputs"][0]
+    shape = (examples, *[int(d) for d in spec["shape"][1:]])
+    x = np.random.default_rng(examples).standard_normal(shape).astype(spec["dtype"])
+    np.savez(path, x=x, y=np.zeros(examples, dtype=np.int64))
+    return path
+
+
+def measure_round_cost(
+    transport: Transport,
+    device: Device,
+    *,
+    runner: str,
+    remote_set: str,
+    set_dir: Path,
+    width: float,
+    scratch: Path,
+    backend: str,
+    optimizer: str,
+    threads: int,
+    timeout: float,
+    step_counts: Sequence[int] = DEFAULT_STEP_COUNTS,
+    transfer_bytes: Sequence[int] = DEFAULT_TRANSFER_BYTES,
+    repeats: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+    campaign_id: int | None = None,
+    measured_at: float | None = None,
+) -> RoundCostModel:
+    """Measure one device's `RoundCostModel` through its transport (see "Measurement").
+
+    Parameters
+    ----------
+    transport : devices.transport.Transport
+        An open transport to ``device``.
+    device : devices.fleet.Device
+    runner : str
+        The deployed runner on the device.
+    remote_set : str
+        The deployed artifact set (its ``initial_parameters.npy`` is the starting point).
+    set_dir : pathlib.Path
+        The same set on the host (manifest: model, batch, input shape).
+    width : float
+        The set's width (recorded).
+    scratch : pathlib.Path
+        A host directory for the shards and transfer files.
+    backend, optimizer : str
+    threads : int
+    timeout : float
+        Seconds per remote command.
+    step_counts : sequence of int
+        Local steps of the ``train`` requests (at least two distinct).
+    transfer_bytes : sequence of int
+        Sizes of the transfer files (at least two distinct).
+    repeats : int
+        Requests per step count and transfers per size and direction.
+    clock : callable
+        Monotonic clock timing the transfers.
+    campaign_id : int, optional
+    measured_at : float, optional
+        Unix time recorded (default now).
+
+    Returns
+    -------
+    RoundCostModel
+
+    Raises
+    ------
+    devices.errors.TransportError
+        When the device fails.
+    RoundCostError
+        When a ``train`` request fails (the runner's status and message).
+    """
+    import json
+
+    import numpy as np
+
+    from harness import contract
+    from harness.deploy import deploy_files
+
+    manifest = json.loads((set_dir / "manifest.json").read_text())
+    batch = int(manifest["batch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch) for n in step_counts]
+    deployed = deploy_files(transport, device, shards, timeout=timeout)
+    workdir = deployed.workdir
+    train: list[dict[str, float]] = []
+    for _ in range(max(1, repeats)):
+        for n, shard in zip(step_counts, shards, strict=True):
+            argv = contract.train_argv(
+                device.python, runner, remote_set, backend=backend, params=f"{remote_set}/initial_parameters.npy",
+                data=deployed.remote_paths[shard.name], out=f"{workdir}/roundcost-out.npy", epochs=1, lr=MEASURE_LR,
+                threads=threads, seed=0,
+            )  # fmt: skip
+            run = transport.run(argv, timeout=timeout)
+            output = contract.parse_output(run.rc, run.stdout, run.stderr)
+            if not output.ok:
+                raise RoundCostError(output.status, output.message)
+            stepped = float(sum(output.document.get("step_seconds", [])))
+            train.append({"steps": float(n), "seconds": float(run.seconds), "step_seconds": stepped})
+    down: list[dict[str, float]] = []
+    up: list[dict[str, float]] = []
+    for size in transfer_bytes:
+        local = scratch / f"roundcost-{size}.bin"
+        local.write_bytes(np.random.default_rng(size).bytes(int(size)))
+        back = scratch / f"roundcost-{size}.back"
+        remote = f"{workdir}/roundcost-{size}.bin"
+        for _ in range(max(1, repeats)):
+            t0 = clock()
+            transport.put(local, remote)
+            down.append({"bytes": float(size), "seconds": clock() - t0})
+            t0 = clock()
+            transport.get(remote, back)
+            up.append({"bytes": float(size), "seconds": clock() - t0})
+    return fit_round_cost(
+        train, down, up, device=device.name, model=str(manifest["model"]), width=float(width), batch=batch,
+        backend=backend, optimizer=optimizer, threads=int(threads), campaign_id=campaign_id,
+        measured_at=time.time() if measured_at is None else measured_at,
+    )  # fmt: skip
+
+
+__all__ = [
+    "BACKEND_PREFERENCE",
+    "DEFAULT_STEP_COUNTS",
+    "DEFAULT_TRANSFER_BYTES",
+    "RoundCostError",
+    "RoundCostModel",
+    "config_key",
+    "fit_line",
+    "fit_round_cost",
+    "measure_round_cost",
+    "round_cost",
+    "round_seconds",
+    "transfer_seconds",
+]

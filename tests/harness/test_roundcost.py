@@ -1,0 +1,114 @@
+"""The round-cost model (harness/roundcost.py): its fits worked by hand, and a measurement on a real local device."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from devices.fleet import Device
+from devices.local import LocalTransport
+from exporters.artifacts import export_artifacts
+from exporters.errors import InputError
+from exporters.zoo import get_model
+from harness import contract
+from harness.deploy import deploy_artifact_set, deploy_runner
+from harness.latency import fit
+from harness.roundcost import (
+    RoundCostError,
+    RoundCostModel,
+    fit_line,
+    fit_round_cost,
+    measure_round_cost,
+    round_cost,
+    round_seconds,
+)
+from tests.fl.scheduling.profiles import line_rows
+
+MODEL = get_model("fjord-cnn")
+
+
+def test_fit_line_recovers_a_line_and_clamps_noise_below_zero() -> None:
+    assert fit_line([1, 2, 4], [3.5, 4.0, 5.0]) == pytest.approx((3.0, 0.5))
+    # a falling line: the slope is noise around zero, the intercept the mean
+    assert fit_line([1, 2], [2.0, 1.0]) == pytest.approx((1.5, 0.0))
+    # a negative intercept: the line through the origin, least squares
+    intercept, slope = fit_line([1, 3], [1.0, 5.0])
+    assert intercept == 0.0 and slope == pytest.approx((1 * 1 + 3 * 5) / (1 + 9))
+    with pytest.raises(InputError, match="two distinct x"):
+        fit_line([2, 2], [1.0, 2.0])
+    with pytest.raises(InputError, match="finite"):
+        fit_line([1, 2], [1.0, float("nan")])
+
+
+def test_round_seconds_adds_fixed_cost_steps_and_transfers() -> None:
+    cost = fit_round_cost(
+        [{"steps": 2, "seconds": 1.2}, {"steps": 10, "seconds": 2.0}],
+        [{"bytes": 1000, "seconds": 0.011}, {"bytes": 3000, "seconds": 0.013}],
+        [{"bytes": 1000, "seconds": 0.02}, {"bytes": 3000, "seconds": 0.06}],
+        device="d", model="m", width=1.0, batch=20, backend="ort", optimizer="sgd", threads=1,
+    )  # fmt: skip
+    assert (cost.fixed_s, cost.step_s) == pytest.approx((1.0, 0.1))
+    assert (cost.down_latency_s, cost.down_s_per_byte) == pytest.approx((0.01, 1e-6))
+    assert (cost.up_latency_s, cost.up_s_per_byte) == pytest.approx((0.0, 2e-5))
+    # 1.0 fixed + 5 steps x 20 images x 1 ms + (0.01 + 2000 us) down + 2000 x 20 us up
+    assert round_seconds(cost, 1e-3, 20, 5, 2000, 2000) == pytest.approx(1.0 + 0.1 + 0.012 + 0.04)
+    assert round_seconds(cost, 1e-3, 20, 0, 0, 0) == pytest.approx(1.0)  # nothing sent: no transfer latency
+    assert round_seconds(None, 1e-3, 20, 5, 2000, 2000) == pytest.approx(0.1)  # latency alone
+
+
+def test_round_cost_uses_each_device_s_measurement_and_warns_for_the_others() -> None:
+    rows = line_rows("A", 100.0, 1e-4, model="fjord-cnn") + line_rows("B", 50.0, 1e-4, model="fjord-cnn")
+    flops = MODEL.arch(1.0)
+    measured = RoundCostModel("A", "fjord-cnn", 1.0, 20, "ort", "sgd", 1, 2.0, 0.0, 1e-6, 0.1, 2e-6, 0.2)
+    warnings: list[str] = []
+    cost = round_cost(rows, "fjord-cnn", 20, costs={"A": measured}, warn=warnings.append)
+    models = fit(rows)
+    for device, extra in (("A", 2.0 + 0.1 + 1.0 + 0.2 + 2.0), ("B", 0.0)):
+        per_image = models[device].latency_model("fjord-cnn", 20, "ort").predict(flops).value
+        assert cost(device, flops, 3, 10**6, 10**6) == pytest.approx(extra + 3 * 20 * per_image)
+    assert len(warnings) == 1 and "'B' has no round-cost measurement" in warnings[0]
+    with pytest.raises(InputError, match="'C' has no usable profile"):
+        cost("C", flops, 1, 0, 0)
+    # a modelled link replaces the measured transfer where it gives a time
+    linked = round_cost(rows, "fjord-cnn", 20, costs={"A": measured}, transfer=lambda d, n: 0.5, warn=None)
+    assert linked("A", flops, 0, 10, 10) == pytest.approx(2.0 + 0.5 + 0.5)
+
+
+@pytest.fixture(scope="module")
+def local_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("artifacts")
+    return export_artifacts(MODEL, MODEL.arch(0.5), batch=8, optimizer="sgd", out_dir=out).directory
+
+
+def test_measure_round_cost_on_a_local_device(local_set: Path, tmp_path: Path) -> None:
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=sys.executable)
+    transport = LocalTransport()
+    runner = str(deploy_runner(transport, device, contract.RUNNER_PATH))
+    remote_set = str(deploy_artifact_set(transport, device, local_set).remote_dir)
+    common = {
+        "runner": runner, "remote_set": remote_set, "set_dir": local_set, "width": 0.5, "scratch": tmp_path / "s",
+        "backend": "ort", "optimizer": "sgd", "threads": 1, "timeout": 120.0,
+    }  # fmt: skip
+    cost = measure_round_cost(transport, device, step_counts=(1, 6), repeats=2, campaign_id=7, **common)
+    assert (cost.device, cost.model, cost.width, cost.batch, cost.optimizer, cost.campaign_id) == (
+        "loc",
+        "fjord-cnn",
+        0.5,
+        8,
+        "sgd",
+        7,
+    )
+    train = cost.samples["train"]
+    assert sorted(p["steps"] for p in train) == [1, 1, 6, 6] and len(cost.samples["down"]) == 4
+    # the intercept is the request's time outside its training steps: process start, imports, session, I/O
+    outside = sorted(p["seconds"] - p["step_seconds"] for p in train)
+    assert 0.5 * outside[0] <= cost.fixed_s <= 1.5 * outside[-1], (cost.fixed_s, outside)
+    assert cost.fixed_s > 0.05  # a Python process that imports numpy and onnxruntime
+    assert cost.down_latency_s >= 0 and cost.up_latency_s >= 0
+
+    # a runner that cannot run fails with its status, never a model
+    bad = Device("bad", "local", workdir=str(tmp_path / "device"), python=sys.executable)
+    with pytest.raises(RoundCostError, match="bad arguments"):
+        measure_round_cost(transport, bad, **{**common, "remote_set": str(tmp_path / "missing-set")})
