@@ -133,6 +133,14 @@ FL_MIGRATIONS: tuple[str, ...] = (
 )
 
 
+#: Columns of an `fl_client_rounds` row, in the order `RunLog.log_round` writes them.
+CLIENT_ROUND_COLUMNS = (
+    "run_id", "round", "cid", "device", "width", "arch_widths", "tier", "straggler", "status", "message",
+    "num_examples", "loss", "accuracy", "steps", "compute_seconds", "download_seconds", "upload_seconds",
+    "wait_seconds", "train_flops", "metrics", "virtual_seconds", "backend", "predicted_seconds",
+)  # fmt: skip
+
+
 class CheckpointError(InputError):
     """A checkpoint that cannot be written or read (unsupported value, corrupt bytes)."""
 
@@ -381,10 +389,8 @@ class RunLog:
                 ),
             )
             conn.executemany(
-                "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
-                "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
-                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds, backend, predicted_seconds) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO fl_client_rounds ({', '.join(CLIENT_ROUND_COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(CLIENT_ROUND_COLUMNS))})",
                 [
                     (
                         run_id,
