@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ HOSTILE = [
     "ünïcødé ✓",
 ]
 NASTY_NAME = "a b 'c' \"d\" ;e $(touch PWNED) `touch PWNED` \nf *g"
-ECHO_ARGV = ["python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
+# By absolute path: the emulated phone's shell has no python3 on PATH (like a phone).
+ECHO_ARGV = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
 
 
 @dataclass
