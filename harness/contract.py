@@ -5,7 +5,12 @@ module is everything the host needs to drive it, used alike by profiling campaig
 (`harness.campaign`) and the FL devices executor (`fl.executors.devices`):
 
 * `RUNNER_PATH`: the file to deploy;
-* `bench_argv` and `train_argv`: the command line of each mode;
+* `RunnerStart`: how a device starts the runner's Python -- its own interpreter, or a
+  runtime bundle's through the bundle's loader (``env PYTHONHOME=B ... B/lib/ld-linux-*
+  --library-path B/lib B/bin/python3``, `harness.phone_runtime`), and which backends
+  that runtime offers;
+* `bench_argv` and `train_argv`: the command line of each mode (the Python given as a
+  path or as a `RunnerStart`);
 * `RUNNER_EXIT_CODES` and `parse_output`: exit status and JSON document in, one
   status, a one-line message and the document out;
 * `write_params` and `read_params`: the flat-parameter wire format (one float32
@@ -47,6 +52,45 @@ FAILURE_REASON_OF_STATUS: Mapping[str, str] = {
 
 
 @dataclass(frozen=True)
+class RunnerStart:
+    """How a device starts the runner's Python.
+
+    Attributes
+    ----------
+    argv : tuple of str
+        The command that runs Python (the runner's path and arguments follow).
+    runtime : str
+        ``"python"`` (the device's own interpreter) or ``"bundle"`` (a pushed runtime bundle).
+    backends : tuple of str
+        The runner backends this runtime offers (empty: whatever the device has installed).
+    detail : str
+        One line saying what was chosen and why (for provisioning output and logs).
+    """
+
+    argv: tuple[str, ...]
+    runtime: str = "python"
+    backends: tuple[str, ...] = ()
+    detail: str = ""
+
+    def offers(self, backend: str) -> bool:
+        """Whether ``backend`` can run on this runtime (an unrestricted runtime offers every one)."""
+        return not self.backends or backend in self.backends
+
+    def backend(self, wanted: str | None, default: str = "ort") -> str:
+        """Return the backend to use: ``wanted`` when given, else the runtime's first, else ``default``."""
+        return wanted or (self.backends[0] if self.backends else default)
+
+
+def python_start(python: str) -> RunnerStart:
+    """Return the `RunnerStart` of a device's own interpreter ``python``."""
+    return RunnerStart((python,), "python", (), f"the device's {python}")
+
+
+def _start_argv(python: str | RunnerStart) -> list[str]:
+    return list(python.argv) if isinstance(python, RunnerStart) else [python]
+
+
+@dataclass(frozen=True)
 class RunnerOutput:
     """What one runner invocation came back with.
 
@@ -71,7 +115,7 @@ class RunnerOutput:
 
 
 def bench_argv(
-    python: str,
+    python: str | RunnerStart,
     runner_path: str,
     artifacts: str,
     *,
@@ -85,8 +129,8 @@ def bench_argv(
 
     Parameters
     ----------
-    python : str
-        The device's Python interpreter.
+    python : str or RunnerStart
+        The device's Python interpreter, or how the device starts one.
     runner_path : str
         Where the runner is deployed on the device.
     artifacts : str
@@ -102,14 +146,14 @@ def bench_argv(
     list of str
     """
     return [
-        python, runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
+        *_start_argv(python), runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
         "--warmup", str(warmup), "--steps", str(steps), "--threads", str(threads),
         "--sample-seconds", repr(float(sample_seconds)),
     ]  # fmt: skip
 
 
 def train_argv(
-    python: str,
+    python: str | RunnerStart,
     runner_path: str,
     artifacts: str,
     *,
@@ -144,7 +188,7 @@ def train_argv(
     list of str
     """
     return [
-        python, runner_path, "train", "--artifacts", artifacts, "--backend", backend,
+        *_start_argv(python), runner_path, "train", "--artifacts", artifacts, "--backend", backend,
         "--params", params, "--data", data, "--epochs", str(epochs), "--lr", repr(float(lr)),
         "--threads", str(threads), "--seed", str(seed), "--out", out,
     ]  # fmt: skip
