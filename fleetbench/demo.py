@@ -144,7 +144,13 @@ def run_demo(args: argparse.Namespace) -> int:
     status = 0
     try:
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
-        specs = campaign.plan_cells(fleet, model, DEMO_WIDTHS, [DEMO_BATCH], ["ort"], args.steps, 2, "sgd")
+        backends = provision_runtimes(fleet, progress)
+        specs = [
+            spec
+            for device in fleet.devices
+            for spec in campaign.plan_cells([device], model, DEMO_WIDTHS, [DEMO_BATCH], [backends[device.name]],
+                                            args.steps, 2, "sgd")
+        ]  # fmt: skip
         sets = campaign.export_sets(specs, artifacts)
         progress.detail(f"{len(sets)} artifact sets in {artifacts}")
         with ProfileStore(db) as store:
@@ -168,11 +174,11 @@ def run_demo(args: argparse.Namespace) -> int:
             else:
                 paths = (artifacts, out / "fl-work")
                 progress.step(f"hardware-in-the-loop FL: FjORD with the tiers' p_max, {args.rounds} rounds")
-                run_fl_rounds("fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4})
+                run_fl_rounds("fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4}, backends)
                 progress.step(f"hardware-in-the-loop FL: FLuID straggler handling, {args.rounds} rounds")
                 run_fl_rounds(
                     "fluid", fleet, store, data, [1.0] * len(capacities), paths, args, progress,
-                    {"sizes": list(DEMO_WIDTHS)},
+                    {"sizes": list(DEMO_WIDTHS)}, backends,
                 )  # fmt: skip
 
         progress.step("writing the report")
@@ -187,6 +193,22 @@ def run_demo(args: argparse.Namespace) -> int:
                 progress.detail(problem)
     print(f"\nreport:  {html}\nstore:   {db}\nelapsed: {progress.elapsed:.0f} s")
     return status
+
+
+def provision_runtimes(fleet: Any, progress: Progress) -> dict[str, str]:
+    """Give every phone without Python its runtime bundle; return each device's runner backend.
+
+    A phone running the bundle trains with ``onnx`` (the portable step model on the plain
+    onnxruntime), every other device with ``ort``.
+    """
+    from devices.connect import connect
+    from harness.phone_runtime import format_reports, provision_phones
+
+    phones = provision_phones(fleet, connect, say=progress.detail)
+    for line in format_reports(phones, fleet.devices):
+        progress.detail(line)
+    on_bundle = {name for name, report in phones.successes.items() if report.start.runtime == "bundle"}
+    return {d.name: "onnx" if d.name in on_bundle else "ort" for d in fleet.devices}
 
 
 def plan_capacities(
@@ -241,6 +263,7 @@ def run_fl_rounds(
     args: argparse.Namespace,
     progress: Progress,
     options: dict[str, Any],
+    backends: dict[str, str] | None = None,
 ) -> Any:
     """Run ``strategy`` for ``args.rounds`` rounds on the devices, one client per device.
 
@@ -265,7 +288,7 @@ def run_fl_rounds(
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout, backends=backends,
     ) as executor:  # fmt: skip
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities,

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from harness.store import ProfileStore
 
 #: Backends `plan_cells` accepts.
-BACKENDS: tuple[str, ...] = ("ort", "torch")
+BACKENDS: tuple[str, ...] = ("ort", "onnx", "torch")
 
 #: Failure kinds after which a device's remaining cells are not tried.
 DEVICE_DOWN_KINDS = frozenset({"unreachable", "authentication failed", "host key rejected"})
@@ -118,6 +118,12 @@ class CampaignResult:
     def complete(self) -> bool:
         """Whether every planned cell is measured (now or before, for resumed cells)."""
         return not self.interrupted and all(m.ok for m in self.measurements)
+
+
+class MissingBackend(TransportError):
+    """The device's runtime cannot run the cell's backend (a runtime bundle runs ``onnx`` only)."""
+
+    kind = "missing runtime"
 
 
 # --------------------------------------------------------------------------- planning
@@ -393,6 +399,7 @@ class _DeviceRun:
         self.transport: Transport | None = None
         self.facts: dict[str, Any] | None = None
         self.runner_remote: str | None = None
+        self.start: contract.RunnerStart | None = None
         self.remote_sets: dict[tuple[Path, bool], str] = {}
 
     def _transport(self) -> Transport:
@@ -422,6 +429,12 @@ class _DeviceRun:
         if self.facts is None:
             facts = probe_device(transport, self.device.python, timeout=min(FACTS_TIMEOUT_S, self.timeout))
             self.facts = facts.to_dict()
+        if self.start is None:  # a phone without Python gets its runtime bundle (harness.phone_runtime)
+            from harness.phone_runtime import runner_start
+
+            self.start = runner_start(transport, self.device, timeout=self.timeout, say=print)
+        if not self.start.offers(backend):
+            raise MissingBackend(f"{self.device.name}: the {backend} backend does not run on {self.start.detail}")
         if self.runner_remote is None:
             self.runner_remote = str(deploy_runner(transport, self.device, contract.RUNNER_PATH, timeout=self.timeout))
         key = (set_dir, backend == "torch")
@@ -446,7 +459,7 @@ class _DeviceRun:
             with self.lock:
                 self.result.runner_invocations += 1
             argv = contract.bench_argv(
-                self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
+                self.start or self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
                 steps=spec.steps, threads=spec.threads, sample_seconds=sample_seconds_for(self.device),
             )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout)

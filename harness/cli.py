@@ -27,7 +27,9 @@ def register(commands: Any) -> None:
     profile.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model (default {DEFAULT_MODEL})")
     profile.add_argument("--widths", default=",".join(f"{w:g}" for w in DEFAULT_WIDTHS), help="widths in (0, 1]")
     profile.add_argument("--batch", default="20", help="batch sizes, comma-separated (default 20)")
-    profile.add_argument("--backend", default="ort", help="ort, torch, or both comma-separated (default ort)")
+    profile.add_argument(
+        "--backend", default="ort", help="ort, onnx, torch, comma-separated (default ort; a runtime bundle runs onnx)"
+    )
     profile.add_argument("--steps", type=positive_int, default=10, help="timed steps per cell (default 10)")
     profile.add_argument("--warmup", type=positive_int, default=3, help="warm-up steps per cell (default 3)")
     profile.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per cell (default 300)")

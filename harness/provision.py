@@ -528,7 +528,18 @@ def cmd_provision(args: argparse.Namespace) -> int:
     fleet = load_fleet(args.file)
     result = provision(fleet, wheels)
     print(format_table(result, fleet.devices))
-    return 0 if result.ok else 1
+    phones_ok = _provision_phones(fleet)
+    return 0 if result.ok and phones_ok else 1
+
+
+def _provision_phones(fleet: Fleet) -> bool:
+    """Phones (adb devices): the runtime each one chose, a runtime bundle pushed where it has no Python."""
+    from harness.phone_runtime import format_reports, provision_phones
+
+    phones = provision_phones(fleet, connect)
+    for line in format_reports(phones, fleet.devices):
+        print(line)
+    return phones.ok
 
 
 def as_dict(report: ProvisionReport) -> Mapping[str, Any]:

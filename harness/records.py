@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 #: Backends the runner can train with.
-Backend = Literal["ort", "torch"]
+Backend = Literal["ort", "onnx", "torch"]
 
 #: Status of a cell: measured, or why not.
 Status = Literal[
@@ -25,6 +25,8 @@ Status = Literal[
     "timeout",
     "out of memory",
     "missing runtime",
+    "no space",
+    "unsupported ABI",
     "bad arguments",
     "runner error",
     "connection lost",

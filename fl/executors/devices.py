@@ -56,6 +56,7 @@ from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
+from harness.contract import RunnerStart
 
 #: Seconds allowed for one remote command when the caller gives no timeout.
 DEFAULT_TIMEOUT_S = 300.0
@@ -149,7 +150,9 @@ class DevicesExecutor(ClosingExecutor):
         Monotonic clock in seconds.
     backends : mapping of str to str, optional
         The runner backend of each device by name (``"ort"``, ``"onnx"``, ``"torch"``);
-        devices not named train with ``"ort"``. Each client round records its backend.
+        devices not named train with ``"ort"``, or with their runtime's backend where the
+        runtime offers only some (a phone running a runtime bundle: ``"onnx"``,
+        `harness.phone_runtime`). Each client round records its backend.
     """
 
     name = "devices"
@@ -181,6 +184,7 @@ class DevicesExecutor(ClosingExecutor):
         self.clock = clock
         self._transports: dict[str, Transport] = {}
         self._runner: dict[str, str] = {}
+        self._starts: dict[str, RunnerStart] = {}
         self._sets: dict[tuple[str, str], str] = {}
         self._shards: dict[tuple[str, str], tuple[str, str]] = {}
         self._lock = threading.Lock()
@@ -196,7 +200,9 @@ class DevicesExecutor(ClosingExecutor):
         -------
         str
         """
-        return self.backends.get(device.name, "ort")
+        wanted = self.backends.get(device.name)
+        start = self._starts.get(device.name)
+        return start.backend(wanted) if start is not None else (wanted or "ort")
 
     # -- host side -----------------------------------------------------------------------
 
@@ -247,6 +253,7 @@ class DevicesExecutor(ClosingExecutor):
         with self._lock:
             transport = self._transports.pop(name, None)
             self._runner.pop(name, None)
+            self._starts.pop(name, None)
             for key in [k for k in self._sets if k[0] == name]:
                 del self._sets[key]
             for key in [k for k in self._shards if k[0] == name]:
@@ -263,6 +270,10 @@ class DevicesExecutor(ClosingExecutor):
         from harness.deploy import deploy_artifact_set, deploy_files, deploy_runner
 
         name = job.device.name
+        if name not in self._starts:  # a phone without Python gets its runtime bundle
+            from harness.phone_runtime import runner_start
+
+            self._starts[name] = runner_start(transport, job.device, timeout=self.timeout_s)
         if name not in self._runner:
             self._runner[name] = deploy_runner(transport, job.device, RUNNER_PATH, timeout=self.timeout_s)
         key = (name, job.set_dir.name)
@@ -291,7 +302,8 @@ class DevicesExecutor(ClosingExecutor):
             transport.put(local_in, remote_in)
             download = self.clock() - t0
             argv = contract.train_argv(
-                device.python, runner, remote_set, backend=self.backend_of(device), params=remote_in, data=remote_shard,
+                self._starts[device.name], runner, remote_set, backend=self.backend_of(device), params=remote_in,
+                data=remote_shard,
                 out=remote_out, epochs=int(ins.config.get("epochs", 1)), lr=float(ins.config.get("lr", 0.05)),
                 threads=self.threads, seed=int(ins.config.get("seed", 0)),
             )  # fmt: skip

@@ -6,8 +6,10 @@ The fixtures are also offered to every test directory through ``tests/conftest.p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,9 +70,20 @@ def cmdline_running(marker: str) -> bool:
     return False
 
 
-def copy_example_fleet(directory: Path) -> Path:
-    """Write the shipped example fleet into ``directory`` on free ports, with its own state dir."""
-    return emulate.write_example_fleet(directory, free_port)
+def copy_example_fleet(directory: Path, phone_python: str | None = sys.executable) -> Path:
+    """Write the shipped example fleet into ``directory`` on free ports, with its own state dir.
+
+    ``phone_python`` gives the phone a working Python (as Termux would), so tests of
+    campaign and FL mechanics run the ``ort`` backend on every device; None keeps the
+    phone as shipped, without Python (it then runs from a pushed runtime bundle).
+    """
+    path = emulate.write_example_fleet(directory, free_port)
+    if phone_python is not None:
+        text = path.read_text()
+        text = re.sub(r"(\n    serial: 127\.0\.0\.1:\d+[^\n]*\n)", rf"\1    python: {phone_python}\n", text)
+        assert f"python: {phone_python}" in text
+        path.write_text(text)
+    return path
 
 
 def kill_device(fleet: Fleet, name: str) -> None:
