@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,3 +192,35 @@ def arm64_tree() -> Path:
         return rootfs.ensure_tree(say=lambda line: print(line, file=sys.__stderr__, flush=True))
     except rootfs.RootfsError as exc:
         pytest.fail(f"cannot build the arm64 userland: {exc}")
+
+
+def _built_bundle(abi: str) -> Any:
+    """Build (or find in the user's cache) the runtime bundle of ``abi``; fail under CI, skip elsewhere.
+
+    Building needs the network (apt-get download, pip download); a failure under CI=true
+    fails the tests that use it, never skips them.
+    """
+    import sys
+
+    from devices import bundle
+
+    for tool in ("apt-get", "dpkg-deb"):
+        require_tool(tool)
+    try:
+        return bundle.ensure_bundle(abi, say=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except bundle.BundleError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot build the {abi} runtime bundle: {exc}")
+        pytest.skip(f"cannot build the {abi} runtime bundle: {exc}")
+
+
+@pytest.fixture(scope="session")
+def bundle_x86_64() -> Any:
+    """The x86_64 runtime bundle (`devices.bundle`), built once into the user's cache."""
+    return _built_bundle("x86_64")
+
+
+@pytest.fixture(scope="session")
+def bundle_arm64(arm64_tree: Path) -> Any:
+    """The arm64-v8a runtime bundle, built once from the cached arm64 tree."""
+    return _built_bundle("arm64-v8a")
