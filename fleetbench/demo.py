@@ -168,7 +168,7 @@ def run_demo(args: argparse.Namespace) -> int:
             data = load_federated("mnist5k", get_model(model), len(fleet.devices), "iid", args.seed,
                                   max_examples=args.examples)  # fmt: skip
             examples = {d.name: len(shard[1]) for d, shard in zip(fleet.devices, data.train, strict=True)}
-            capacities = plan_capacities(fleet, store, examples, args.epochs, progress)
+            capacities = plan_capacities(fleet, store, examples, args.epochs, progress, backends)
             if capacities is None:
                 status = 1
             else:
@@ -212,7 +212,8 @@ def provision_runtimes(fleet: Any, progress: Progress) -> dict[str, str]:
 
 
 def plan_capacities(
-    fleet: Any, store: Any, examples: dict[str, int], epochs: int, progress: Progress
+    fleet: Any, store: Any, examples: dict[str, int], epochs: int, progress: Progress,
+    backends: dict[str, str] | None = None,
 ) -> list[float] | None:
     """Give every device the width of its tier, planned from the stored profiles.
 
@@ -241,6 +242,7 @@ def plan_capacities(
     plan = scheduling.assign_tiers(
         cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
         batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
+        backend=backends or "ort",
     )  # fmt: skip
     progress.detail(f"round deadline {deadline:.2f} s of training (the median device at full width)")
     capacities = []

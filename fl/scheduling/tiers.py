@@ -170,7 +170,7 @@ def assign_tiers(
     batch: int | None,
     memory_budget_bytes: Mapping[str, int] | None,
     k: int,
-    backend: str = "ort",
+    backend: str | Mapping[str, str] = "ort",
     round_overhead_s: float | Mapping[str, float] = 0.0,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
@@ -197,8 +197,9 @@ def assign_tiers(
         Memory budget per device; a device without an entry (or ``None``) is unconstrained.
     k : int
         Number of tiers.
-    backend : str
-        Profile backend (``"ort"`` or ``"torch"``).
+    backend : str or mapping of str to str
+        Profile backend (``"ort"``, ``"onnx"`` or ``"torch"``), one for all devices or per
+        device (missing devices: ``"ort"``; a phone on a runtime bundle trains with ``"onnx"``).
     round_overhead_s : float or mapping of str to float
         Fixed per-round cost (transfer, set-up) added to every predicted round time,
         one value for all devices or per device (missing devices: 0).
@@ -216,7 +217,12 @@ def assign_tiers(
     deadline = positive(deadline_s, "deadline_s")
     epochs = count(epochs, "epochs")
     k = count(k, "k")
-    rows = select(profile_rows(profiles), model=model, backend=backend)
+
+    def backend_of(device: str) -> str:
+        return backend if isinstance(backend, str) else backend.get(device, "ort")
+
+    rows = select(profile_rows(profiles), model=model)
+    rows = [r for r in rows if str(r.get("backend")) == backend_of(str(r.get("device")))]
     models = fit(rows)
     picks: dict[str, tuple[WidthCheck, tuple[WidthCheck, ...]] | str] = {}
     for device in sorted(examples_per_round):
@@ -229,7 +235,7 @@ def assign_tiers(
             model,
             candidates,
             batch,
-            backend,
+            backend_of(device),
             round_seconds_per_us=1e-6 * examples * epochs,
             overhead_s=overhead(round_overhead_s, device),
             deadline_s=deadline,

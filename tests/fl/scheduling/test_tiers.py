@@ -41,6 +41,18 @@ def test_largest_width_meeting_the_deadline() -> None:
     assert plan.tier_widths == (0.75, 0.25) and (a.tier, b.tier) == (0, 1)
 
 
+def test_a_backend_per_device_reads_each_devices_own_rows() -> None:
+    # B (a phone on a runtime bundle) was profiled with onnx only; its slow ort rows are another
+    # device's history and must not count. With onnx rows as fast as A's, B fits 0.75 too.
+    rows = line_rows("A", 100.0, 1e-4) + line_rows("B", 200.0, 2e-3) + line_rows("B", 100.0, 1e-4, backend="onnx")
+    common = dict(deadline_s=0.9, examples_per_round={"A": 1000, "B": 1000}, epochs=2, batch=20,
+                  memory_budget_bytes=None, k=2)  # fmt: skip
+    plan = assign_tiers(rows, "m", WIDTHS, backend={"B": "onnx"}, **common)  # type: ignore[arg-type]
+    assert (plan.choice("A").width, plan.choice("B").width) == (0.75, 0.75)
+    only_ort = assign_tiers(rows, "m", WIDTHS, **common)  # type: ignore[arg-type]
+    assert only_ort.choice("B").width is None  # its ort rows meet the deadline at no width
+
+
 def test_round_overhead_is_added_to_the_round_time() -> None:
     # A at 0.75: 0.8 + 0.15 = 0.95 s > 0.9 -> 0.5 (0.6 + 0.15 = 0.75 s).
     plan = assign_tiers(
