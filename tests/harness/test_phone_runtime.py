@@ -246,3 +246,85 @@ def test_bundle_start_runs_python_through_the_loader(bundle_x86_64: Any) -> None
     assert not start.offers("ort") and start.offers("onnx") and start.backend(None) == "onnx"
     assert start.backend("torch") == "torch"  # an explicit choice is kept (and fails on the device, said so)
     assert json.dumps(start.argv)
+
+
+def _phone_fleet(directory: Path, emulate: str) -> Path:
+    from devices.sshd import free_port
+
+    path = directory / "fleet.yaml"
+    path.write_text(f"state_dir: {directory / 'state'}\ndevices:\n  - name: phone\n    kind: adb\n"
+                    f"    serial: 127.0.0.1:{free_port()}\n    threads: 1\n    emulate: {emulate}\n")
+    return path
+
+
+@pytest.fixture
+def up_fleet(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Bring a fleet file up (own adb server port); bring it down, leaving nothing, at teardown."""
+    from devices import emulate
+    from devices.fleetfile import load_fleet
+    from devices.sshd import free_port
+    from tests.devices.conftest import require_tool
+
+    require_tool("adb")
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
+    fleets = []
+
+    def up(path: Path) -> Any:
+        fleet = load_fleet(path)
+        fleets.append(fleet)
+        result = emulate.up(fleet, say=lambda line: None)
+        assert result.ok, result.failed
+        return fleet
+
+    yield up
+    for fleet in fleets:
+        assert emulate.down(fleet, say=lambda line: None) == []
+
+
+def _cells(db: Path) -> dict[str, str]:
+    import sqlite3
+
+    rows = sqlite3.connect(db).execute("SELECT backend, status FROM cells").fetchall()
+    return dict(rows)
+
+
+def test_fleet_provision_and_profile_on_an_emulated_x86_64_phone(
+    up_fleet: Any, bundle_x86_64: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetbench.cli import main
+
+    path = _phone_fleet(tmp_path, "{}")
+    up_fleet(path)
+    assert main(["fleet", "provision", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "phone: runtime: runtime bundle x86_64" in out and f"{bundle_x86_64.push_bytes / 1e6:.1f} MB" in out
+    db = tmp_path / "fleetbench.db"
+    argv = ["profile", "--fleet", str(path), "--model", "fjord-cnn", "--widths", "0.25", "--backend", "onnx,ort",
+            "--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
+    assert main(argv) == 1  # the ort cell cannot run on the bundle
+    assert _cells(db) == {"onnx": "ok", "ort": "missing runtime"}
+    import sqlite3
+
+    (message,) = sqlite3.connect(db).execute("SELECT message FROM cells WHERE backend = 'ort'").fetchone()
+    assert message.startswith("phone: the ort backend does not run on runtime bundle x86_64")
+
+
+def test_the_aarch64_phone_runs_the_arm64_bundle_through_qemu(
+    arm64_tree: Path, bundle_arm64: Any, up_fleet: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetbench.cli import main
+
+    path = _phone_fleet(tmp_path, "{arch: aarch64}")
+    up_fleet(path)
+    assert main(["fleet", "facts", str(path), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    phone = facts["facts"]["phone"]
+    assert phone["arch"] == "aarch64" and phone["emulated_isa"] and phone["python"] == "missing"
+    assert phone["platform"] == "android"
+    assert main(["fleet", "provision", str(path)]) == 0
+    assert "phone: runtime: runtime bundle arm64-v8a" in capsys.readouterr().out
+    db = tmp_path / "fleetbench.db"
+    argv = ["profile", "--fleet", str(path), "--model", "fjord-cnn", "--widths", "0.25", "--backend", "onnx",
+            "--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
+    assert main(argv) == 0
+    assert _cells(db) == {"onnx": "ok"}
