@@ -943,7 +943,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "path":
                 print(bundle_dir(abi))
                 continue
-            ensure_bundle(abi, say=lambda line: print(line, flush=True))
+            cached = load_bundle(abi)
+            built = ensure_bundle(abi, say=lambda line: print(line, flush=True))
+            if cached is not None:  # a fresh build has said so already
+                print(built.describe(), flush=True)
         except (UnsupportedAbi, BundleError) as exc:
             print(f"bundle: {exc}", file=sys.stderr)
             status = 1
