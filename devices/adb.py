@@ -21,6 +21,23 @@ status nor separate streams, so:
   depend on it.)
 * stdin is ``/dev/null``, so a command waiting for input ends instead of hanging.
 
+Streamed processes
+------------------
+`ADBTransport.start` opens the ``exec:`` service (every adbd since Android 5; raw, never a
+pty, binary-safe both ways) instead of ``shell:``. Like the legacy shell it merges stdout
+and stderr and reports no exit status, so the command line is::
+
+    exec 2>ERRFILE; sh -c 'echo TAG$$; exec ARGV'; printf '__fleetbench_rc_NONCE=%d\\n' "$?"
+
+Both shells' stderr and the command's go to ``ERRFILE`` under ``/data/local/tmp`` (read
+with ``tail`` for `ADBProcess.stderr_tail`, removed at close), so stdout carries the
+process's lines only (a shell's "Killed" notice would otherwise land there too); the inner
+shell prints its pid on a tagged first line (the pid ``ARGV`` keeps after ``exec``), and
+the outer shell's marker line gives the exit status (``128 + signal`` when killed).
+Closing the stream cannot signal the end of stdin (adb streams have no half-close), so
+`ADBProcess.close` kills the pid through a second shell, closes the stream and waits
+until ``kill -0`` no longer finds the process.
+
 Talking to the server itself
 ----------------------------
 `host_request` speaks the adb *host* protocol over the server's socket (``host:connect``,
@@ -34,9 +51,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,12 +63,14 @@ import adbutils
 from adbutils.errors import AdbError, AdbTimeout
 
 from devices.errors import CommandTimeout, ConnectionLost, TransportError, Unreachable
-from devices.transport import RunResult, quote_argv
+from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
 if TYPE_CHECKING:
     from devices.fleet import Device
 
 RC_MARKER = b"\n__fleetbench_rc="
+#: Where a streamed process's stderr is kept on the device.
+STREAM_ERR_DIR = "/data/local/tmp"
 _RC_TAIL = re.compile(rb"(\d+)\n?\Z")
 _NETWORK_SERIAL = re.compile(r"^[^:\s]+:\d+$")
 
@@ -278,6 +299,41 @@ class ADBTransport:
         return RunResult(rc=rc, stdout=out.decode("utf-8", "replace"), stderr="",
                          seconds=time.monotonic() - start)
 
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> ADBProcess:
+        """Start ``argv`` through the ``exec:`` service as a streamed process (see the module notes).
+
+        Parameters
+        ----------
+        argv : sequence of str
+        env : mapping of str to str, optional
+            Set for the command (through ``env NAME=VALUE``).
+
+        Returns
+        -------
+        ADBProcess
+
+        Raises
+        ------
+        Unreachable, CommandTimeout
+        """
+        nonce = uuid.uuid4().hex[:12]
+        errfile = f"{STREAM_ERR_DIR}/.fleetbench-{nonce}.err"
+        inner = f"echo __fleetbench_pid_{nonce}=$$; exec {quote_argv(env_argv(argv, env))}"
+        command = (f"exec 2>{shlex.quote(errfile)}; {quote_argv(['sh', '-c', inner])}; "
+                   f"printf '__fleetbench_rc_{nonce}=%d\\n' \"$?\"")
+        device = self.device()
+        try:
+            conn = device.open_transport(timeout=self.connect_timeout)
+            conn.send_command("exec:" + command)
+            conn.check_okay()
+        except AdbTimeout as exc:
+            raise CommandTimeout(f"adb exec on {self.serial}: {exc}") from None
+        except (AdbError, OSError) as exc:
+            raise Unreachable(f"adb exec on {self.serial}: {exc}") from None
+        sock = conn.conn
+        sock.settimeout(None)
+        return ADBProcess(self, conn, nonce, errfile, f"{argv[0]} on adb {self.serial}")
+
     def put(self, local: Path, remote: str) -> None:
         """Push ``local`` to ``remote`` (sync SEND, keeping permission bits) and check the size.
 
@@ -331,3 +387,90 @@ class ADBTransport:
     def close(self) -> None:
         """Forget the device handle (adb keeps no per-transport state here; idempotent)."""
         self._device = None
+
+
+class ADBProcess(StreamingProcess):
+    """A `devices.transport.Process` on an adb device (see `ADBTransport.start`).
+
+    Parameters
+    ----------
+    transport : ADBTransport
+        Runs the helper commands (``kill``, ``tail``, ``rm``).
+    conn : adbutils.AdbConnection
+        The open ``exec:`` stream.
+    nonce : str
+        Tags the pid and exit-status lines.
+    errfile : str
+        The device file holding the process's stderr.
+    description : str
+    """
+
+    def __init__(self, transport: ADBTransport, conn: adbutils.AdbConnection, nonce: str, errfile: str,
+                 description: str) -> None:
+        self.transport = transport
+        self.conn = conn
+        self.errfile = errfile
+        self.pid: int | None = None
+        self._pid_prefix = f"__fleetbench_pid_{nonce}=".encode()
+        self._rc_marker = re.compile(rb"__fleetbench_rc_" + nonce.encode() + rb"=(\d+)\Z")
+        self._rc: int | None = None
+        self._ended_event = False
+        sock = conn.conn
+        super().__init__(description, sock.sendall, sock.recv)
+
+    def _filter_line(self, line: bytes, last: bool = False) -> bytes | None:
+        if self.pid is None and line.startswith(self._pid_prefix):
+            value = line[len(self._pid_prefix):].strip()
+            self.pid = int(value) if value.isdigit() else None
+            return None
+        match = self._rc_marker.search(line)
+        if match is not None:  # the outer shell's status line, after a partial line of a killed process
+            self._rc = int(match.group(1))
+            self._ended_event = True
+            return None
+        return None if last else line
+
+    def stderr_tail(self, limit: int = 4096) -> str:
+        """Return the last ``limit`` bytes of the process's stderr file on the device ("" if unreadable)."""
+        try:
+            result = self.transport.run(["tail", "-c", str(int(limit)), self.errfile], timeout=10.0)
+        except (TransportError, OSError):
+            return ""
+        return result.stdout.strip() if result.ok else ""
+
+    def _alive(self) -> bool:
+        return not self._ended_event and not self._lines_ended()
+
+    def _lines_ended(self) -> bool:
+        return not any(reader.is_alive() for reader in self._readers)
+
+    def _returncode(self) -> int | None:
+        return self._rc
+
+    def _wait_returncode(self) -> int | None:
+        for reader in self._readers:
+            reader.join(1.0)
+        return self._rc
+
+    def _running_on_device(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            return self.transport.run(["kill", "-0", str(self.pid)], timeout=10.0).ok
+        except (TransportError, OSError):
+            return False
+
+    def _terminate(self, grace: float) -> None:
+        if self.pid is not None and self._alive():
+            try:
+                self.transport.run(["kill", "-9", str(self.pid)], timeout=10.0)
+            except (TransportError, OSError):
+                pass
+        self.conn.close()
+        deadline = time.monotonic() + max(grace, 5.0)
+        while self._running_on_device() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            self.transport.run(["rm", "-f", self.errfile], timeout=10.0)
+        except (TransportError, OSError):
+            pass

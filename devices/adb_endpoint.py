@@ -13,6 +13,15 @@ Services implemented:
     too) with stdout and stderr merged into one stream and no exit status -- exactly
     what a phone without the ``shell_v2`` feature does. ``shell_v2`` is therefore
     NOT advertised, and the adb client falls back to this service.
+``exec:CMD``
+    What a real adbd (Android 5+) runs for ``adb exec-in`` / ``exec-out``: ``/bin/sh -c CMD``
+    on a raw stream, never a pty, host ``WRTE`` data fed to stdin, stdout and stderr merged
+    (adbd gives stderr its own stream only under the shell protocol). Here it is the same
+    handler as ``shell:``, whose commands never get a pty either: the sandbox's shell
+    (`Sandbox.shell`, with its toolbox ``PATH`` that has no ``python3``, and arm64 under
+    qemu-user with ``--arch aarch64``). The transports use it for long-lived processes
+    (`devices.adb.ADBTransport.start`), such as a resident runner started through a
+    runtime bundle's loader.
 ``sync:``
     The file sync protocol (AOSP ``SYNC.TXT``): ``STAT``, ``LIST``, ``SEND``,
     ``RECV``, ``QUIT`` (version 1 messages only: ``stat_v2``/``ls_v2``/``sendrecv_v2``
@@ -831,9 +840,10 @@ class AdbEndpoint:
 
     def service_handler(self, service: str) -> ServiceHandler | None:
         """Return the handler of an ``OPEN`` service name, or ``None`` if unsupported."""
-        if service.startswith("shell:"):
-            command = service[len("shell:"):]
-            return lambda stream: shell_service(self, command, stream)
+        for prefix in ("shell:", "exec:"):
+            if service.startswith(prefix):
+                command = service[len(prefix):]
+                return lambda stream: shell_service(self, command, stream)
         if service == "sync:":
             return lambda stream: sync_service(self, stream)
         return None

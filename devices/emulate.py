@@ -117,6 +117,11 @@ class DeviceState:
         Its private mount namespace (``mnt:[N]``), where its mounts live.
     mounts : tuple of str
         The mount points made in that namespace (for ``status`` and ``down``'s check).
+    cpuset : str
+        How its cpus are pinned (`devices.limits.Plan.cpuset`): ``cgroup-v1``,
+        ``cgroup-v2``, ``affinity`` or ``none``.
+    cpus : str or None
+        The cpu list it is pinned to (None: every cpu of this machine).
     """
 
     name: str
@@ -134,6 +139,8 @@ class DeviceState:
     arch: str | None = None
     mount_ns: str | None = None
     mounts: tuple[str, ...] = ()
+    cpuset: str = "none"
+    cpus: str | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +225,8 @@ def state_from_json(text: str) -> FleetState:
                 arch=d.get("arch"),
                 mount_ns=d.get("mount_ns"),
                 mounts=tuple(d.get("mounts", [])),
+                cpuset=d.get("cpuset", "none"),
+                cpus=d.get("cpus"),
             )
         )
     server = raw.get("adb_server")
@@ -306,14 +315,27 @@ def stop_device_processes(recs: Sequence[ProcessRecord], unit: str, cgroups: Seq
 
 
 def _plan_for(unit: str, emulation: Emulation) -> limits.Plan:
-    """Plan limits; create cgroups, falling back to duty cycle / rlimit when refused."""
-    wanted = limits.plan(limits.detect(), unit, emulation.cpu_share, emulation.memory_mb)
+    """Plan limits; create cgroups, falling back to duty cycle / rlimit / affinity when refused."""
+    cpus = None
+    if emulation.cpus is not None:
+        cpus = limits.parse_cpu_list(emulation.cpus)
+        available = frozenset(os.sched_getaffinity(0))
+        if not cpus <= available:
+            raise EmulationError(
+                f"emulate.cpus {emulation.cpus}: this machine offers cpus {limits.format_cpu_list(available)}"
+            )
+    wanted = limits.plan(limits.detect(), unit, emulation.cpu_share, emulation.memory_mb, cpus)
     try:
         limits.apply_cgroups(wanted)
         return wanted
     except OSError:
         limits.remove_cgroups(wanted.cgroup_dirs)
-        return limits.plan(limits.Support(), unit, emulation.cpu_share, emulation.memory_mb)
+        return limits.plan(limits.Support(), unit, emulation.cpu_share, emulation.memory_mb, cpus)
+
+
+def _pinning(plan: limits.Plan) -> tuple[str, str | None]:
+    """Return the ``(method, cpu list)`` a device's state records for its pinning."""
+    return plan.cpuset, None if plan.cpus is None else limits.format_cpu_list(plan.cpus)
 
 
 def _child_env(unit: str) -> dict[str, str]:
@@ -482,6 +504,7 @@ def _start_ssh(
         emulation.arch,
         mount_ns,
         tuple(m.target for m in qemu.mount_plan(root.tree, root.layer, qemu.host_network_files())) if root else (),
+        *_pinning(plan),
     )
 
 
@@ -505,6 +528,8 @@ def _limits_text(plan: limits.Plan, shaping: limits.Shaping | None, emulation: E
         parts.append(f"cpu {plan.cpu_share:g} core ({plan.cpu})")
     if plan.memory_mb is not None:
         parts.append(f"memory {plan.memory_mb} MB ({plan.memory})")
+    if plan.cpus is not None:
+        parts.append(f"pinned to cpus {limits.format_cpu_list(plan.cpus)} ({plan.cpuset})")
     if text := _shaping_text(shaping, emulation):
         parts.append(text)
     return ", ".join(parts) or "no limits"
@@ -625,6 +650,7 @@ def _start_adb(
         raise
     isa = f", {emulation.arch} shell from {tree} through qemu-user" if tree is not None else ""
     say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}{isa}); {_limits_text(plan, None, emulation)}")
+    cpuset, cpus = _pinning(plan)
     return DeviceState(
         device.name,
         "adb",
@@ -639,6 +665,8 @@ def _start_adb(
         emulation.memory_mb,
         "",
         emulation.arch if tree is not None else None,
+        cpuset=cpuset,
+        cpus=cpus,
     )
 
 
@@ -797,9 +825,17 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
     Returns
     -------
     pathlib.Path
-        The written fleet file.
+        The written fleet file. A ``cpus:`` pin naming a cpu this machine does not offer
+        is left out (the device then shares every cpu and is measured alone), so the
+        example runs on a single-cpu machine too.
     """
     text = EXAMPLE_FLEET.read_text()
+    available = frozenset(os.sched_getaffinity(0))
+
+    def pin(match: re.Match[str]) -> str:
+        return match.group(0) if limits.parse_cpu_list(match.group(2)) <= available else ""
+
+    text = re.sub(r'(\n\s+cpus: "([^"]+)")', pin, text)
     text = re.sub(r"port: \d+", lambda _: f"port: {port_for()}", text)
     text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{port_for()}", text)
     directory.mkdir(parents=True, exist_ok=True)
@@ -897,7 +933,8 @@ def down(fleet: Fleet, say: Printer = print) -> list[str]:
         unit = limits.unit_name(device.name, fleet.state_dir)
         left = stop_device_processes((), unit)
         problems += [f"{device.name}: pid {pid} still runs" for pid in left]
-        leftovers = [p / limits.GROUP / unit for p in (support.cpu_parent, support.memory_parent) if p]
+        parents = (support.cpu_parent, support.memory_parent, support.cpuset_parent)
+        leftovers = [p / limits.GROUP / unit for p in parents if p]
         problems += limits.remove_cgroups(leftovers)
         ns = limits.netns_name(unit)
         if limits.netns_exists(ns):
@@ -925,6 +962,7 @@ def status(fleet: Fleet, timeout: float = 10.0) -> list[DeviceStatus]:
             cpu = f"cpu {dev.cpu_share:g} ({dev.cpu})" if dev.cpu_share is not None else "cpu unlimited"
             mem = f"memory {dev.memory_mb} MB ({dev.memory})" if dev.memory_mb is not None else "memory unlimited"
             detail = f"{cpu}, {mem}" + (f"; {dev.shaping}" if dev.shaping else "")
+            detail += f"; cpus {dev.cpus} ({dev.cpuset})" if dev.cpus else ""
             detail += f"; {dev.arch} under qemu-user (emulated ISA)" if dev.arch else ""
         else:
             detail = why if answers is False else ""

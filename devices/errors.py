@@ -62,6 +62,28 @@ class ConnectionLost(TransportError):
     kind = "connection lost"
 
 
+class ProcessEnded(TransportError):
+    """A process started with ``Transport.start`` ended while it was written to or read from.
+
+    Parameters
+    ----------
+    message : str
+        What ended, with its exit status and the end of its stderr.
+    returncode : int, optional
+        Its exit status when known (negative: killed by that signal; through a shell,
+        ``128 + signal``).
+    stderr : str
+        The end of its standard error.
+    """
+
+    kind = "process ended"
+
+    def __init__(self, message: str, returncode: int | None = None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
 class SshdError(RuntimeError):
     """sshd is missing, its configuration is invalid, or it did not start."""
 

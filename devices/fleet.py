@@ -34,6 +34,11 @@ class Emulation:
     arch : str or None
         ``aarch64``: the device runs an arm64 Debian userland through qemu-user
         (`devices.qemu`); None: the host's own architecture.
+    cpus : str or None
+        The host cpus the device's processes are pinned to, as a Linux cpu list
+        (``"0"``, ``"2-3"``, ``"0,2"``; normalised by `devices.limits.format_cpu_list`):
+        a cpuset cgroup when permitted, else the processes' cpu affinity. Devices pinned
+        to disjoint cpus may be measured at the same time; None: every cpu of the host.
     """
 
     preset: str | None = None
@@ -42,6 +47,7 @@ class Emulation:
     delay_ms: float | None = None
     rate_kbit: int | None = None
     arch: str | None = None
+    cpus: str | None = None
 
 
 @dataclass(frozen=True)

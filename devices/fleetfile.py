@@ -26,6 +26,7 @@ A fleet file is one YAML mapping::
           delay_ms: 10                  # >= 0 (tc netem, root only)
           rate_kbit: 20000              # > 0  (tc netem, root only)
           arch: aarch64                 # arm64 userland (ssh) or shell (adb) under qemu-user
+          cpus: "0"                     # host cpus to pin it to (a Linux cpu list: 0, 2-3, 0,2)
 
 Rules, each one enforced with an error that names the file, the line and the field
 (`devices.errors.FleetFileError`, e.g. ``fleet.yaml:7: devices[1].port: ...``):
@@ -103,6 +104,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from devices.errors import FleetFileError
 from devices.fleet import Device, DeviceKind, Emulation, Fleet
+from devices.limits import format_cpu_list, parse_cpu_list
 
 #: Emulation presets a fleet file may name (their values live in `devices.presets`).
 PRESETS: tuple[str, ...] = ("pi3", "pi4", "jetson-nano", "phone-midrange")
@@ -145,7 +147,7 @@ KIND_KEYS: Mapping[str, frozenset[str]] = {
 }
 
 #: Keys of an ``emulate`` block.
-EMULATE_KEYS: tuple[str, ...] = ("preset", "cpu_share", "memory_mb", "delay_ms", "rate_kbit", "arch")
+EMULATE_KEYS: tuple[str, ...] = ("preset", "cpu_share", "memory_mb", "delay_ms", "rate_kbit", "arch", "cpus")
 
 #: Environment variable naming the ssh config file used to resolve aliases.
 SSH_CONFIG_ENV = "FLEETBENCH_SSH_CONFIG"
@@ -318,9 +320,20 @@ def _emulation(ctx: _Context, field: str, node: Node) -> Emulation:
             values[key] = _float(ctx, sub, value, positive=False)
         elif key == "arch":
             values[key] = _choice(ctx, sub, value, ARCHES)
+        elif key == "cpus":
+            values[key] = _cpus(ctx, sub, value)
         else:  # memory_mb, rate_kbit
             values[key] = _int(ctx, sub, value, 1)
     return Emulation(**values)  # type: ignore[arg-type]
+
+
+def _cpus(ctx: _Context, field: str, node: Node) -> str:
+    expected = 'a cpu list such as "0", "2-3" or "0,2"'
+    text = _text(ctx, field, node, expected)
+    try:
+        return format_cpu_list(parse_cpu_list(text))
+    except ValueError as exc:
+        raise ctx.error(node, field, f"expected {expected}: {exc}") from None
 
 
 def _resolve_alias(
@@ -650,6 +663,8 @@ def describe_emulation(emulate: Emulation | None) -> str:
         parts.append(f"{emulate.rate_kbit} kbit/s")
     if emulate.arch is not None:
         parts.append(f"{emulate.arch} (qemu-user)")
+    if emulate.cpus is not None:
+        parts.append(f"cpus {emulate.cpus}")
     return ", ".join(parts) if parts else "no limits"
 
 

@@ -17,6 +17,12 @@ two fleets with a device of the same name never share them.
   walking the parent pids in ``/proc``). The duty cycle is exact for one busy thread;
   a multi-threaded tree gets ``share`` of the time on every core it uses.
 - Memory: cgroup (v1 ``memory.limit_in_bytes``, v2 ``memory.max``), else RLIMIT_AS.
+- CPU pinning (``emulate: {cpus: ...}``): a cpuset cgroup (v1 ``cpuset.cpus`` and
+  ``cpuset.mems``, also on the shared ``fleetbench`` parent, which v1 requires before a
+  child may hold cpus; v2 ``cpuset.cpus`` with ``+cpuset`` in ``subtree_control``), else the
+  started process's cpu affinity (``sched_setaffinity``), which its children inherit.
+  The method is recorded (``Plan.cpuset``) so that a campaign knows which devices really
+  have disjoint cpus (`harness.campaign.plan_isolation`).
 - Network (root only): a namespace ``fb-<name>`` with a veth pair on a private /30 and
   a netem qdisc (delay, rate) on both ends.
 """
@@ -58,6 +64,7 @@ DUTY_PERIOD_S = 0.1
 
 CpuMethod = Literal["cgroup-v1", "cgroup-v2", "duty-cycle", "none"]
 MemoryMethod = Literal["cgroup-v1", "cgroup-v2", "rlimit", "none"]
+CpusetMethod = Literal["cgroup-v1", "cgroup-v2", "affinity", "none"]
 
 
 @dataclass(frozen=True)
@@ -66,12 +73,15 @@ class Support:
 
     Attributes
     ----------
-    cpu_version, memory_version : int
+    cpu_version, memory_version, cpuset_version : int
         1 or 2 when a cgroup of that version can hold the controller, 0 otherwise.
-    cpu_parent, memory_parent : pathlib.Path or None
+    cpu_parent, memory_parent, cpuset_parent : pathlib.Path or None
         Directory under which ``fleetbench/<name>`` is created.
     reason : str
         Why a controller is unavailable (empty when both are available).
+    cpuset_cpus, cpuset_mems : str
+        The cpuset parent's own ``cpuset.cpus`` / ``cpuset.mems`` (cgroup v1 copies them
+        onto the ``fleetbench`` directory; v2 needs neither).
     """
 
     cpu_version: int = 0
@@ -79,6 +89,10 @@ class Support:
     cpu_parent: Path | None = None
     memory_parent: Path | None = None
     reason: str = ""
+    cpuset_version: int = 0
+    cpuset_parent: Path | None = None
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,10 @@ class Plan:
         Cgroup directories to create (and add the device's processes to).
     writes : tuple of (pathlib.Path, str)
         Files to write, in order, after creating the directories.
+    cpuset : str
+        ``cgroup-v1``, ``cgroup-v2``, ``affinity`` or ``none`` (no pinning asked for).
+    cpus : frozenset of int or None
+        The cpus the device is pinned to (None: not pinned).
     """
 
     cpu: CpuMethod
@@ -105,6 +123,8 @@ class Plan:
     memory_mb: int | None
     cgroup_dirs: tuple[Path, ...] = ()
     writes: tuple[tuple[Path, str], ...] = ()
+    cpuset: CpusetMethod = "none"
+    cpus: frozenset[int] | None = None
 
 
 # ---------------------------------------------------------------------------- pure logic
@@ -134,6 +154,64 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
             if controller:
                 out[controller] = path
     return out
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """Parse a Linux cpu list (``"0"``, ``"0-3"``, ``"0,2-3"``) into cpu numbers.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated cpu numbers and inclusive ranges ``a-b``; blanks around items are
+        ignored.
+
+    Returns
+    -------
+    frozenset of int
+        At least one cpu.
+
+    Raises
+    ------
+    ValueError
+        For an empty list, an item that is not a number or a range, or a range whose end
+        is below its start.
+    """
+    cpus: set[int] = set()
+    for item in str(text).split(","):
+        item = item.strip()
+        low, dash, high = item.partition("-")
+        if not low.strip().isdigit() or (dash and not high.strip().isdigit()):
+            raise ValueError(f"{item!r} is not a cpu number or a range a-b")
+        start, end = int(low), int(high) if dash else int(low)
+        if end < start:
+            raise ValueError(f"range {item!r} ends below its start")
+        cpus.update(range(start, end + 1))
+    if not cpus:
+        raise ValueError("empty cpu list")
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """Write cpu numbers as the shortest Linux cpu list (``{0, 1, 2, 5}`` -> ``"0-2,5"``).
+
+    Parameters
+    ----------
+    cpus : iterable of int
+
+    Returns
+    -------
+    str
+    """
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 def _join(root: Path, path: str) -> Path:
@@ -173,7 +251,7 @@ def detect(
     own = parse_proc_cgroup(proc_cgroup)
     reasons: list[str] = []
     found: dict[str, tuple[int, Path]] = {}
-    v1_files = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes"}
+    v1_files = {"cpu": "cpu.cfs_quota_us", "memory": "memory.limit_in_bytes", "cpuset": "cpuset.cpus"}
     v2_root = next((r for r in (root, root / "unified") if (r / "cgroup.controllers").is_file()), None)
     for controller, knob in v1_files.items():
         mounts = [root / controller] + ([root / "cpu,cpuacct", root / "cpuacct,cpu"] if controller == "cpu" else [])
@@ -200,7 +278,15 @@ def detect(
         reasons.append(f"{controller}: no cgroup hierarchy mounted at {root}")
     cpu = found.get("cpu", (0, None))
     mem = found.get("memory", (0, None))
-    return Support(cpu[0], mem[0], cpu[1], mem[1], "; ".join(reasons))
+    cpuset = found.get("cpuset", (0, None))
+    cpus = mems = ""
+    if cpuset[1] is not None:
+        for name in ("cpus", "mems"):
+            with contextlib.suppress(OSError):
+                text = (cpuset[1] / f"cpuset.{name}").read_text().strip()
+                text = text or (cpuset[1] / f"cpuset.effective_{name}").read_text().strip()
+                cpus, mems = (text, mems) if name == "cpus" else (cpus, text)
+    return Support(cpu[0], mem[0], cpu[1], mem[1], "; ".join(reasons), cpuset[0], cpuset[1], cpus, mems)
 
 
 def _v2_parent(v2_root: Path, own: str, controller: str, can_write: Callable[[Path], bool]) -> Path | None:
@@ -264,7 +350,34 @@ def memory_knobs(version: int, memory_mb: int) -> dict[str, str]:
     return {"memory.limit_in_bytes": value} if version == 1 else {"memory.max": value}
 
 
-def plan(support: Support, name: str, cpu_share: float | None, memory_mb: int | None) -> Plan:
+def cpuset_knobs(version: int, cpus: Iterable[int], mems: str) -> dict[str, str]:
+    """Return the cgroup files that pin a process tree to ``cpus``.
+
+    Parameters
+    ----------
+    version : {1, 2}
+    cpus : iterable of int
+    mems : str
+        Memory nodes (cgroup v1 refuses tasks in a cpuset without them).
+
+    Returns
+    -------
+    dict of str to str
+        v1: ``cpuset.cpus`` then ``cpuset.mems``; v2: ``cpuset.cpus``.
+    """
+    knobs = {"cpuset.cpus": format_cpu_list(cpus)}
+    if version == 1:
+        knobs["cpuset.mems"] = mems or "0"
+    return knobs
+
+
+def plan(
+    support: Support,
+    name: str,
+    cpu_share: float | None,
+    memory_mb: int | None,
+    cpus: frozenset[int] | None = None,
+) -> Plan:
     """Decide how device ``name`` is limited on a machine with ``support``.
 
     Parameters
@@ -277,51 +390,68 @@ def plan(support: Support, name: str, cpu_share: float | None, memory_mb: int | 
         Fraction of one core; ``None``: no CPU limit.
     memory_mb : int or None
         Memory cap; ``None``: no memory limit.
+    cpus : frozenset of int or None
+        Cpus to pin the device to; ``None``: not pinned.
 
     Returns
     -------
     Plan
+        Pinning is a cpuset cgroup when ``support`` has one, else ``affinity``.
     """
     dirs: list[Path] = []
     writes: list[tuple[Path, str]] = []
     cpu: CpuMethod = "none"
     memory: MemoryMethod = "none"
+    cpuset: CpusetMethod = "none"
     v2_dirs: set[Path] = set()
+
+    def group_under(parent: Path, version: int) -> Path:
+        group = parent / GROUP / name
+        if group not in dirs:
+            dirs.append(group)
+        if version == 2:
+            v2_dirs.add(parent)
+        return group
+
     if cpu_share is not None:
         if support.cpu_version and support.cpu_parent is not None:
             cpu = "cgroup-v1" if support.cpu_version == 1 else "cgroup-v2"
-            group = support.cpu_parent / GROUP / name
-            dirs.append(group)
-            if support.cpu_version == 2:
-                v2_dirs.add(support.cpu_parent)
+            group = group_under(support.cpu_parent, support.cpu_version)
             writes.extend((group / k, v) for k, v in cpu_knobs(support.cpu_version, cpu_share).items())
         else:
             cpu = "duty-cycle"
     if memory_mb is not None:
         if support.memory_version and support.memory_parent is not None:
             memory = "cgroup-v1" if support.memory_version == 1 else "cgroup-v2"
-            group = support.memory_parent / GROUP / name
-            if group not in dirs:
-                dirs.append(group)
-            if support.memory_version == 2:
-                v2_dirs.add(support.memory_parent)
+            group = group_under(support.memory_parent, support.memory_version)
             writes.extend((group / k, v) for k, v in memory_knobs(support.memory_version, memory_mb).items())
         else:
             memory = "rlimit"
+    if cpus is not None:
+        if support.cpuset_version and support.cpuset_parent is not None:
+            cpuset = "cgroup-v1" if support.cpuset_version == 1 else "cgroup-v2"
+            group = group_under(support.cpuset_parent, support.cpuset_version)
+            if support.cpuset_version == 1:  # the shared parent needs cpus and mems before any child may hold them
+                parent = support.cpuset_parent / GROUP
+                writes.append((parent / "cpuset.cpus", support.cpuset_cpus or format_cpu_list(cpus)))
+                writes.append((parent / "cpuset.mems", support.cpuset_mems or "0"))
+            writes.extend(
+                (group / k, v) for k, v in cpuset_knobs(support.cpuset_version, cpus, support.cpuset_mems).items()
+            )
+        else:
+            cpuset = "affinity"
     # cgroup v2: the controllers must be enabled in subtree_control on the way down.
     enable: list[tuple[Path, str]] = []
+    wanted = {
+        "cpu": (support.cpu_version, support.cpu_parent, cpu_share is not None),
+        "memory": (support.memory_version, support.memory_parent, bool(memory_mb)),
+        "cpuset": (support.cpuset_version, support.cpuset_parent, cpus is not None),
+    }
     for parent in sorted(v2_dirs):
-        controllers = " ".join(
-            f"+{c}"
-            for c, v, p in (
-                ("cpu", support.cpu_version, support.cpu_parent),
-                ("memory", support.memory_version, support.memory_parent),
-            )
-            if v == 2 and p == parent and ((c == "cpu" and cpu_share is not None) or (c == "memory" and memory_mb))
-        )
+        controllers = " ".join(f"+{c}" for c, (v, p, asked) in wanted.items() if v == 2 and p == parent and asked)
         enable.append((parent / "cgroup.subtree_control", controllers))
         enable.append((parent / GROUP / "cgroup.subtree_control", controllers))
-    return Plan(cpu, memory, cpu_share, memory_mb, tuple(dirs), tuple(enable + writes))
+    return Plan(cpu, memory, cpu_share, memory_mb, tuple(dirs), tuple(enable + writes), cpuset, cpus)
 
 
 def duty_schedule(share: float, period: float = DUTY_PERIOD_S) -> tuple[float, float]:
@@ -397,10 +527,12 @@ def add_pid(p: Plan, pid: int) -> None:
 def preexec(p: Plan) -> Callable[[], None]:
     """Return a ``preexec_fn`` that puts the new process under ``p`` before it execs.
 
-    The child joins the cgroups and, when the plan says ``rlimit``, sets RLIMIT_AS.
+    The child joins the cgroups and, when the plan says so, sets RLIMIT_AS (``rlimit``) and
+    its cpu affinity (``affinity``).
     """
     dirs = [str(d / "cgroup.procs") for d in p.cgroup_dirs]
     limit = p.memory_mb * 1024 * 1024 if p.memory == "rlimit" and p.memory_mb else None
+    affinity = sorted(p.cpus) if p.cpuset == "affinity" and p.cpus else None
 
     def hook() -> None:
         pid = str(os.getpid()).encode()
@@ -412,6 +544,8 @@ def preexec(p: Plan) -> Callable[[], None]:
                 os.close(fd)
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
 
     return hook
 

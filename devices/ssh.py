@@ -7,6 +7,12 @@ group is killed with SIGKILL over a second channel, then its channel is closed
 (RFC 4254 ``signal`` requests are not used: OpenSSH refuses them for root logins).
 Processes that left the group (``setsid``, daemons) are not killed; they lose their
 output pipes and get SIGPIPE at their next write.
+
+A streamed process (`SSHTransport.start`, `SSHProcess`) runs on its own session channel of
+the same connection: stdin is the channel, stdout and stderr arrive apart; the shell's pid
+tag (see `SSHTransport.run`) is taken off stderr. `SSHProcess.close` sends EOF on the
+channel (the process sees the end of its stdin), waits the grace period for its exit
+status, then kills its process group over a second channel and waits for the status.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,7 @@ from devices.errors import (
     Unreachable,
 )
 from devices.fleet import Device
-from devices.transport import RunResult, quote_argv
+from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
 _CHUNK = 1 << 16
 
@@ -266,20 +272,7 @@ class SSHTransport:
         Unreachable, HostKeyRejected, AuthenticationFailed
             From the first connect.
         """
-        # The remote shell reports its pid (sshd made it a process group leader) on a
-        # line of stderr tagged with a nonce, then exec-s the command in place: a
-        # timeout can then kill the command's whole process group remotely.
-        tag = f"__fleetbench_pid_{uuid.uuid4().hex[:12]}="
-        command = f"echo {tag}$$ >&2; exec {quote_argv(argv)}"
-
-        def open_channel() -> paramiko.Channel:
-            transport = self._active()
-            assert transport is not None
-            chan = transport.open_session(timeout=self.connect_timeout)
-            chan.exec_command(command)
-            return chan
-
-        chan: paramiko.Channel = self._with_reconnect(f"run {argv[0]!r}", open_channel)
+        chan, tag = self._open_tagged(argv, None, "run")
         start = time.monotonic()
         out: list[bytes] = []
         err: list[bytes] = []
@@ -317,6 +310,48 @@ class SSHTransport:
             stderr=_split_pid(b"".join(err), tag)[1].decode("utf-8", "replace"),
             seconds=time.monotonic() - start,
         )
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> SSHProcess:
+        """Start ``argv`` through the login shell as a streamed process on its own channel.
+
+        Parameters
+        ----------
+        argv : sequence of str
+        env : mapping of str to str, optional
+            Set for the command (through ``env NAME=VALUE``).
+
+        Returns
+        -------
+        SSHProcess
+
+        Raises
+        ------
+        ConnectionLost, Unreachable, HostKeyRejected, AuthenticationFailed
+        """
+        chan, tag = self._open_tagged(argv, env, "start")
+        return SSHProcess(self, chan, tag, f"{argv[0]} on {self.address}")
+
+    def _open_tagged(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, what: str
+    ) -> tuple[paramiko.Channel, str]:
+        """Open a session channel running ``argv``; return it and the tag of its pid line on stderr.
+
+        The remote shell reports its pid (sshd made it a process group leader) on a line of
+        stderr tagged with a nonce, then exec-s the command in place, so the command's whole
+        process group can be killed remotely.
+        """
+        tag = f"__fleetbench_pid_{uuid.uuid4().hex[:12]}="
+        command = f"echo {tag}$$ >&2; exec {quote_argv(env_argv(argv, env))}"
+
+        def open_channel() -> paramiko.Channel:
+            transport = self._active()
+            assert transport is not None
+            chan = transport.open_session(timeout=self.connect_timeout)
+            chan.exec_command(command)
+            return chan
+
+        chan: paramiko.Channel = self._with_reconnect(f"{what} {argv[0]!r}", open_channel)
+        return chan, tag
 
     def _kill_group(self, pid: int | None) -> None:
         """Best effort: SIGKILL remote process group ``pid`` over a new channel."""
@@ -441,3 +476,65 @@ def _makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
         sftp.mkdir(directory)
     except OSError:
         sftp.stat(directory)  # created concurrently: fine; otherwise re-raise
+
+
+class SSHProcess(StreamingProcess):
+    """A `devices.transport.Process` on an SSH device (see `SSHTransport.start`).
+
+    Parameters
+    ----------
+    transport : SSHTransport
+        The connection the channel belongs to (used to kill the process group).
+    chan : paramiko.Channel
+        The session channel running the command.
+    tag : str
+        The pid tag the remote shell prints on stderr before ``exec``.
+    description : str
+    """
+
+    def __init__(self, transport: SSHTransport, chan: paramiko.Channel, tag: str, description: str) -> None:
+        self.transport = transport
+        self.chan = chan
+        self.pid: int | None = None
+        self._tag = tag.encode()
+        self._head = b""
+        self._pid_seen = threading.Event()
+        super().__init__(description, chan.sendall, chan.recv, chan.recv_stderr)
+
+    def _filter_err(self, data: bytes) -> bytes:
+        if self._pid_seen.is_set():
+            return data
+        self._head += data
+        if b"\n" not in self._head:
+            return b""
+        pid, rest = _split_pid(self._head, self._tag.decode())
+        self.pid = pid
+        self._head = b""
+        self._pid_seen.set()
+        return rest
+
+    def _alive(self) -> bool:
+        return not self.chan.exit_status_ready() and not self.chan.closed and self.transport._active() is not None
+
+    def _returncode(self) -> int | None:
+        return self.chan.exit_status if self.chan.exit_status_ready() else None
+
+    def _wait_returncode(self) -> int | None:
+        self.chan.status_event.wait(1.0)
+        return self._returncode()
+
+    def _ended(self, what: str) -> TransportError:
+        if self.transport._active() is None:
+            return ConnectionLost(f"{self.description}: connection dropped ({what})")
+        return super()._ended(what)
+
+    def _terminate(self, grace: float) -> None:
+        try:
+            self.chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        if not self.chan.status_event.wait(grace):
+            self._pid_seen.wait(1.0)
+            self.transport._kill_group(self.pid)
+            self.chan.status_event.wait(5.0)
+        self.chan.close()

@@ -4,20 +4,54 @@ A transport runs an argv list on its device and moves files to and from it::
 
     run(argv, timeout) -> RunResult(rc, stdout, stderr, seconds)
     put(local, remote) / get(remote, local) / close()
+    start(argv, env) -> Process
 
 Commands are argv lists, never strings: `quote_argv` is the one place where an argv
 becomes a POSIX shell command line (for SSH and ADB, whose remote side runs a shell).
 Failures to reach or talk to the device raise `devices.errors.TransportError`
 subclasses; a command that ran and failed is a `RunResult` with a non-zero ``rc``.
+
+Streaming processes
+-------------------
+``start`` runs a long-lived process (the resident runner) and returns a `Process`:
+lines written to its stdin, lines read from its stdout with a timeout, the end of its
+stderr kept apart, ``alive``, and ``close``, which returns once the process is gone.
+Decisions:
+
+* **Lines, UTF-8.** The process speaks one text line per message; ``read_line`` hands
+  out complete lines without the newline and never a partial line. Bytes are read by
+  one background thread per stream (so stdout and stderr are drained concurrently and a
+  chatty stderr can never block the process), complete lines wait in a queue.
+* **A timeout leaves the process running** (`CommandTimeout`): whether to wait longer or
+  kill it is the caller's policy. End of output raises `ProcessEnded` with the exit status
+  and the stderr tail, every time it is read again.
+* **close** first lets the process end by itself (end of its stdin where the transport
+  can signal one), then kills it and waits until it has gone. Each transport knows the
+  process's pid on the device for that: local from ``Popen`` (stopped through
+  `devices.processes`), SSH and ADB from a tagged line the remote shell prints before
+  it ``exec``-s the command.
+* `StreamingProcess` holds this machinery once; the transports only say how bytes move,
+  how the process is killed and how its exit status is read.
 """
 
 from __future__ import annotations
 
+import queue
 import shlex
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from devices.errors import CommandTimeout, ProcessEnded, TransportError
+
+#: Bytes of a streamed process's stderr kept for `Process.stderr_tail`.
+STDERR_KEEP = 64 * 1024
+#: Bytes read per ``recv`` by the reader threads.
+READ_CHUNK = 1 << 16
+#: Seconds `Process.close` waits for the process to end by itself before killing it.
+CLOSE_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,40 @@ class Transport(Protocol):
         """Release the connection (idempotent)."""
         ...
 
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Process:
+        """Start ``argv`` on the device as a long-lived `Process` (stdin and stdout as lines)."""
+        ...
+
+
+@runtime_checkable
+class Process(Protocol):
+    """A long-lived process on a device, spoken to in lines (see the module notes)."""
+
+    def write_line(self, line: str) -> None:
+        """Write ``line`` and a newline to the process's stdin; raise `ProcessEnded` if it has gone."""
+        ...
+
+    def read_line(self, timeout: float) -> str:
+        """Return the next stdout line; raise `CommandTimeout` after ``timeout`` s, `ProcessEnded` at its end."""
+        ...
+
+    def stderr_tail(self, limit: int = 4096) -> str:
+        """Return the last ``limit`` characters of the process's stderr."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        ...
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once the process has ended (``None`` while it runs or when unknown)."""
+        ...
+
+    def close(self, grace: float = CLOSE_GRACE_S) -> int | None:
+        """End the process (gently for ``grace`` seconds, then killed) and return once it has gone."""
+        ...
+
 
 def quote_argv(argv: Sequence[str]) -> str:
     """Return a POSIX shell command line that runs exactly ``argv``.
@@ -93,3 +161,244 @@ def quote_argv(argv: Sequence[str]) -> str:
         if "\x00" in arg:
             raise ValueError("an argument contains a NUL byte")
     return " ".join(shlex.quote(arg) for arg in argv)
+
+
+def env_argv(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+    """Return ``argv`` run through ``env NAME=VALUE ...`` when ``env`` is given (for remote shells).
+
+    Parameters
+    ----------
+    argv : sequence of str
+    env : mapping of str to str, optional
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    ValueError
+        If a variable name is empty or holds ``=``.
+    """
+    if not env:
+        return list(argv)
+    for name in env:
+        if not name or "=" in name:
+            raise ValueError(f"bad environment variable name {name!r}")
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+
+
+class StreamingProcess:
+    """The machinery every `Process` shares: reader threads, the line queue and the stderr tail.
+
+    Subclasses pass how bytes move (``send``, ``recv_out``, ``recv_err``) and implement
+    `_alive`, `_returncode`, `_terminate` and, where the remote shell adds lines of its
+    own, `_filter_line`.
+
+    Parameters
+    ----------
+    description : str
+        Names the process in messages (``"python3 on user@host:22"``).
+    send : callable
+        Writes bytes to the process's stdin (all of them, or raises ``OSError``).
+    recv_out : callable
+        ``recv_out(n)`` returns up to ``n`` bytes of stdout, ``b""`` at its end.
+    recv_err : callable, optional
+        The same for stderr, when the transport keeps it apart.
+    """
+
+    def __init__(
+        self,
+        description: str,
+        send: Callable[[bytes], None],
+        recv_out: Callable[[int], bytes],
+        recv_err: Callable[[int], bytes] | None = None,
+    ) -> None:
+        self.description = description
+        self._send = send
+        self._lines: queue.Queue[bytes | None] = queue.Queue()
+        self._err = bytearray()
+        self._err_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self._out_ended = threading.Event()
+        self._readers = [threading.Thread(target=self._pump_out, args=(recv_out,), daemon=True)]
+        if recv_err is not None:
+            self._readers.append(threading.Thread(target=self._pump_err, args=(recv_err,), daemon=True))
+        for reader in self._readers:
+            reader.start()
+
+    # -- reader threads -------------------------------------------------------------------
+
+    def _pump_out(self, recv: Callable[[int], bytes]) -> None:
+        pending = b""
+        try:
+            while data := _recv(recv):
+                pending += data
+                *complete, pending = pending.split(b"\n")
+                for line in complete:
+                    kept = self._filter_line(line)
+                    if kept is not None:
+                        self._lines.put(kept)
+            if pending:
+                kept = self._filter_line(pending, last=True)
+                if kept is not None:
+                    self._lines.put(kept)
+        finally:
+            self._out_ended.set()
+            self._lines.put(None)
+
+    def _pump_err(self, recv: Callable[[int], bytes]) -> None:
+        while data := _recv(recv):
+            data = self._filter_err(data)
+            with self._err_lock:
+                self._err += data
+                del self._err[:-STDERR_KEEP]
+
+    def _filter_line(self, line: bytes, last: bool = False) -> bytes | None:
+        """Return the stdout line to hand out, or ``None`` for a line of the transport's own.
+
+        ``last`` marks an unterminated line at the end of the output (the process died
+        mid-line); it is dropped unless a subclass says otherwise.
+        """
+        return None if last else line
+
+    def _filter_err(self, data: bytes) -> bytes:
+        """Return the stderr bytes to keep (a subclass strips lines of its own)."""
+        return data
+
+    # -- Process ----------------------------------------------------------------------------
+
+    def write_line(self, line: str) -> None:
+        """Write ``line`` and a newline to the process's stdin.
+
+        Parameters
+        ----------
+        line : str
+            Must not contain a newline.
+
+        Raises
+        ------
+        ValueError
+            If ``line`` holds a newline.
+        ProcessEnded
+            If the process (or the stream to it) has gone; also once its output has ended
+            (a write into a closed stream is not always refused at once).
+        """
+        if "\n" in line:
+            raise ValueError("a line must not contain a newline")
+        if self._out_ended.is_set():
+            raise self._ended("its output had ended")
+        try:
+            with self._write_lock:
+                self._send(line.encode("utf-8") + b"\n")
+        except (OSError, EOFError, ValueError) as exc:
+            raise self._ended(f"writing failed ({type(exc).__name__}: {exc})") from None
+
+    def read_line(self, timeout: float) -> str:
+        """Return the next complete stdout line, without its newline.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait for it.
+
+        Returns
+        -------
+        str
+            Decoded as UTF-8 (undecodable bytes replaced).
+
+        Raises
+        ------
+        CommandTimeout
+            No complete line within ``timeout`` seconds (the process keeps running).
+        ProcessEnded
+            Its output ended (exited, killed, or the stream to it closed).
+        """
+        try:
+            line = self._lines.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            raise CommandTimeout(f"{self.description}: no reply line within {timeout:g} s") from None
+        if line is None:
+            self._lines.put(None)  # stay ended for later readers
+            raise self._ended("its output ended")
+        return line.decode("utf-8", "replace")
+
+    def stderr_tail(self, limit: int = 4096) -> str:
+        """Return the last ``limit`` characters of the process's stderr (decoded, stripped).
+
+        Parameters
+        ----------
+        limit : int
+
+        Returns
+        -------
+        str
+        """
+        with self._err_lock:
+            data = bytes(self._err[-limit:])
+        return data.decode("utf-8", "replace").strip()
+
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self._alive()
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once the process has ended, else ``None``."""
+        return self._returncode()
+
+    def close(self, grace: float = CLOSE_GRACE_S) -> int | None:
+        """End the process and return once it has gone (idempotent).
+
+        Parameters
+        ----------
+        grace : float
+            Seconds the process gets to end by itself (where the transport can close its
+            stdin) before it is killed.
+
+        Returns
+        -------
+        int or None
+            Its exit status when known.
+        """
+        if not self._closed:
+            self._closed = True
+            self._terminate(grace)
+            for reader in self._readers:
+                reader.join(timeout=5.0)
+            self._release()
+        return self.returncode
+
+    def _ended(self, what: str) -> TransportError:
+        rc = self._wait_returncode()
+        tail = self.stderr_tail(1000)
+        status = "exit status unknown" if rc is None else f"exit status {rc}"
+        message = f"{self.description}: {what}; the process ended ({status})" + (f"; stderr: {tail}" if tail else "")
+        return ProcessEnded(message, rc, tail)
+
+    # -- transport-specific ---------------------------------------------------------------
+
+    def _wait_returncode(self) -> int | None:
+        """Return the exit status after the output ended (waiting briefly for it to be known)."""
+        return self._returncode()
+
+    def _alive(self) -> bool:
+        raise NotImplementedError
+
+    def _returncode(self) -> int | None:
+        raise NotImplementedError
+
+    def _terminate(self, grace: float) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the streams held, once the reader threads are done (a subclass hook)."""
+
+
+def _recv(recv: Callable[[int], bytes]) -> bytes:
+    """Call ``recv(READ_CHUNK)``; a closed or broken stream reads as its end."""
+    try:
+        return recv(READ_CHUNK)
+    except (OSError, EOFError, ValueError):
+        return b""

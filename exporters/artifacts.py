@@ -74,7 +74,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -390,16 +390,26 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     if manifest is not None:
         return ExportResult(target, True, manifest)
 
+    def fill(tmp: Path) -> dict[str, Any]:
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone (model builds draw from it)
+            return _export_into(tmp, model, arch, net, batch=batch, optimizer=optimizer)
+
+    return _write_set(out_dir, target, key, key_inputs, fill)
+
+
+def _write_set(
+    out_dir: Path, target: Path, key: str, key_inputs: Mapping[str, Any], fill: Callable[[Path], dict[str, Any]]
+) -> ExportResult:
+    """Fill a hidden work directory (``fill(tmp)`` returns the manifest), add the key, move it to ``target``."""
     _remove_abandoned(out_dir, target.name)
     try:
         tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-{target.name}-"))
     except OSError as exc:
         raise InputError(f"cannot write artifacts to {out_dir}: {exc.strerror or type(exc).__name__}") from None
     try:
-        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone (model builds draw from it)
-            manifest = _export_into(tmp, model, arch, net, batch=batch, optimizer=optimizer)
+        manifest = fill(tmp)
         manifest["cache_key"] = key
-        manifest["cache_key_inputs"] = key_inputs
+        manifest["cache_key_inputs"] = dict(key_inputs)
         write_json(tmp / MANIFEST, manifest)
         _move_into_place(tmp, target)
     finally:
@@ -409,6 +419,71 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     if final is None:  # pragma: no cover - only if another process wrote garbage at once
         raise ExportError(f"{target}: artifact set did not verify after writing")
     return ExportResult(target, False, final)
+
+
+def export_masked_artifacts(
+    model: ZooModel, arch: Arch, *, batch: int, optimizer: str, out_dir: Path, mask_groups: Sequence[str]
+) -> ExportResult:
+    """Export (or find) an artifact set whose step model takes SyncDrop masks as inputs.
+
+    The set is `export_artifacts`'s with ``step_model.onnx`` built with ``mask_groups``
+    (one ``mask.<group>`` float32 input per group, `exporters.step_model`); the other
+    files are copied. It lives beside the plain set as ``<plain set>-mask-<key[:8]>``,
+    cached the same way (key: the plain set's key and the groups); the manifest's
+    ``mask_groups`` names the groups.
+
+    Parameters
+    ----------
+    model : ZooModel
+    arch : Arch
+    batch : int
+    optimizer : {"adamw", "sgd"}
+    out_dir : pathlib.Path
+    mask_groups : sequence of str
+        Groups produced by one conv or linear layer each (not an LSTM's).
+
+    Returns
+    -------
+    ExportResult
+
+    Raises
+    ------
+    InputError
+        As `export_artifacts`, or when a group cannot be masked (named in the message).
+    """
+    from exporters.manifest import unflatten
+    from exporters.step_model import INITIAL_PARAMETERS, LoweringError, write_step_model
+
+    base = export_artifacts(model, arch, batch=batch, optimizer=optimizer, out_dir=out_dir)
+    groups = [str(g) for g in mask_groups]
+    unknown = [g for g in groups if g not in model.group_names]
+    if unknown or not groups:
+        raise InputError(f"{model.name}: mask groups {groups} must be some of {list(model.group_names)}")
+    key_inputs = {**base.manifest["cache_key_inputs"], "plain_set": base.manifest["cache_key"], "mask_groups": groups}
+    key = cache_key(key_inputs)
+    target = Path(out_dir) / f"{base.directory.name}-mask-{key[:8]}"
+    manifest = load_valid_manifest(target, key)
+    if manifest is not None:
+        return ExportResult(target, True, manifest)
+
+    def fill(tmp: Path) -> dict[str, Any]:
+        for name in ARTIFACT_FILES:
+            shutil.copyfile(base.directory / name, tmp / name)
+        initial = unflatten(base.manifest, np.load(tmp / INITIAL_PARAMETERS, allow_pickle=False))
+        widths = dict(zip(model.group_names, arch.widths, strict=True))
+        try:
+            step = write_step_model(
+                tmp, base.manifest["parameters"], initial, mask_groups=groups, layouts=model.layouts, widths=widths
+            )
+        except LoweringError as exc:
+            raise InputError(f"{model.name}: cannot mask {groups}: {exc}") from None
+        manifest = dict(base.manifest)
+        manifest.update(
+            step_model=step, mask_groups=groups, files={name: file_entry(tmp / name) for name in ARTIFACT_FILES}
+        )
+        return manifest
+
+    return _write_set(Path(out_dir), target, key, key_inputs, fill)
 
 
 #: A temporary directory of a killed export is removed after this many seconds.

@@ -4,8 +4,14 @@
 `fl.server.run_fl`; progress goes to stderr one line per round, the summary to
 stdout (one JSON document with ``--json``). ``--resume RUN`` continues a logged
 run from its last checkpoint with the stored configuration; options given again
-must equal the stored ones, except ``--rounds``, ``--workers``, ``--eval-every``
-and ``--timeout``, which may change.
+must equal the stored ones, except ``--rounds``, ``--workers``, ``--eval-every``,
+``--timeout``, ``--executor`` and ``--profiles``, which may change.
+
+``--executor ray`` trains in Ray actors (`fl.executors.ray`; ``--ray-address`` joins a
+cluster). ``--population SPEC --profiles DB`` runs the rounds on a virtual clock
+(`fl.population`, costs from `fl.roundcost`); ``--clock-only`` runs its schedule alone
+(`fl.server.run_clock_only`). Everything the options name (Ray, the profile store, its
+devices and their profiles) is checked before the run's store is touched.
 """
 
 from __future__ import annotations
@@ -56,12 +62,11 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     InputError
         If an item has no ``=`` or an empty key.
     """
+    from fl.population import split_item
+
     out: dict[str, Any] = {}
     for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise InputError(f"--opt {item!r} is not key=value")
+        key, text = split_item(item, f"--opt {item!r} is not key=value")
         try:
             out[key] = json.loads(text)
         except json.JSONDecodeError:
@@ -106,7 +111,32 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=positive_int,
         help="stop the run as failed after this many rounds in which no client trained (default 1)",
     )
-    run.add_argument("--workers", type=non_negative_int, help="training processes (default 0: one at a time)")
+    run.add_argument(
+        "--workers",
+        type=non_negative_int,
+        help="training processes (default 0: one at a time; with --executor ray: actors, 0 = one per core)",
+    )
+    run.add_argument(
+        "--executor", choices=("inprocess", "ray"), help="where clients train (default inprocess; --fleet: devices)"
+    )
+    run.add_argument("--ray-address", help="join this running Ray cluster (--executor ray; default: a local instance)")
+    run.add_argument(
+        "--population", metavar="SPEC", help="virtual clients on measured devices: device=share,... (a virtual clock)"
+    )
+    run.add_argument("--profiles", metavar="DB", help="profile store the --population devices were measured in")
+    run.add_argument(
+        "--variation", type=_number, help="lognormal sigma of each client's speed factor (default 0.1; 0: none)"
+    )
+    run.add_argument("--availability", type=_number, help="probability that a client is online in a round (1)")
+    run.add_argument(
+        "--overcommit", type=_number, help="sample K*(1+O) clients, keep the first K to finish (default 0)"
+    )
+    run.add_argument("--deadline", type=positive_float, help="round deadline in virtual seconds")
+    run.add_argument("--link", metavar="SPEC", help="KBIT[:DELAY_MS] or device=KBIT[:DELAY_MS],...: transfer times")
+    run.add_argument("--clock-only", action="store_true", help="run the virtual schedule only, no training")
+    run.add_argument(
+        "--client-examples", type=positive_int, help="examples per client in --clock-only (default: the partition)"
+    )
     run.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads for in-process training (default 1)"
     )
@@ -114,6 +144,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)"
     )
     run.add_argument("--artifacts", default="artifacts", help="artifact cache for --fleet (default ./artifacts)")
+    run.add_argument(
+        "--backend",
+        choices=("auto", "ort", "onnx", "torch"),
+        default="auto",
+        help="runner backend on the --fleet devices (default auto: each device's best available, ort > onnx > torch)",
+    )
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
@@ -160,9 +196,29 @@ def config_from_args(args: argparse.Namespace) -> Any:
         db=pick("db"),
         timeout_s=args.timeout,
         max_failed_rounds=1 if args.max_failed_rounds is None else args.max_failed_rounds,
+        executor=args.executor or "inprocess",
+        **_population_fields(args),
     )
     config.validate()
     return config
+
+
+def _population_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the `RunConfig` fields of the virtual-clock options that were given."""
+    fields = {
+        "population": args.population,
+        "profiles": args.profiles,
+        "variation": args.variation,
+        "availability": args.availability,
+        "overcommit": args.overcommit,
+        "deadline_s": args.deadline,
+        "link": args.link,
+        "client_examples": args.client_examples,
+    }
+    out = {k: v for k, v in fields.items() if v is not None}
+    if args.clock_only:
+        out["clock_only"] = True
+    return out
 
 
 def _resume_config(args: argparse.Namespace) -> Any:
@@ -180,6 +236,7 @@ def _resume_config(args: argparse.Namespace) -> Any:
     with ProfileStore(db, create=False) as store:
         stored = RunConfig.from_dict(RunLog(store).run(args.resume)["config"])
     given = {field: getattr(args, attr) for attr, field in _ARG_FIELDS.items() if getattr(args, attr) is not None}
+    given.update(_population_fields(args))
     if args.opt:
         given["options"] = parse_options(args.opt)
     config = dataclasses.replace(stored, db=db, **given)
@@ -206,6 +263,7 @@ _ARG_FIELDS = {
     "workers": "workers",
     "timeout": "timeout_s",
     "max_failed_rounds": "max_failed_rounds",
+    "executor": "executor",
 }
 
 
@@ -222,18 +280,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         0 when the run finished; 1 when it stopped after ``--max-failed-rounds`` failed
         rounds (every client's failure reason is printed, and is in ``--json``).
     """
-    from fl.server import run_fl
+    from fl.server import run_clock_only, run_fl
 
     config = _resume_config(args) if args.resume is not None else config_from_args(args)
     fleet = _load_fleet(args.fleet) if args.fleet else None
+    if fleet is not None and (config.executor == "ray" or config.population is not None):
+        raise InputError("--fleet trains on the fleet's devices; it takes neither --executor ray nor --population")
+    if args.ray_address is not None and config.executor != "ray":
+        raise InputError("--ray-address needs --executor ray")
+    if config.clock_only and args.resume is not None:
+        raise InputError("a --clock-only run trains nothing and has nothing to resume; start it again")
+    if config.executor == "ray":
+        from fl.executors.ray import require_ray
+
+        require_ray()
+    virtual, profiles = _virtual_clock(config) if config.population is not None else (None, None)
     import torch
 
     # Small models train fastest on one thread; more only oversubscribe a shared machine.
     torch.set_num_threads(args.threads)
     if fleet is not None:
         summary = _run_on_fleet(args, config, fleet)
+    elif virtual is not None and config.clock_only:
+        summary = run_clock_only(config, virtual)
+    elif config.executor == "ray":
+        from exporters.zoo import get_model
+        from fl.executors.ray import RayExecutor
+
+        with RayExecutor(
+            get_model(config.model), config.workers, address=args.ray_address, threads=args.threads
+        ) as executor:
+            summary = run_fl(config, executor=executor, resume_run=args.resume, virtual=virtual, profiles=profiles)
     else:
-        summary = run_fl(config, resume_run=args.resume)
+        summary = run_fl(config, resume_run=args.resume, virtual=virtual, profiles=profiles)
     if summary.status != "finished":
         print(f"FL run {summary.run_id} failed after {summary.rounds} round(s): {summary.error}", file=sys.stderr)
         for rnd in summary.history:
@@ -245,6 +324,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0 if summary.status == "finished" else 1
     if summary.status != "finished":
         return 1
+    if config.clock_only:
+        total = sum(h.virtual_seconds or 0.0 for h in summary.history)
+        kept = sum(h.clients_ok for h in summary.history)
+        print(
+            f"FL run {summary.run_id} (clock only, {config.clients} clients on {config.population}, seed "
+            f"{config.seed}): {summary.rounds} rounds, {kept} client updates kept, {total:.2f} virtual seconds; "
+            f"logged in {config.db}"
+        )
+        return 0
     accuracy = ", ".join(f"{w:g}: {a:.4f}" for w, a in summary.accuracy.items()) or "not evaluated"
     print(
         f"FL run {summary.run_id} ({config.strategy}, {config.model} on {config.dataset}, {config.clients} clients, "
@@ -253,6 +341,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     resume = f"fleetbench fl run --resume {summary.run_id} --rounds N --db {config.db}"
     print(f"Logged in {config.db}; resume with: {resume}")
     return 0
+
+
+def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
+    """Build the virtual clock of a population run, and its devices' profiles for the strategies.
+
+    Reads ``config.profiles`` (never creates it) and checks the population against it.
+
+    Raises
+    ------
+    InputError
+        On a malformed spec, an unknown device, a device without a profile of the model, a
+        store that does not exist, or a bad ``--link``.
+    """
+    from fl.population import VirtualClock, check_devices, draw_population, parse_population
+    from fl.roundcost import measured_models, parse_links, round_cost_from_rows
+    from fl.scheduling.rows import profile_rows
+    from harness.store import ProfileStore
+
+    shares = parse_population(config.population)
+    with ProfileStore(config.profiles, create=False) as store:
+        cells = store.latest_cells()
+    check_devices(shares, measured_models(cells), config.model, config.profiles)
+    devices = [d for d, share in shares.items() if share > 0]
+    links = parse_links(config.link, devices)
+    cost = round_cost_from_rows(cells, config.model, config.batch_size, devices, links=links)
+    population = draw_population(
+        shares, config.clients, config.seed, variation=config.variation, availability=config.availability
+    )
+    clock = VirtualClock(
+        population, cost, seed=config.seed, overcommit=config.overcommit, deadline_s=config.deadline_s
+    )
+    profiles: dict[str, list[dict[str, Any]]] = {}
+    for row in profile_rows(cells):
+        if row["device"] in shares and row["model"] == config.model and row.get("status") == "ok":
+            profiles.setdefault(str(row["device"]), []).append(row)
+    return clock, profiles
 
 
 def _load_fleet(path: str) -> Any:
@@ -267,8 +391,51 @@ def _load_fleet(path: str) -> Any:
     return fleet
 
 
+def fleet_placement(fleet: Any, override: str, clients: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """Choose each device's backend and place the clients on the devices that have one.
+
+    Every device is asked what it can run (`harness.provision.fleet_backends`; ``override``
+    other than ``"auto"`` is taken as given); each choice is printed on stderr, and a
+    device with no usable backend is skipped with its reason. Client ``i`` goes to usable
+    device ``i mod n``.
+
+    Parameters
+    ----------
+    fleet : devices.fleet.Fleet
+    override : str
+        ``--backend``: ``auto``, ``ort``, ``onnx`` or ``torch``.
+    clients : int
+
+    Returns
+    -------
+    placement : dict of str to Device
+        Client id -> device.
+    backends : dict of str to str
+        Client id -> runner backend.
+
+    Raises
+    ------
+    InputError
+        When no device of the fleet can run a backend.
+    """
+    from harness.backends import format_choices, usable_devices
+    from harness.provision import fleet_backends
+
+    choices = fleet_backends(fleet, override)
+    for line in format_choices(choices):
+        print(f"fleetbench: backend of {line}", file=sys.stderr, flush=True)
+    backend_of = usable_devices(choices)
+    usable = [d for d in fleet.devices if d.name in backend_of]
+    if not usable:
+        reasons = "; ".join(f"{c.device}: {c.reason}" for c in choices)
+        raise InputError(f"no device of {fleet.path} can run a backend ({reasons}); "
+                         f"see: fleetbench fleet provision {fleet.path}")
+    placement = {f"c{i}": usable[i % len(usable)] for i in range(clients)}
+    return placement, {cid: backend_of[device.name] for cid, device in placement.items()}
+
+
 def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
-    """Run ``config`` with the devices executor on ``fleet`` (client ``i`` on device ``i mod n``)."""
+    """Run ``config`` with the devices executor on ``fleet`` (`fleet_placement` places the clients)."""
     import dataclasses
     import tempfile
     from pathlib import Path
@@ -279,7 +446,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from fl.server import run_fl
 
     config = dataclasses.replace(config, executor="devices")
-    placement = {f"c{i}": fleet.devices[i % len(fleet.devices)] for i in range(config.clients)}
+    placement, backends = fleet_placement(fleet, args.backend, config.clients)
     with (
         tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work,
         DevicesExecutor(
@@ -290,6 +457,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             batch=config.batch_size,
             connect=connect,
             timeout_s=config.timeout_s or 300.0,
+            backends={device.name: backends[cid] for cid, device in placement.items()},
         ) as executor,
     ):
         return run_fl(
@@ -297,6 +465,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             executor=executor,
             resume_run=args.resume,
             placement={cid: device.name for cid, device in placement.items()},
+            backends=backends,
         )
 
 

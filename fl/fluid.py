@@ -34,6 +34,11 @@ Straggler calibration (Algorithm 1, lines 18-21)
     not be a zoo model whose FLOPs can be counted); between two measured widths the
     chord of the convex latency curve over-estimates the time, which errs toward
     the smaller, target-meeting size.
+    **Decision (the latency model where a width was not measured):** FLuID's sizes (0.95,
+    0.85, ...) are rarely the measured widths. `profile_predictor` therefore asks the
+    device's fitted latency model (`harness.latency`: per-layer features of the size's
+    architecture) for a zoo model, and interpolates the measured curve
+    (`curve_predictor`) only for a model the zoo does not know.
 
 Invariant neurons (section 5, Algorithm 1 lines 9, 16, 22)
     A weight is invariant at threshold ``th`` when ``|w_client - w_global| <=
@@ -412,6 +417,29 @@ def straggler_rate(
     return linear_rate(variable_speedup(full_seconds, target_seconds, fixed), sizes)
 
 
+def _profile_series(
+    rows: Sequence[Mapping[str, Any]], model: str, batch: int | None
+) -> list[Mapping[str, Any]] | None:
+    """Return the measured rows of the one (backend, batch) series `profile_curve` describes."""
+    series: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("model") != model or row.get("status", "ok") != "ok":
+            continue
+        latency = row.get("median_us")
+        width = row.get("width")
+        if latency is None or width is None or not math.isfinite(float(latency)) or float(latency) <= 0:
+            continue
+        key = (str(row.get("backend", "")), int(row.get("batch", 0) or 0))
+        series.setdefault(key, []).append(row)
+    widths = {k: {float(r["width"]) for r in v} for k, v in series.items()}
+    usable = {k: v for k, v in series.items() if len(widths[k]) >= 2}
+    if not usable:
+        return None
+    preferred = sorted(k for k in usable if batch is not None and k[1] == batch)
+    key = preferred[0] if preferred else min(usable, key=lambda k: (-len(widths[k]), k))
+    return usable[key]
+
+
 def profile_curve(
     rows: Sequence[Mapping[str, Any]], model: str, batch: int | None = None
 ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -435,23 +463,53 @@ def profile_curve(
         series with the most widths (ties: smallest backend name, then batch).
         None when no series has two measured widths.
     """
-    series: dict[tuple[str, int], dict[float, list[float]]] = {}
-    for row in rows:
-        if row.get("model") != model or row.get("status", "ok") != "ok":
-            continue
-        latency = row.get("median_us")
-        width = row.get("width")
-        if latency is None or width is None or not math.isfinite(float(latency)) or float(latency) <= 0:
-            continue
-        key = (str(row.get("backend", "")), int(row.get("batch", 0) or 0))
-        series.setdefault(key, {}).setdefault(float(width), []).append(float(latency))
-    usable = {k: v for k, v in series.items() if len(v) >= 2}
-    if not usable:
+    series = _profile_series(rows, model, batch)
+    if series is None:
         return None
-    preferred = sorted(k for k in usable if batch is not None and k[1] == batch)
-    key = preferred[0] if preferred else min(usable, key=lambda k: (-len(usable[k]), k))
-    points = sorted(usable[key].items())
-    return tuple(w for w, _ in points), tuple(float(np.median(v)) for _, v in points)
+    points: dict[float, list[float]] = {}
+    for row in series:
+        points.setdefault(float(row["width"]), []).append(float(row["median_us"]))
+    ordered = sorted(points.items())
+    return tuple(w for w, _ in ordered), tuple(float(np.median(v)) for _, v in ordered)
+
+
+def profile_predictor(
+    rows: Sequence[Mapping[str, Any]], model: str, batch: int | None = None
+) -> LatencyPredictor | None:
+    """Return one device's latency-vs-width predictor for ``model`` from its profile rows.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        ``ProfileStore.latest_cells`` records of one device.
+    model : str
+        Model name.
+    batch : int, optional
+        Preferred batch size (the run's local batch size).
+
+    Returns
+    -------
+    callable or None
+        For a zoo model, the device's latency model (`harness.latency`) fitted on the
+        series `profile_curve` picks, as ``predict(width) -> seconds per image``; for any
+        other model the piecewise-linear `curve_predictor` through that series. None when
+        no series has two measured widths.
+    """
+    from exporters.errors import InputError as ZooError
+    from exporters.zoo import get_model
+    from harness.latency import fit_device
+
+    series = _profile_series(rows, model, batch)
+    if series is None:
+        return None
+    try:
+        get_model(model)
+    except (ZooError, KeyError):
+        curve = profile_curve(series, model)
+        assert curve is not None  # the series has two widths
+        return curve_predictor(*curve)
+    latency = fit_device([{**r, "device": "device"} for r in series]).latency_model(model)
+    return lambda width: latency.predict(float(width)).value
 
 
 def relative_change(new: np.ndarray, old: np.ndarray) -> np.ndarray:

@@ -44,6 +44,9 @@ class ClientSpec:
         Index of the client's capacity tier (0 = largest), for the round log.
     device : str or None
         Name of the fleet device the client runs on (``devices`` executor only).
+    backend : str or None
+        The runner backend it trains with there (``ort``, ``onnx``, ``torch``), logged
+        with every client round.
     """
 
     cid: str
@@ -51,6 +54,7 @@ class ClientSpec:
     capacity: float = 1.0
     tier: int = 0
     device: str | None = None
+    backend: str | None = None
 
 
 @dataclass(frozen=True, eq=False)

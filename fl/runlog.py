@@ -114,6 +114,17 @@ FL_MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE fl_runs ADD COLUMN error TEXT;
     """,
+    # v3: the virtual clock of a population run (fl.population): the round's virtual duration,
+    # each client's virtual round time, and each client's device speed factor.
+    """
+    ALTER TABLE fl_rounds ADD COLUMN virtual_seconds REAL;
+    ALTER TABLE fl_client_rounds ADD COLUMN virtual_seconds REAL;
+    ALTER TABLE fl_clients ADD COLUMN speed_factor REAL;
+    """,
+    # v4: the runner backend a client trained with on its device (ort / onnx / torch; NULL in process).
+    """
+    ALTER TABLE fl_client_rounds ADD COLUMN backend TEXT;
+    """,
 )
 
 
@@ -228,6 +239,8 @@ class ClientRound:
     wait_seconds: float | None = None
     train_flops: float | None = None
     metrics: Mapping[str, Any] | None = None
+    virtual_seconds: float | None = None
+    backend: str | None = None
 
 
 class RunLog:
@@ -260,6 +273,7 @@ class RunLog:
         config: Mapping[str, Any],
         clients: Sequence[Any],
         label_counts: Mapping[str, Mapping[int, int]] | None = None,
+        speed_factors: Mapping[str, float] | None = None,
     ) -> int:
         """Insert a run and its clients; return the run id.
 
@@ -271,8 +285,11 @@ class RunLog:
             The full run configuration (JSON values).
         clients : sequence of fl.records.ClientSpec
         label_counts : mapping of cid to {label: count}, optional
+        speed_factors : mapping of cid to float, optional
+            A population run's per-client speed factors (`fl.population.Population.factors`).
         """
         label_counts = label_counts or {}
+        speed_factors = speed_factors or {}
         with self.store.transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO fl_runs (started_at, strategy, model, dataset, executor, seed, rounds, config, "
@@ -292,8 +309,8 @@ class RunLog:
             )
             run_id = int(cursor.lastrowid or 0)
             conn.executemany(
-                "INSERT INTO fl_clients (run_id, cid, device, capacity, tier, num_examples, label_counts) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO fl_clients (run_id, cid, device, capacity, tier, num_examples, label_counts, "
+                "speed_factor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -303,6 +320,7 @@ class RunLog:
                         int(c.tier),
                         int(c.num_examples),
                         json.dumps({str(k): int(v) for k, v in label_counts.get(c.cid, {}).items()}),
+                        speed_factors.get(c.cid),
                     )
                     for c in clients
                 ],
@@ -321,6 +339,7 @@ class RunLog:
         evaluation: Mapping[str, Any],
         clients: Sequence[ClientRound],
         checkpoint: Any,
+        virtual_seconds: float | None = None,
     ) -> None:
         """Write one round (round row, client rows, checkpoint) in one transaction.
 
@@ -336,12 +355,14 @@ class RunLog:
         clients : sequence of ClientRound
         checkpoint : tree
             State to resume from after this round (see `encode_state`); replaces the run's previous one.
+        virtual_seconds : float, optional
+            The round's duration on the virtual clock of a population run.
         """
         blob = encode_state(checkpoint)
         with self.store.transaction() as conn:
             conn.execute(
-                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, metrics, evaluation) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, metrics, evaluation, "
+                "virtual_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     int(rnd),
@@ -350,13 +371,14 @@ class RunLog:
                     wall_seconds,
                     json.dumps(_jsonable(metrics), sort_keys=True),
                     json.dumps(_jsonable(evaluation), sort_keys=True),
+                    virtual_seconds,
                 ),
             )
             conn.executemany(
                 "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, arch_widths, tier, straggler, "
                 "status, message, num_examples, loss, accuracy, steps, compute_seconds, download_seconds, "
-                "upload_seconds, wait_seconds, train_flops, metrics) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "upload_seconds, wait_seconds, train_flops, metrics, virtual_seconds, backend) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -379,6 +401,8 @@ class RunLog:
                         c.wait_seconds,
                         c.train_flops,
                         json.dumps(_jsonable(c.metrics or {}), sort_keys=True),
+                        c.virtual_seconds,
+                        c.backend,
                     )
                     for c in clients
                 ],

@@ -32,7 +32,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +41,15 @@ import numpy as np
 from exporters.errors import InputError
 from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
+from fl.population import (
+    DEFAULT_VARIATION,
+    RoundSchedule,
+    Timing,
+    VirtualClock,
+    client_index,
+    local_steps,
+    payload_bytes,
+)
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
 from fl.runlog import ClientRound, RunLog
 from fl.strategies import STRATEGIES, strategy_class
@@ -48,7 +57,9 @@ from fl.strategies.base import Profiles, Strategy
 from harness.store import DEFAULT_DB, ProfileStore
 
 #: Config fields a resumed run may change (they do not affect the trained model).
-RESUMABLE_CHANGES = frozenset({"rounds", "executor", "workers", "db", "eval_every", "timeout_s", "max_failed_rounds"})
+RESUMABLE_CHANGES = frozenset(
+    {"rounds", "executor", "workers", "db", "eval_every", "timeout_s", "max_failed_rounds", "profiles"}
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,25 @@ class RunConfig:
     max_failed_rounds : int
         The run stops as failed after this many failed rounds (rounds in which no
         client trained).
+    population : str or None
+        ``device=share,...`` over devices measured in ``profiles``: the clients run on a
+        virtual clock (`fl.population`); None: no virtual clock.
+    profiles : str or None
+        The profile store the population's devices were measured in.
+    variation : float
+        Lognormal sigma of the per-client speed factor.
+    availability : float
+        Per-round probability that a client is online.
+    overcommit : float
+        Over-commitment: ``ceil(K * (1 + overcommit))`` clients are sampled to keep K.
+    deadline_s : float or None
+        Round deadline in virtual seconds.
+    link : str or None
+        ``KBIT[:DELAY_MS]`` or ``device=KBIT[:DELAY_MS],...``: the devices' links (`fl.roundcost.parse_links`).
+    clock_only : bool
+        Run the virtual schedule only, without training (`run_clock_only`).
+    client_examples : int or None
+        Examples per client in a clock-only run (default: the data set's partition).
     """
 
     strategy: str = "fedavg"
@@ -118,6 +148,15 @@ class RunConfig:
     db: str = DEFAULT_DB
     timeout_s: float | None = None
     max_failed_rounds: int = 1
+    population: str | None = None
+    profiles: str | None = None
+    variation: float = DEFAULT_VARIATION
+    availability: float = 1.0
+    overcommit: float = 0.0
+    deadline_s: float | None = None
+    link: str | None = None
+    clock_only: bool = False
+    client_examples: int | None = None
 
     def validate(self) -> None:
         """Check the fields that can be checked without loading anything.
@@ -144,6 +183,28 @@ class RunConfig:
             raise InputError(f"learning rate {self.lr!r} must be a positive number")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise InputError(f"timeout {self.timeout_s!r} must be positive")
+        self._validate_population()
+
+    def _validate_population(self) -> None:
+        virtual = {
+            "--profiles": self.profiles is not None,
+            "--clock-only": self.clock_only,
+            "--deadline": self.deadline_s is not None,
+            "--overcommit": self.overcommit != 0.0,
+            "--availability": self.availability != 1.0,
+            "--variation": self.variation != DEFAULT_VARIATION,
+            "--link": self.link is not None,
+            "--client-examples": self.client_examples is not None,
+        }
+        given = [flag for flag, on in virtual.items() if on]
+        if self.population is None:
+            if given:
+                raise InputError(f"{given[0]} needs --population SPEC (a virtual clock)")
+            return
+        if self.profiles is None:
+            raise InputError("--population needs --profiles DB, the store its devices were measured in")
+        if self.client_examples is not None and (not self.clock_only or self.client_examples < 1):
+            raise InputError("--client-examples N (N >= 1) is for --clock-only runs")
 
     def to_dict(self) -> dict[str, Any]:
         """Return the configuration as JSON values (stored in ``fl_runs.config``)."""
@@ -175,6 +236,8 @@ class RoundSummary:
         Round wall time.
     failures : tuple of ClientFailure
         The clients that failed, with their reasons.
+    virtual_seconds : float or None
+        The round's duration on the virtual clock (None without a population).
     """
 
     round: int
@@ -184,6 +247,7 @@ class RoundSummary:
     accuracy: Mapping[float, float]
     seconds: float
     failures: tuple[ClientFailure, ...] = ()
+    virtual_seconds: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -243,6 +307,7 @@ class RunSummary:
                     "mean_loss": r.mean_loss,
                     "accuracy": {str(float(w)): a for w, a in r.accuracy.items()},
                     "seconds": r.seconds,
+                    "virtual_seconds": r.virtual_seconds,
                 }
                 for r in self.history
             ],
@@ -353,6 +418,9 @@ def run_fl(
     data: FederatedDataLike | None = None,
     capacities: Sequence[float] | None = None,
     placement: Mapping[str, str] | None = None,
+    virtual: VirtualClock | None = None,
+    profiles: Profiles | None = None,
+    backends: Mapping[str, str] | None = None,
 ) -> RunSummary:
     """Run (or resume) an FL run and log it in the profile store.
 
@@ -381,6 +449,14 @@ def run_fl(
     placement : mapping of str to str, optional
         Device name per client id (``ClientSpec.device``), for an executor that trains on
         devices; clients with a device get the store's profiles of that device.
+    virtual : fl.population.VirtualClock, optional
+        Run the rounds on this virtual clock (`fl.population`): its population places the
+        clients (unless ``placement`` is given), it samples each round's clients, and the
+        strategy sees the clients' virtual times.
+    profiles : Profiles, optional
+        The strategies' device profiles; default: the store's cells of the clients' devices.
+    backends : mapping of str to str, optional
+        Runner backend per client id (``ClientSpec.backend``), logged with each client round.
 
     Returns
     -------
@@ -423,7 +499,9 @@ def run_fl(
             from fl.capacity import assign
 
             capacities = assign(config.capacities, config.clients, config.seed)
-        clients = _client_specs(shards, capacities, placement or {})
+        if placement is None and virtual is not None:
+            placement = virtual.population.placement()
+        clients = _client_specs([len(y) for _, y in shards], capacities, placement or {}, backends or {})
         strategy = _make_strategy(config, model)
         strategy.check_clients(clients)
         if store is None:
@@ -452,9 +530,11 @@ def run_fl(
                 config=config.to_dict(),
                 clients=clients,
                 label_counts={c.cid: _label_counts(y) for c, (_, y) in zip(clients, shards, strict=True)},
+                speed_factors=None if virtual is None else _speed_factors(virtual),
             )
             first = 0
-        profiles = profiles_for(store, clients)
+        if profiles is None:
+            profiles = profiles_for(store, clients)
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
         error: str | None = None
@@ -475,6 +555,7 @@ def run_fl(
                     profiles,
                     clock,
                     wall_clock,
+                    virtual,
                 )
                 history.append(summary)
                 if progress is not None:
@@ -500,6 +581,140 @@ def run_fl(
             store.close()
 
 
+def run_clock_only(
+    config: RunConfig,
+    virtual: VirtualClock,
+    *,
+    store: ProfileStore | None = None,
+    examples: Sequence[int] | None = None,
+    capacities: Sequence[float] | None = None,
+    progress: Callable[[str], None] | None = _stderr,
+    clock: Callable[[], float] = time.perf_counter,
+    wall_clock: Callable[[], float] = time.time,
+) -> RunSummary:
+    """Run the virtual schedule of ``config`` without training, and log it.
+
+    Each round samples its clients (`fl.population.VirtualClock.sample`), gives every
+    sampled client its virtual round at its capacity's static sub-model (the width a
+    HeteroFL-style strategy would send it; methods that decide widths from training
+    results, FLuID's stragglers, need training), keeps the first K to finish by the
+    deadline and logs the round: kept clients ``ok``, the others ``timeout``, with
+    their virtual times. A round that keeps no client is a failed round, as in training
+    (``config.max_failed_rounds``). No data are loaded when ``examples`` is given.
+
+    Parameters
+    ----------
+    config : RunConfig
+        With ``clock_only`` set.
+    virtual : VirtualClock
+    store : ProfileStore, optional
+        Default: open ``config.db`` (closed at the end).
+    examples : sequence of int, optional
+        Examples per client; default ``config.client_examples`` for every client, else
+        the data set's partition.
+    capacities : sequence of float, optional
+        Default: ``fl.capacity.assign(config.capacities, config.clients, config.seed)``.
+    progress, clock, wall_clock
+        As in `run_fl`.
+
+    Returns
+    -------
+    RunSummary
+        Rounds without accuracy; ``virtual_seconds`` per round.
+    """
+    config.validate()
+    model = get_model(config.model)
+    if examples is None:
+        if config.client_examples is not None:
+            examples = [config.client_examples] * config.clients
+        else:
+            from fl.data import load_federated
+
+            fed = load_federated(config.dataset, model, config.clients, config.partition, config.seed)
+            examples = [len(y) for _, y in fed.train]
+    if capacities is None:
+        from fl.capacity import assign
+
+        capacities = assign(config.capacities, config.clients, config.seed)
+    clients = _client_specs(examples, capacities, virtual.population.placement())
+    initial = initial_parameters(model, config.seed)
+    timings: dict[str, Timing] = {}
+
+    def timing(client: ClientSpec) -> Timing:
+        if client.cid not in timings:
+            sub = model.static(client.capacity)
+            steps = local_steps(client.num_examples, config.batch_size, config.epochs)
+            nbytes = payload_bytes(model.extract(initial, sub))
+            timings[client.cid] = virtual.timing(client_index(client.cid), sub.arch, steps, nbytes, nbytes)
+        return timings[client.cid]
+
+    own_store = store is None
+    store = ProfileStore(config.db) if store is None else store
+    try:
+        log = RunLog(store, clock=wall_clock)
+        run_id = log.start_run(
+            strategy=config.strategy,
+            model=config.model,
+            dataset=config.dataset,
+            executor="clock-only",
+            seed=config.seed,
+            rounds=config.rounds,
+            config=config.to_dict(),
+            clients=clients,
+            speed_factors=_speed_factors(virtual),
+        )
+        keep = clients_per_round(len(clients), config.fraction, config.per_round)
+        history: list[RoundSummary] = []
+        error: str | None = None
+        for rnd in range(config.rounds):
+            start, started_at = clock(), wall_clock()
+            sampled = [clients[i] for i in virtual.sample(rnd, keep)]
+            times = {c.cid: timing(c).total for c in sampled}
+            plan = virtual.schedule(times, keep)
+            failures = _virtual_failures(plan, [c.cid for c in sampled])
+            failed = {f.cid: f for f in failures}
+            rows = [
+                ClientRound(
+                    cid=c.cid,
+                    width=c.capacity,
+                    status=failed[c.cid].reason if c.cid in failed else "ok",
+                    device=c.device,
+                    tier=c.tier,
+                    message=failed[c.cid].message if c.cid in failed else "",
+                    num_examples=c.num_examples,
+                    virtual_seconds=times[c.cid],
+                )
+                for c in sampled
+            ]
+            seconds = clock() - start
+            log.log_round(
+                run_id,
+                rnd,
+                started_at=started_at,
+                finished_at=wall_clock(),
+                wall_seconds=seconds,
+                metrics={"clients_ok": len(plan.kept), "clients_failed": len(failures), "mean_loss": None},
+                evaluation={},
+                clients=rows,
+                checkpoint={"round": rnd, "clock_only": True},
+                virtual_seconds=plan.seconds,
+            )
+            summary = RoundSummary(rnd, len(plan.kept), len(failures), None, {}, seconds, tuple(failures), plan.seconds)
+            history.append(summary)
+            if progress is not None:
+                progress(format_round(summary, config.rounds))
+            failed_rounds = [h for h in history if h.failed]
+            if len(failed_rounds) >= config.max_failed_rounds:
+                error = failure_report(failed_rounds)
+                break
+        status = "finished" if error is None else "failed"
+        log.finish_run(run_id, status, error)
+        return RunSummary(run_id, len(history), {}, tuple(history), config, status, error)
+    finally:
+        if own_store:
+            store.close()
+
+
 def _run_round(
     rnd: int,
     config: RunConfig,
@@ -514,18 +729,42 @@ def _run_round(
     profiles: Profiles,
     clock: Callable[[], float],
     wall_clock: Callable[[], float],
+    virtual: VirtualClock | None = None,
 ) -> RoundSummary:
     start, started_at = clock(), wall_clock()
-    sampled = sample_clients(clients, rnd, seed=config.seed, fraction=config.fraction, per_round=config.per_round)
+    keep = clients_per_round(len(clients), config.fraction, config.per_round)
+    if virtual is None:
+        sampled = sample_clients(clients, rnd, seed=config.seed, fraction=config.fraction, per_round=config.per_round)
+    else:
+        sampled = [clients[i] for i in virtual.sample(rnd, keep)]
     instructions = strategy.configure_round(rnd, sampled, profiles)
     # FLuID names the clients it treats as stragglers this round; other strategies have none.
     stragglers = {str(c) for c in getattr(strategy, "stragglers", ())}
-    results, failures = executor.run(instructions, {cid: shard_of[cid] for cid in instructions}, config.timeout_s)
+    shards = {cid: shard_of[cid] for cid in instructions}
+    virtual_of: dict[str, float] = {}
+    virtual_seconds: float | None = None
+    if virtual is None:
+        results, failures = executor.run(instructions, shards, config.timeout_s)
+        seen, seen_failures = results, failures
+    else:
+        timings = _virtual_timings(virtual, instructions, shards, config.epochs, config.batch_size)
+        plan = virtual.schedule({cid: t.total for cid, t in timings.items()}, keep)
+        kept = {cid: instructions[cid] for cid in instructions if cid in set(plan.kept)}
+        results, failures = executor.run(kept, shards, config.timeout_s)
+        failures = [*failures, *_virtual_failures(plan, instructions)]
+        # The strategy sees virtual times; the log keeps the measured ones beside them.
+        seen = [_with_timing(r, timings[r.cid]) for r in results]
+        seen_failures = [
+            dataclasses.replace(f, seconds=plan.seconds) if f.cid in plan.cut or f.cid in plan.late else f
+            for f in failures
+        ]
+        virtual_of = {cid: t.total for cid, t in timings.items()}
+        virtual_seconds = plan.seconds
     strategy_metrics: Mapping[str, Any] = {}
     evaluation: dict[float, dict[str, float]] = {}
     if results:
         # A failed round (no client trained) leaves the global model and the strategy as they were.
-        _, strategy_metrics = strategy.aggregate_round(rnd, results, failures)
+        _, strategy_metrics = strategy.aggregate_round(rnd, seen, seen_failures)
         if (rnd + 1) % config.eval_every == 0 or rnd + 1 == config.rounds:
             evaluation = evaluate_global(strategy, clients, test)
     seconds = clock() - start
@@ -537,7 +776,7 @@ def _run_round(
         "clients_failed": len(failures),
         "mean_loss": mean_loss,
     }
-    rows = _client_rows(strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers)
+    rows = _client_rows(strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of)
     log.log_round(
         run_id,
         rnd,
@@ -548,9 +787,50 @@ def _run_round(
         evaluation={str(w): v for w, v in evaluation.items()},
         clients=rows,
         checkpoint={"round": rnd, "strategy": strategy.state()},
+        virtual_seconds=virtual_seconds,
     )
     accuracy = {w: v["accuracy"] for w, v in evaluation.items()}
-    return RoundSummary(rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures))
+    return RoundSummary(
+        rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures), virtual_seconds
+    )
+
+
+def _virtual_timings(
+    virtual: VirtualClock, instructions: Mapping[str, TrainIns], shards: Mapping[str, Shard], epochs: int, batch: int
+) -> dict[str, Timing]:
+    """Return every instructed client's virtual round at the sub-model it was given."""
+    out = {}
+    for cid, ins in instructions.items():
+        steps = local_steps(
+            len(shards[cid][1]), int(ins.config.get("batch_size", batch)), int(ins.config.get("epochs", epochs))
+        )
+        nbytes = payload_bytes(ins.parameters)
+        out[cid] = virtual.timing(client_index(cid), ins.submodel.arch, steps, nbytes, nbytes)
+    return out
+
+
+def _virtual_failures(plan: RoundSchedule, cids: Iterable[str]) -> list[ClientFailure]:
+    """Return the clients the virtual round did not keep, as ``timeout`` failures, in the order of ``cids``."""
+    out = []
+    for cid in cids:
+        if cid in plan.late:
+            out.append(ClientFailure(cid, "timeout", f"virtual round {plan.late[cid]:.3f} s > deadline", 0.0))
+        elif cid in plan.cut:
+            message = f"over-committed: virtual round {plan.cut[cid]:.3f} s, the round closed at {plan.seconds:.3f} s"
+            out.append(ClientFailure(cid, "timeout", message, 0.0))
+    return out
+
+
+def _with_timing(res: TrainRes, timing: Timing) -> TrainRes:
+    """Return ``res`` with its virtual times (the measured compute seconds kept in its metrics)."""
+    metrics = {**res.metrics, "measured_compute_seconds": res.compute_seconds, "step_seconds": timing.steps}
+    return dataclasses.replace(
+        res,
+        compute_seconds=timing.compute,
+        download_seconds=timing.download,
+        upload_seconds=timing.upload,
+        metrics=metrics,
+    )
 
 
 def format_round(summary: RoundSummary, rounds: int) -> str:
@@ -570,9 +850,10 @@ def format_round(summary: RoundSummary, rounds: int) -> str:
     loss = "-" if summary.mean_loss is None else f"{summary.mean_loss:.4f}"
     accuracy = " ".join(f"{w:g}:{a:.4f}" for w, a in summary.accuracy.items()) or "-"
     head = f"round {summary.round + 1}/{rounds}: clients ok {summary.clients_ok} failed {summary.clients_failed}"
+    virtual = "" if summary.virtual_seconds is None else f" (virtual {summary.virtual_seconds:.2f} s)"
     if summary.failed:
-        return f"{head}: FAILED, no client trained, {summary.seconds:.2f} s"
-    return f"{head}, loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s"
+        return f"{head}: FAILED, no client trained, {summary.seconds:.2f} s{virtual}"
+    return f"{head}, loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s{virtual}"
 
 
 def failure_report(rounds: Sequence[RoundSummary]) -> str:
@@ -617,16 +898,26 @@ def _make_strategy(config: RunConfig, model: ZooModel) -> Strategy:
 
 
 def _client_specs(
-    shards: Sequence[Shard], capacities: Sequence[float], placement: Mapping[str, str]
+    examples: Sequence[int],
+    capacities: Sequence[float],
+    placement: Mapping[str, str],
+    backends: Mapping[str, str] | None = None,
 ) -> list[ClientSpec]:
     caps = [float(c) for c in capacities]
-    if len(caps) != len(shards):
-        raise InputError(f"{len(caps)} capacities for {len(shards)} clients")
+    if len(caps) != len(examples):
+        raise InputError(f"{len(caps)} capacities for {len(examples)} clients")
     from fl.capacity import tiers
 
     return [
-        ClientSpec(cid=f"c{i}", num_examples=int(len(y)), capacity=cap, tier=tier, device=placement.get(f"c{i}"))
-        for i, ((_, y), cap, tier) in enumerate(zip(shards, caps, tiers(caps), strict=True))
+        ClientSpec(
+            cid=f"c{i}",
+            num_examples=int(n),
+            capacity=cap,
+            tier=tier,
+            device=placement.get(f"c{i}"),
+            backend=(backends or {}).get(f"c{i}"),
+        )
+        for i, (n, cap, tier) in enumerate(zip(examples, caps, tiers(caps), strict=True))
     ]
 
 
@@ -671,7 +962,9 @@ def _client_rows(
     by_cid: Mapping[str, ClientSpec],
     epochs: int,
     stragglers: set[str],
+    virtual_of: Mapping[str, float] | None = None,
 ) -> list[ClientRound]:
+    virtual_of = virtual_of or {}
     rows: list[ClientRound] = []
     result_of = {r.cid: r for r in results}
     failure_of = {f.cid: f for f in failures}
@@ -682,9 +975,11 @@ def _client_rows(
             width=_width_of(model, ins, client.capacity),
             status="ok",
             device=client.device,
+            backend=client.backend,
             arch_widths=tuple(ins.submodel.arch.widths),
             tier=client.tier,
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),
+            virtual_seconds=virtual_of.get(cid),
         )
         if cid in result_of:
             res = result_of[cid]
@@ -718,8 +1013,17 @@ def _client_rows(
     return rows
 
 
+def _speed_factors(virtual: VirtualClock) -> dict[str, float]:
+    return {f"c{i}": factor for i, factor in enumerate(virtual.population.factors)}
+
+
 def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    number = _float_or_none(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
@@ -742,6 +1046,7 @@ def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
                 accuracy={float(w): float(v["accuracy"]) for w, v in evaluation.items()},
                 seconds=float(row.wall_seconds),
                 failures=failures,
+                virtual_seconds=_finite_or_none(getattr(row, "virtual_seconds", None)),
             )
         )
     return out

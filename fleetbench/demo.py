@@ -4,9 +4,17 @@
    `devices/fleets/emulated.yaml`) is written into the demo directory on free loopback
    ports and brought up. Without OpenSSH's ``sshd`` (or when ``--local`` is given) the
    demo says so and uses three local devices instead, which run at the host's speed.
+   Each device is then asked what it can run and uses its best available runner
+   backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all;
+   the phone, which has no Python, first gets its runtime bundle and so runs onnx,
+   `harness.phone_runtime`);
+   a device with none is reported with its reason and left out of the rest.
 2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
    optimizer graph, which both the profile and the FL rounds train with.
-3. **Profile**: every device x width, a few timed steps each, into the demo's store.
+3. **Profile**: every device x width into the demo's store, the devices that share this
+   machine's cpus one at a time (the example fleet pins its slowest device to a cpu of its
+   own, so two lanes run side by side; the plan is printed), each cell sampled until its
+   median is within +-2 % or `DEMO_MAX_SECONDS` (then flagged imprecise).
 4. **Tiers**: from the profiles (`fl.scheduling.assign_tiers`): each device's widest width
    whose predicted training time meets the deadline (the median device's full-width
    time), devices clustered into two tiers.
@@ -38,6 +46,10 @@ DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
 
 #: Training batch of every artifact set the demo uses.
 DEMO_BATCH = 20
+
+#: Per-cell cap on warm-up and sampling: a cell on an idle emulated device reaches +-2 % in
+#: about a second; a busy machine gets its cells flagged imprecise rather than a longer demo.
+DEMO_MAX_SECONDS = 2.0
 
 
 class Progress:
@@ -122,9 +134,12 @@ def run_demo(args: argparse.Namespace) -> int:
     from devices import emulate
     from exporters.arch import DEFAULT_MODEL
     from exporters.artifacts import check_writable
+    from exporters.errors import InputError
     from harness import campaign
     from harness.store import ProfileStore
 
+    if not 0 <= args.precision < 1:
+        raise InputError(f"--precision {args.precision:g} must be a fraction in [0, 1) (0.02 is +-2 %)")
     out = check_writable(Path(args.out).resolve())
     db = out / "fleetbench.db"
     artifacts = out / "artifacts"
@@ -142,24 +157,27 @@ def run_demo(args: argparse.Namespace) -> int:
         progress.steps -= 1  # nothing to stop at the end
     progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
     status = 0
+    started = fleet
     try:
+        fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
-        backends = provision_runtimes(fleet, progress)
-        specs = [
-            spec
-            for device in fleet.devices
-            for spec in campaign.plan_cells([device], model, DEMO_WIDTHS, [DEMO_BATCH], [backends[device.name]],
-                                            args.steps, 2, "sgd")
-        ]  # fmt: skip
+        specs = campaign.plan_cells(
+            fleet, model, DEMO_WIDTHS, [DEMO_BATCH], backends, args.steps, 20, "sgd", precision=args.precision,
+            max_seconds=args.max_seconds,
+        )  # fmt: skip
         sets = campaign.export_sets(specs, artifacts)
         progress.detail(f"{len(sets)} artifact sets in {artifacts}")
         with ProfileStore(db) as store:
             result = campaign.run_campaign(
                 fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
-                progress=lambda event: progress.detail(campaign.format_event(event)),
+                progress=lambda event: progress.detail(campaign.format_event(event)), announce=progress.detail,
             )  # fmt: skip
             ok = sum(m.ok for m in result.measurements)
-            progress.detail(f"{ok} of {len(result.measurements)} cells measured")
+            imprecise = sum(m.imprecise for m in result.measurements)
+            progress.detail(
+                f"{ok} of {len(result.measurements)} cells measured"
+                + (f", {imprecise} imprecise (the machine is busy; see the report)" if imprecise else "")
+            )
 
             progress.step("planning tiers from the profiles")
             from exporters.zoo import get_model
@@ -189,26 +207,47 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         if emulated and not args.keep_up:
             progress.step("stopping the emulated fleet")
-            for problem in emulate.down(fleet, say=lambda line: None):
+            for problem in emulate.down(started, say=lambda line: None):
                 progress.detail(problem)
     print(f"\nreport:  {html}\nstore:   {db}\nelapsed: {progress.elapsed:.0f} s")
     return status
 
 
-def provision_runtimes(fleet: Any, progress: Progress) -> dict[str, str]:
-    """Give every phone without Python its runtime bundle; return each device's runner backend.
+def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any, dict[str, str]]:
+    """Choose each device's runner backend; return the fleet of usable devices and their backends.
 
-    A phone running the bundle trains with ``onnx`` (the portable step model on the plain
-    onnxruntime), every other device with ``ort``.
+    Parameters
+    ----------
+    fleet : devices.fleet.Fleet
+    override : str
+        ``--backend`` (``auto``: each device's best available).
+    progress : Progress
+        Receives one line per device.
+
+    Returns
+    -------
+    fleet : devices.fleet.Fleet
+        Only the devices with a backend.
+    backends : dict of str to str
+        Device name -> backend.
+
+    Raises
+    ------
+    InputError
+        When no device can run a backend.
     """
-    from devices.connect import connect
-    from harness.phone_runtime import format_reports, provision_phones
+    from exporters.errors import InputError
+    from harness.backends import format_choices, usable_devices
+    from harness.provision import fleet_backends
 
-    phones = provision_phones(fleet, connect, say=progress.detail)
-    for line in format_reports(phones, fleet.devices):
-        progress.detail(line)
-    on_bundle = {name for name, report in phones.successes.items() if report.start.runtime == "bundle"}
-    return {d.name: "onnx" if d.name in on_bundle else "ort" for d in fleet.devices}
+    choices = fleet_backends(fleet, override)
+    for line in format_choices(choices):
+        progress.detail(f"backend of {line}")
+    backends = usable_devices(choices)
+    if not backends:
+        raise InputError(f"no device can run a backend; see: fleetbench fleet provision {fleet.path}")
+    usable = tuple(d for d in fleet.devices if d.name in backends)
+    return dataclasses.replace(fleet, devices=usable), backends
 
 
 def plan_capacities(
@@ -217,9 +256,13 @@ def plan_capacities(
 ) -> list[float] | None:
     """Give every device the width of its tier, planned from the stored profiles.
 
-    The round deadline is the median device's predicted full-width training time; each
-    device gets the widest width that meets it (and fits its memory budget), and devices
-    are clustered into two tiers (`fl.scheduling.assign_tiers`).
+    The round deadline is the median device's predicted full-width training time (its
+    latency model's, `harness.latency`: the same prediction the tiers are planned with, so
+    that the median device meets the deadline at full width exactly, whatever the fit's
+    residual at its measured width); each device gets the widest width that meets it (and
+    fits its memory budget), and devices are clustered into two tiers
+    (`fl.scheduling.assign_tiers`). Each device is planned from the profile of its own
+    backend (``backends``; a device it leaves out: ``ort``).
 
     Returns
     -------
@@ -228,21 +271,27 @@ def plan_capacities(
     """
     from exporters.arch import DEFAULT_MODEL
     from fl import scheduling
+    from harness.latency import fit
+
+    def backend_of(name: str) -> str:
+        return (backends or {}).get(name, "ort")
 
     cells = store.latest_cells()
+    cells = cells[[backend_of(str(d)) == b for d, b in zip(cells.device, cells.backend, strict=True)]]
+    models = fit(cells[(cells.model == DEFAULT_MODEL) & (cells.batch == DEMO_BATCH)])
     full_times = []
     for device in fleet.devices:
         rows = cells[(cells.device == device.name) & (cells.status == "ok") & (cells.width == 1.0)]
-        if len(rows):
-            full_times.append(float(rows.median_us.iloc[0]) * 1e-6 * examples[device.name] * epochs)
+        if len(rows) and device.name in models:
+            latency = models[device.name].latency_model(DEFAULT_MODEL, DEMO_BATCH, backend_of(device.name))
+            full_times.append(latency.predict(1.0).value * examples[device.name] * epochs)
     if not full_times:
         progress.detail("no device has a full-width profile; FL skipped")
         return None
-    deadline = sorted(full_times)[len(full_times) // 2]
+    deadline = sorted(full_times)[len(full_times) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
     plan = scheduling.assign_tiers(
         cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round=examples, epochs=epochs,
-        batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
-        backend=backends or "ort",
+        batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2, backend=backends,
     )  # fmt: skip
     progress.detail(f"round deadline {deadline:.2f} s of training (the median device at full width)")
     capacities = []
@@ -268,6 +317,9 @@ def run_fl_rounds(
     backends: dict[str, str] | None = None,
 ) -> Any:
     """Run ``strategy`` for ``args.rounds`` rounds on the devices, one client per device.
+
+    ``backends`` (device name -> runner backend) is passed to the executor and logged
+    with every client round.
 
     Returns
     -------
@@ -295,6 +347,7 @@ def run_fl_rounds(
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities,
             placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
+            backends={cid: (backends or {}).get(d.name, "ort") for cid, d in placement.items()},
         )  # fmt: skip
     accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
     progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
@@ -304,17 +357,34 @@ def run_fl_rounds(
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``fleetbench`` parser."""
     from exporters.cli import non_negative_int, positive_float, positive_int
+    from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
 
     demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
     demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")
     demo.add_argument("--rounds", type=positive_int, default=4, help="FL rounds (default 4)")
     demo.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round (default 1)")
     demo.add_argument("--examples", type=positive_int, default=2000, help="MNIST examples used in all (default 2000)")
-    demo.add_argument("--steps", type=positive_int, default=5, help="timed steps per profiled cell (default 5)")
+    demo.add_argument(
+        "--steps", type=positive_int, default=MIN_SAMPLES, help=f"fewest timed samples per cell (default {MIN_SAMPLES})"
+    )
+    demo.add_argument(
+        "--precision", type=float, default=DEFAULT_PRECISION,
+        help=f"target half-width of each cell's median interval (default {DEFAULT_PRECISION:g})",
+    )  # fmt: skip
+    demo.add_argument(
+        "--max-seconds", type=positive_float, default=DEMO_MAX_SECONDS,
+        help=f"per-cell cap on warm-up and sampling (default {DEMO_MAX_SECONDS:g})",
+    )  # fmt: skip
     demo.add_argument(
         "--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)"
     )
     demo.add_argument("--seed", type=non_negative_int, default=0)
+    demo.add_argument(
+        "--backend",
+        choices=("auto", "ort", "onnx", "torch"),
+        default="auto",
+        help="runner backend on every device (default auto: each device's best available, ort > onnx > torch)",
+    )
     demo.add_argument("--local", action="store_true", help="use local devices instead of the emulated fleet")
     demo.add_argument("--keep-up", action="store_true", help="leave the emulated fleet running")
     demo.set_defaults(handler="fleetbench.demo:run_demo")

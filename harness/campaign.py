@@ -3,13 +3,54 @@
 A campaign is thin orchestration over the other harness pieces:
 
 1. `plan_cells` turns the request into `BenchSpec` cells (pure);
-2. `run_campaign` exports every artifact set the cells need once, on the host
-   (plus the TorchScript model for torch cells), then runs one thread per device.
-   On a device the cells run strictly one at a time: connect, take one facts
-   snapshot, deploy the runner and the artifact set (content-addressed cache, so an
-   unchanged set pushes nothing), run ``runner.py bench`` under the per-cell
-   timeout, parse its JSON document and store the `Measurement` at once (one
-   transaction per cell, so an interrupted campaign loses no finished cell).
+2. `plan_isolation` decides which devices may be measured at the same time (pure,
+   below);
+3. `run_campaign` exports every artifact set the cells need once, on the host
+   (plus the TorchScript model for torch cells), prints the isolation plan, then runs
+   one thread per device, each starting when the plan lets it. On a device the cells
+   run strictly one at a time: connect, take one facts snapshot, deploy the runner and
+   every ONNX Runtime set the device's cells need (content-addressed cache, so an
+   unchanged set pushes nothing; **decision**: all sets in one deployment,
+   `harness.deploy.deploy_artifact_sets`, three remote commands instead of three or four
+   per set, since on a device held to 0.14 of a core each remote command costs about a
+   second), run
+   ``runner.py bench`` under the per-cell timeout (the runner samples until the median
+   is precise or its cap, see `harness.runner`), parse its JSON document and store the
+   `Measurement` at once (one transaction per cell, so an interrupted campaign loses no
+   finished cell).
+
+Isolation (decided here)
+    Devices that run on this host (``local`` devices, emulated devices, and devices
+    whose address is a loopback one) share its cpus. Two of them *conflict* unless both
+    are pinned to disjoint cpus (``emulate: {cpus: ...}`` applied by ``fleet up``, read
+    back from the fleet's state so that a pin the machine did not permit does not count);
+    an unpinned one conflicts with every other device on this host. Devices elsewhere
+    (real SSH / ADB boards) conflict with nothing. In fleet order, each device waits for
+    every earlier device it conflicts with to finish all its cells, and starts at once
+    otherwise: conflicting devices are never measured at the same time, and the others
+    are. The plan's *groups* (printed, stored with the campaign) are the waves this
+    gives: group 1 starts at once, a device of group k waits for one of group k - 1.
+    Every cell records how it was measured (`Measurement.isolation`): alone, or beside
+    which devices (those busy at any moment of its run), and why that was allowed.
+    The host's own work for a campaign (SSH, deployment pushes) is not pinned; it is
+    light next to a training step and happens between the runner's timed samples of a
+    device only when another device is deploying.
+
+Precision (decided here)
+    A cell is measured until the 95 % interval of its median is within ``+-precision``
+    or until ``max_seconds`` (`BenchSpec`); one that misses is stored with status ``ok``,
+    ``imprecise`` set and a message that says by how much and, when the runner saw a load
+    average above the cpus it may use, that the device was busy. The campaign goes on.
+
+Widths chosen by the model (``--widths auto:N``)
+    `choose_widths` measures the widest and the narrowest candidate width on every
+    device, fits each device's latency model (`harness.latency`), and then, one round
+    at a time, measures the candidate whose predicted latency is the most uncertain
+    (relative standard deviation, averaged over the devices) until N widths are
+    measured: nn-Meter's adaptive sampling, in one dimension. The widths are chosen for
+    the fleet, not per device, so that every device is measured at the same widths
+    (tables, tiers and cross-device comparisons need that); artifact sets are exported
+    between rounds, never while a device is measured.
 
 Failure policy (decided here):
 
@@ -23,6 +64,15 @@ Failure policy (decided here):
 - the runner's status (its JSON ``status``, else its exit code; see
   `harness.contract.parse_output`) becomes the cell's status; output that is not
   a JSON document is a ``runner error``.
+
+Backend per device (``--backend auto``, the default): before anything is exported,
+every device is asked what it can run (`harness.provision.fleet_backends`) and measured
+with its best available backend (`harness.backends`: ort > onnx > torch); the backend
+is part of every cell, so the store records it. A device with no usable backend is
+reported on stderr with its reason and gets no cells; the others are measured. Skipped
+devices do not change the exit status (the campaign measured everything it could run;
+``fleetbench fleet provision FLEET`` says how to fix them), unless no device is left. ``--backend ort,torch``
+measures the named backends on every device, asking nothing first.
 
 Ctrl-C sets a stop event; each device thread finishes (or times out) its current
 cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
@@ -45,11 +95,14 @@ from typing import TYPE_CHECKING, Any, cast
 from devices.connect import connect as default_connect
 from devices.errors import TransportError
 from devices.fleet import Device, Fleet
+from devices.limits import format_cpu_list, parse_cpu_list
 from devices.transport import Transport
 from harness import contract
 from harness.records import Backend, BenchSpec, Measurement
+from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 
 if TYPE_CHECKING:
+    from harness.backends import BackendChoice
     from harness.store import ProfileStore
 
 #: Backends `plan_cells` accepts.
@@ -105,6 +158,8 @@ class CampaignResult:
         Runner commands actually started on devices.
     interrupted : bool
         True when the stop event was set before every cell ran.
+    plan : IsolationPlan or None
+        Which devices were allowed to run at the same time (None when nothing ran).
     """
 
     campaign_id: int
@@ -113,6 +168,7 @@ class CampaignResult:
     deploys: dict[str, list[Any]] = field(default_factory=dict)
     runner_invocations: int = 0
     interrupted: bool = False
+    plan: IsolationPlan | None = None
 
     @property
     def complete(self) -> bool:
@@ -134,10 +190,13 @@ def plan_cells(
     model: str,
     widths: Iterable[float],
     batches: Iterable[int],
-    backends: Iterable[str],
+    backends: Iterable[str] | Mapping[str, str],
     steps: int,
     warmup: int,
     optimizer: str = "adamw",
+    *,
+    precision: float = DEFAULT_PRECISION,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
 ) -> list[BenchSpec]:
     """Return the cells of a campaign, device-major (pure).
 
@@ -151,12 +210,17 @@ def plan_cells(
         Widths in (0, 1].
     batches : iterable of int
         Training batch sizes.
-    backends : iterable of str
-        ``"ort"`` and/or ``"torch"``.
+    backends : iterable of str, or mapping of str to str
+        Backends measured on every device (``"ort"``, ``"onnx"``, ``"torch"``), or one
+        backend per device name; devices the mapping does not name get no cells.
     steps, warmup : int
-        Timed and warm-up steps per cell.
+        Fewest timed samples and most warm-up steps per cell.
     optimizer : str
         ``"adamw"`` or ``"sgd"``.
+    precision : float
+        Target half-width of the median's 95 % interval (fraction; 0: exactly ``steps``).
+    max_seconds : float
+        Per-cell cap on warm-up plus sampling.
 
     Returns
     -------
@@ -173,8 +237,11 @@ def plan_cells(
 
     zoo_model = get_model(model)
     devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
-    backend_list = list(backends)
-    for backend in backend_list:
+    if isinstance(backends, Mapping):
+        per_device = {d.name: [backends[d.name]] for d in devices if d.name in backends}
+    else:
+        per_device = {d.name: list(backends) for d in devices}
+    for backend in {b for listed in per_device.values() for b in listed}:
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
     archs = [(width, tuple(zoo_model.arch(width).widths)) for width in widths]
@@ -190,12 +257,225 @@ def plan_cells(
             warmup=warmup,
             steps=steps,
             optimizer=optimizer,
+            precision=precision,
+            max_seconds=max_seconds,
         )
         for device in devices
+        if device.name in per_device
         for width, arch_widths in archs
         for batch in batches
-        for backend in backend_list
+        for backend in per_device[device.name]
     ]
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+#: Host names that mean this machine.
+LOOPBACK_HOSTS = frozenset({"localhost", "ip6-localhost", "::1"})
+
+
+def on_this_host(device: Device) -> bool:
+    """Whether ``device`` runs on this machine's cpus.
+
+    Parameters
+    ----------
+    device : Device
+
+    Returns
+    -------
+    bool
+        True for local devices, emulated devices and devices reached at a loopback
+        address (an SSH server or an Android emulator on this machine).
+    """
+    if device.kind == "local" or device.emulate is not None:
+        return True
+    address = device.host if device.kind == "ssh" else (device.serial or "").rpartition(":")[0]
+    address = (address or "").strip("[]").lower()
+    return address in LOOPBACK_HOSTS or address.startswith("127.")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one device runs and whom it waits for.
+
+    Attributes
+    ----------
+    device : str
+    on_host : bool
+        It runs on this machine's cpus (`on_this_host`).
+    cpus : frozenset of int or None
+        The cpus it is pinned to; None: every cpu of this machine (or not on it).
+    after : tuple of str
+        Earlier devices it shares cpus with: it starts when they have finished.
+    group : int
+        1-based wave of the plan.
+    """
+
+    device: str
+    on_host: bool
+    cpus: frozenset[int] | None
+    after: tuple[str, ...]
+    group: int
+
+    def where(self) -> str:
+        """Its cpus in words: ``cpus 0-1``, ``every cpu of this host`` or ``another host``."""
+        if not self.on_host:
+            return "another host"
+        return "every cpu of this host" if self.cpus is None else f"cpus {format_cpu_list(self.cpus)}"
+
+
+@dataclass(frozen=True)
+class IsolationPlan:
+    """Which devices of a campaign may be measured at the same time (`plan_isolation`).
+
+    Attributes
+    ----------
+    placements : tuple of Placement
+        One per device, in fleet order.
+    """
+
+    placements: tuple[Placement, ...]
+
+    def placement(self, device: str) -> Placement:
+        """Return the placement of ``device`` (KeyError if absent)."""
+        for p in self.placements:
+            if p.device == device:
+                return p
+        raise KeyError(device)
+
+    def conflict(self, a: str, b: str) -> bool:
+        """Whether devices ``a`` and ``b`` share cpus of this host (never measured together)."""
+        return a != b and _conflict(self.placement(a), self.placement(b))
+
+    @property
+    def groups(self) -> list[list[str]]:
+        """Device names per wave, in order."""
+        waves: dict[int, list[str]] = {}
+        for p in self.placements:
+            waves.setdefault(p.group, []).append(p.device)
+        return [waves[g] for g in sorted(waves)]
+
+    def why_together(self, device: str, other: str) -> str:
+        """Why ``device`` may run beside ``other``, in a few words."""
+        a, b = self.placement(device), self.placement(other)
+        if not b.on_host:
+            return f"{other} is another host"
+        if not a.on_host:
+            return f"{device} is another host"
+        assert a.cpus is not None and b.cpus is not None  # on this host and not in conflict: both pinned
+        return f"disjoint cpus {format_cpu_list(a.cpus)} | {format_cpu_list(b.cpus)}"
+
+    def isolation(self, device: str, concurrent: Iterable[str]) -> dict[str, Any]:
+        """Return the isolation record of a cell of ``device`` measured while ``concurrent`` were busy.
+
+        Parameters
+        ----------
+        device : str
+        concurrent : iterable of str
+            Devices busy at some moment of the cell.
+
+        Returns
+        -------
+        dict
+            ``alone`` (bool), ``concurrent_with`` (sorted names), ``cpus`` (in words) and
+            ``reason``: why it was measured alone (the devices it shares cpus with) or why
+            each device beside it was allowed.
+        """
+        others = sorted(set(concurrent) - {device})
+        placement = self.placement(device)
+        if others:
+            reason = "concurrent with " + ", ".join(f"{o} ({self.why_together(device, o)})" for o in others)
+        else:
+            sharing = [p.device for p in self.placements if self.conflict(device, p.device)]
+            reason = "measured alone" + (f": shares this host's cpus with {', '.join(sharing)}" if sharing else "")
+        return {"alone": not others, "concurrent_with": others, "cpus": placement.where(), "reason": reason}
+
+    def describe(self) -> list[str]:
+        """Return the plan as printed lines: one per device, then the groups."""
+        width = max((len(p.device) for p in self.placements), default=0)
+        lines = ["isolation plan (devices that share this host's cpus are measured one at a time):"]
+        for p in self.placements:
+            when = "starts at once" if not p.after else f"after {', '.join(p.after)} (shares cpus)"
+            lines.append(f"  {p.device:<{width}}  {p.where():<22}  group {p.group}: {when}")
+        groups = " -> ".join("{" + ", ".join(g) + "}" for g in self.groups)
+        lines.append(f"  groups, in order: {groups}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the plan as JSON-ready data (stored with the campaign)."""
+        return {
+            "groups": self.groups,
+            "devices": {
+                p.device: {
+                    "on_host": p.on_host,
+                    "cpus": None if p.cpus is None else format_cpu_list(p.cpus),
+                    "after": list(p.after),
+                    "group": p.group,
+                }
+                for p in self.placements
+            },
+        }
+
+
+def _conflict(a: Placement, b: Placement) -> bool:
+    if not (a.on_host and b.on_host):
+        return False
+    if a.cpus is None or b.cpus is None:
+        return True
+    return bool(a.cpus & b.cpus)
+
+
+def plan_isolation(devices: Sequence[Device], cpus: Mapping[str, frozenset[int] | None]) -> IsolationPlan:
+    """Decide which devices may be measured at the same time (pure; see the module docstring).
+
+    Parameters
+    ----------
+    devices : sequence of Device
+        In the order their cells are planned (fleet order).
+    cpus : mapping of str to frozenset of int or None
+        The cpus each device is really pinned to (`pinned_cpus`); absent or None: not pinned.
+
+    Returns
+    -------
+    IsolationPlan
+        Each device waits for every earlier device it conflicts with; its group is one
+        more than the largest group among them.
+    """
+    placed: list[Placement] = []
+    for device in devices:
+        here = on_this_host(device)
+        mine = Placement(device.name, here, cpus.get(device.name) if here else None, (), 1)
+        after = tuple(p.device for p in placed if _conflict(mine, p))
+        group = 1 + max((p.group for p in placed if p.device in after), default=0)
+        placed.append(replace(mine, after=after, group=group))
+    return IsolationPlan(tuple(placed))
+
+
+def pinned_cpus(fleet: Fleet) -> dict[str, frozenset[int] | None]:
+    """Return the cpus each emulated device of ``fleet`` is pinned to, as ``fleet up`` applied them.
+
+    Read from the fleet's state (`devices.emulate.load_state`): a pin asked for in the
+    fleet file but not applied (the device is down, or was started before pinning)
+    counts as no pin.
+
+    Parameters
+    ----------
+    fleet : Fleet
+
+    Returns
+    -------
+    dict of str to frozenset of int or None
+    """
+    from devices.emulate import load_state
+
+    state = load_state(fleet.state_dir)
+    out: dict[str, frozenset[int] | None] = {}
+    for device in fleet.devices:
+        dev = state.get(device.name)
+        applied = dev.cpus if dev is not None and dev.cpuset != "none" else None
+        out[device.name] = parse_cpu_list(applied) if applied else None
+    return out
 
 
 # --------------------------------------------------------------------------- host side
@@ -251,9 +531,10 @@ def export_sets(specs: Sequence[BenchSpec], artifacts_dir: Path) -> dict[tuple[s
 # --------------------------------------------------------------------------- one cell
 
 
-#: Seconds per timed sample on a device held to a CPU share: 20 CFS periods of
-#: `devices.limits.PERIOD_US` (see the runner's ``--sample-seconds``).
-EMULATED_SAMPLE_S = 0.2
+#: On a device held to a CPU share by a CFS quota, a timed sample may start and end inside a
+#: throttled gap of up to ``(1 - share / threads)`` of a period; samples span enough periods
+#: that this is at most this fraction of a sample (see the runner's ``--sample-seconds``).
+EMULATED_BLOCK_ERROR = 0.04
 
 
 def sample_seconds_for(device: Device) -> float:
@@ -266,13 +547,23 @@ def sample_seconds_for(device: Device) -> float:
     Returns
     -------
     float
-        `EMULATED_SAMPLE_S` when the device is emulated with a CPU share (its own or its
-        preset's), else 0 (every step is one sample).
+        For a device emulated with a CPU share (its own or its preset's) below its
+        runner's threads, so that the quota really throttles it:
+        ``period * (1 - share / threads) / EMULATED_BLOCK_ERROR`` (0.215 s for a Pi 3's
+        0.14 of a core at the 10 ms period of `devices.limits.PERIOD_US`, 0.1 s at 0.6);
+        else 0 (every step is one sample: a share of at least ``threads`` cores never
+        stops the runner's threads, and its single steps are not bimodal).
     """
+    from devices.limits import PERIOD_US
+    from devices.presets import resolve
+
     emulation = device.emulate
-    if emulation is not None and (emulation.cpu_share is not None or emulation.preset is not None):
-        return EMULATED_SAMPLE_S
-    return 0.0
+    if emulation is None:
+        return 0.0
+    share = resolve(emulation).cpu_share
+    if share is None or share >= device.threads:
+        return 0.0
+    return PERIOD_US * 1e-6 * (1.0 - share / device.threads) / EMULATED_BLOCK_ERROR
 
 
 def measurement_from_doc(
@@ -286,6 +577,7 @@ def measurement_from_doc(
     finished_at: float,
     versions: Mapping[str, str],
     git_commit: str | None,
+    isolation: Mapping[str, Any] | None = None,
 ) -> Measurement:
     """Build the `Measurement` of one cell from the runner's document (pure).
 
@@ -303,14 +595,22 @@ def measurement_from_doc(
     versions : Mapping
         Host tool versions.
     git_commit : str or None
+    isolation : Mapping, optional
+        How the cell was isolated (`IsolationPlan.isolation`).
 
     Returns
     -------
     Measurement
+        A measured cell that missed its precision keeps status ``ok``, with
+        ``imprecise`` set and `imprecision_reason` as its message.
     """
     steps = tuple(float(s) for s in doc.get("step_seconds") or ()) if status == "ok" else ()
     peak = doc.get("peak_memory_bytes")
     gflops = doc.get("matmul_gflops")
+    achieved = doc.get("precision_achieved")
+    imprecise = status == "ok" and bool(doc.get("imprecise", False))
+    if imprecise and not message:
+        message = imprecision_reason(spec, doc)
     return Measurement(
         spec=spec,
         status=status,
@@ -326,7 +626,62 @@ def measurement_from_doc(
         finished_at=finished_at,
         versions=dict(versions),
         git_commit=git_commit,
+        precision_achieved=float(achieved) if isinstance(achieved, (int, float)) else None,
+        imprecise=imprecise,
+        stop_reason=doc.get("stop_reason") if status == "ok" else None,
+        isolation=dict(isolation or {}),
     )
+
+
+def device_busy(doc: Mapping[str, Any]) -> str:
+    """Say whether the runner saw a busy device: a load average above the cpus it may use.
+
+    Parameters
+    ----------
+    doc : Mapping
+        The runner's document (``loadavg``, ``cpus_available``).
+
+    Returns
+    -------
+    str
+        ``"load average 3.2 on 2 cpus"`` when the larger 1-minute load average (before or
+        after) exceeds the available cpus, else "".
+    """
+    loads = doc.get("loadavg") or {}
+    values = [float(v[0]) for v in (loads.get("before"), loads.get("after")) if isinstance(v, list) and v]
+    cpus = doc.get("cpus_available")
+    if not values or not isinstance(cpus, int) or cpus < 1:
+        return ""
+    worst = max(values)
+    return f"load average {worst:.1f} on {cpus} cpu{'s' if cpus != 1 else ''}" if worst > cpus else ""
+
+
+def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any]) -> str:
+    """Return the stored reason of a cell that missed its precision (one line).
+
+    Parameters
+    ----------
+    spec : BenchSpec
+    doc : Mapping
+        The runner's document.
+
+    Returns
+    -------
+    str
+        E.g. ``imprecise: 95 % interval of the median +-3.4 % after 812 samples in 30.0 s
+        (target +-2 %, time cap); device busy: load average 3.9 on 2 cpus``.
+    """
+    achieved = doc.get("precision_achieved")
+    samples = doc.get("samples") or len(doc.get("step_seconds") or ())
+    seconds = doc.get("timed_seconds")
+    reached = f"+-{100 * float(achieved):.1f} %" if isinstance(achieved, (int, float)) else "no interval"
+    took = f" in {float(seconds):.1f} s" if isinstance(seconds, (int, float)) else ""
+    text = (
+        f"imprecise: 95 % interval of the median {reached} after {samples} samples{took} "
+        f"(target +-{100 * spec.precision:g} %, {doc.get('stop_reason') or 'stopped'})"
+    )
+    busy = device_busy(doc)
+    return text + (f"; device busy: {busy}" if busy else "")
 
 
 # --------------------------------------------------------------------------- progress
@@ -343,7 +698,7 @@ def per_image_us(measurement: Measurement) -> float | None:
 
 
 def format_event(event: CellEvent) -> str:
-    """One progress line, e.g. ``[fast] 2/4 w0.50 b20 ort ok 812 us/img``.
+    """One progress line, e.g. ``[fast] 2/4 w0.50 b20 ort ok 812 us/img +-1.2 %``.
 
     Parameters
     ----------
@@ -358,7 +713,12 @@ def format_event(event: CellEvent) -> str:
     head = f"[{event.device}] {event.done}/{event.total} w{spec.width:.2f} b{spec.batch} {spec.backend}"
     if m.ok:
         us = per_image_us(m)
-        return f"{head} ok" + (f" {us:.0f} us/img" if us is not None else "")
+        text = f"{head} ok" + (f" {us:.0f} us/img" if us is not None else "")
+        if m.precision_achieved is not None:
+            text += f" +-{100 * m.precision_achieved:.1f} %"
+        if not m.isolation.get("alone", True):
+            text += " (concurrent with " + ", ".join(m.isolation.get("concurrent_with") or ()) + ")"
+        return text + (f"; {m.message}" if m.imprecise else "")
     return f"{head} {m.status}: {m.message}"
 
 
@@ -368,6 +728,34 @@ def print_progress(event: CellEvent) -> None:
 
 
 # --------------------------------------------------------------------------- campaign
+
+
+class _Activity:
+    """Which devices are busy now, and which other devices each cell in progress has seen busy."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.busy: set[str] = set()
+        self.seen: dict[str, set[str]] = {}
+
+    def device_started(self, name: str) -> None:
+        with self.lock:
+            self.busy.add(name)
+            for other, seen in self.seen.items():
+                if other != name:
+                    seen.add(name)
+
+    def device_finished(self, name: str) -> None:
+        with self.lock:
+            self.busy.discard(name)
+
+    def cell_started(self, name: str) -> None:
+        with self.lock:
+            self.seen[name] = self.busy - {name}
+
+    def cell_finished(self, name: str) -> set[str]:
+        with self.lock:
+            return self.seen.pop(name, set())
 
 
 class _DeviceRun:
@@ -390,13 +778,18 @@ class _DeviceRun:
         git_commit: str | None,
         result: CampaignResult,
         lock: threading.Lock,
+        plan: IsolationPlan,
+        activity: _Activity,
+        finished: Mapping[str, threading.Event],
     ) -> None:
         self.device, self.specs, self.sets = device, specs, sets
         self.store, self.campaign_id, self.timeout = store, campaign_id, timeout
         self.connect, self.clock, self.progress, self.stop = connect, clock, progress, stop
         self.versions, self.git_commit = versions, git_commit
         self.result, self.lock = result, lock
+        self.plan, self.activity, self.finished = plan, activity, finished
         self.transport: Transport | None = None
+        self.prefetched = False
         self.facts: dict[str, Any] | None = None
         self.runner_remote: str | None = None
         self.start: contract.RunnerStart | None = None
@@ -414,6 +807,25 @@ class _DeviceRun:
             except Exception:  # noqa: BLE001 - closing a broken connection must not mask the failure
                 pass
             self.transport = None
+
+    def _prefetch(self, transport: Transport) -> None:
+        """Deploy every ONNX Runtime set the device's cells need in one deployment (`deploy_artifact_sets`).
+
+        One check, push, commit and materialise for the whole campaign instead of one of
+        each per set: on a device held to a small CPU share each remote command costs
+        about a second. Torch cells keep their own deployment (`_prepare`).
+        """
+        from harness.deploy import deploy_artifact_sets
+
+        self.prefetched = True
+        wanted = list(dict.fromkeys(self.sets[_set_key(spec)] for spec in self.specs if spec.backend != "torch"))
+        if not wanted:
+            return
+        deployed = deploy_artifact_sets(transport, self.device, wanted, timeout=self.timeout)
+        with self.lock:
+            self.result.deploys.setdefault(self.device.name, []).extend(deployed)
+        for set_dir, result in zip(wanted, deployed, strict=True):
+            self.remote_sets[(set_dir, False)] = str(result.remote_dir)
 
     def _prepare(self, set_dir: Path, backend: str) -> tuple[Transport, str, str]:
         """Connect, snapshot facts, deploy runner and set (each once per device).
@@ -435,6 +847,8 @@ class _DeviceRun:
             self.start = runner_start(transport, self.device, timeout=self.timeout, say=print)
         if not self.start.offers(backend):
             raise MissingBackend(f"{self.device.name}: the {backend} backend does not run on {self.start.detail}")
+        if not self.prefetched:
+            self._prefetch(transport)
         if self.runner_remote is None:
             self.runner_remote = str(deploy_runner(transport, self.device, contract.RUNNER_PATH, timeout=self.timeout))
         key = (set_dir, backend == "torch")
@@ -452,6 +866,7 @@ class _DeviceRun:
 
     def _measure(self, spec: BenchSpec) -> Measurement:
         started = self.clock()
+        self.activity.cell_started(self.device.name)
         status, message, doc = "runner error", "", cast(dict[str, Any], {})
         try:
             set_dir = self.sets[_set_key(spec)]
@@ -461,6 +876,7 @@ class _DeviceRun:
             argv = contract.bench_argv(
                 self.start or self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
                 steps=spec.steps, threads=spec.threads, sample_seconds=sample_seconds_for(self.device),
+                precision=spec.precision, max_seconds=spec.max_seconds,
             )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout)
             output = contract.parse_output(run.rc, run.stdout, run.stderr)
@@ -475,9 +891,18 @@ class _DeviceRun:
         except Exception as exc:  # noqa: BLE001 - one broken cell is a record, never a crashed campaign
             status, message = "runner error", f"{type(exc).__name__}: {exc}"
             self._drop_transport()
-        return self._build(spec, status, message, doc, started)
+        concurrent = self.activity.cell_finished(self.device.name)
+        return self._build(spec, status, message, doc, started, concurrent)
 
-    def _build(self, spec: BenchSpec, status: str, message: str, doc: Mapping[str, Any], started: float) -> Measurement:
+    def _build(
+        self,
+        spec: BenchSpec,
+        status: str,
+        message: str,
+        doc: Mapping[str, Any],
+        started: float,
+        concurrent: Iterable[str] = (),
+    ) -> Measurement:
         return measurement_from_doc(
             spec,
             status,
@@ -488,11 +913,27 @@ class _DeviceRun:
             finished_at=self.clock(),
             versions=self.versions,
             git_commit=self.git_commit,
+            isolation=self.plan.isolation(self.device.name, concurrent),
         )
+
+    def _wait_turn(self) -> bool:
+        """Wait until every earlier device sharing this one's cpus has finished; False when stopped."""
+        for other in self.plan.placement(self.device.name).after:
+            event = self.finished.get(other)
+            while event is not None and not event.wait(0.2):
+                if self.stop.is_set():
+                    return False
+        return not self.stop.is_set()
 
     def __call__(self) -> None:
         down: Measurement | None = None
+        name = self.device.name
         try:
+            if not self._wait_turn():
+                with self.lock:
+                    self.result.interrupted = True
+                return
+            self.activity.device_started(name)
             for done, spec in enumerate(self.specs, 1):
                 if self.stop.is_set():
                     with self.lock:
@@ -516,6 +957,8 @@ class _DeviceRun:
                     print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
         finally:
             self._drop_transport()
+            self.activity.device_finished(name)
+            self.finished[name].set()
 
 
 def run_campaign(
@@ -530,6 +973,8 @@ def run_campaign(
     clock: Callable[[], float] = time.time,
     progress: Callable[[CellEvent], None] = print_progress,
     stop: threading.Event | None = None,
+    announce: Callable[[str], None] | None = None,
+    campaign_id: int | None = None,
 ) -> CampaignResult:
     """Measure ``specs`` on the fleet and store every cell as it finishes.
 
@@ -555,30 +1000,43 @@ def run_campaign(
         Called with a `CellEvent` after every stored cell, from the device's thread.
     stop : threading.Event, optional
         Set it to stop after the cells in progress (Ctrl-C sets it too).
+    announce : callable, optional
+        Receives the isolation plan's lines before anything is measured (default: stderr).
+    campaign_id : int, optional
+        Add the cells to this stored campaign instead of starting one (`choose_widths`).
 
     Returns
     -------
     CampaignResult
     """
     stop = stop or threading.Event()
+    say = announce if announce is not None else (lambda line: print(line, file=sys.stderr, flush=True))
     done_keys = store.measured_keys() if resume else set()
     todo = [s for s in specs if s.cell_key() not in done_keys]
     skipped = [s for s in specs if s.cell_key() in done_keys]
     from harness.store import git_commit, host_versions
 
     versions, commit = host_versions(), git_commit()
-    models = sorted({s.model for s in specs})
-    campaign_id = store.start_campaign(
-        fleet=str(fleet.path), model=",".join(models) or None, versions=versions, commit=commit, started_at=clock()
-    )
-    result = CampaignResult(campaign_id=campaign_id, skipped=skipped)
-    if not todo:
-        return result
-    sets = export_sets(todo, Path(artifacts_dir))
-    lock = threading.Lock()
     by_device: dict[str, list[BenchSpec]] = {}
     for spec in todo:
         by_device.setdefault(spec.device, []).append(spec)
+    devices = [d for d in fleet.devices if d.name in by_device]
+    plan = plan_isolation(devices, pinned_cpus(fleet))
+    if campaign_id is None:
+        models = sorted({s.model for s in specs})
+        campaign_id = store.start_campaign(
+            fleet=str(fleet.path), model=",".join(models) or None, versions=versions, commit=commit,
+            started_at=clock(), plan=plan.to_dict(),
+        )  # fmt: skip
+    result = CampaignResult(campaign_id=campaign_id, skipped=skipped, plan=plan if todo else None)
+    if not todo:
+        return result
+    sets = export_sets(todo, Path(artifacts_dir))
+    for line in plan.describe():
+        say(line)
+    lock = threading.Lock()
+    activity = _Activity()
+    finished = {name: threading.Event() for name in by_device}
     threads = []
     for name, cells in by_device.items():
         worker = _DeviceRun(
@@ -596,6 +1054,9 @@ def run_campaign(
             git_commit=commit,
             result=result,
             lock=lock,
+            plan=plan,
+            activity=activity,
+            finished=finished,
         )
         thread = threading.Thread(target=worker, name=f"campaign-{name}", daemon=True)
         thread.start()
@@ -660,7 +1121,9 @@ def summary_table(cells: Any, specs: Sequence[BenchSpec]) -> str:
     Returns
     -------
     str
-        One row per cell: median and p95 per-image latency (us), peak memory (MB), status.
+        One row per cell: median and p95 per-image latency (us), the half-width of the
+        median's 95 % interval (%), peak memory (MB), status (``ok, imprecise`` for a cell
+        that missed its precision).
     """
     import pandas as pd
 
@@ -670,7 +1133,7 @@ def summary_table(cells: Any, specs: Sequence[BenchSpec]) -> str:
             by_key[row["cell_key"]] = row
     header = (
         f"{'device':<16} {'width':>6} {'batch':>5} {'backend':<7} "
-        f"{'median us':>10} {'p95 us':>10} {'peak MB':>8}  status"
+        f"{'median us':>10} {'+-%':>5} {'p95 us':>10} {'peak MB':>8}  status"
     )
     lines = [header]
     for spec in specs:
@@ -683,11 +1146,160 @@ def summary_table(cells: Any, specs: Sequence[BenchSpec]) -> str:
             return f"{float(value) / scale:.0f}"
 
         status = "not run" if row is None else str(row.get("status"))
+        if row is not None and bool(row.get("imprecise")):
+            status += ", imprecise"
+        achieved = None if row is None else row.get("precision_achieved")
+        precision = "-" if achieved is None or bool(pd.isna(achieved)) else f"{100 * float(achieved):.1f}"
         lines.append(
             f"{spec.device:<16} {spec.width:>6.2f} {spec.batch:>5} {spec.backend:<7} "
-            f"{num('median_us'):>10} {num('p95_us'):>10} {num('peak_memory_bytes', 1e6):>8}  {status}"
+            f"{num('median_us'):>10} {precision:>5} {num('p95_us'):>10} {num('peak_memory_bytes', 1e6):>8}  {status}"
         )
     return "\n".join(lines)
+
+
+#: Widths ``--widths auto:N`` chooses from: multiples of 1/16 from 1/8 to 1.
+AUTO_CANDIDATES: tuple[float, ...] = tuple(k / 16 for k in range(2, 17))
+
+
+def parse_width_request(text: str) -> tuple[float, ...] | int:
+    """Parse ``--widths``: a comma-separated list, or ``auto:N`` (the number of widths to choose).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    tuple of float or int
+        The widths, or N for ``auto:N``.
+
+    Raises
+    ------
+    exporters.errors.InputError
+        For ``auto:`` without a positive whole number, or a bad width list.
+    """
+    from exporters.arch import parse_widths
+    from exporters.errors import InputError
+
+    head, colon, tail = text.strip().partition(":")
+    if colon and head.strip().lower() == "auto":
+        try:
+            n = int(tail)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise InputError(f"--widths {text!r}: auto:N needs a whole number N >= 1 of widths to measure")
+        if n > len(AUTO_CANDIDATES):
+            raise InputError(f"--widths {text!r}: at most {len(AUTO_CANDIDATES)} candidate widths (1/8 to 1 in 1/16)")
+        return n
+    return parse_widths(text)
+
+
+@dataclass
+class WidthChoice:
+    """What `choose_widths` measured.
+
+    Attributes
+    ----------
+    widths : list of float
+        In the order they were measured.
+    scores : list of float
+        Per chosen width after the first round: the mean relative standard deviation of
+        its predicted latency over the devices when it was chosen.
+    results : list of CampaignResult
+        One per round.
+    """
+
+    widths: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    results: list[CampaignResult] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every round measured every cell."""
+        return bool(self.results) and all(r.complete for r in self.results)
+
+
+def choose_widths(
+    fleet: Fleet,
+    store: ProfileStore,
+    n_widths: int,
+    *,
+    cells: Callable[[Sequence[float]], list[BenchSpec]],
+    candidates: Sequence[float] = AUTO_CANDIDATES,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    **campaign: Any,
+) -> WidthChoice:
+    """Measure the ``n_widths`` widths that most reduce the latency models' uncertainty (see the docstring).
+
+    Parameters
+    ----------
+    fleet : Fleet
+    store : harness.store.ProfileStore
+    n_widths : int
+        Widths to measure in all (the widest and narrowest candidates first).
+    cells : callable
+        ``cells(widths) -> specs`` (`plan_cells` for the request's model, batches, backends).
+    candidates : sequence of float
+        Widths to choose from.
+    say : callable
+        Receives one line per round.
+    **campaign
+        Passed to `run_campaign` (``artifacts_dir``, ``timeout``, ``resume``, ...).
+
+    Returns
+    -------
+    WidthChoice
+    """
+    from harness.latency import choose_next_width, fit
+
+    ordered = sorted(float(c) for c in candidates)
+    first = [ordered[-1]] + ([ordered[0]] if n_widths > 1 else [])
+    choice = WidthChoice()
+    pending = first
+    campaign_id: int | None = None
+    while pending:
+        say(f"measuring width{'s' if len(pending) > 1 else ''} {', '.join(f'{w:g}' for w in pending)}")
+        specs = cells(pending)
+        result = run_campaign(fleet, specs, store, campaign_id=campaign_id, **campaign)
+        campaign_id = result.campaign_id
+        choice.results.append(result)
+        choice.widths.extend(pending)
+        if result.interrupted or len(choice.widths) >= n_widths:
+            break
+        keys = {(s.model, s.batch, s.backend) for s in specs}
+        models = []
+        for device, dm in fit(store.latest_cells()).items():
+            if any(s.device == device for s in specs):
+                models += [dm.latency[k] for k in keys if k in dm.latency and dm.latency[k].zoo]
+        nxt = choose_next_width(models, ordered, choice.widths)
+        if nxt is None:
+            break
+        say(f"next width {nxt[0]:g}: its predicted latency is the most uncertain (+-{100 * nxt[1]:.0f} %, mean)")
+        choice.scores.append(nxt[1])
+        pending = [nxt[0]]
+    return choice
+
+
+def report_choices(choices: Sequence[BackendChoice], say: Callable[[str], None] | None = None) -> list[BackendChoice]:
+    """Print the backend each device uses, or why it is skipped; return ``choices``.
+
+    Parameters
+    ----------
+    choices : sequence of harness.backends.BackendChoice
+    say : callable, optional
+        Receives each line (default: stderr).
+
+    Returns
+    -------
+    list of BackendChoice
+    """
+    from harness.backends import format_choices
+
+    out = say or (lambda line: print(f"fleetbench: {line}", file=sys.stderr, flush=True))
+    for line in format_choices(choices):
+        out(f"backend of {line}")
+    return list(choices)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -696,7 +1308,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     Parameters
     ----------
     args : argparse.Namespace
-        ``fleet, model, widths, batch, backend, steps, warmup, timeout, db, artifacts, resume``.
+        ``fleet, model, widths, batch, backend, steps, warmup, precision, max_seconds, timeout,
+        db, artifacts, resume``.
 
     Returns
     -------
@@ -704,32 +1317,65 @@ def cmd_profile(args: argparse.Namespace) -> int:
         0 when every cell is measured, 1 otherwise (2 for bad input, via `InputError`).
     """
     from devices.fleetfile import load_fleet
-    from exporters.arch import parse_widths
     from exporters.errors import InputError
+    from harness.backends import AUTO, check_override, usable_devices
+    from harness.provision import fleet_backends
     from harness.store import ProfileStore
 
-    widths = parse_widths(args.widths)
+    request = parse_width_request(args.widths)
     batches = _split(args.batch, "batch size", _positive)
-    backends = _split(args.backend, "backend", str)
+    backends = _split(args.backend, "backend", check_override)
+    if AUTO in backends and len(backends) > 1:
+        raise InputError(f"--backend {args.backend}: auto chooses one backend per device; name no others with it")
     if args.timeout <= 0:
         raise InputError(f"timeout {args.timeout:g} must be positive")
-    fleet = load_fleet(args.fleet)
-    specs = plan_cells(fleet, args.model, widths, batches, backends, args.steps, args.warmup)
-    with ProfileStore(Path(args.db)) as store:
-        result = run_campaign(
-            fleet, specs, store, artifacts_dir=Path(args.artifacts), timeout=args.timeout, resume=args.resume
+    if not 0 <= args.precision < 1:
+        raise InputError(f"--precision {args.precision:g} must be a fraction in [0, 1) (0.02 is +-2 %)")
+    if args.timeout <= args.max_seconds:
+        raise InputError(
+            f"--timeout {args.timeout:g} must exceed --max-seconds {args.max_seconds:g} (the runner's start-up and "
+            "deployment come on top of its sampling)"
         )
+    fleet = load_fleet(args.fleet)
+    plan: Sequence[str] | Mapping[str, str] = backends
+
+    def cells(widths: Sequence[float]) -> list[BenchSpec]:
+        return plan_cells(
+            fleet, args.model, widths, batches, plan, args.steps, args.warmup,
+            precision=args.precision, max_seconds=args.max_seconds,
+        )  # fmt: skip
+
+    if backends == [AUTO]:
+        plan_cells(fleet, args.model, [1.0], batches, [], args.steps, args.warmup)  # bad input fails first
+        plan = usable_devices(report_choices(fleet_backends(fleet)))
+    if not cells([1.0]):  # bad model or backend: refused before anything is measured
+        print(f"no device of {args.fleet} can run a backend; see: fleetbench fleet provision {args.fleet}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INCOMPLETE
+    with ProfileStore(Path(args.db)) as store:
+        run = {"artifacts_dir": Path(args.artifacts), "timeout": args.timeout, "resume": args.resume}
+        if isinstance(request, int):
+            choice = choose_widths(fleet, store, request, cells=cells, **run)
+            specs = cells(choice.widths)
+            results = choice.results
+            print(f"widths chosen: {', '.join(f'{w:g}' for w in sorted(choice.widths))}", file=sys.stderr)
+        else:
+            specs = cells(request)
+            results = [run_campaign(fleet, specs, store, **run)]
         print(summary_table(store.latest_cells(), specs))
-    if result.skipped:
-        print(f"{len(result.skipped)} cell(s) were already measured and skipped (--resume).")
-    if result.complete:
+    skipped = sum(len(r.skipped) for r in results)
+    if skipped:
+        print(f"{skipped} cell(s) were already measured and skipped (--resume).")
+    interrupted = any(r.interrupted for r in results)
+    if results and all(r.complete for r in results):
         return 0
-    measured_now = sum(m.ok for m in result.measurements)
-    missing = len(specs) - len(result.skipped) - measured_now
-    what = "interrupted: " if result.interrupted else ""
+    measured_now = sum(m.ok for r in results for m in r.measurements)
+    missing = len(specs) - skipped - measured_now
+    what = "interrupted: " if interrupted else ""
     resume = ["fleetbench", "profile", "--fleet", args.fleet, "--model", args.model, "--widths", args.widths]
     resume += ["--batch", args.batch, "--backend", args.backend, "--steps", str(args.steps)]
-    resume += ["--warmup", str(args.warmup), "--timeout", f"{args.timeout:g}", "--db", args.db]
+    resume += ["--warmup", str(args.warmup), "--precision", f"{args.precision:g}"]
+    resume += ["--max-seconds", f"{args.max_seconds:g}", "--timeout", f"{args.timeout:g}", "--db", args.db]
     resume += ["--artifacts", args.artifacts, "--resume"]
     print(
         f"{what}{missing} of {len(specs)} cell(s) not measured; every finished cell is stored. "

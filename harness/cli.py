@@ -21,17 +21,41 @@ def register(commands: Any) -> None:
         The subparsers of the ``fleetbench`` parser, on which ``fleet`` is already registered.
     """
     from exporters.arch import DEFAULT_MODEL, DEFAULT_WIDTHS
+    from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, MIN_SAMPLES
 
     profile = commands.add_parser("profile", help="measure training latency and memory per device and width")
     profile.add_argument("--fleet", required=True, help="fleet YAML file")
     profile.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model (default {DEFAULT_MODEL})")
-    profile.add_argument("--widths", default=",".join(f"{w:g}" for w in DEFAULT_WIDTHS), help="widths in (0, 1]")
+    profile.add_argument(
+        "--widths",
+        default=",".join(f"{w:g}" for w in DEFAULT_WIDTHS),
+        help="widths in (0, 1], or auto:N to measure the N widths the latency model is least sure of",
+    )
     profile.add_argument("--batch", default="20", help="batch sizes, comma-separated (default 20)")
     profile.add_argument(
-        "--backend", default="ort", help="ort, onnx, torch, comma-separated (default ort; a runtime bundle runs onnx)"
+        "--backend",
+        default="auto",
+        help="auto (each device's best available: ort > onnx > torch; a runtime bundle runs onnx), or ort, onnx, "
+        "torch, comma-separated for every device (default auto)",
     )
-    profile.add_argument("--steps", type=positive_int, default=10, help="timed steps per cell (default 10)")
-    profile.add_argument("--warmup", type=positive_int, default=3, help="warm-up steps per cell (default 3)")
+    profile.add_argument(
+        "--steps", type=positive_int, default=MIN_SAMPLES, help=f"fewest timed samples per cell (default {MIN_SAMPLES})"
+    )
+    profile.add_argument("--warmup", type=positive_int, default=20, help="most warm-up steps per cell (default 20)")
+    profile.add_argument(
+        "--precision",
+        type=float,
+        default=DEFAULT_PRECISION,
+        help=f"target half-width of the median's 95%% interval, a fraction (default {DEFAULT_PRECISION:g}: +-2%%; "
+        "0: exactly --steps samples)",
+    )
+    profile.add_argument(
+        "--max-seconds",
+        type=positive_float,
+        default=DEFAULT_MAX_SECONDS,
+        help=f"per-cell cap on warm-up and sampling; a cell still imprecise then is flagged (default "
+        f"{DEFAULT_MAX_SECONDS:g})",
+    )
     profile.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per cell (default 300)")
     profile.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
     profile.add_argument("--artifacts", default="artifacts", help="artifact cache directory (default ./artifacts)")
@@ -52,6 +76,10 @@ def register(commands: Any) -> None:
     provision = fleet_actions.add_parser("provision", help="report and install the backends each device can run")
     provision.add_argument("file", help="fleet YAML file")
     provision.add_argument("--wheel", action="append", default=[], help="a wheel file to install where missing")
+    provision.add_argument(
+        "--install", action="store_true", help="install missing numpy and onnxruntime from the package index"
+    )
+    provision.add_argument("--index-url", help="package index for --install (default: the device pip's own)")
     provision.set_defaults(handler="harness.provision:cmd_provision")
     up = fleet_actions.choices["up"]
     up.add_argument("--match", metavar="DEVICE", help="calibrate CPU shares to replay a stored device's profile")

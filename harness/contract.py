@@ -11,8 +11,13 @@ module is everything the host needs to drive it, used alike by profiling campaig
   that runtime offers;
 * `bench_argv` and `train_argv`: the command line of each mode (the Python given as a
   path or as a `RunnerStart`);
+* `serve_argv`, `train_request` and `parse_reply`: the resident runner (``runner.py
+  serve``, protocol in `harness.runner`'s docstring): its command line (the Python
+  again a path or a `RunnerStart`), one train request, one reply line in and a
+  `RunnerOutput` out;
 * `RUNNER_EXIT_CODES` and `parse_output`: exit status and JSON document in, one
-  status, a one-line message and the document out;
+  status, a one-line message and the document out (`parse_reply` and a runner that
+  ended without a reply, `ended_output`, give the same statuses);
 * `write_params` and `read_params`: the flat-parameter wire format (one float32
   vector in the manifest's parameter order, saved with ``np.save`` and
   ``allow_pickle=False``).
@@ -24,7 +29,7 @@ inverted here, so the two cannot drift apart.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +129,8 @@ def bench_argv(
     steps: int,
     threads: int,
     sample_seconds: float = 0.0,
+    precision: float = runner.DEFAULT_PRECISION,
+    max_seconds: float = runner.DEFAULT_MAX_SECONDS,
 ) -> list[str]:
     """Return the command line of ``runner.py bench``.
 
@@ -138,8 +145,14 @@ def bench_argv(
     backend : str
         ``"ort"``, ``"torch"`` or ``"onnx"``.
     warmup, steps, threads : int
+        Most warm-up steps, fewest timed samples, intra-op threads.
     sample_seconds : float
         Minimum seconds per timed sample (0: every step is a sample).
+    precision : float
+        Target half-width of the median's 95 % interval, as a fraction of the median
+        (0: exactly ``steps`` samples).
+    max_seconds : float
+        Cap on warm-up plus timed sampling.
 
     Returns
     -------
@@ -148,7 +161,8 @@ def bench_argv(
     return [
         *_start_argv(python), runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
         "--warmup", str(warmup), "--steps", str(steps), "--threads", str(threads),
-        "--sample-seconds", repr(float(sample_seconds)),
+        "--sample-seconds", repr(float(sample_seconds)), "--precision", repr(float(precision)),
+        "--max-seconds", repr(float(max_seconds)),
     ]  # fmt: skip
 
 
@@ -192,6 +206,139 @@ def train_argv(
         "--params", params, "--data", data, "--epochs", str(epochs), "--lr", repr(float(lr)),
         "--threads", str(threads), "--seed", str(seed), "--out", out,
     ]  # fmt: skip
+
+
+def serve_argv(
+    python: str | RunnerStart,
+    runner_path: str,
+    *,
+    backend: str,
+    threads: int,
+    max_sessions: int | None = None,
+    cwd: str | None = None,
+) -> list[str]:
+    """Return the command line of ``runner.py serve`` (the resident runner).
+
+    Parameters
+    ----------
+    python : str or RunnerStart
+        As for `bench_argv`.
+    runner_path : str
+        As for `bench_argv`.
+    backend : str
+        Imported at start and the default of requests.
+    threads : int
+        numpy's threads for the process's life, and the default of requests.
+    max_sessions : int, optional
+        Open backends the runner keeps (its default when None).
+    cwd : str, optional
+        The runner's working directory on the device; relative request paths start there.
+
+    Returns
+    -------
+    list of str
+    """
+    argv = [*_start_argv(python), runner_path, "serve", "--backend", backend, "--threads", str(threads)]
+    if max_sessions is not None:
+        argv += ["--max-sessions", str(max_sessions)]
+    if cwd is not None:
+        argv += ["--cwd", cwd]
+    return argv
+
+
+def train_request(
+    artifacts: str,
+    *,
+    backend: str,
+    params: str,
+    data: str,
+    out: str,
+    epochs: int,
+    lr: float,
+    threads: int,
+    seed: int,
+    request_id: Any = None,
+    fjord: Mapping[str, Sequence[Any]] | None = None,
+    syncdrop: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return one ``train`` request of the serve protocol (the options of `train_argv`).
+
+    Parameters
+    ----------
+    artifacts, backend, params, data, out : str
+        As for `train_argv` (paths on the device).
+    epochs : int
+    lr : float
+    threads, seed : int
+    request_id : JSON value, optional
+        Echoed as the reply's ``id``.
+    fjord : mapping, optional
+        ``{"sets", "index", "widths"}``: a width per step (runner docstring).
+    syncdrop : mapping, optional
+        ``{"sync_seed", "scale", "groups"}``: SyncDrop masks per step (runner docstring).
+
+    Returns
+    -------
+    dict
+        JSON-ready; one line of it is one request.
+    """
+    request: dict[str, Any] = {
+        "id": request_id, "mode": "train", "artifacts": artifacts, "backend": backend, "params": params,
+        "data": data, "out": out, "epochs": int(epochs), "lr": float(lr), "threads": int(threads), "seed": int(seed),
+    }  # fmt: skip
+    if fjord is not None:
+        request["fjord"] = {k: list(v) for k, v in fjord.items()}
+    if syncdrop is not None:
+        request["syncdrop"] = dict(syncdrop)
+    return request
+
+
+def parse_reply(line: str) -> RunnerOutput:
+    """Turn one reply line of a serving runner into a `RunnerOutput`.
+
+    Parameters
+    ----------
+    line : str
+        One stdout line (a JSON object).
+
+    Returns
+    -------
+    RunnerOutput
+        As `parse_output` for a one-shot run that exited with the document's own status.
+    """
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return RunnerOutput(
+            "runner error", f"serving runner replied with a line that is not a JSON object: {line[:200]!r}", {}
+        )
+    status = str(doc.get("status") or "runner error")
+    return parse_output(runner.EXIT_CODES.get(status, 5), line, "")
+
+
+def ended_output(returncode: int | None, stderr: str) -> RunnerOutput:
+    """Return the `RunnerOutput` of a serving runner that ended without replying.
+
+    Parameters
+    ----------
+    returncode : int or None
+        Its exit status when known (negative or ``128 + n``: killed by signal ``n``).
+    stderr : str
+        The end of its stderr.
+
+    Returns
+    -------
+    RunnerOutput
+        ``"out of memory"`` when SIGKILL ended it (what the kernel's OOM killer sends),
+        else as `parse_output` with no document.
+    """
+    if returncode in (-9, 137):
+        tail = stderr.strip()[-300:]
+        message = "runner killed by SIGKILL during the request (the kernel's OOM killer?)"
+        return RunnerOutput("out of memory", message + (f"; stderr: {tail}" if tail else ""), {})
+    return parse_output(-1 if returncode is None else returncode, "", stderr)
 
 
 def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:

@@ -7,7 +7,8 @@ Layout on the device (``W`` is ``device.workdir``, ``~`` expanded on the device)
     W/sets/<set name>/<file>       an artifact set: hard links (copies where links fail) of cas files
     W/runner/<sha256[:16]>/<name>  the on-device runner, the same way
 
-Protocol of one deployment (four remote commands when something is missing, three otherwise):
+Protocol of one deployment (four remote commands when something is missing, three otherwise;
+`deploy_artifact_sets` runs the same steps once for several sets):
 
 1. **check**: one command hashes every wanted entry already in ``W/cas`` on the device;
    an entry whose content does not match its name is deleted and reported as corrupt
@@ -130,44 +131,44 @@ print(json.dumps({"bad": bad}))
 """
 
 _PY_MATERIALISE = _PY_COMMON + r"""
-cas, parent, name, entries = A["cas"], A["parent"], A["name"], A["entries"]
-target = os.path.join(parent, name)
-def same(n, s):
-    p, c = os.path.join(target, n), os.path.join(cas, s)
-    a, b = os.stat(p), os.stat(c)
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) or sha(p) == s
-def intact():
-    try:
-        return (os.path.isdir(target) and not os.path.islink(target)
-                and sorted(os.listdir(target)) == sorted(entries)
-                and all(same(n, s) for n, s in entries.items()))
-    except OSError:
-        return False
-if intact():
-    print(json.dumps({"rebuilt": False}))
-    sys.exit(0)
-os.makedirs(parent, exist_ok=True)
-sweep(parent)
-tmp = tempfile.mkdtemp(prefix=".tmp-" + name + "-", dir=parent)
-try:
-    os.chmod(tmp, 0o755)
-    for n, s in entries.items():
+def build(cas, parent, name, entries):
+    target = os.path.join(parent, name)
+    def same(n, s):
+        p, c = os.path.join(target, n), os.path.join(cas, s)
+        a, b = os.stat(p), os.stat(c)
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) or sha(p) == s
+    def intact():
         try:
-            os.link(os.path.join(cas, s), os.path.join(tmp, n))
+            return (os.path.isdir(target) and not os.path.islink(target)
+                    and sorted(os.listdir(target)) == sorted(entries)
+                    and all(same(n, s) for n, s in entries.items()))
         except OSError:
-            shutil.copyfile(os.path.join(cas, s), os.path.join(tmp, n))
-            os.chmod(os.path.join(tmp, n), 0o444)
-    old = None
-    if os.path.lexists(target):
-        old = tmp + ".old"
-        os.rename(target, old)
-    os.rename(tmp, target)
-    if old is not None:
-        drop(old)
-except BaseException:
-    drop(tmp)
-    raise
-print(json.dumps({"rebuilt": True}))
+            return False
+    if intact():
+        return False
+    os.makedirs(parent, exist_ok=True)
+    sweep(parent)
+    tmp = tempfile.mkdtemp(prefix=".tmp-" + name + "-", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        for n, s in entries.items():
+            try:
+                os.link(os.path.join(cas, s), os.path.join(tmp, n))
+            except OSError:
+                shutil.copyfile(os.path.join(cas, s), os.path.join(tmp, n))
+                os.chmod(os.path.join(tmp, n), 0o444)
+        old = None
+        if os.path.lexists(target):
+            old = tmp + ".old"
+            os.rename(target, old)
+        os.rename(tmp, target)
+        if old is not None:
+            drop(old)
+    except BaseException:
+        drop(tmp)
+        raise
+    return True
+print(json.dumps({"rebuilt": [build(A["cas"], d["parent"], d["name"], d["entries"]) for d in A["dirs"]]}))
 """
 
 # The same three steps for a device without Python: POSIX sh + sha256sum (toybox has both).
@@ -383,6 +384,64 @@ def deploy_artifact_set(
     return _result(remote_dir, named, state, outcome, {n: f"{remote_dir}/{n}" for n in named})
 
 
+def deploy_artifact_sets(
+    transport: Transport,
+    device: Device,
+    set_dirs: Sequence[Path],
+    *,
+    python: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[DeployResult]:
+    """Deploy several artifact sets at once: one check, one push, one commit, one materialise.
+
+    The same protocol as `deploy_artifact_set`, with the steps shared by the sets: three
+    remote commands in all (with Python on the device) instead of three or four per set,
+    which matters on a slow device, where starting a remote command costs about a second.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    set_dirs : sequence of pathlib.Path
+        Local artifact set directories (distinct names).
+    python : str, optional
+        Overrides ``device.python``.
+    timeout : float
+        Seconds per remote command.
+
+    Returns
+    -------
+    list of DeployResult
+        One per set, in order; a content shared by several sets counts as pushed (files
+        and bytes) in the first of them only.
+
+    Raises
+    ------
+    ValueError
+        Two sets of the same name, or a local set that does not match its manifest.
+    TransportError
+        The device failed (`DeployError` when content did not verify on it).
+    """
+    dirs = [Path(d) for d in set_dirs]
+    if len({d.name for d in dirs}) != len(dirs):
+        raise ValueError("two artifact sets of the same name")
+    named_sets = [_local_set(d) for d in dirs]
+    sources = {sha: d / name for d, named in zip(dirs, named_sets, strict=True) for name, sha in named.items()}
+    state = _check(transport, device, python or device.python, sorted(sources), timeout)
+    pushed, _ = _sync(transport, state, sources, timeout)
+    parent = f"{state.workdir}/sets"
+    remote = _materialise_all(transport, state, [(parent, d.name, n) for d, n in zip(dirs, named_sets, strict=True)],
+                              timeout)
+    results = []
+    counted: set[str] = set()
+    for remote_dir, named in zip(remote, named_sets, strict=True):
+        mine = {sha for sha in named.values() if sha in pushed and sha not in counted}
+        counted |= mine
+        outcome = (mine, sum(sources[sha].stat().st_size for sha in mine))
+        results.append(_result(remote_dir, named, state, outcome, {n: f"{remote_dir}/{n}" for n in named}))
+    return results
+
+
 def deploy_runner(
     transport: Transport,
     device: Device,
@@ -525,17 +584,25 @@ def _discard(transport: Transport, state: _CasState, tmps: Sequence[str], timeou
 def _materialise(transport: Transport, state: _CasState, parent: str, name: str,
                  named: Mapping[str, str], timeout: float) -> str:
     """Build (step 4) ``parent/name`` from cas entries and rename it into place."""
+    return _materialise_all(transport, state, [(parent, name, named)], timeout)[0]
+
+
+def _materialise_all(transport: Transport, state: _CasState, dirs: Sequence[tuple[str, str, Mapping[str, str]]],
+                     timeout: float) -> list[str]:
+    """Build (step 4) every ``(parent, name, entries)`` directory: one remote command with Python."""
     if state.python is not None:
-        args = {"cas": state.cas, "parent": parent, "name": name, "entries": dict(named)}
-        _json_or_fail(_run_python(transport, state.python, _PY_MATERIALISE, args, timeout),
-                      None, f"materialise {name}")
+        listed = [{"parent": parent, "name": name, "entries": dict(named)} for parent, name, named in dirs]
+        what = f"materialise {', '.join(name for _, name, _ in dirs)}"
+        _json_or_fail(_run_python(transport, state.python, _PY_MATERIALISE, {"cas": state.cas, "dirs": listed},
+                                  timeout), None, what)
     else:
-        flat = [item for pair in named.items() for item in pair]
-        result = transport.run(["sh", "-c", _SH_MATERIALISE, "sh", state.cas, parent, name, *flat],
-                               timeout=timeout)
-        if not result.ok:
-            raise DeployError(f"cannot materialise {name}: {_tail(result)}")
-    return f"{parent}/{name}"
+        for parent, name, named in dirs:
+            flat = [item for pair in named.items() for item in pair]
+            result = transport.run(["sh", "-c", _SH_MATERIALISE, "sh", state.cas, parent, name, *flat],
+                                   timeout=timeout)
+            if not result.ok:
+                raise DeployError(f"cannot materialise {name}: {_tail(result)}")
+    return [f"{parent}/{name}" for parent, name, _ in dirs]
 
 
 def _result(remote_dir: str, named: Mapping[str, str], state: _CasState,

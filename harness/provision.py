@@ -1,14 +1,23 @@
-"""Provisioning: which backends each device can run, and installing missing ones from wheels.
+"""Provisioning: which backends each device can run and why not, and installing the missing ones.
 
-``fleetbench fleet provision FILE [--wheel W ...]`` asks every device (concurrently, one
-dead device never stops the others) for its Python version and, per package, whether it
-is *present* (installed metadata or a findable module) and *importable* (the import
-succeeds), with its version. The packages are numpy, onnxruntime-training (imported as
-the runner imports it, without PyTorch) and torch; a device can run ``ort`` with numpy and
-onnxruntime-training, ``torch`` with numpy and torch.
+``fleetbench fleet provision FILE [--install] [--index-url URL] [--wheel W ...]`` asks every
+device (concurrently, one dead device never stops the others) for its machine
+(``platform.machine()``), Python version and, per package, whether it is *present*
+(installed metadata or a findable module) and *importable* (the import succeeds), with its
+version. The packages are numpy, onnxruntime (any build: ``import onnxruntime``),
+onnxruntime-training (``onnxruntime.training``, imported as the runner imports it, without
+PyTorch) and torch. Which backend they allow, why a backend is not usable ("onnxruntime-training
+1.19.2 has no wheel for aarch64") and which one a device uses are decided in
+`harness.backends`; `fleet_backends` asks a fleet and chooses.
 
-Installing only from the user's wheels
---------------------------------------
+Where installed packages go
+---------------------------
+Provisioned packages live in ``<workdir>/site`` -- never in the device's own site-packages --
+so **the runner must be started with** ``PYTHONPATH=<workdir>/site`` (see `runner_env`); the
+check here puts that directory first on ``sys.path`` the same way.
+
+Installing from the user's wheels (``--wheel``)
+-----------------------------------------------
 The host downloads nothing and neither does the device. A wheel is matched to a missing
 package by the distribution name in its file name (``onnxruntime_training-1.19.2-...whl``
 is ``onnxruntime-training``; names are compared PEP 503-normalised). Matching wheels are
@@ -19,16 +28,32 @@ and installed with::
         --find-links <workdir>/wheels/<digest> <distribution names>   (one command line)
 
 so pip picks, among the given wheels, the one compatible with the device's Python and
-platform. Provisioned packages live in ``<workdir>/site`` -- never in the device's own
-site-packages -- so **the runner must be started with** ``PYTHONPATH=<workdir>/site``
-(see `runner_env`); the check here puts that directory first on ``sys.path`` the same way.
-``--no-deps`` means a wheel's own dependencies must be given as wheels too: the report
-after installing tells whether the import now works.
+platform.
+
+Installing from the package index (``--install``)
+-------------------------------------------------
+What the ``onnx`` backend needs, numpy and the plain ``onnxruntime``, is installed by the
+device's own pip from the package index (``--index-url`` names another one, e.g. a mirror
+or a local ``file://`` index), as binary wheels only, after any ``--wheel`` and only for
+what is still missing (`INDEX_REQUIREMENTS`). onnxruntime is installed only when no
+onnxruntime imports at all (a working training build imports as ``onnxruntime`` too): a
+plain build in ``<workdir>/site`` would shadow a working training build in the device's
+site-packages and take ``ort`` away. The requirement is
+``onnxruntime>=1.19``, not a pin: 1.19.2 is the last release with Python 3.8 wheels and
+Python 3.13 devices (Raspberry Pi OS trixie) need a newer one; the runner's ``onnx``
+backend was checked here with 1.19.2 and 1.32.0 (same trained parameters as ``ort`` to
+1.5e-8).
+
+Both routes install with ``--no-deps``: onnxruntime imports and runs with numpy alone, and
+pulling its declared dependencies would put a second numpy into ``<workdir>/site`` in front
+of the device's own (which its torch was built against). The report after installing tells
+whether the imports now work.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -43,8 +68,9 @@ from devices.errors import TransportError
 from devices.fleet import Device, Fleet
 from devices.group import FleetResult, run_on_fleet
 from devices.transport import RunResult, Transport
+from harness.backends import BACKEND_PACKAGES, BackendChoice, choose_backend, why_not
 from harness.deploy import deploy_files, sha256_file
-from harness.runner import import_ort_training, torch_blocked
+from harness.runner import import_onnxruntime, import_ort_training, torch_blocked
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
 CHECK_TIMEOUT_S = 180.0
@@ -76,11 +102,15 @@ class Package:
 #: Packages checked by default, in report order.
 DEFAULT_PACKAGES = (
     Package("numpy", "numpy", "numpy"),
-    Package("onnxruntime", "onnxruntime.training", "onnxruntime-training"),
+    Package("onnxruntime", "onnxruntime", "onnxruntime"),
+    Package("onnxruntime-training", "onnxruntime.training", "onnxruntime-training"),
     Package("torch", "torch", "torch"),
 )
-#: Backend to the package names it needs.
-BACKENDS: dict[str, tuple[str, ...]] = {"ort": ("numpy", "onnxruntime"), "torch": ("numpy", "torch")}
+#: Backend to the package names it needs (`harness.backends.BACKEND_PACKAGES`).
+BACKENDS = BACKEND_PACKAGES
+
+#: Package name -> the requirement ``--install`` gives the device's pip (see the module docstring).
+INDEX_REQUIREMENTS: dict[str, str] = {"numpy": "numpy", "onnxruntime": "onnxruntime>=1.19"}
 
 
 @dataclass(frozen=True)
@@ -117,9 +147,11 @@ class ProvisionReport:
     site : str
         ``<workdir>/site`` (``~`` expanded): put it on ``PYTHONPATH``.
     installed : tuple of str
-        Package names that became importable through the given wheels.
+        Package names that became importable through the given wheels or the index.
     install_error : str or None
         Why installing failed (pip's last line), when it did.
+    machine : str or None
+        ``platform.machine()`` on the device (``x86_64``, ``aarch64``); None without Python.
     """
 
     python: str | None
@@ -127,21 +159,20 @@ class ProvisionReport:
     site: str
     installed: tuple[str, ...] = ()
     install_error: str | None = None
+    machine: str | None = None
 
     def can_run(self, backend: str) -> bool:
         """Whether every package ``backend`` needs is importable.
 
         Parameters
         ----------
-        backend : {"ort", "torch"}
+        backend : {"ort", "onnx", "torch"}
 
         Returns
         -------
         bool
         """
-        needed = BACKENDS[backend]
-        return self.python is not None and all(
-            name in self.packages and self.packages[name].importable for name in needed)
+        return why_not(self, backend) is None
 
     def missing(self) -> tuple[str, ...]:
         """Return the names of packages that are not importable."""
@@ -158,12 +189,24 @@ try:
     import importlib.metadata as md
 except ImportError:
     md = None
-out = {"python": platform.python_version(), "site": site, "packages": {}}
+out = {"python": platform.python_version(), "machine": platform.machine(), "site": site, "packages": {}}
 import types
 
 
 def _import_failure(name, exc):
     return exc
+
+
+def _findable(module):
+    top, _, rest = module.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    for base in spec.submodule_search_locations or ():
+        path = os.path.join(base, *rest.split("."))
+        if os.path.isdir(path) or os.path.isfile(path + ".py"):
+            return True
+    return False
 
 
 #ORT_IMPORT#
@@ -175,12 +218,14 @@ for name, module, dist in A["packages"]:
     except Exception:
         pass
     try:
-        r["present"] = r["present"] or importlib.util.find_spec(module.split(".")[0]) is not None
+        r["present"] = r["present"] or _findable(module)
     except Exception:
         pass
     try:
         if module == "onnxruntime.training":
             import_ort_training()
+        elif module == "onnxruntime":
+            import_onnxruntime()
         else:
             importlib.import_module(module)
         r["importable"] = True
@@ -192,12 +237,12 @@ print(json.dumps(out))
 """
 
 
-#: The device-side check. ``onnxruntime.training`` is imported the runner's way
-#: (`harness.runner.import_ort_training`, PyTorch blocked), so a device without PyTorch
-#: is not reported as missing onnxruntime-training, which the runner can use there.
+#: The device-side check. ``onnxruntime`` and ``onnxruntime.training`` are imported the
+#: runner's way (`harness.runner.import_onnxruntime` / `import_ort_training`, PyTorch
+#: blocked), so a device without PyTorch is not reported as missing them.
 _CHECK = _CHECK_TEMPLATE.replace(
     "#ORT_IMPORT#",
-    "".join(inspect.getsource(function) for function in (torch_blocked, import_ort_training)))
+    "".join(inspect.getsource(f) for f in (torch_blocked, import_onnxruntime, import_ort_training)))
 
 
 def normalize(name: str) -> str:
@@ -312,7 +357,8 @@ def _parse_report(result: RunResult, device: Device) -> ProvisionReport:
                              f"{tail[-1] if tail else 'no output'}") from None
     # Only a leading ``~`` takes the device's word (see harness.deploy on the emulated phone).
     site = data["site"] if device.workdir.startswith("~") else site_path(device.workdir)
-    return ProvisionReport(str(data["python"]), packages, site)
+    machine = data.get("machine")
+    return ProvisionReport(str(data["python"]), packages, site, machine=str(machine) if machine else None)
 
 
 def match_wheels(missing: Sequence[Package], wheels: Sequence[Path]) -> dict[str, list[Path]]:
@@ -356,13 +402,46 @@ def install_wheels(transport: Transport, device: Device, report: ProvisionReport
     """
     digest = sha256_file_list(wheels)
     deployed = deploy_files(transport, device, wheels, device.python, into=f"wheels/{digest}")
-    argv = [device.python, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade",
-            "--disable-pip-version-check", "--no-warn-script-location", "--target", report.site,
-            "--find-links", deployed.remote_dir, *(normalize(p.dist) for p in packages)]
+    return _pip_install(transport, device, report, ["--no-index", "--find-links", deployed.remote_dir],
+                        [normalize(p.dist) for p in packages])
+
+
+def install_from_index(transport: Transport, device: Device, report: ProvisionReport,
+                       packages: Sequence[Package], index_url: str | None = None) -> str | None:
+    """Install missing packages with the device's pip from a package index (binary wheels only).
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    report : ProvisionReport
+        The device's state before installing (its ``site`` is the pip ``--target``).
+    packages : sequence of Package
+        The missing packages; each is asked for by its `INDEX_REQUIREMENTS` entry, else
+        by its distribution name.
+    index_url : str, optional
+        Passed as ``--index-url`` (default: the device pip's own configuration).
+
+    Returns
+    -------
+    str or None
+        pip's last line when it failed, else None.
+    """
+    options = ["--only-binary=:all:"] + (["--index-url", index_url] if index_url else [])
+    return _pip_install(transport, device, report, options,
+                        [INDEX_REQUIREMENTS.get(p.name, p.dist) for p in packages])
+
+
+def _pip_install(transport: Transport, device: Device, report: ProvisionReport,
+                 options: Sequence[str], requirements: Sequence[str]) -> str | None:
+    argv = [device.python, "-m", "pip", "install", "--no-deps", "--upgrade", "--disable-pip-version-check",
+            "--no-warn-script-location", "--target", report.site, *options, *requirements]
     result = transport.run(argv, timeout=INSTALL_TIMEOUT_S)
     if result.ok:
         return None
-    lines = [line for line in (result.stderr + "\n" + result.stdout).splitlines() if line.strip()]
+    # pip says why on stderr; stdout only carries progress ("Looking in indexes: ...").
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = lines or [line for line in result.stdout.splitlines() if line.strip()]
     return lines[-1].strip() if lines else f"pip exited with status {result.rc}"
 
 
@@ -382,9 +461,31 @@ def sha256_file_list(files: Sequence[Path]) -> str:
     return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
+def index_candidates(report: ProvisionReport, packages: Sequence[Package]) -> list[Package]:
+    """Return the packages ``--install`` takes from the index for a device (pure).
+
+    Parameters
+    ----------
+    report : ProvisionReport
+        The device's state (after any wheels).
+    packages : sequence of Package
+        The checked packages.
+
+    Returns
+    -------
+    list of Package
+        Those in `INDEX_REQUIREMENTS` that are not importable. An importable training
+        build makes ``onnxruntime`` importable too, so a plain build never shadows a
+        working training build (see the module docstring).
+    """
+    return [p for p in packages if p.name in INDEX_REQUIREMENTS and p.name in report.packages
+            and not report.packages[p.name].importable]
+
+
 def provision_device(transport: Transport, device: Device, wheels: Sequence[Path] = (),
-                     packages: Sequence[Package] = DEFAULT_PACKAGES) -> ProvisionReport:
-    """Report one device's packages, installing missing ones from ``wheels`` first.
+                     packages: Sequence[Package] = DEFAULT_PACKAGES, *, install: bool = False,
+                     index_url: str | None = None) -> ProvisionReport:
+    """Report one device's packages, installing missing ones from ``wheels``, then the index, first.
 
     Parameters
     ----------
@@ -393,6 +494,10 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
     wheels : sequence of pathlib.Path
         Wheel files the user named; only those of missing packages are pushed.
     packages : sequence of Package
+    install : bool
+        Also install what is still missing of `INDEX_REQUIREMENTS` from the package index.
+    index_url : str, optional
+        The index ``install`` uses (default: the device pip's configuration).
 
     Returns
     -------
@@ -400,20 +505,32 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         The state after installing, with ``installed`` and ``install_error``.
     """
     before = check_device(transport, device, packages)
+    if before.python is None:
+        return before
+    state, errors = before, []
     missing = [p for p in packages if not before.packages[p.name].importable]
     matched = match_wheels(missing, wheels)
-    if not matched or before.python is None:
+    if matched:
+        chosen = [p for p in missing if p.name in matched]
+        error = install_wheels(transport, device, state, chosen, [w for p in chosen for w in matched[p.name]])
+        errors += [error] if error else []
+        state = check_device(transport, device, packages)
+    from_index = index_candidates(state, packages) if install else []
+    if from_index:
+        error = install_from_index(transport, device, state, from_index, index_url)
+        errors += [error] if error else []
+        state = check_device(transport, device, packages)
+    if state is before:
         return before
-    chosen = [p for p in missing if p.name in matched]
-    error = install_wheels(transport, device, before, chosen, [w for p in chosen for w in matched[p.name]])
-    after = check_device(transport, device, packages)
-    installed = tuple(p.name for p in chosen if after.packages[p.name].importable)
-    return ProvisionReport(after.python, after.packages, after.site, installed, error)
+    installed = tuple(p.name for p in packages
+                      if not before.packages[p.name].importable and state.packages[p.name].importable)
+    return dataclasses.replace(state, installed=installed, install_error="; ".join(errors) or None)
 
 
 def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
               packages: Sequence[Package] = DEFAULT_PACKAGES,
-              opener: Callable[[Device], Transport] = connect) -> FleetResult[ProvisionReport]:
+              opener: Callable[[Device], Transport] = connect, *, install: bool = False,
+              index_url: str | None = None) -> FleetResult[ProvisionReport]:
     """Provision every device of a fleet concurrently.
 
     Parameters
@@ -422,9 +539,13 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
     wheels : sequence of pathlib.Path
         Wheel files to install missing packages from (nothing is downloaded).
     packages : sequence of Package
-        Packages to check (default numpy, onnxruntime-training, torch).
+        Packages to check (default: `DEFAULT_PACKAGES`).
     opener : callable
         Device to an open transport (default `devices.connect.connect`).
+    install : bool
+        Install missing numpy / onnxruntime from the package index (`provision_device`).
+    index_url : str, optional
+        The index for ``install``.
 
     Returns
     -------
@@ -439,16 +560,80 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
     def action(device: Device) -> ProvisionReport:
         transport = opener(device)
         try:
-            return provision_device(transport, device, wheels, packages)
+            return provision_device(transport, device, wheels, packages, install=install, index_url=index_url)
         finally:
             transport.close()
 
     return run_on_fleet(devices, action)
 
 
+def choices_from(result: FleetResult[ProvisionReport], devices: Sequence[Device],
+                 override: str | None = None) -> list[BackendChoice]:
+    """Choose each device's backend from a provisioning result (pure; `harness.backends.choose_backend`).
+
+    Parameters
+    ----------
+    result : FleetResult of ProvisionReport
+    devices : sequence of Device
+        Order of the choices.
+    override : str, optional
+        ``--backend`` (``None`` or ``"auto"``: each device's best available one).
+
+    Returns
+    -------
+    list of BackendChoice
+    """
+    out = []
+    for device in devices:
+        failure = result.failures.get(device.name)
+        report = result.successes.get(device.name)
+        message = f"{failure.kind}: {failure.message}" if failure is not None else None
+        out.append(choose_backend(device.name, report, override, message))
+    return out
+
+
+def fleet_backends(fleet: Fleet | Sequence[Device], override: str | None = None,
+                   opener: Callable[[Device], Transport] = connect) -> list[BackendChoice]:
+    """Ask every device what it can run and choose its backend; ``--backend X`` asks nothing.
+
+    The check imports torch only on devices that can run neither ``ort`` nor ``onnx``:
+    importing it is most of the check's time (4 s against 17 s on the emulated fleet), and
+    a device with ``ort`` or ``onnx`` never uses it (`harness.backends.PREFERENCE`).
+
+    Parameters
+    ----------
+    fleet : Fleet or sequence of Device
+    override : str, optional
+        A backend for every device (taken as given), or ``None`` / ``"auto"``.
+    opener : callable
+        Device to an open transport.
+
+    Returns
+    -------
+    list of BackendChoice
+        One per device in fleet order; a device that did not answer, or can run no backend,
+        has ``backend=None`` and the reason.
+    """
+    devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
+    if override is not None and override != "auto":
+        return [choose_backend(d.name, None, override) for d in devices]
+    onnx_packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
+    first = provision(devices, packages=onnx_packages, opener=opener)
+    rest = [d for d in devices if d.name in first.successes and first.successes[d.name].python is not None
+            and not any(first.successes[d.name].can_run(b) for b in ("ort", "onnx"))]
+    if not rest:
+        return choices_from(first, devices)
+    second = provision(rest, opener=opener)
+    merged = FleetResult({**first.successes, **second.successes}, {**first.failures, **second.failures})
+    return choices_from(merged, devices)
+
+
 def format_table(result: FleetResult[ProvisionReport], devices: Sequence[Device],
                  packages: Sequence[Package] = DEFAULT_PACKAGES) -> str:
-    """Render the provisioning table (device | python | packages... | can run).
+    """Render the provisioning table (device | machine | python | packages... | can run | uses), then notes.
+
+    The notes say, per device, why each backend it cannot run is unusable, what was
+    installed, and what failed.
 
     Parameters
     ----------
@@ -461,19 +646,20 @@ def format_table(result: FleetResult[ProvisionReport], devices: Sequence[Device]
     -------
     str
     """
-    header = ["device", "python", *(p.name for p in packages), "can run"]
+    header = ["device", "machine", "python", *(p.name for p in packages), "can run", "uses"]
     rows = [header]
     notes: list[str] = []
-    for device in devices:
+    for device, choice in zip(devices, choices_from(result, devices), strict=True):
         if device.name in result.failures:
             failure = result.failures[device.name]
-            rows.append([device.name, "-", *("-" for _ in packages), f"FAILED: {failure.kind}"])
+            rows.append([device.name, "-", "-", *("-" for _ in packages), f"FAILED: {failure.kind}", "-"])
             notes.append(f"{device.name}: {failure.kind}: {failure.message}")
             continue
         report = result.successes[device.name]
-        rows.append([device.name, report.python or "missing",
+        usable = [b for b in BACKENDS if report.can_run(b)]
+        rows.append([device.name, report.machine or "-", report.python or "missing",
                      *(_cell(report.packages[p.name]) for p in packages),
-                     "/".join(b for b in BACKENDS if report.can_run(b)) or "nothing"])
+                     ", ".join(usable) or "nothing", choice.backend or "-"])
         notes.extend(_notes(device.name, report))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -491,18 +677,20 @@ def _notes(name: str, report: ProvisionReport) -> list[str]:
     notes = [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
     if report.install_error:
         notes.append(f"{name}: install failed: {report.install_error}")
-    notes.extend(f"{name}: {pkg} present but not importable: {status.error}"
-                 for pkg, status in report.packages.items() if status.present and not status.importable)
+    if report.python is None:
+        return [*notes, f"{name}: {why_not(report, 'onnx')}: no backend can run"]
+    notes.extend(f"{name}: no {backend}: {reason}" for backend in BACKENDS
+                 if (reason := why_not(report, backend)) is not None)
     return notes
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    """Run ``fleetbench fleet provision FILE [--wheel W ...]``.
+    """Run ``fleetbench fleet provision FILE [--install] [--index-url URL] [--wheel W ...]``.
 
     Parameters
     ----------
     args : argparse.Namespace
-        ``file`` (fleet YAML) and ``wheel`` (list of wheel paths).
+        ``file`` (fleet YAML), ``wheel`` (list of wheel paths), ``install`` and ``index_url``.
 
     Returns
     -------
@@ -526,7 +714,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
     fleet = load_fleet(args.file)
-    result = provision(fleet, wheels)
+    result = provision(fleet, wheels, install=args.install, index_url=args.index_url)
     print(format_table(result, fleet.devices))
     phones_ok = _provision_phones(fleet)
     return 0 if result.ok and phones_ok else 1
@@ -555,9 +743,11 @@ def as_dict(report: ProvisionReport) -> Mapping[str, Any]:
     """
     return {
         "python": report.python,
+        "machine": report.machine,
         "site": report.site,
         "packages": {name: vars(status) for name, status in report.packages.items()},
         "installed": list(report.installed),
         "install_error": report.install_error,
         "can_run": {b: report.can_run(b) for b in BACKENDS},
+        "why_not": {b: why_not(report, b) for b in BACKENDS},
     }

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
+
 #: Backends the runner can train with.
 Backend = Literal["ort", "onnx", "torch"]
 
@@ -48,15 +50,22 @@ class BenchSpec:
         Kept neurons per group (the `exporters.arch.Arch` widths).
     batch : int
         Training batch size.
-    backend : {"ort", "torch"}
+    backend : {"ort", "onnx", "torch"}
     threads : int
         Intra-op threads on the device.
     warmup : int
-        Warm-up steps (never enter the statistics).
+        Most warm-up steps (the runner stops earlier once step times settle); they never
+        enter the statistics.
     steps : int
-        Timed steps.
+        Fewest timed samples.
     optimizer : str
         ``adamw`` or ``sgd``.
+    precision : float
+        Target half-width of the 95 % interval of the median, as a fraction of the median
+        (0: exactly ``steps`` samples).
+    max_seconds : float
+        Cap on warm-up plus timed sampling; a cell that misses ``precision`` by then is
+        flagged imprecise.
     """
 
     device: str
@@ -69,13 +78,15 @@ class BenchSpec:
     warmup: int
     steps: int
     optimizer: str = "adamw"
+    precision: float = DEFAULT_PRECISION
+    max_seconds: float = DEFAULT_MAX_SECONDS
 
     def cell_key(self) -> str:
         """Return the key that identifies this cell in the store (resume skips measured keys)."""
         widths = ",".join(str(w) for w in self.arch_widths)
         return (
             f"{self.device}|{self.model}|{widths}|b{self.batch}|{self.backend}|t{self.threads}"
-            f"|w{self.warmup}|s{self.steps}|{self.optimizer}"
+            f"|w{self.warmup}|s{self.steps}|{self.optimizer}|p{self.precision:g}|c{self.max_seconds:g}"
         )
 
 
@@ -110,6 +121,18 @@ class Measurement:
         Tool versions on the host (fleetbench, torch, onnx, onnxruntime).
     git_commit : str or None
         fleetbench's git commit when run from a checkout.
+    precision_achieved : float or None
+        Half-width of the 95 % interval of the median sample, as a fraction of the median
+        (the runner's ``precision_achieved``; None when too few samples or not measured).
+    imprecise : bool
+        The cell is measured (status ``ok``) but missed ``spec.precision``; ``message``
+        says why.
+    stop_reason : str or None
+        Why the runner stopped sampling: ``precision``, ``steps``, ``time cap``, ``sample cap``.
+    isolation : Mapping
+        How the cell was measured with respect to the other devices of the campaign:
+        ``alone`` (bool), ``concurrent_with`` (device names), ``cpus`` and ``reason``
+        (`harness.campaign.IsolationPlan`).
     """
 
     spec: BenchSpec
@@ -126,6 +149,10 @@ class Measurement:
     finished_at: float = 0.0
     versions: Mapping[str, str] = field(default_factory=dict)
     git_commit: str | None = None
+    precision_achieved: float | None = None
+    imprecise: bool = False
+    stop_reason: str | None = None
+    isolation: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -10,9 +10,12 @@ Command line::
 
     python3 runner.py bench --artifacts DIR --backend ort|onnx|torch --warmup W --steps N
                             --threads T [--seed S] [--sample-seconds S]
+                            [--precision P] [--max-seconds M]
     python3 runner.py train --artifacts DIR --backend ort|onnx|torch --params IN.npy
                             --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
                             [--batch B] [--seed S]
+
+    python3 runner.py serve [--backend ort|onnx|torch] [--threads T] [--max-sessions N] [--cwd DIR]
 
 Output: exactly one JSON document on stdout, always, also on failure (logs and
 anything a native library prints go to stderr: file descriptor 1 is pointed at
@@ -27,15 +30,91 @@ stderr while the runner works). Keys::
                        bench with --sample-seconds S > 0: one entry per sample, a block of
                        consecutive steps lasting at least S, as the block's time / its steps
     steps_per_sample   bench: how many steps each entry of step_seconds covers
+    bench only (see "Sampling" below):
+      precision, max_seconds, sample_seconds   the settings the run used
+      warmup_steps     warm-up steps run (at most --warmup); warmup_seconds: their times
+      warmup_settled   whether the warm-up rule was met before its cap
+      samples          entries of step_seconds
+      median_ci_seconds  [low, high]: the 95 % interval of the median sample (null below 6 samples)
+      precision_achieved the interval's half-width as a fraction of the median (null below 6)
+      stop_reason      "precision" | "steps" | "time cap" | "sample cap"
+      imprecise        precision > 0 and the target was not reached
+      timed_seconds    wall time of warm-up plus timed samples
+      loadavg          {"before": [1, 5, 15 min], "after": [...]} (os.getloadavg; [] where absent)
+      cpus_available   cpus this process may run on (its affinity mask)
     loss               loss of every step in step_seconds (before that step's update)
     peak_memory_bytes  peak resident set of the process (VmHWM, else ru_maxrss)
     peak_memory_source "VmHWM" | "ru_maxrss" | null
+    peak_memory_scope  "process" (one-shot), "request" or "process" (serve, see below)
     cpu_freq_khz       {"before": [kHz per cpu], "after": [...]} (scaling_cur_freq)
     thermal_c          {"before": {zone type: Celsius}, "after": {...}}
     throttled          bool, see `throttled`
     matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train)
     versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
     train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out
+
+Serve protocol (version `PROTOCOL_VERSION`; a native runner speaks the same)::
+
+    start     runner.py serve [--backend B] [--threads T] [--max-sessions N] [--cwd DIR]
+              (--cwd: relative paths of requests start there)
+    ready     the first stdout line: a document with mode "serve", event "ready",
+              protocol, pid, cwd, status (not "ok": start-up failed, e.g. "missing runtime"
+              for --backend's import, and the process exits with that status),
+              startup_seconds, peak_memory_*
+    request   one JSON object per stdin line (UTF-8, no newline inside):
+                id          any JSON value, echoed in the reply
+                mode        "bench" | "train" | "ping" | "exit"
+                <option>    every command-line option of the mode, "-" spelled "_"
+                            (artifacts, backend, warmup, steps, threads, seed,
+                            sample_seconds, params, data, epochs, lr, out, batch);
+                            threads and backend default to serve's own
+                train only, all optional:
+                params_inline  base64 of the little-endian float32 flat vector, instead
+                               of params (a file)
+                return_params  "inline": the reply carries params_inline (out optional)
+                fjord       {"sets": [artifact dir per width], "index": [flat .npy of
+                            int positions of that set's parameters in the request's
+                            vector, or null for the request's own layout], "widths":
+                            [labels]}: each step (each in-process batch, the short last
+                            one included) draws a set uniformly with
+                            numpy default_rng((seed, 1)), as fl.strategies.fjord does
+                syncdrop    {"sync_seed": S, "scale": bool, "groups": [[group, [keep
+                            probability per neuron]], ...]} in the model's group order:
+                            per step, default_rng((S, step)) draws U(0, 1) thresholds
+                            for every group in order, a neuron is kept when its
+                            threshold is below its keep probability, and the mask input
+                            mask.<group> gets 1/p (scale) or 1 for kept, 0 for dropped
+    reply     one JSON line per request, in order: the mode's document as above, plus
+              id, request_seconds (the runner's own wall time for the request),
+              sessions {opened, reused, open_seconds}, and for train load_seconds,
+              save_seconds, and with fjord step_sets, step_widths, switch_seconds,
+              with syncdrop mask_means, mask_seconds
+    end       after an "exit" request (answered first) or at the end of stdin: exit 0
+
+A failed request is a reply with its status (the exit code the one-shot mode would
+have returned is ``EXIT_CODES[status]``) and the runner goes on serving; only a
+runner killed from outside (time-out, OOM killer) ends without a reply.
+
+Serve decisions:
+
+* one process per device per run: the imports (numpy, the runtime), the sessions and
+  the shard (kept per path, size and mtime) stay in memory between requests; at most
+  ``--max-sessions`` backends are kept, least recently used dropped first.
+* a reused backend starts from the set's initial parameters, the request's learning
+  rate and dense masks, so a reply equals the one-shot mode's document for the same
+  arguments (timings aside). An ``ort`` session of an AdamW set cannot reset its
+  optimizer state and is opened anew for every request.
+* peak memory per request: before each request ``5`` is written to
+  ``/proc/self/clear_refs``, which resets VmHWM to the current resident set, so
+  ``peak_memory_bytes`` is the peak during the request (``peak_memory_scope``
+  "request"); where that write is refused the value is the process's peak since start
+  (scope "process"). Either way it includes the resident interpreter, imports and kept
+  sessions, which a one-shot process also holds.
+* the request keys are command-line options, so one parser checks both paths.
+* ``--cwd``: paths inside request lines reach the runner as data, never through a
+  device's shell, so a device that maps paths in its command lines (the emulated
+  phone's sandbox) would not map them; the host sends paths relative to the directory
+  given on the command line instead, which every device maps.
 
 Exit status (`EXIT_CODES`; the host reads it through ``harness.contract``): 0 ok, 2 bad arguments (also
 an artifact set that the backend cannot use, a parameter vector of the wrong
@@ -44,6 +123,29 @@ length, a shard smaller than one batch), 3 missing runtime, 4 out of memory
 message), 5 runner error (anything else; the traceback goes to stderr). A runner
 killed by the kernel's OOM killer prints nothing: the caller sees the signal
 (exit status -9 / 137) and decides (the campaign records it as out of memory).
+
+Sampling (bench):
+
+* **Warm-up** runs single steps until the time per step has settled, by this rule: step
+  ``i >= 2`` has settled when it is no more than `WARMUP_TOLERANCE` (5 %) faster than the
+  fastest step before it (the first steps of an ORT session allocate and are slower; a
+  step that no longer sets a new minimum is past that). Capped at ``--warmup`` steps and
+  at `WARMUP_SHARE` of ``--max-seconds``; ``warmup_settled`` says whether the rule or a cap
+  ended it. A slower step (a CPU quota's throttled period) counts as settled: the rule
+  asks only that the steps stop getting faster.
+* **Timed samples** are taken until the 95 % confidence interval of their median is within
+  ``+-precision`` of the median (relative half-width ``max(m - lo, hi - m) / m``), with at
+  least ``--steps`` samples, or until ``--max-seconds`` (warm-up included) have passed, or
+  `MAX_SAMPLES` samples; the run then says which (``stop_reason``) and whether the target
+  was missed (``imprecise``). ``--precision 0`` takes exactly ``--steps`` samples (no
+  interval test, no cap). The interval is distribution-free, from order statistics: for
+  ``n`` samples ``[x_(k), x_(n+1-k)]`` with the largest ``k`` such that
+  ``2 P(B <= k - 1) <= 0.05``, ``B ~ Binomial(n, 1/2)`` (`median_ci_ranks`, exact integer
+  arithmetic); it covers the median of any continuous distribution with probability at
+  least 95 % for a fixed ``n``, and needs ``n >= 6`` (`MIN_SAMPLES`). The test is repeated
+  as samples arrive (every sample up to 20, then every 5 % more), so the coverage at the
+  sample where it stops is somewhat below the nominal 95 %
+  (``tests/harness/test_runner.py`` measures it).
 
 Decisions:
 
@@ -98,7 +200,11 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import base64
+import bisect
+import collections
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -142,6 +248,39 @@ INITIAL_PARAMETERS_FILE = "initial_parameters.npy"
 
 #: Backends: ORT training artifacts, the portable step model on plain onnxruntime, TorchScript.
 BACKENDS = ("ort", "onnx", "torch")
+
+#: Two-sided confidence of the interval of the median that ends the timed sampling.
+CONFIDENCE = 0.95
+
+#: Fewest samples for which a distribution-free two-sided 95 % interval of the median exists:
+#: the widest one, ``[min, max]``, misses the median with probability ``2 / 2**n``, at most
+#: 0.05 from ``n = 6`` on.
+MIN_SAMPLES = 6
+
+#: Default ``--precision``: the interval's half-width as a fraction of the median (+-2 %).
+DEFAULT_PRECISION = 0.02
+
+#: Default ``--max-seconds``: the cap on warm-up plus timed sampling of one run.
+DEFAULT_MAX_SECONDS = 30.0
+
+#: Warm-up rule: a step has settled when it is at most this fraction faster than the fastest before it.
+WARMUP_TOLERANCE = 0.05
+
+#: Warm-up may use at most this share of ``--max-seconds``.
+WARMUP_SHARE = 0.25
+
+#: Most timed samples of one run (bounds the document: about 25 bytes per sample).
+MAX_SAMPLES = 5000
+
+#: The interval test runs after every sample up to this many, then after every 5 % more.
+CHECK_EVERY_SAMPLE_UP_TO = 20
+
+#: Version of the serve protocol (the ``protocol`` of the ready line).
+PROTOCOL_VERSION = 1
+#: Open backends (sessions) a serving runner keeps, least recently used dropped first.
+DEFAULT_MAX_SESSIONS = 8
+#: Keys of a serve request that are not command-line options of its mode.
+SERVE_KEYS = ("id", "mode", "params_inline", "return_params", "fjord", "syncdrop")
 
 
 class RunnerFailure(Exception):
@@ -187,18 +326,31 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--threads", type=int, required=True, help="intra-op threads")
     common.add_argument("--seed", type=int, default=0)
     bench = sub.add_parser("bench", parents=[common], help="time training steps")
-    bench.add_argument("--warmup", type=int, required=True)
-    bench.add_argument("--steps", type=int, required=True)
+    bench.add_argument("--warmup", type=int, required=True, help="most warm-up steps")
+    bench.add_argument("--steps", type=int, required=True, help="fewest timed samples")
     bench.add_argument(
         "--sample-seconds", type=float, default=0.0, help="time blocks of consecutive steps lasting at least this"
     )
+    bench.add_argument(
+        "--precision", type=float, default=DEFAULT_PRECISION, help="target half-width of the median's 95 %% interval"
+    )
+    bench.add_argument(
+        "--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="cap on warm-up plus timed sampling"
+    )
     train = sub.add_parser("train", parents=[common], help="train on a local shard")
-    train.add_argument("--params", required=True, help="flat float32 .npy in manifest order")
+    train.add_argument("--params", help="flat float32 .npy in manifest order")
     train.add_argument("--data", required=True, help=".npz shard with x and y")
     train.add_argument("--epochs", type=int, required=True)
     train.add_argument("--lr", type=float, required=True)
-    train.add_argument("--out", required=True, help="where to write the trained flat .npy")
+    train.add_argument("--out", help="where to write the trained flat .npy")
     train.add_argument("--batch", type=int, default=None, help="must equal the artifact batch")
+    serve = sub.add_parser("serve", help="resident: one JSON request per stdin line, one reply per stdout line")
+    serve.add_argument("--threads", type=int, default=1, help="numpy threads; the default of requests")
+    serve.add_argument("--backend", choices=BACKENDS, default=None, help="import this runtime at start")
+    serve.add_argument(
+        "--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, help="open backends kept between requests"
+    )
+    serve.add_argument("--cwd", default=None, help="work in this directory (relative request paths start here)")
     return parser
 
 
@@ -224,11 +376,38 @@ def new_result() -> dict:
         "loss": [],
         "peak_memory_bytes": None,
         "peak_memory_source": None,
+        "peak_memory_scope": "process",
         "cpu_freq_khz": {"before": [], "after": []},
         "thermal_c": {"before": {}, "after": {}},
         "throttled": False,
         "matmul_gflops": None,
         "versions": {"python": platform.python_version(), "numpy": None, "onnxruntime": None, "torch": None},
+    }
+
+
+def new_bench_keys() -> dict:
+    """Return the bench-only keys of the document, nothing measured yet.
+
+    Returns
+    -------
+    dict
+    """
+    return {
+        "precision": None,
+        "max_seconds": None,
+        "sample_seconds": None,
+        "steps_per_sample": [],
+        "warmup_steps": 0,
+        "warmup_seconds": [],
+        "warmup_settled": False,
+        "samples": 0,
+        "median_ci_seconds": None,
+        "precision_achieved": None,
+        "stop_reason": None,
+        "imprecise": False,
+        "timed_seconds": None,
+        "loadavg": {"before": [], "after": []},
+        "cpus_available": None,
     }
 
 
@@ -694,10 +873,51 @@ class OrtBackend:
         self.state = api.CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
         self.module = api.Module(os.path.join(directory, "training_model.onnx"), self.state, session_options=options)
         self.optimizer = api.Optimizer(os.path.join(directory, "optimizer_model.onnx"), self.module)
+        self.initial_lr = self.optimizer.get_learning_rate()
         if lr is not None:
             self.optimizer.set_learning_rate(lr)
         self.module.train()
         self.inputs: tuple = ()
+        # The optimizer's state lives inside ORT and cannot be reset: only a stateless (SGD)
+        # session may serve a second request.
+        self.reusable = manifest.get("optimizer") == "sgd"
+        self.initial = None
+        if self.reusable:
+            import numpy
+
+            self.initial = self.get_flat(numpy)
+
+    mask_names: tuple = ()
+
+    def set_lr(self, lr: float | None) -> None:
+        """Use learning rate ``lr`` from the next step on (the set's own when ``None``).
+
+        Parameters
+        ----------
+        lr : float or None
+        """
+        self.optimizer.set_learning_rate(self.initial_lr if lr is None else lr)
+
+    def reset(self, lr: float | None) -> None:
+        """Return to the set's initial parameters and learning rate ``lr`` (a reused session).
+
+        Parameters
+        ----------
+        lr : float or None
+        """
+        import numpy
+
+        self.set_flat(numpy, self.initial)
+        self.set_lr(lr)
+
+    def set_masks(self, values: dict) -> None:
+        """Refuse masks: the training artifacts have no mask inputs.
+
+        Parameters
+        ----------
+        values : dict
+        """
+        raise bad("the ort backend has no mask inputs (SyncDrop masks need the onnx backend's step model)")
 
     def bind(self, x, y) -> None:
         """Bind input buffers once; later steps read whatever the buffers hold.
@@ -796,10 +1016,21 @@ class TorchBackend:
             if tensor is None or list(tensor.shape) != list(p["shape"]):
                 raise bad(f"{TORCHSCRIPT_FILE}: parameter {p['name']} missing or of another shape than the manifest's")
             self.params.append(tensor)
+        self.initial = [t.detach().clone() for t in self.params]
+        self.reusable = True
+        self.optimizer: Any = None
+        self._new_optimizer(lr)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.x: Any = None
+        self.y: Any = None
+
+    mask_names: tuple = ()
+
+    def _new_optimizer(self, lr: float | None) -> None:
+        torch, manifest = self.torch, self.manifest
         kind = manifest.get("optimizer", "adamw")
         hyper = dict(manifest.get("optimizer_defaults") or {})
         rate = float(hyper.get("lr", 1e-3) if lr is None else lr)
-        self.optimizer: Any
         if kind == "sgd":
             self.optimizer = torch.optim.SGD(
                 self.params,
@@ -818,9 +1049,38 @@ class TorchBackend:
             )
         else:
             raise bad(f"optimizer {kind!r} of the artifact set is not supported by the torch backend")
-        self.loss_fn = torch.nn.CrossEntropyLoss()
-        self.x: Any = None
-        self.y: Any = None
+
+    def set_lr(self, lr: float | None) -> None:
+        """Use learning rate ``lr`` from the next step on (the set's own when ``None``).
+
+        Parameters
+        ----------
+        lr : float or None
+        """
+        rate = float((self.manifest.get("optimizer_defaults") or {}).get("lr", 1e-3) if lr is None else lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+
+    def reset(self, lr: float | None) -> None:
+        """Return to the initial parameters with a fresh optimizer at ``lr`` (a reused session).
+
+        Parameters
+        ----------
+        lr : float or None
+        """
+        with self.torch.no_grad():
+            for tensor, initial in zip(self.params, self.initial):  # noqa: B905 - Python 3.8
+                tensor.copy_(initial)
+        self._new_optimizer(lr)
+
+    def set_masks(self, values: dict) -> None:
+        """Refuse masks: TorchScript models have no mask inputs.
+
+        Parameters
+        ----------
+        values : dict
+        """
+        raise bad("the torch backend has no mask inputs (SyncDrop masks need the onnx backend's step model)")
 
     def bind(self, x, y) -> None:
         """Bind input buffers once (shared with numpy, not copied).
@@ -963,10 +1223,13 @@ class OnnxBackend:
         )
         self._check_signature()
         self.specs = {t["name"]: t for t in self.spec["inputs"]}
-        hyper = manifest.get("optimizer_defaults") or {}
-        rate = float(hyper.get("lr", 1e-3) if lr is None else lr)
-        self.keep: list = []  # numpy arrays that OrtValues share memory with
-        self.lr = self._value(numpy.asarray([rate], dtype=numpy.float32))
+        self.default_lr = float((manifest.get("optimizer_defaults") or {}).get("lr", 1e-3))
+        # numpy arrays that OrtValues share memory with: the learning rate, A's parameters,
+        # the batch and the masks (replaced, never accumulated, so a resident runner holds no garbage)
+        self.lr_array = numpy.asarray([self.default_lr if lr is None else lr], dtype=numpy.float32)
+        self.lr = self.ort.OrtValue.ortvalue_from_numpy(self.lr_array)
+        self.flat_array: Any = None
+        self.batch_arrays: tuple = ()
         self.carry = [(a, b) for a, b in self.spec["carry"]]
         self.params = list(self.spec["parameters"])
         # Buffers: A holds the inputs of even steps, B their outputs (and the inputs of odd steps).
@@ -975,6 +1238,14 @@ class OnnxBackend:
         self.loss = self.ort.OrtValue.ortvalue_from_shape_and_type([], numpy.float32)
         self.bindings: list = []
         self.parity = 0
+        # SyncDrop multipliers (FedDrop): one float32 buffer per mask input, ones (dense) by default.
+        self.mask_names = tuple(self.spec.get("masks") or ())
+        self.mask_arrays = {
+            name: numpy.ones([int(d) for d in self.specs[name]["shape"]], dtype=numpy.float32)
+            for name in self.mask_names
+        }
+        self.mask_values = {n: self.ort.OrtValue.ortvalue_from_numpy(a) for n, a in self.mask_arrays.items()}
+        self.reusable = True
 
     def _check_signature(self) -> None:
         want_in = [(t["name"], [int(d) for d in t["shape"]], _ORT_TYPES.get(t["dtype"])) for t in self.spec["inputs"]]
@@ -990,37 +1261,48 @@ class OnnxBackend:
         if list(self.spec["parameters"]) != names or [a for a, _ in self.spec["carry"][: len(names)]] != names:
             raise bad(f"artifacts {self.directory}: {STEP_MODEL_FILE} parameters are not the manifest's")
 
-    def _value(self, array):
-        self.keep.append(array)
-        return self.ort.OrtValue.ortvalue_from_numpy(array)
-
     def _empty(self, name: str):
         spec = self.specs[name]
         shape = [int(d) for d in spec["shape"]]
         return self.ort.OrtValue.ortvalue_from_shape_and_type(shape, self.np.dtype(spec["dtype"]).type)
 
     def set_flat(self, np, flat) -> None:
-        """Load the flat float32 parameter vector (manifest order); state restarts from zeros.
+        """Load the flat float32 parameter vector (manifest order); optimizer state restarts from zeros.
+
+        Once bound, the values are copied into the buffers the next step reads (no new
+        buffers, the bindings stay); before that, buffer set A is made over a copy of ``flat``.
 
         Parameters
         ----------
         np : module
         flat : numpy.ndarray
         """
+        if self.bindings:
+            current = self.a if self.parity == 0 else self.b
+            flat = np.ascontiguousarray(flat, dtype=np.float32)
+            for p in self.manifest["parameters"]:
+                offset, size = int(p["offset"]), int(p["size"])
+                current[p["name"]].update_inplace(flat[offset : offset + size].reshape(p["shape"]))
+            for name, _ in self.carry[len(self.params) :]:
+                spec = self.specs[name]
+                current[name].update_inplace(np.zeros([int(d) for d in spec["shape"]], dtype=spec["dtype"]))
+            return
         flat = np.array(flat, dtype=np.float32)  # owned: the A buffers share its memory
-        self.keep.append(flat)
+        self.flat_array = flat
         self.a = {}
         for p in self.manifest["parameters"]:
             offset, size = int(p["offset"]), int(p["size"])
             self.a[p["name"]] = self.ort.OrtValue.ortvalue_from_numpy(flat[offset : offset + size].reshape(p["shape"]))
         for name, _ in self.carry[len(self.params) :]:
             spec = self.specs[name]
-            self.a[name] = self._value(np.zeros([int(d) for d in spec["shape"]], dtype=spec["dtype"]))
-        self.bindings = []
+            self.a[name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
+                [int(d) for d in spec["shape"]], np.dtype(spec["dtype"]).type
+            )
+            self.a[name].update_inplace(np.zeros([int(d) for d in spec["shape"]], dtype=spec["dtype"]))
         self.parity = 0
 
     def bind(self, x, y) -> None:
-        """Bind the batch buffers and both ping-pong bindings once.
+        """Bind the batch buffers and both ping-pong bindings (parameters from the set when none were loaded).
 
         Parameters
         ----------
@@ -1034,20 +1316,59 @@ class OnnxBackend:
             if flat.shape != (int(self.manifest["num_parameters"]),):
                 raise bad(f"artifacts {self.directory}: {INITIAL_PARAMETERS_FILE} has shape {flat.shape}")
             self.set_flat(np, flat)
-        batch = {self.spec["batch"][0]: self._value(x), self.spec["batch"][1]: self._value(y)}
+        self.batch_arrays = (x, y)
+        to_value = self.ort.OrtValue.ortvalue_from_numpy
+        batch = {self.spec["batch"][0]: to_value(x), self.spec["batch"][1]: to_value(y)}
         self.bindings = [self._binding(batch, self.a, self.b), self._binding(batch, self.b, self.a)]
-        self.parity = 0
 
     def _binding(self, batch: dict, source: dict, target: dict):
         binding = self.session.io_binding()
         for name, value in batch.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_input(self.spec["learning_rate"], self.lr)
+        for name, value in self.mask_values.items():
+            binding.bind_ortvalue_input(name, value)
         for name, out in self.carry:
             binding.bind_ortvalue_input(name, source[name])
             binding.bind_ortvalue_output(out, target[name])
         binding.bind_ortvalue_output(self.spec["loss"], self.loss)
         return binding
+
+    def set_lr(self, lr: float | None) -> None:
+        """Use learning rate ``lr`` from the next step on (the set's own when ``None``).
+
+        Parameters
+        ----------
+        lr : float or None
+        """
+        self.lr_array[0] = self.default_lr if lr is None else lr
+
+    def reset(self, lr: float | None) -> None:
+        """Forget the parameters and bindings (the next `bind` starts from the set's) and dense masks.
+
+        Parameters
+        ----------
+        lr : float or None
+        """
+        self.a = {}
+        self.bindings = []
+        self.batch_arrays = ()
+        self.flat_array = None
+        self.parity = 0
+        self.set_lr(lr)
+        for array in self.mask_arrays.values():
+            array[...] = 1.0
+
+    def set_masks(self, values: dict) -> None:
+        """Copy SyncDrop multipliers into the mask buffers the next step reads.
+
+        Parameters
+        ----------
+        values : dict of str to numpy.ndarray
+            By mask input name (``mask.<group>``); inputs not named keep their values.
+        """
+        for name, value in values.items():
+            self.mask_arrays[name][...] = value
 
     def step(self):
         """Run one training step on the bound batch and swap the buffer sets.
@@ -1104,8 +1425,277 @@ def open_backend(args: argparse.Namespace, manifest: dict, lr: float | None = No
     -------
     OrtBackend, OnnxBackend or TorchBackend
     """
+    sessions = getattr(args, "sessions", None)
+    if sessions is not None:
+        return sessions.open(args, manifest, lr)
     cls = {"ort": OrtBackend, "onnx": OnnxBackend, "torch": TorchBackend}[args.backend]
     return cls(args.artifacts, manifest, args.threads, lr)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+@functools.lru_cache(maxsize=4096)
+def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple | None:
+    """Return the ranks of the order statistics that bound the median with ``confidence``.
+
+    For ``n`` independent samples of a continuous distribution with median ``m``, the
+    number ``B`` of samples below ``m`` is Binomial(n, 1/2), so
+    ``P(x_(k) <= m <= x_(n+1-k)) = 1 - 2 P(B <= k - 1)`` whatever the distribution.
+
+    Parameters
+    ----------
+    n : int
+        Number of samples.
+    confidence : float
+        Two-sided confidence in (0, 1).
+
+    Returns
+    -------
+    tuple of int or None
+        1-based ranks ``(k, n + 1 - k)`` with the largest ``k`` whose coverage
+        ``1 - 2 P(B <= k - 1)`` is at least ``confidence`` (exact integer arithmetic);
+        None when even ``[x_(1), x_(n)]`` covers less (``n < 6`` at 95 %).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence {confidence!r} is outside (0, 1)")
+    if n < 1:
+        return None
+    from fractions import Fraction
+
+    alpha = Fraction(1.0 - confidence).limit_denominator(10**9)
+    total = 1 << n  # 2**n
+    best = 0
+    below = 0  # sum of C(n, i) for i < k
+    term = 1  # C(n, k - 1)
+    for k in range(1, (n + 1) // 2 + 1):
+        below += term
+        if 2 * below * alpha.denominator > alpha.numerator * total:
+            break
+        best = k
+        term = term * (n - k + 1) // k
+    return (best, n + 1 - best) if best else None
+
+
+def median_of_sorted(values: list) -> float:
+    """Return the median of sorted values (the mean of the two middle ones for even counts).
+
+    Parameters
+    ----------
+    values : list of float
+        Sorted, at least one.
+
+    Returns
+    -------
+    float
+        Equal to ``numpy.percentile(values, 50)`` (linear interpolation).
+    """
+    n = len(values)
+    return 0.5 * (values[(n - 1) // 2] + values[n // 2])
+
+
+def median_interval(values: list, confidence: float = CONFIDENCE) -> tuple:
+    """Return the median of sorted samples, its distribution-free interval and their relative width.
+
+    Parameters
+    ----------
+    values : list of float
+        Sorted samples, at least one.
+    confidence : float
+
+    Returns
+    -------
+    median : float
+    low, high : float or None
+        The order statistics of `median_ci_ranks` (None when ``n`` is too small).
+    half_width : float or None
+        ``max(median - low, high - median) / median`` (None without an interval or for a
+        median of 0).
+    """
+    median = median_of_sorted(values)
+    ranks = median_ci_ranks(len(values), confidence)
+    if ranks is None:
+        return median, None, None, None
+    low, high = values[ranks[0] - 1], values[ranks[1] - 1]
+    half = max(median - low, high - median) / median if median > 0 else None
+    return median, low, high, half
+
+
+def has_settled(times: list, tolerance: float = WARMUP_TOLERANCE) -> bool:
+    """Apply the warm-up rule to the step times so far.
+
+    Parameters
+    ----------
+    times : list of float
+        Warm-up step times, in order.
+    tolerance : float
+
+    Returns
+    -------
+    bool
+        True from the second step on when the last step is at most ``tolerance`` faster
+        than the fastest step before it: ``t[-1] >= (1 - tolerance) * min(t[:-1])``.
+    """
+    return len(times) >= 2 and times[-1] >= (1.0 - tolerance) * min(times[:-1])
+
+
+def warm_up(step, clock, max_steps: int, max_seconds: float, tolerance: float = WARMUP_TOLERANCE) -> tuple:
+    """Run warm-up steps until the time per step settles (`has_settled`) or a cap is reached.
+
+    Parameters
+    ----------
+    step : callable
+        Runs one training step.
+    clock : callable
+        Seconds (``time.perf_counter``; injected in tests).
+    max_steps : int
+        Most steps (0: no warm-up).
+    max_seconds : float
+        Most seconds; checked after each step.
+    tolerance : float
+
+    Returns
+    -------
+    times : list of float
+        Every warm-up step's seconds.
+    settled : bool
+        Whether the rule ended the warm-up (False when a cap did).
+    """
+    times: list = []
+    start = clock()
+    while len(times) < max_steps:
+        begin = clock()
+        step()
+        times.append(clock() - begin)
+        if has_settled(times, tolerance):
+            return times, True
+        if clock() - start >= max_seconds:
+            break
+    return times, False
+
+
+def sample_steps(
+    step,
+    clock,
+    *,
+    min_samples: int,
+    precision: float,
+    max_seconds: float,
+    sample_seconds: float = 0.0,
+    loss_of=float,
+    confidence: float = CONFIDENCE,
+    max_samples: int = MAX_SAMPLES,
+) -> dict:
+    """Take timed samples until the median's interval is within ``precision`` or a cap is reached.
+
+    Each sample times consecutive steps until at least ``sample_seconds`` have passed (one
+    step when 0) and records the time per step. After a sample (every one up to
+    `CHECK_EVERY_SAMPLE_UP_TO`, then every 5 % more), with at least ``min_samples``
+    samples, the run stops when `median_interval` is within ``precision``; it also stops
+    when ``max_seconds`` have passed since the call or ``max_samples`` were taken.
+    ``precision == 0`` takes exactly ``min_samples`` samples (no test, no cap).
+
+    Parameters
+    ----------
+    step : callable
+        Runs one training step and returns its output.
+    clock : callable
+        Seconds.
+    min_samples : int
+        Fewest samples (at least 1).
+    precision : float
+        Target relative half-width of the interval (0: fixed count).
+    max_seconds : float
+        Cap on this call's wall time.
+    sample_seconds : float
+        Minimum seconds per sample.
+    loss_of : callable
+        Turns a step's output into a float (called outside the timed region).
+    confidence : float
+    max_samples : int
+
+    Returns
+    -------
+    dict
+        ``seconds`` (time per step of each sample), ``steps_per_sample``, ``loss``,
+        ``stop_reason``, ``median``, ``low``, ``high``, ``half_width`` (of the final
+        samples; None where undefined), ``elapsed``.
+    """
+    seconds: list = []
+    ordered: list = []
+    counts: list = []
+    losses: list = []
+    start = clock()
+    next_check = min_samples
+    reason = "steps"
+    while True:
+        count, begin = 0, clock()
+        while True:
+            out = step()
+            count += 1
+            elapsed = clock() - begin
+            if elapsed >= sample_seconds:
+                break
+        value = elapsed / count
+        seconds.append(value)
+        bisect.insort(ordered, value)
+        counts.append(count)
+        losses.append(loss_of(out))
+        n = len(seconds)
+        if precision <= 0:
+            if n >= min_samples:
+                break
+            continue
+        if n >= next_check:
+            half = median_interval(ordered, confidence)[3]
+            if half is not None and half <= precision:
+                reason = "precision"
+                break
+            next_check = n + 1 if n < CHECK_EVERY_SAMPLE_UP_TO else n + max(1, n // 20)
+        if clock() - start >= max_seconds:
+            reason = "time cap"
+            break
+        if n >= max_samples:
+            reason = "sample cap"
+            break
+    median, low, high, half = median_interval(ordered, confidence)
+    return {
+        "seconds": seconds,
+        "steps_per_sample": counts,
+        "loss": losses,
+        "stop_reason": reason,
+        "median": median,
+        "low": low,
+        "high": high,
+        "half_width": half,
+        "elapsed": clock() - start,
+    }
+
+
+def cpus_available() -> int | None:
+    """Return how many cpus this process may run on (its affinity mask, else the cpu count).
+
+    Returns
+    -------
+    int or None
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def load_average() -> list:
+    """Return the 1, 5 and 15 minute load averages (empty where the system has none).
+
+    Returns
+    -------
+    list of float
+    """
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return []
 
 
 # --------------------------------------------------------------------------- modes
@@ -1135,14 +1725,21 @@ def _after(result: dict, passive: dict) -> None:
 
 
 def run_bench(args: argparse.Namespace, result: dict) -> None:
-    """Time ``warmup + steps`` training steps on a random batch; fill ``result``.
+    """Warm up, then time training steps on a random batch until precise (see "Sampling"); fill ``result``.
 
     Parameters
     ----------
     args : argparse.Namespace
     result : dict
     """
-    result.update(warmup=args.warmup, steps=args.steps)
+    result.update(new_bench_keys())
+    result.update(
+        warmup=args.warmup,
+        steps=args.steps,
+        precision=args.precision,
+        max_seconds=args.max_seconds,
+        sample_seconds=args.sample_seconds,
+    )
     _check_common(args)
     if args.warmup < 0:
         raise bad(f"--warmup must be at least 0, got {args.warmup}")
@@ -1150,6 +1747,10 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         raise bad(f"--steps must be at least 1, got {args.steps}")
     if not (math.isfinite(args.sample_seconds) and args.sample_seconds >= 0):
         raise bad(f"--sample-seconds must be a number of at least 0, got {args.sample_seconds!r}")
+    if not (math.isfinite(args.precision) and 0 <= args.precision < 1):
+        raise bad(f"--precision must be a fraction in [0, 1), got {args.precision!r}")
+    if not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
+        raise bad(f"--max-seconds must be a positive number, got {args.max_seconds!r}")
     manifest = load_manifest(args.artifacts, args.backend)
     result["batch"] = int(manifest["batch"])
     np = import_numpy(args.threads)
@@ -1157,22 +1758,31 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
     backend = open_backend(args, manifest)
     backend.bind(x, y)
     passive = _before(result)
+    result["loadavg"]["before"] = load_average()
+    result["cpus_available"] = cpus_available()
     clock = time.perf_counter
-    seconds, losses = result["step_seconds"], result["loss"]
-    for _ in range(args.warmup):
-        backend.step()
-    per_sample = result["steps_per_sample"] = []
-    for _ in range(args.steps):
-        count, start = 0, clock()
-        while True:
-            out = backend.step()
-            count += 1
-            elapsed = clock() - start
-            if elapsed >= args.sample_seconds:
-                break
-        seconds.append(elapsed / count)
-        losses.append(backend.loss_value(out))
-        per_sample.append(count)
+    start = clock()
+    warm, settled = warm_up(backend.step, clock, args.warmup, WARMUP_SHARE * args.max_seconds)
+    result.update(warmup_steps=len(warm), warmup_seconds=warm, warmup_settled=settled)
+    sampled = sample_steps(
+        backend.step,
+        clock,
+        min_samples=args.steps,
+        precision=args.precision,
+        max_seconds=max(0.0, args.max_seconds - (clock() - start)),
+        sample_seconds=args.sample_seconds,
+        loss_of=backend.loss_value,
+    )
+    result["timed_seconds"] = clock() - start
+    result["step_seconds"], result["loss"] = sampled["seconds"], sampled["loss"]
+    result["steps_per_sample"], result["samples"] = sampled["steps_per_sample"], len(sampled["seconds"])
+    if sampled["low"] is not None:
+        result["median_ci_seconds"] = [sampled["low"], sampled["high"]]
+    result["precision_achieved"] = sampled["half_width"]
+    result["stop_reason"] = sampled["stop_reason"]
+    half = sampled["half_width"]
+    result["imprecise"] = args.precision > 0 and (half is None or half > args.precision)
+    result["loadavg"]["after"] = load_average()
     _after(result, passive)
     # After the timed steps: BLAS worker threads keep spinning for a while after a matmul
     # and would compete with the runtime's threads for the first steps.
@@ -1223,62 +1833,273 @@ def _save_atomic(np, path: str, flat) -> None:
         raise
 
 
+def _decode_inline(np, text, size: int):
+    """Decode ``params_inline`` (base64 of little-endian float32) into a vector of ``size`` values."""
+    if not isinstance(text, str):
+        raise bad("params_inline must be a base64 string")
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise bad(f"params_inline: not base64 ({exc})") from None
+    if len(raw) != 4 * size:
+        raise bad(f"params_inline: {len(raw)} bytes, the set needs {4 * size} (float32 x {size})")
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+
+
+def encode_inline(np, flat) -> str:
+    """Return a flat parameter vector as ``params_inline`` text: base64 of little-endian float32.
+
+    Parameters
+    ----------
+    np : module
+    flat : numpy.ndarray
+
+    Returns
+    -------
+    str
+    """
+    return base64.b64encode(np.ascontiguousarray(flat, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _cached(args: argparse.Namespace, kind: str, path: str, load):
+    """Return ``load()``, kept by the serving runner per file (path, size, mtime) between requests."""
+    store = getattr(args, "files", None)
+    if store is None:
+        return load()
+    try:
+        info = os.stat(path)
+    except OSError:
+        return load()
+    return store.get((kind, os.path.realpath(path), info.st_size, info.st_mtime_ns), load)
+
+
+def _load_index(np, path: str, size: int, outer: int):
+    try:
+        index = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise bad(f"fjord index {path}: not a readable .npy ({exc})") from None
+    if index.shape != (size,) or index.dtype.kind not in "iu":
+        raise bad(f"fjord index {path}: shape {index.shape} dtype {index.dtype}, needs integers ({size},)")
+    if size and (int(index.min()) < 0 or int(index.max()) >= outer):
+        raise bad(f"fjord index {path}: positions outside the {outer} parameters")
+    return index.astype(np.int64, copy=False)
+
+
+def _train_plan(args: argparse.Namespace, outer_size: int, np) -> tuple:
+    """Return the artifact sets a train request trains (FjORD: one per width) and their index arrays.
+
+    Returns
+    -------
+    sets : list of str
+    manifests : list of dict
+    index : list of numpy.ndarray or None
+        Positions of each set's flat parameters in the request's flat vector (None: the same layout).
+    """
+    fjord = getattr(args, "fjord", None)
+    if fjord is None:
+        return [args.artifacts], [load_manifest(args.artifacts, args.backend)], [None]
+    if not isinstance(fjord, dict) or not isinstance(fjord.get("sets"), list) or not fjord["sets"]:
+        raise bad("fjord must be an object with a non-empty list of artifact sets")
+    sets = [str(d) for d in fjord["sets"]]
+    paths = fjord.get("index") or [None] * len(sets)
+    if not isinstance(paths, list) or len(paths) != len(sets):
+        raise bad(f"fjord: {len(sets)} sets need {len(sets)} index entries (null for the request's own layout)")
+    manifests = [load_manifest(d, args.backend) for d in sets]
+    index: list = []
+    for directory, manifest, path in zip(sets, manifests, paths):  # noqa: B905 - Python 3.8
+        size = int(manifest["num_parameters"])
+        if path is None:
+            if size != outer_size:
+                raise bad(f"fjord: set {directory} has {size} parameters, the request {outer_size}; give an index")
+            index.append(None)
+        else:
+            load = lambda p=str(path), n=size: _load_index(np, p, n, outer_size)  # noqa: E731
+            index.append(_cached(args, "index", str(path), load))
+    return sets, manifests, index
+
+
+def _syncdrop_plan(np, syncdrop, mask_names: tuple) -> tuple:
+    """Check a ``syncdrop`` request entry; return (sync seed, scale, [(keep, mask input or None)] per group)."""
+    if not isinstance(syncdrop, dict) or not isinstance(syncdrop.get("groups"), list):
+        raise bad("syncdrop must be an object with sync_seed, scale and groups [[name, [keep...]], ...]")
+    try:
+        seed = int(syncdrop.get("sync_seed", 0))
+        groups = [(str(name), np.asarray(keep, dtype=np.float64).reshape(-1)) for name, keep in syncdrop["groups"]]
+    except (TypeError, ValueError) as exc:
+        raise bad(f"syncdrop: malformed ({exc})") from None
+    plan: list = []
+    for name, keep in groups:
+        if not keep.size or not np.all((keep > 0) & (keep <= 1)):
+            raise bad(f"syncdrop: keep probabilities of {name!r} must be values in (0, 1]")
+        mask: str | None = "mask." + name
+        if mask not in mask_names:
+            if np.any(keep < 1):
+                raise bad(f"syncdrop: group {name!r} drops neurons but the step model has no input {mask!r}")
+            mask = None
+        plan.append((keep, mask))
+    return seed, bool(syncdrop.get("scale", True)), plan
+
+
 def run_train(args: argparse.Namespace, result: dict) -> None:
     """Train ``epochs`` epochs over a shard from given parameters; fill ``result``.
+
+    Plain requests train one artifact set. A serving runner's request may add ``fjord``
+    (a width drawn per step, `_train_plan`) or ``syncdrop`` (FedDrop masks per step), and
+    take and return the parameters inline; see the module docstring.
 
     Parameters
     ----------
     args : argparse.Namespace
     result : dict
     """
+    clock = time.perf_counter
+    started = clock()
     result.update(warmup=0, steps=0, epochs=args.epochs, lr=args.lr, examples=0, num_parameters=None, out=None)
     _check_common(args)
+    inline_in = getattr(args, "params_inline", None)
+    inline_out = getattr(args, "return_params", None) == "inline"
+    fjord, syncdrop = getattr(args, "fjord", None), getattr(args, "syncdrop", None)
     if args.epochs < 1:
         raise bad(f"--epochs must be at least 1, got {args.epochs}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise bad(f"--lr must be a positive number, got {args.lr!r}")
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise bad(f"--out {args.out}: directory {out_dir} does not exist")
+    if (args.params is None) == (inline_in is None):
+        raise bad("train needs exactly one of --params FILE and (serving) params_inline")
+    if args.out is None and not inline_out:
+        raise bad("train needs --out FILE (or, serving, return_params: inline)")
+    if args.out is not None:
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(out_dir):
+            raise bad(f"--out {args.out}: directory {out_dir} does not exist")
+    if fjord is not None and syncdrop is not None:
+        raise bad("a request trains either fjord widths or syncdrop masks, not both")
     manifest = load_manifest(args.artifacts, args.backend)
     batch = int(manifest["batch"])
+    size = int(manifest["num_parameters"])
     result["batch"] = batch
-    result["num_parameters"] = int(manifest["num_parameters"])
+    result["num_parameters"] = size
     if args.batch is not None and args.batch != batch:
         raise bad(f"--batch {args.batch}: the artifact set has a fixed batch of {batch}")
     np = import_numpy(args.threads)
-    flat = _load_params(np, args.params, int(manifest["num_parameters"]))
-    x, y = _load_shard(np, args.data, manifest)
+    outer = _decode_inline(np, inline_in, size) if inline_in is not None else _load_params(np, args.params, size)
+    outer = np.array(outer, dtype=np.float32)
+    sets, manifests, index = _train_plan(args, size, np)
+    for directory, other in zip(sets, manifests):  # noqa: B905 - Python 3.8
+        if int(other["batch"]) != batch or other["inputs"][0] != manifest["inputs"][0]:
+            raise bad(f"fjord: set {directory} has another batch or input than {args.artifacts}")
+    x, y = _cached(args, "shard", args.data, lambda: _load_shard(np, args.data, manifest))
     per_epoch = x.shape[0] // batch
     if per_epoch < 1:
         raise bad(f"--data {args.data}: {x.shape[0]} examples, fewer than one batch of {batch}")
     if y.size and (int(y.min()) < 0 or int(y.max()) >= num_classes(manifest)):  # type: ignore[operator]
         raise bad(f"--data {args.data}: labels outside [0, {num_classes(manifest)})")
-    backend = open_backend(args, manifest, lr=args.lr)
-    backend.set_flat(np, flat)
+    backends = []
+    for directory, other in zip(sets, manifests):  # noqa: B905 - Python 3.8
+        backend = open_backend(argparse.Namespace(**{**vars(args), "artifacts": directory}), other, lr=args.lr)
+        backend.set_lr(args.lr)
+        backends.append(backend)
+    plan = None
+    if syncdrop is not None:
+        plan = _syncdrop_plan(np, syncdrop, backends[0].mask_names)
+        if not backends[0].mask_names:
+            raise bad(f"syncdrop needs a step model with mask inputs (onnx backend); {args.artifacts} has none")
     xb = np.empty((batch,) + x.shape[1:], dtype=x.dtype)
     yb = np.empty((batch,), dtype=np.int64)
-    backend.bind(xb, yb)
+    bound: set = set()
+
+    def switch(leave, enter) -> None:
+        """Write the trained width back into the outer vector and load the next one."""
+        if leave is not None:
+            values = backends[leave].get_flat(np)
+            if index[leave] is None:
+                outer[:] = values
+            else:
+                outer[index[leave]] = values
+        if enter is not None:
+            backends[enter].set_flat(np, outer if index[enter] is None else outer[index[enter]])
+            if enter not in bound:
+                backends[enter].bind(xb, yb)
+                bound.add(enter)
+
+    switch(None, 0 if fjord is None else None)
     rng = np.random.default_rng(args.seed)
-    passive = _before(result)
-    clock = time.perf_counter
+    width_rng = np.random.default_rng((args.seed, 1))
+    per_pass = -(-x.shape[0] // batch)  # batches per epoch in process, the short last one included
     seconds, losses = result["step_seconds"], result["loss"]
-    for _ in range(args.epochs):
+    switches, picks, mask_means = [], [], []
+    mask_seconds = 0.0
+    current = None if fjord is not None else 0
+    result["load_seconds"] = clock() - started
+    passive = _before(result)
+    for epoch in range(args.epochs):
         order = rng.permutation(x.shape[0])
-        for b in range(per_epoch):
-            index = order[b * batch : (b + 1) * batch]
+        for b in range(per_pass):
+            # Draws happen for every in-process batch, also the short last one that the fixed-batch
+            # graph cannot take, so widths and masks stay those of in-process training step by step.
+            pick = int(width_rng.integers(len(backends))) if fjord is not None else 0
+            step_index = epoch * per_pass + b
+            if b >= per_epoch:
+                continue
+            if pick != current:
+                start = clock()
+                switch(current, pick)
+                if current is None:  # the first width's parameters: part of the request's load
+                    result["load_seconds"] += clock() - start
+                else:
+                    switches.append(clock() - start)
+                current = pick
+            if plan is not None:
+                start = clock()
+                means = _apply_masks(np, backends[0], plan, step_index)
+                mask_seconds += clock() - start
+                mask_means.append(means)
+            index_b = order[b * batch : (b + 1) * batch]
             start = clock()
-            np.take(x, index, axis=0, out=xb)
-            np.take(y, index, axis=0, out=yb)
-            out = backend.step()
+            np.take(x, index_b, axis=0, out=xb)
+            np.take(y, index_b, axis=0, out=yb)
+            out = backends[current].step()
             elapsed = clock() - start
             seconds.append(elapsed)
-            losses.append(backend.loss_value(out))
+            losses.append(backends[current].loss_value(out))
+            picks.append(current)
     _after(result, passive)
+    start = clock()
+    switch(current, None)
     result["steps"] = len(seconds)
     result["examples"] = len(seconds) * batch
-    _save_atomic(np, args.out, backend.get_flat(np))
-    result["out"] = args.out
+    if fjord is not None:
+        result["step_sets"] = picks
+        result["switch_seconds"] = switches
+        widths = fjord.get("widths")
+        if isinstance(widths, list) and len(widths) == len(sets):
+            result["step_widths"] = [widths[i] for i in picks]
+    if plan is not None:
+        result["mask_means"] = mask_means
+        result["mask_seconds"] = mask_seconds
+    if inline_out:
+        result["params_inline"] = encode_inline(np, outer)
+    if args.out is not None:
+        _save_atomic(np, args.out, outer)
+        result["out"] = args.out
+    result["save_seconds"] = clock() - start
+
+
+def _apply_masks(np, backend, plan: tuple, step: int) -> list:
+    """Draw one step's SyncDrop masks as `fl.feddrop` does and load them; return the kept fraction per group.
+
+    The thresholds ``t ~ U(0, 1)`` of every group come from one ``default_rng((sync_seed, step))``
+    in group order; a channel is kept when ``t < p`` and scaled by ``1 / p`` (or by 1 unscaled).
+    """
+    seed, scale, groups = plan
+    rng = np.random.default_rng((seed, step))
+    values, means = {}, []
+    for keep, mask in groups:
+        kept = rng.random(keep.size) < keep
+        means.append(float(kept.mean()))
+        if mask is not None:
+            values[mask] = np.where(kept, 1.0 / keep, 0.0) if scale else kept.astype(np.float64)
+    backend.set_masks(values)
+    return means
 
 
 # --------------------------------------------------------------------------- entry point
@@ -1308,15 +2129,30 @@ def run(argv: list) -> dict:
         The document; ``EXIT_CODES[doc["status"]]`` is the exit status.
     """
     result = new_result()
-    try:
+
+    def work() -> None:
         args = build_parser().parse_args(argv)
         if args.mode is None:
-            raise bad("a mode is required: bench or train")
-        result.update(mode=args.mode, backend=args.backend, threads=args.threads, seed=args.seed)
-        if args.mode == "bench":
-            run_bench(args, result)
-        else:
-            run_train(args, result)
+            raise bad("a mode is required: bench, train or serve")
+        if args.mode == "serve":
+            raise bad("serve is resident: start it as the program (runner.py serve), not through run()")
+        _run_mode(args, result)
+
+    return _guarded(result, work)
+
+
+def _run_mode(args: argparse.Namespace, result: dict) -> None:
+    result.update(mode=args.mode, backend=args.backend, threads=args.threads, seed=args.seed)
+    if args.mode == "bench":
+        run_bench(args, result)
+    else:
+        run_train(args, result)
+
+
+def _guarded(result: dict, work) -> dict:
+    """Run ``work()``; whatever happens, finish ``result`` (status, error, peak memory, versions)."""
+    try:
+        work()
         result["status"] = "ok"
     except RunnerFailure as exc:
         result["status"], result["error"], result["missing"] = exc.status, str(exc), exc.missing
@@ -1334,11 +2170,295 @@ def run(argv: list) -> dict:
     return _finite(result)
 
 
+# --------------------------------------------------------------------------- serve
+
+
+class Lru:
+    """A small least-recently-used map: ``get(key, make)`` returns the kept value or keeps ``make()``.
+
+    Parameters
+    ----------
+    limit : int
+        Values kept; the least recently used is dropped beyond it.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, int(limit))
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key, make):
+        """Return the value of ``key``, making and keeping it when absent.
+
+        Parameters
+        ----------
+        key : hashable
+        make : callable
+
+        Returns
+        -------
+        object
+        """
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        value = make()
+        self.put(key, value)
+        return value
+
+    def put(self, key, value) -> None:
+        """Keep ``value`` under ``key`` as the most recently used.
+
+        Parameters
+        ----------
+        key : hashable
+        value : object
+        """
+        self.entries[key] = value
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.limit:
+            self.entries.popitem(last=False)
+
+
+class SessionCache:
+    """The serving runner's open backends, one per (backend, artifact set, threads, set content).
+
+    A reused backend is `reset` (the set's initial parameters, the request's learning rate,
+    dense masks), so a request's document is the same as a fresh process's; an ``ort``
+    session over an AdamW set is never reused (its optimizer state cannot be reset) and
+    costs its open on every request.
+
+    Parameters
+    ----------
+    limit : int
+        Open backends kept.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.kept = Lru(limit)
+        self.stats = {"opened": 0, "reused": 0, "open_seconds": 0.0}
+
+    def begin(self) -> None:
+        """Start counting a new request's opens and reuses."""
+        self.stats = {"opened": 0, "reused": 0, "open_seconds": 0.0}
+
+    def open(self, args: argparse.Namespace, manifest: dict, lr: float | None):
+        """Return a ready backend for ``args.artifacts``, reused when one is kept.
+
+        Parameters
+        ----------
+        args : argparse.Namespace
+        manifest : dict
+        lr : float or None
+
+        Returns
+        -------
+        OrtBackend, OnnxBackend or TorchBackend
+        """
+        files = json.dumps(manifest.get("files") or {}, sort_keys=True)
+        key = (args.backend, os.path.realpath(args.artifacts), int(args.threads), files)
+        backend = self.kept.entries.get(key)
+        if backend is not None:
+            self.kept.get(key, lambda: backend)
+            backend.reset(lr)
+            self.stats["reused"] += 1
+            return backend
+        start = time.perf_counter()
+        cls: Any = {"ort": OrtBackend, "onnx": OnnxBackend, "torch": TorchBackend}[args.backend]
+        backend = cls(args.artifacts, manifest, args.threads, lr)
+        self.stats["open_seconds"] += time.perf_counter() - start
+        self.stats["opened"] += 1
+        if backend.reusable:
+            self.kept.put(key, backend)
+        return backend
+
+
+def reset_peak_memory() -> bool:
+    """Reset the process's peak resident set (VmHWM) to its current size.
+
+    Writes ``5`` to ``/proc/self/clear_refs`` (Linux 4.0+); VmHWM then measures from now.
+
+    Returns
+    -------
+    bool
+        Whether the reset worked (else VmHWM is the peak since the process started).
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class Server:
+    """The serving runner's state: defaults, open sessions and files kept between requests.
+
+    Parameters
+    ----------
+    threads : int
+        The default ``threads`` of requests (numpy's BLAS keeps this count for the process).
+    backend : str or None
+        The default ``backend`` of requests.
+    max_sessions : int
+    """
+
+    def __init__(self, threads: int, backend: str | None, max_sessions: int) -> None:
+        self.threads = threads
+        self.backend = backend
+        self.sessions = SessionCache(max_sessions)
+        self.files = Lru(max(4, 2 * max_sessions))
+        self.requests = 0
+
+    def namespace(self, request: dict, mode: str) -> argparse.Namespace:
+        """Turn a request into the namespace of its mode (keys are the options, ``_`` for ``-``).
+
+        Parameters
+        ----------
+        request : dict
+        mode : str
+
+        Returns
+        -------
+        argparse.Namespace
+
+        Raises
+        ------
+        RunnerFailure
+            "bad arguments" on an unknown key or a value that is not a number or a string.
+        """
+        argv = [mode]
+        options = dict(request)
+        options.setdefault("threads", self.threads)
+        if self.backend is not None:
+            options.setdefault("backend", self.backend)
+        for key, value in options.items():
+            if key in SERVE_KEYS or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise bad(f"request key {key!r}: expected a number or a string, got {value!r}")
+            argv += ["--" + key.replace("_", "-"), str(value)]
+        args = build_parser().parse_args(argv)
+        for key in ("params_inline", "return_params", "fjord", "syncdrop"):
+            setattr(args, key, request.get(key))
+        args.sessions, args.files = self.sessions, self.files
+        return args
+
+    def handle(self, raw: bytes) -> dict:
+        """Answer one request line (never raises).
+
+        Parameters
+        ----------
+        raw : bytes
+            The line as read.
+
+        Returns
+        -------
+        dict
+            The reply document.
+        """
+        start = time.perf_counter()
+        self.requests += 1
+        result = new_result()
+        result["id"] = None
+        result["peak_memory_scope"] = "request" if reset_peak_memory() else "process"
+        self.sessions.begin()
+
+        def work() -> None:
+            try:
+                request = json.loads(raw.decode("utf-8"))
+            except ValueError as exc:
+                raise bad(f"request {self.requests}: not JSON ({exc})") from None
+            if not isinstance(request, dict):
+                raise bad(f"request {self.requests}: not a JSON object")
+            result["id"] = request.get("id")
+            mode = request.get("mode")
+            result["mode"] = mode
+            if mode in ("ping", "exit"):
+                return
+            if mode not in ("bench", "train"):
+                raise bad(f"request {self.requests}: mode {mode!r} is not bench, train, ping or exit")
+            _run_mode(self.namespace(request, mode), result)
+            result["sessions"] = dict(self.sessions.stats)
+
+        doc = _guarded(result, work)
+        doc["request_seconds"] = time.perf_counter() - start
+        return doc
+
+
+def serve(argv: list, out) -> int:
+    """Serve requests from stdin until its end or an ``exit`` request (see the module docstring).
+
+    Parameters
+    ----------
+    argv : list of str
+        ``serve`` and its options.
+    out : file
+        Where replies go (the real stdout; file descriptor 1 points at stderr meanwhile).
+
+    Returns
+    -------
+    int
+        0 after ``exit`` or the end of stdin; the status's exit code when start-up failed.
+    """
+    start = time.perf_counter()
+    ready = new_result()
+    ready.update(mode="serve", event="ready", protocol=PROTOCOL_VERSION, pid=os.getpid())
+    server = None
+
+    def work() -> None:
+        nonlocal server
+        args = build_parser().parse_args(argv)
+        if args.threads < 1 or args.max_sessions < 1:
+            raise bad(f"--threads and --max-sessions must be at least 1, got {args.threads}, {args.max_sessions}")
+        ready.update(threads=args.threads, backend=args.backend, max_sessions=args.max_sessions)
+        if args.cwd is not None:
+            try:
+                os.chdir(args.cwd)
+            except OSError as exc:
+                raise bad(f"--cwd {args.cwd}: {exc.strerror or exc}") from None
+        ready["cwd"] = os.getcwd()
+        import_numpy(args.threads)
+        if args.backend == "ort":
+            import_ort_training()
+        elif args.backend == "onnx":
+            import_onnxruntime()
+        elif args.backend == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError as exc:
+                raise _import_failure("torch", exc) from None
+        server = Server(args.threads, args.backend, args.max_sessions)
+
+    ready = _guarded(ready, work)
+    ready["peak_memory_scope"] = "request" if reset_peak_memory() else "process"
+    ready["startup_seconds"] = time.perf_counter() - start
+    _reply(out, ready)
+    if server is None:
+        return EXIT_CODES.get(ready["status"], 5)
+    stdin = sys.stdin.buffer
+    while True:
+        raw = stdin.readline()
+        if not raw:
+            return 0
+        if not raw.strip():
+            continue
+        doc = server.handle(raw)
+        _reply(out, doc)
+        if doc.get("mode") == "exit" or doc.get("error") == "interrupted":
+            return 0
+
+
+def _reply(out, doc: dict) -> None:
+    out.write(json.dumps(doc, allow_nan=False) + "\n")
+    out.flush()
+
+
 def main(argv: list | None = None) -> int:
     """Command-line entry point: print one JSON document on stdout, return the exit status.
 
     File descriptor 1 is pointed at stderr while the runner works, so that
-    nothing a library prints can corrupt the document.
+    nothing a library prints can corrupt the document; ``serve`` keeps it so for its whole
+    life and writes its replies to the saved descriptor.
 
     Parameters
     ----------
@@ -1361,6 +2481,12 @@ def main(argv: list | None = None) -> int:
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
     try:
+        if argv[:1] == ["serve"]:
+            replies = os.fdopen(os.dup(saved), "w", encoding="utf-8") if saved is not None else real_stdout
+            try:
+                return serve(argv, replies)
+            finally:
+                replies.flush()
         doc = run(argv)
     finally:
         sys.stdout = real_stdout

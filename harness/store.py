@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporters.errors import InputError
 from harness.records import BenchSpec, Measurement
+from harness.runner import DEFAULT_MAX_SECONDS
 from harness.stats import summarize
 
 if TYPE_CHECKING:
@@ -122,6 +123,18 @@ MIGRATIONS: tuple[str, ...] = (
         version INTEGER NOT NULL
     );
     """,
+    # v5: adaptive sampling (target and cap of the cell, precision achieved, why sampling
+    # stopped, the imprecise flag) and isolation (per cell: measured alone or beside which
+    # devices, and why; per campaign: the plan). Cells stored before carry NULL / '{}'.
+    """
+    ALTER TABLE cells ADD COLUMN precision REAL;
+    ALTER TABLE cells ADD COLUMN max_seconds REAL;
+    ALTER TABLE cells ADD COLUMN precision_achieved REAL;
+    ALTER TABLE cells ADD COLUMN imprecise INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE cells ADD COLUMN stop_reason TEXT;
+    ALTER TABLE cells ADD COLUMN isolation TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE campaigns ADD COLUMN plan TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 
 #: The schema version this code writes.
@@ -143,7 +156,16 @@ CELL_COLUMNS: tuple[str, ...] = (
     "stdev_us",
     "cv",
     "noisy",
+    "robust_cv",
     "n",
+    "precision",
+    "precision_achieved",
+    "imprecise",
+    "stop_reason",
+    "max_seconds",
+    "alone",
+    "concurrent_with",
+    "isolation_reason",
     "peak_memory_bytes",
     "peak_memory_source",
     "throttled",
@@ -173,7 +195,7 @@ _DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "numpy": ("numpy",),
 }
 
-_STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv")
+_STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv")
 
 
 class StoreError(InputError):
@@ -309,6 +331,13 @@ def split_statements(script: str) -> list[str]:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _loads_mapping(text: str | None) -> dict[str, Any]:
@@ -526,6 +555,7 @@ class ProfileStore:
         versions: Mapping[str, str] | None = None,
         commit: str | None = None,
         started_at: float | None = None,
+        plan: Mapping[str, Any] | None = None,
     ) -> int:
         """Record the start of a campaign and return its id.
 
@@ -541,6 +571,8 @@ class ProfileStore:
             fleetbench git commit; default `git_commit()`.
         started_at : float, optional
             Unix time; default now.
+        plan : mapping, optional
+            The campaign's isolation plan (`harness.campaign.IsolationPlan.to_dict`).
 
         Returns
         -------
@@ -553,10 +585,13 @@ class ProfileStore:
             model,
             _dumps(dict(host_versions() if versions is None else versions)),
             git_commit() if commit is None else commit,
+            _dumps(dict(plan or {})),
         )
         with self.transaction() as conn:
             cursor = conn.execute(
-                "INSERT INTO campaigns (started_at, fleet, model, versions, git_commit) VALUES (?, ?, ?, ?, ?)", row
+                "INSERT INTO campaigns (started_at, fleet, model, versions, git_commit, plan) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                row,
             )
             assert cursor.lastrowid is not None
             return int(cursor.lastrowid)
@@ -608,6 +643,12 @@ class ProfileStore:
             "finished_at": float(measurement.finished_at),
             "versions": _dumps(dict(measurement.versions)),
             "git_commit": measurement.git_commit,
+            "precision": float(spec.precision),
+            "max_seconds": float(spec.max_seconds),
+            "precision_achieved": _float_or_none(measurement.precision_achieved),
+            "imprecise": int(bool(measurement.imprecise)),
+            "stop_reason": measurement.stop_reason,
+            "isolation": _dumps(dict(measurement.isolation)),
         }
         columns = ", ".join(values)
         marks = ", ".join(f":{name}" for name in values)
@@ -673,6 +714,9 @@ class ProfileStore:
             warmup=int(row["warmup"]),
             steps=int(row["steps"]),
             optimizer=row["optimizer"],
+            # cells stored before v5 were fixed-count measurements
+            precision=0.0 if row["precision"] is None else float(row["precision"]),
+            max_seconds=DEFAULT_MAX_SECONDS if row["max_seconds"] is None else float(row["max_seconds"]),
         )
         return Measurement(
             spec=spec,
@@ -689,6 +733,10 @@ class ProfileStore:
             finished_at=float(row["finished_at"]),
             versions=_loads_mapping(row["versions"]),
             git_commit=row["git_commit"],
+            precision_achieved=_float_or_none(row["precision_achieved"]),
+            imprecise=bool(row["imprecise"]),
+            stop_reason=row["stop_reason"],
+            isolation=_loads_mapping(row["isolation"]),
         )
 
     def measurements(self, campaign_id: int | None = None, *, latest: bool = False) -> list[Measurement]:
@@ -725,7 +773,12 @@ class ProfileStore:
             the manifest counts, else NaN. ``emulated_isa`` comes from the facts
             snapshot (`Measurement.emulated_isa`). ``arch_widths`` is comma-separated,
             ``versions`` a JSON object; ``git_commit`` and ``versions`` fall back to
-            the campaign's.
+            the campaign's. ``precision`` and ``max_seconds`` are the cell's target and
+            cap (0 and the default for cells stored before adaptive sampling),
+            ``precision_achieved`` the runner's (NaN where unknown), ``imprecise`` and
+            ``stop_reason`` its verdict; ``alone``, ``concurrent_with`` (comma-separated)
+            and ``isolation_reason`` state how the cell was isolated (NA / empty for
+            cells stored before the isolation plan).
         """
         import pandas as pd
 
@@ -757,6 +810,14 @@ class ProfileStore:
                 "git_commit": m.git_commit if m.git_commit is not None else row["campaign_git_commit"],
                 "versions": _dumps(dict(m.versions) or _loads_mapping(row["campaign_versions"])),
                 "emulated_isa": m.emulated_isa,
+                "precision": m.spec.precision,
+                "max_seconds": m.spec.max_seconds,
+                "precision_achieved": math.nan if m.precision_achieved is None else m.precision_achieved,
+                "imprecise": m.imprecise,
+                "stop_reason": m.stop_reason,
+                "alone": m.isolation.get("alone") if m.isolation else None,
+                "concurrent_with": ",".join(m.isolation.get("concurrent_with") or ()) if m.isolation else "",
+                "isolation_reason": str(m.isolation.get("reason", "")) if m.isolation else "",
             }
             if m.step_seconds:
                 record.update(summarize(m.step_seconds, m.spec.batch).as_dict())
@@ -777,6 +838,11 @@ class ProfileStore:
                 "noisy": "boolean",
                 "throttled": "bool",
                 "emulated_isa": "bool",
+                "imprecise": "bool",
+                "alone": "boolean",
+                "precision": "float64",
+                "max_seconds": "float64",
+                "precision_achieved": "float64",
                 "peak_memory_bytes": "Int64",
                 "matmul_gflops": "float64",
                 "train_flops": "float64",
@@ -792,18 +858,18 @@ class ProfileStore:
         Returns
         -------
         pandas.DataFrame
-            Columns ``id, started_at, fleet, model, versions`` (JSON) ``, git_commit, cells``
-            (number of attempts recorded).
+            Columns ``id, started_at, fleet, model, versions`` (JSON) ``, git_commit, plan``
+            (the isolation plan, JSON) ``, cells`` (number of attempts recorded).
         """
         import pandas as pd
 
         query = (
-            "SELECT k.id, k.started_at, k.fleet, k.model, k.versions, k.git_commit, COUNT(c.id) AS cells "
+            "SELECT k.id, k.started_at, k.fleet, k.model, k.versions, k.git_commit, k.plan, COUNT(c.id) AS cells "
             "FROM campaigns k LEFT JOIN cells c ON c.campaign_id = k.id GROUP BY k.id ORDER BY k.id"
         )
         with self._locked() as conn:
             rows = conn.execute(query).fetchall()
-        columns = ["id", "started_at", "fleet", "model", "versions", "git_commit", "cells"]
+        columns = ["id", "started_at", "fleet", "model", "versions", "git_commit", "plan", "cells"]
         return pd.DataFrame.from_records(rows, columns=columns)
 
 

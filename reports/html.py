@@ -165,7 +165,7 @@ _HEADINGS = {
     "train_mflops": "train MFLOPs",
     "flops_ratio": "theoretical",
     "measured_speedup": "measured",
-    "modelled_speedup": "a + b·F model",
+    "modelled_speedup": "fixed-share model",
     "fixed_us": "fixed µs",
     "fixed_share": "fixed share",
     "achieved_gflops": "achieved GFLOP/s",

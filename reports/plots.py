@@ -220,7 +220,7 @@ def speedup_figure(speed: pd.DataFrame) -> Figure:
     ax.set_ylim(bottom=min(1.0, float(speed["measured_speedup"].min()) * 0.95))
     ax.set_xlabel("theoretical speed-up (FLOPs of widest / FLOPs of width)")
     ax.set_ylabel("measured speed-up (latency ratio)")
-    ax.set_title("Measured speed-up (markers) and the a + b·FLOPs fit (lines)")
+    ax.set_title("Measured speed-up (markers) and the fixed share's speed-up (lines)")
     ax.legend(handles=handles, loc="upper left")
     return fig
 
@@ -266,7 +266,7 @@ def prediction_figure(errors: pd.DataFrame) -> Figure:
     ax.axhline(0, color="#7f7f7f", linewidth=0.8)
     _width_lines(ax, errors, "error", device_colours(list(errors["device"])), scale=100.0)
     ax.set_ylabel("prediction error (% of measured)")
-    ax.set_title("Latency model a + b·FLOPs, width left out of the fit")
+    ax.set_title("Latency model, width left out of the fit")
     ax.legend(loc="best")
     return fig
 
@@ -405,6 +405,39 @@ def fl_timeline_figure(timeline: pd.DataFrame) -> Figure:
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=5)
     ax.grid(axis="y", visible=False)
     ax.set_axisbelow(True)
+    return fig
+
+
+@_styled
+def fl_virtual_figure(virtual: pd.DataFrame) -> Figure:
+    """Draw the virtual clock: each round a band on the virtual time line, each client's finish time a mark.
+
+    Parameters
+    ----------
+    virtual : pandas.DataFrame
+        `reports.tables.fl_virtual_table` rows of one run (not empty).
+
+    Returns
+    -------
+    Figure
+        Kept clients as dots, clients the round did not keep (over the deadline, or
+        over-committed and later than the K-th) as crosses.
+    """
+    rounds = virtual.drop_duplicates("round").sort_values("round")
+    fig, ax = _figure(6.8, max(2.6, 0.9 + 0.22 * len(rounds)))
+    for _, r in rounds.iterrows():
+        ax.barh(r["round"], r["round_s"], left=r["round_start_s"], height=0.7, color="#E6E6E6", edgecolor="#7f7f7f")
+    ok = virtual["status"] == "ok"
+    finish = virtual["round_start_s"] + virtual["virtual_s"]
+    ax.scatter(finish[ok], virtual["round"][ok], s=9, color="#0072B2", label="kept", zorder=3)
+    ax.scatter(finish[~ok], virtual["round"][~ok], s=14, marker="x", color="#D55E00", label="not kept", zorder=3)
+    ax.set_yticks(list(rounds["round"]))
+    ax.set_yticklabels([str(int(r) + 1) for r in rounds["round"]])
+    ax.invert_yaxis()
+    ax.set_ylabel("round")
+    ax.set_xlabel("virtual seconds since the run's start")
+    ax.set_title("Virtual clock: rounds and client finish times")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     return fig
 
 

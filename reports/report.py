@@ -33,6 +33,8 @@ from reports.html import EmbeddedFigure, Page, Section, TableBlock, render_page
 
 #: File name of the page inside the output directory.
 REPORT_FILE = "report.html"
+#: Runs with more clients get no per-client timeline and tier chart (one row per client would not read).
+MAX_TIMELINE_CLIENTS = 40
 
 
 @dataclass(frozen=True)
@@ -206,8 +208,8 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
     noisy = latency[latency["noisy"].fillna(False).astype(bool)]
     if len(noisy):
         notes.append(
-            f"{len(noisy)} of {len(latency)} cells are noisy (coefficient of variation above 5 %): "
-            "compare their medians, not their means, and prefer re-measuring on an idle device."
+            f"{len(noisy)} of {len(latency)} cells are noisy (robust coefficient of variation, 1.4826 MAD / median, "
+            "above 5 %): the bulk of their steps is spread; prefer re-measuring on an idle device."
         )
     scale = "logarithmic" if log_scale else "linear"
     marked = [
@@ -227,7 +229,14 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
                 plots.latency_figure(latency.assign(device=marked), log_scale),
             ),
         ),
-        tables=(TableBlock("latency", "Every measured cell; cv = stdev / mean of the step times.", latency),),
+        tables=(
+            TableBlock(
+                "latency",
+                "Every measured cell; precision = half-width of the median's 95 % interval / median; cv = stdev / "
+                "mean of the samples, robust_cv = 1.4826 MAD / median (noisy above 5 %).",
+                latency,
+            ),
+        ),
         notes=tuple(notes),
     )
 
@@ -253,8 +262,8 @@ def _speedup(speed: pd.DataFrame) -> Draft:
     intro = (
         "The theoretical speed-up of a width is the FLOPs ratio of the widest measured width to it; the measured "
         "speed-up is the ratio of their median latencies. FedDrop (Table 10) measured 1.75× for a 2× FLOPs "
-        "reduction on an iPhone 12 Pro CPU. The gap is a fixed per-step cost: fitting latency = a + b·FLOPs per "
-        "device, the intercept a does not shrink with the model, and with its share φ of the full-width latency "
+        "reduction on an iPhone 12 Pro CPU. The gap is a fixed per-step cost: the device's latency model has a fixed "
+        "term a that does not shrink with the model, and with its share φ of the full-width latency "
         "the speed-up is at most 1 / (φ + (1 − φ) / T) for a FLOPs ratio T (Amdahl's law)."
     )
     if speed.empty:
@@ -325,12 +334,14 @@ def _roofline(roof: pd.DataFrame) -> Draft:
     )
 
 
-def _prediction(errors: pd.DataFrame, summary: pd.DataFrame) -> Draft:
+def _prediction(errors: pd.DataFrame, summary: pd.DataFrame, by_width: pd.DataFrame) -> Draft:
     title = "Latency-model prediction error"
     intro = (
-        "Each width is left out in turn, latency = a + b·FLOPs is refitted on the other widths of the same device "
-        "and configuration, and the left-out width is predicted: the error says how far an unmeasured width can "
-        "be trusted."
+        "Each width is left out in turn, the device's latency model (per-image time = a non-negative sum of a "
+        "fixed cost, conv / linear / LSTM training FLOPs and bytes moved, fitted per device) is refitted on the "
+        "other widths of the same configuration, and the left-out width is predicted: the error says how far an "
+        "unmeasured width can be trusted. The narrowest and the widest widths are extrapolations; the model's own "
+        "uncertainty (one standard deviation) is listed beside each prediction."
     )
     if errors.empty:
         return Draft(
@@ -349,10 +360,54 @@ def _prediction(errors: pd.DataFrame, summary: pd.DataFrame) -> Draft:
             ),
         ),
         tables=(
+            TableBlock(
+                "prediction_by_width", "Error per left-out width (rows) on every device (columns).", by_width
+            ),
             TableBlock("prediction_summary", "Median and worst absolute error per device.", summary),
-            TableBlock("prediction_error", "Every left-out width.", errors),
+            TableBlock("prediction_error", "Every left-out width, with the prediction's uncertainty.", errors),
         ),
+        notes=tuple(_beyond_ten(by_width)),
     )
+
+
+def _beyond_ten(by_width: pd.DataFrame) -> list[str]:
+    worst = by_width[by_width["max_abs_error"] > 0.10] if not by_width.empty else by_width
+    if worst.empty:
+        return []
+    where = ", ".join(f"{r.model} width {r.width:g} ({r.max_abs_error:.0%})" for r in worst.itertuples())
+    return [f"Widths predicted more than 10 % off on some device: {where}."]
+
+
+def _measurement(cells: pd.DataFrame, isolation: pd.DataFrame) -> Draft:
+    title = "Measurement: isolation and precision"
+    intro = (
+        "Devices that share this host's cpus (local devices, emulated devices, devices at a loopback address) "
+        "are measured one at a time unless they are pinned to disjoint cpus; devices on other hosts are measured "
+        "at the same time. Each cell is sampled until the distribution-free 95 % interval of its median is within "
+        "the target precision, or until its time cap; a cell that missed is flagged imprecise with the reason."
+    )
+    ok = tables.ok_cells(cells)
+    if ok.empty:
+        return Draft("measurement", title, paragraphs=(intro,), notes=("No measured cell.",))
+    notes = []
+    if "imprecise" in ok.columns:
+        missed = ok[ok["imprecise"].fillna(False).astype(bool)]
+        for r in missed.itertuples():
+            notes.append(f"{r.device} width {r.width:g} ({r.backend}): {r.message}")
+    paragraphs = [intro]
+    if not isolation.empty:
+        alone = isolation[isolation["concurrent"] == 0]["device"].tolist()
+        together = isolation[isolation["concurrent"] > 0]
+        if alone:
+            paragraphs.append(f"Measured alone: {_fmt_devices(alone)}.")
+        for r in together.itertuples():
+            paragraphs.append(
+                f"{r.device}: {r.concurrent} of {r.cells} cells measured beside {r.concurrent_with} ({r.reason})."
+            )
+    else:
+        notes.append("These cells were stored before fleetbench recorded how cells were isolated.")
+    blocks = (TableBlock("isolation", "Per device: cells measured alone, beside other devices, and why.", isolation),)
+    return Draft("measurement", title, paragraphs=tuple(paragraphs), tables=blocks, notes=tuple(notes))
 
 
 def _backends(pairs: pd.DataFrame, cells: pd.DataFrame) -> Draft:
@@ -409,13 +464,16 @@ def _devices(devices: pd.DataFrame, failures: pd.DataFrame) -> Draft:
             "(frequency dropped or a throttle flag was set); treat those latencies with care."
         )
     facts = devices[["device", "platform", "arch", "isa", "cpu", "cores", "mem_mib", "os", "onnxruntime", "torch"]]
-    outcomes = devices[["device", "backends", "cells", "ok", "failed", "throttled", "noisy", "matmul_gflops"]]
+    outcomes = devices[
+        ["device", "backends", "cells", "ok", "failed", "throttled", "noisy", "imprecise", "matmul_gflops"]
+    ]
     blocks = [
         TableBlock("devices", "What each device is (facts of its latest probe) and its backend versions.", facts),
         TableBlock(
             "device_cells",
-            "Cells per device (latest attempts): measured, failed, measured while throttled, noisy (cv > 5 %); "
-            "matmul GFLOP/s is the median of the runner's probe.",
+            "Cells per device (latest attempts): measured, failed, measured while throttled, noisy (robust cv > "
+            "5 %), imprecise (median's 95 % interval wider than its target); matmul GFLOP/s is the median of the "
+            "runner's probe.",
             outcomes,
         ),
     ]
@@ -442,12 +500,14 @@ def _fl(src: Sources) -> list[Draft]:
     accuracy = tables.fl_accuracy_table(src.fl_rounds)
     timeline = tables.fl_timeline_table(src.fl_client_rounds)
     tiers = tables.fl_tier_table(src.fl_client_rounds)
+    virtual = tables.fl_virtual_table(src.fl_rounds, src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
         acc = accuracy[accuracy["run_id"] == rid] if not accuracy.empty else accuracy
         tl = timeline[timeline["run_id"] == rid] if not timeline.empty else timeline
         tr = tiers[tiers["run_id"] == rid] if not tiers.empty else tiers
+        vt = virtual[virtual["run_id"] == rid] if not virtual.empty else virtual
         figures, blocks, notes = [], [], []
         if acc.empty:
             notes.append("No round of this run was evaluated yet.")
@@ -458,19 +518,32 @@ def _fl(src: Sources) -> list[Draft]:
                 )
             )
             blocks.append(TableBlock(f"fl_run{rid}_accuracy", "Evaluation per round and width.", acc))
+        if not vt.empty:
+            figures.append(
+                PendingFigure(
+                    f"fl_run{rid}_virtual",
+                    "Virtual clock of the population: one band per round (it closes when its K-th client "
+                    "finishes, or at the deadline), one mark per sampled client at its virtual finish time.",
+                    plots.fl_virtual_figure(vt),
+                )
+            )
+        many = tl["cid"].nunique() > MAX_TIMELINE_CLIENTS if not tl.empty else False
         if tl.empty:
             notes.append("No client round of this run is logged.")
-        else:
-            figures.append(
+        elif many:
+            notes.append(
+                f"{tl['cid'].nunique()} clients: more than {MAX_TIMELINE_CLIENTS}, so no per-client timeline "
+                "and tier chart (the virtual clock figure shows every client round)."
+            )
+        if not tl.empty:
+            figures.extend([] if many else [
                 PendingFigure(
                     f"fl_run{rid}_timeline",
                     "One bar per client and round: download, compute, upload; stragglers outlined, failures hatched.",
                     plots.fl_timeline_figure(tl),
-                )
-            )
-            figures.append(
-                PendingFigure(f"fl_run{rid}_tiers", "Tier of every client in every round.", plots.fl_tier_figure(tl))
-            )
+                ),
+                PendingFigure(f"fl_run{rid}_tiers", "Tier of every client in every round.", plots.fl_tier_figure(tl)),
+            ])  # fmt: skip
             blocks.append(TableBlock(f"fl_run{rid}_tiers", "Clients and stragglers per tier and round.", tr))
             stragglers = int(tl["straggler"].sum())
             failed = int((tl["status"] != "ok").sum())
@@ -541,8 +614,9 @@ def build_sections(src: Sources, log_scale: bool = False) -> tuple[list[Draft], 
         _memory(latency),
         _speedup(tables.speedup_table(cells)),
         _roofline(tables.roofline_table(cells)),
-        _prediction(errors, tables.prediction_summary(errors)),
+        _prediction(errors, tables.prediction_summary(errors), tables.prediction_by_width(errors)),
         _backends(tables.backend_pairs_table(cells), cells),
+        _measurement(cells, tables.isolation_table(cells)),
         _devices(tables.device_table(cells, src.facts), tables.failures_table(cells)),
         *_fl(src),
         _provenance(src.campaigns),

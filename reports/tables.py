@@ -12,9 +12,9 @@ For a configuration (device, model, batch, backend) with widest measured width
 ``T = F(w_max) / F(w)`` (training FLOPs per example) and the *measured* speed-up is
 ``S = L(w_max) / L(w)`` with ``L`` the median per-image latency. FedDrop (Table 10)
 measured ``S = 1.75`` for ``T = 2`` on an iPhone CPU. The gap is explained by the
-latency model of `harness.latency`: ``L = a + b F`` with ``a >= 0`` the fixed
-per-image cost of a step that does not shrink with the model. With the fixed share
-``phi = a / (a + b F(w_max))`` the model predicts (Amdahl's law)
+latency model of `harness.latency`: its ``fixed`` coefficient ``a >= 0`` is the per-image
+cost of a step that does not shrink with the model. With the fixed share
+``phi = a / L_model(w_max)`` the model predicts (Amdahl's law)
 ``S_model = 1 / (phi + (1 - phi) / T)``, so ``phi`` is the single number that says how
 much of the theoretical speed-up a device can ever give.
 
@@ -129,6 +129,13 @@ def with_flops(cells: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _column(frame: pd.DataFrame, name: str, default: Any) -> pd.Series:
+    """Return ``frame[name]``, or ``default`` on every row where the store predates the column."""
+    if name in frame.columns:
+        return frame[name]
+    return pd.Series([default] * len(frame), index=frame.index)
+
+
 def _floats(values: pd.Series) -> pd.Series:
     """Return ``values`` as float64, NaN where a value is missing or not a number."""
     return pd.to_numeric(values, errors="coerce").astype("float64")
@@ -151,19 +158,24 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        Columns ``device, model, batch, backend, width, n, median_us, p5_us, p95_us,
-        iqr_us, cv, noisy, throttled, peak_memory_mib, train_mflops, isa`` (``isa`` is
-        ``"emulated ISA"`` on a cell timed under qemu-user, else empty).
+        Columns ``device, model, batch, backend, width, n, median_us, precision, imprecise,
+        p5_us, p95_us, iqr_us, cv, robust_cv, noisy, throttled, peak_memory_mib,
+        train_mflops, isa`` (``precision``: half-width of the median's 95 % interval as a
+        fraction of it; ``isa`` is ``"emulated ISA"`` on a cell timed under qemu-user,
+        else empty).
     """
     columns = [
         *CONFIG,
         "width",
         "n",
         "median_us",
+        "precision",
+        "imprecise",
         "p5_us",
         "p95_us",
         "iqr_us",
         "cv",
+        "robust_cv",
         "noisy",
         "throttled",
         "peak_memory_mib",
@@ -173,7 +185,12 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     ok = with_flops(ok_cells(cells))
     if ok.empty:
         return pd.DataFrame(columns=columns)
-    out = ok[[*CONFIG, "width", "n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "noisy", "throttled"]].copy()
+    picked = ["n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "robust_cv", "noisy", "throttled"]
+    out = ok[[*CONFIG, "width", *[c for c in picked if c in ok.columns]]].copy()
+    out["precision"] = _floats(_column(ok, "precision_achieved", math.nan))
+    out["imprecise"] = _column(ok, "imprecise", False).fillna(False).astype(bool)
+    if "robust_cv" not in out.columns:
+        out["robust_cv"] = math.nan
     out["peak_memory_mib"] = _floats(ok["peak_memory_bytes"]) / _MIB
     out["train_mflops"] = ok["train_flops"] / 1e6
     out["isa"] = [EMULATED_ISA if e else "" for e in is_emulated(ok)]
@@ -194,8 +211,8 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
         One row per measured width of every configuration with at least two widths:
         ``device, model, batch, backend, width, flops_ratio`` (theoretical speed-up
         ``F(w_max) / F(w)``), ``measured_speedup`` (``L(w_max) / L(w)``),
-        ``efficiency`` (measured / theoretical), ``fixed_us`` (intercept ``a`` of the
-        device's latency fit), ``fixed_share`` (``a / (a + b F(w_max))``) and
+        ``efficiency`` (measured / theoretical), ``fixed_us`` (the ``fixed`` coefficient
+        ``a`` of the device's latency model), ``fixed_share`` (``a / L_model(w_max)``) and
         ``modelled_speedup`` (``1 / (phi + (1 - phi) / T)``; see the module docstring).
         Emulated-ISA cells are left out.
     """
@@ -220,8 +237,10 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
         device, model, batch, backend = key
         widest = group.loc[group["width"].idxmax()]
         lat = models[str(device)].latency[(str(model), int(batch), str(backend))]
-        full = lat.intercept_us + lat.slope_us_per_flop * float(widest["train_flops"])
-        share = lat.intercept_us / full if full > 0 else math.nan
+        full = lat.predict_flops(float(widest["train_flops"])).value * 1e6 if not lat.zoo else (
+            lat.predict_us(float(widest["width"]))
+        )
+        share = lat.fixed_us / full if full > 0 else math.nan
         for _, row in group.sort_values("width").iterrows():
             ratio = float(widest["train_flops"]) / float(row["train_flops"])
             measured = float(widest["median_us"]) / float(row["median_us"])
@@ -235,7 +254,7 @@ def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
                     "flops_ratio": ratio,
                     "measured_speedup": measured,
                     "efficiency": measured / ratio,
-                    "fixed_us": lat.intercept_us,
+                    "fixed_us": lat.fixed_us,
                     "fixed_share": share,
                     "modelled_speedup": amdahl_speedup(ratio, share),
                 }
@@ -314,8 +333,8 @@ def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) ->
     -------
     pandas.DataFrame
         ``device, platform, arch, cpu, cores, mem_mib, os, onnxruntime, torch, backends,
-        cells, ok, failed, throttled, noisy, matmul_gflops, isa`` (``"emulated ISA"`` when
-        its facts or cells say so).
+        cells, ok, failed, throttled, noisy, imprecise, matmul_gflops, isa`` (``"emulated
+        ISA"`` when its facts or cells say so).
     """
     columns = [
         "device",
@@ -333,6 +352,7 @@ def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) ->
         "failed",
         "throttled",
         "noisy",
+        "imprecise",
         "matmul_gflops",
         "isa",
     ]
@@ -363,6 +383,7 @@ def device_table(cells: pd.DataFrame, facts: Mapping[str, Mapping[str, Any]]) ->
                 "failed": len(group) - len(ok),
                 "throttled": int(ok["throttled"].astype(bool).sum()) if not ok.empty else 0,
                 "noisy": int(ok["noisy"].fillna(False).astype(bool).sum()) if not ok.empty else 0,
+                "imprecise": int(_column(ok, "imprecise", False).fillna(False).astype(bool).sum()),
                 "matmul_gflops": float(probes.median()) if probes.notna().any() else math.nan,
                 "isa": EMULATED_ISA if info.get("emulated_isa") or is_emulated(group).any() else "",
             }
@@ -401,10 +422,11 @@ def prediction_error_table(cells: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        ``device, model, batch, backend, width, predicted_us, measured_us, error``
-        (relative: ``(predicted - measured) / measured``).
+        ``device, model, batch, backend, width, predicted_us, predicted_std_us,
+        measured_us, error, extrapolated`` (``error`` relative: ``(predicted - measured) /
+        measured``; ``extrapolated``: the width lay outside the others).
     """
-    columns = [*CONFIG, "width", "predicted_us", "measured_us", "error"]
+    columns = [*CONFIG, "width", "predicted_us", "predicted_std_us", "measured_us", "error", "extrapolated"]
     ok = _with_known_flops(cells)
     if ok.empty:
         return pd.DataFrame(columns=columns)
@@ -416,8 +438,10 @@ def prediction_error_table(cells: pd.DataFrame) -> pd.DataFrame:
             "backend": p.backend,
             "width": p.width,
             "predicted_us": p.predicted_us,
+            "predicted_std_us": p.predicted_std_us,
             "measured_us": p.measured_us,
             "error": p.relative_error,
+            "extrapolated": p.extrapolated,
         }
         for device, report in sorted(leave_one_out_error(ok).items())
         for p in report.points
@@ -494,6 +518,67 @@ def backend_pairs_table(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     table = pd.concat(parts, ignore_index=True).sort_values([*key, "_order"])
     return table[columns].reset_index(drop=True)
+
+
+def prediction_by_width(errors: pd.DataFrame) -> pd.DataFrame:
+    """Tabulate the leave-one-out error of every width on every device, one row per width.
+
+    Parameters
+    ----------
+    errors : pandas.DataFrame
+        `prediction_error_table` output.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``model, batch, backend, width``, one column per device (relative error), then
+        ``max_abs_error`` over the devices; sorted by configuration and width.
+    """
+    keys = ["model", "batch", "backend", "width"]
+    if errors.empty:
+        return pd.DataFrame(columns=[*keys, "max_abs_error"])
+    table = errors.pivot_table(index=keys, columns="device", values="error", aggfunc="first")
+    table.columns = [str(c) for c in table.columns]
+    table["max_abs_error"] = table.abs().max(axis=1)
+    return table.reset_index().sort_values(keys).reset_index(drop=True)
+
+
+def isolation_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """How each device's cells were isolated from the other devices of their campaign.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows (``alone``, ``concurrent_with``, ``isolation_reason``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``device, cells, alone, concurrent, concurrent_with, reason``: per device the measured
+        cells, how many were measured alone and how many beside other devices, the devices
+        seen beside it, and the reasons stored with its cells (distinct, joined). Cells
+        stored before the isolation plan count in neither column.
+    """
+    columns = ["device", "cells", "alone", "concurrent", "concurrent_with", "reason"]
+    ok = ok_cells(cells)
+    if ok.empty or "alone" not in ok.columns:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for device, group in ok.groupby("device", sort=True):
+        alone = group["alone"].astype("boolean")
+        beside = sorted({n for text in group["concurrent_with"].fillna("") for n in str(text).split(",") if n})
+        reasons = [str(r) for r in dict.fromkeys(group["isolation_reason"].fillna("")) if r]
+        rows.append(
+            {
+                "device": device,
+                "cells": len(group),
+                "alone": int((alone == True).sum()),  # noqa: E712 - NA counts in neither
+                "concurrent": int((alone == False).sum()),  # noqa: E712
+                "concurrent_with": ", ".join(beside),
+                "reason": "; ".join(reasons),
+            }
+        )
+    return pd.DataFrame(rows, columns=columns)
 
 
 def backend_table(cells: pd.DataFrame) -> pd.DataFrame:
@@ -662,6 +747,40 @@ def fl_timeline_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     ):
         out[dst] = _floats(client_rounds[src]).fillna(0.0)
     out["total_s"] = out["download_s"] + out["compute_s"] + out["upload_s"]
+    return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
+
+
+def fl_virtual_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Place each client's virtual round of a population run on the run's virtual time line.
+
+    Rounds follow each other on the virtual clock: a round starts when the previous one
+    closed (``virtual_seconds`` of ``fl_rounds``, summed).
+
+    Parameters
+    ----------
+    rounds : pandas.DataFrame
+        ``fl_rounds`` rows.
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, round, round_start_s, round_s, cid, device, status, virtual_s`` for the client rounds
+        with a virtual time (empty when no run has one, or the store predates virtual times).
+    """
+    columns = ["run_id", "round", "round_start_s", "round_s", "cid", "device", "status", "virtual_s"]
+    if "virtual_seconds" not in rounds or "virtual_seconds" not in client_rounds:
+        return pd.DataFrame(columns=columns)
+    frame = rounds[["run_id", "round"]].copy()
+    frame["round_s"] = _floats(rounds["virtual_seconds"])
+    frame = frame.dropna(subset=["round_s"]).sort_values(["run_id", "round"])
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    frame["round_start_s"] = frame.groupby("run_id")["round_s"].cumsum() - frame["round_s"]
+    clients = client_rounds[["run_id", "round", "cid", "device", "status"]].copy()
+    clients["virtual_s"] = _floats(client_rounds["virtual_seconds"])
+    out = frame.merge(clients.dropna(subset=["virtual_s"]), on=["run_id", "round"])
     return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
 
 

@@ -39,6 +39,7 @@ Shard = tuple[np.ndarray, np.ndarray]
 EXECUTORS: dict[str, str] = {
     "inprocess": "fl.executors.inprocess:InProcessExecutor",
     "devices": "fl.executors.devices:DevicesExecutor",
+    "ray": "fl.executors.ray:RayExecutor",
 }
 
 

@@ -8,30 +8,55 @@ Each round, for each client placed on a device:
 2. the client's data shard is written as ``.npz`` and deployed once (the cache keys it
    by content, so later rounds push nothing);
 3. the sub-model parameters go to the device as a flat float32 ``.npy`` in manifest
-   order (*download*, timed), the runner's ``train`` mode trains ``epochs`` over the
-   shard (*compute*: the runner's wall time on the device), and the trained vector
-   comes back (*upload*, timed).
+   order (*download*, timed), the runner trains ``epochs`` over the shard (*compute*),
+   and the trained vector comes back (*upload*, timed).
+
+Resident runner (default): one ``runner.py serve`` process per device per run
+(`harness.resident.ResidentRunner`), started through the transport's streaming handle
+with the device's first client and closed with the executor. It keeps the imports, the
+sessions of the widths it has seen and the shard in memory, so a round costs the
+request and its steps, not Python's start, the imports and session creation again.
+*compute* is the request's wall time seen from the host (write to reply). A request that
+times out kills the runner and the next request starts another; a runner that dies
+mid-request fails its client with the reason (SIGKILL: out of memory) and is started
+again for the next; a device whose connection failed is dropped with its runner, and
+when it comes back it gets a new connection and a new runner. ``resident=False`` runs
+the one-shot ``train`` mode per client instead (a process per client and round; plain
+training only), the behaviour before the resident runner, kept for comparison.
 
 Devices work in parallel, the clients of one device one after another. Every remote
-command has a timeout, so a round never hangs; a device that cannot be reached, times
-out or whose runner fails gives a `ClientFailure` for that client and the others go on.
-A failed device's connection is dropped and opened again when a later round uses it.
-Connections stay open from round to round; `close` (or leaving ``with DevicesExecutor(...)
-as executor:``) closes all of them, whether the run finished or failed.
+command and request has a timeout, so a round never hangs; a device that cannot be
+reached, times out or whose runner fails gives a `ClientFailure` for that client and
+the others go on. Connections stay open from round to round; `close` (or leaving ``with
+DevicesExecutor(...) as executor:``) closes all runners and connections, whether the run
+finished or failed.
 
 Emulated links: when the device's ``emulate:`` block has a link rate, the modelled
 transfer times (bytes / rate + one-way delay, per direction) are reported beside the
 measured ones in the metrics (``download_modelled_s``, ``upload_modelled_s``).
 
-Local trainers: ``plain`` trains the sent sub-model. ``fjord`` (ordered dropout) is
-sampled **per round** on a device, not per step: the runner trains one fixed-width
-artifact set per call, so each client draws one width from ``{p in widths: p <=
-p_max}`` with its round seed, trains that prefix of its p_max parameters and returns
-the p_max parameters with the trained prefix written back. Per-step sampling would
-need one ``copy_buffer_to_parameters`` round trip per step and width; per-round
-sampling keeps the expectation over widths and costs nothing extra on the device.
-SyncDrop (FedDrop) masks are not part of the exported graphs, so ``syncdrop`` is
-refused with a clear error.
+Local trainers:
+
+* ``plain`` trains the sent sub-model.
+* ``fjord`` (ordered dropout) samples a width **per local step**, as the paper does: the
+  client's ``p_max`` parameters go to the device once, the request names one artifact set
+  per width ``p <= p_max`` and, per narrower width, the positions of its parameters in the
+  ``p_max`` vector (an index ``.npy``, deployed once); the runner draws a width per step
+  with ``default_rng((seed, 1))`` as `fl.strategies.fjord.train_ordered` does, copies the
+  prefix in and out of the width's session when the width changes, and returns the
+  ``p_max`` vector. The metrics log the widths trained (``mean_width``, steps per width)
+  and the switch cost. ``kd=true`` (self-distillation) is refused with a clear error: the
+  step graphs train one width's cross-entropy, and a teacher's soft targets would need a
+  second graph per width pair.
+* ``syncdrop`` (FedDrop) trains the full model with SyncDrop masks drawn per step from
+  the round's shared seed, as `fl.strategies.feddrop.train_syncdrop` does: the artifact set
+  is the masked variant (`exporters.artifacts.export_masked_artifacts`, one ``mask.<group>``
+  input per conv / linear group), and the runner draws the masks. The metrics carry the
+  FLOPs as in process (expected, sampled, dense): the masks multiply dense kernels, so
+  they save no time on the device; the measured step time stays the dense one.
+
+Both need the resident runner; the one-shot mode refuses them. Momentum and weight decay
+are refused (the exported graphs are plain SGD).
 """
 
 from __future__ import annotations
@@ -39,19 +64,19 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from devices.errors import TransportError
+from devices.errors import CommandTimeout, TransportError
 from devices.fleet import Device
 from devices.transport import Transport
-from exporters.arch import Arch, SubModel, extract, static_submodel, tensor_index
-from exporters.artifacts import export_artifacts
+from exporters.arch import Arch, extract, static_submodel
+from exporters.artifacts import export_artifacts, export_masked_artifacts
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
@@ -63,6 +88,15 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
+class _Width:
+    """One FjORD width a client may train: its artifact set and where its parameters sit in ``p_max``'s."""
+
+    rate: float
+    set_dir: Path
+    index: Path | None  # flat positions in the p_max vector (.npy); None for p_max itself
+
+
+@dataclass(frozen=True)
 class _Job:
     """One client's work on its device (built on the host before dispatch)."""
 
@@ -70,9 +104,15 @@ class _Job:
     device: Device
     set_dir: Path
     manifest: Mapping[str, Any]
-    train_sub: SubModel
     params: Params
     shard: Path
+    widths: tuple[_Width, ...] = ()
+    syncdrop: Mapping[str, Any] | None = field(default=None)
+
+    @property
+    def trainer(self) -> str:
+        """The local trainer's name."""
+        return str(self.ins.config.get("trainer", "plain"))
 
 
 def modelled_transfer_seconds(nbytes: int, rate_kbit: int | None, delay_ms: float | None) -> float | None:
@@ -97,36 +137,51 @@ def modelled_transfer_seconds(nbytes: int, rate_kbit: int | None, delay_ms: floa
     return nbytes * 8 / (rate_kbit * 1000.0) + (delay_ms or 0.0) / 1000.0
 
 
-def ordered_width_for_round(widths: Sequence[float], p_max: float, seed: int) -> float:
-    """Draw the width a FjORD client trains in one round on a device.
+def prefix_positions(
+    model: ZooModel, outer: Arch, outer_manifest: Mapping[str, Any], inner: Arch, inner_manifest: Mapping[str, Any]
+) -> np.ndarray:
+    """Return where each flat parameter of the ``inner`` prefix set sits in the ``outer`` set's flat vector.
 
     Parameters
     ----------
-    widths : sequence of float
-        FjORD's width set (uniform-k).
-    p_max : float
-        The client's largest width.
-    seed : int
-        The client's round seed (``TrainIns.config["seed"]``).
+    model : ZooModel
+    outer, inner : Arch
+        Nested prefix widths (every width of ``inner`` at most ``outer``'s).
+    outer_manifest, inner_manifest : mapping
+        The two artifact sets' manifests (flat parameter order).
 
     Returns
     -------
-    float
-        A width drawn uniformly from ``{p in widths : p <= p_max}``.
-
-    Raises
-    ------
-    InputError
-        If no width of the set is at most ``p_max``.
+    numpy.ndarray
+        int64 of ``inner``'s ``num_parameters``: ``inner_flat == outer_flat[positions]``.
     """
-    allowed = sorted(w for w in widths if w <= p_max + 1e-9)
-    if not allowed:
-        raise InputError(f"no FjORD width at most p_max={p_max:g} in {list(widths)}")
-    return float(allowed[int(np.random.default_rng(seed).integers(len(allowed)))])
+    positions = {
+        p["name"]: np.arange(int(p["offset"]), int(p["offset"]) + int(p["size"]), dtype=np.int64).reshape(p["shape"])
+        for p in outer_manifest["parameters"]
+    }
+    cut = cut_prefix(model, outer, positions, inner)
+    parts = [np.asarray(cut[p["name"]], dtype=np.int64).reshape(-1) for p in inner_manifest["parameters"]]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def maskable_groups(model: ZooModel) -> list[str]:
+    """Return the groups a masked step model can drop (those not produced by an LSTM).
+
+    Parameters
+    ----------
+    model : ZooModel
+
+    Returns
+    -------
+    list of str
+    """
+    from fl.strategies.feddrop import site_module
+
+    return [g for g in model.group_names if not site_module(model, g)[1]]
 
 
 class DevicesExecutor(ClosingExecutor):
-    """Run `TrainIns` on fleet devices with the runner's ``train`` mode.
+    """Run `TrainIns` on fleet devices with the on-device runner (resident by default).
 
     Parameters
     ----------
@@ -143,7 +198,7 @@ class DevicesExecutor(ClosingExecutor):
     connect : callable
         ``connect(device) -> Transport`` (`devices.connect.connect` in production).
     timeout_s : float
-        Seconds allowed per remote command.
+        Seconds allowed per remote command, per request and for a runner's start.
     threads : int
         Threads the runner uses on the device.
     clock : callable
@@ -153,6 +208,8 @@ class DevicesExecutor(ClosingExecutor):
         devices not named train with ``"ort"``, or with their runtime's backend where the
         runtime offers only some (a phone running a runtime bundle: ``"onnx"``,
         `harness.phone_runtime`). Each client round records its backend.
+    resident : bool
+        One serving runner per device (default); False runs a one-shot runner per client.
     """
 
     name = "devices"
@@ -170,6 +227,7 @@ class DevicesExecutor(ClosingExecutor):
         threads: int = 1,
         clock: Callable[[], float] = time.perf_counter,
         backends: Mapping[str, str] | None = None,
+        resident: bool = True,
     ) -> None:
         self.model = model
         self.backends = dict(backends or {})
@@ -182,11 +240,13 @@ class DevicesExecutor(ClosingExecutor):
         self.timeout_s = timeout_s
         self.threads = threads
         self.clock = clock
+        self.resident = resident
         self._transports: dict[str, Transport] = {}
         self._runner: dict[str, str] = {}
         self._starts: dict[str, RunnerStart] = {}
+        self._residents: dict[str, Any] = {}  # device name -> harness.resident.ResidentRunner
         self._sets: dict[tuple[str, str], str] = {}
-        self._shards: dict[tuple[str, str], tuple[str, str]] = {}
+        self._files: dict[tuple[str, str], tuple[str, str]] = {}
         self._lock = threading.Lock()
 
     def backend_of(self, device: Device) -> str:
@@ -204,39 +264,117 @@ class DevicesExecutor(ClosingExecutor):
         start = self._starts.get(device.name)
         return start.backend(wanted) if start is not None else (wanted or "ort")
 
+    def runner_of(self, name: str) -> Any:
+        """Return the resident runner of device ``name`` (a `harness.resident.ResidentRunner`), or None.
+
+        Parameters
+        ----------
+        name : str
+
+        Returns
+        -------
+        ResidentRunner or None
+        """
+        with self._lock:
+            return self._residents.get(name)
+
     # -- host side -----------------------------------------------------------------------
 
     def _artifact_set(self, arch: Arch) -> tuple[Path, Mapping[str, Any]]:
         result = export_artifacts(self.model, arch, batch=self.batch, optimizer="sgd", out_dir=self.artifacts_dir)
         return result.directory, result.manifest
 
+    def _write_npy_once(self, stem: str, digest: str, write: Callable[[Path], None]) -> Path:
+        path = self.work_dir / f"{stem}-{digest[:16]}{'.npz' if stem.startswith('shard') else '.npy'}"
+        if not path.exists():
+            tmp = path.with_name(".tmp-" + path.name)
+            write(tmp)
+            tmp.replace(path)
+        return path
+
     def _write_shard(self, cid: str, x: np.ndarray, y: np.ndarray) -> Path:
         digest = hashlib.sha256()
         digest.update(np.ascontiguousarray(x).tobytes())
         digest.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
-        path = self.work_dir / f"shard-{cid}-{digest.hexdigest()[:16]}.npz"
-        if not path.exists():
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(tmp, x=np.ascontiguousarray(x), y=np.ascontiguousarray(y, dtype=np.int64))
-            tmp.replace(path)
-        return path
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as handle:
+                np.savez(handle, x=np.ascontiguousarray(x), y=np.ascontiguousarray(y, dtype=np.int64))
+
+        return self._write_npy_once(f"shard-{cid}", digest.hexdigest(), write)
+
+    def _write_index(self, positions: np.ndarray) -> Path:
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as handle:
+                np.save(handle, positions, allow_pickle=False)
+
+        return self._write_npy_once("index", hashlib.sha256(positions.tobytes()).hexdigest(), write)
 
     def _job(self, ins: TrainIns, x: np.ndarray, y: np.ndarray) -> _Job:
         if ins.cid not in self.placement:
             raise InputError(f"client {ins.cid} has no device")
-        trainer = str(ins.config.get("trainer", "plain"))
-        train_sub, params = ins.submodel, dict(ins.parameters)
-        if trainer == "fjord":
-            width = ordered_width_for_round(
-                ins.config["widths"], float(ins.config["p_max"]), int(ins.config.get("seed", 0))
-            )
-            train_sub = static_submodel(self.model.arch(width))
-            params = cut_prefix(self.model, ins.submodel.arch, ins.parameters, train_sub.arch)
-        elif trainer != "plain":
+        cfg = ins.config
+        trainer = str(cfg.get("trainer", "plain"))
+        if trainer not in ("plain", "fjord", "syncdrop"):
             raise InputError(f"the devices executor cannot run the {trainer!r} local trainer on a device")
-        set_dir, manifest = self._artifact_set(train_sub.arch)
+        if trainer != "plain":
+            if not self.resident:
+                raise InputError(f"the {trainer!r} trainer needs the resident runner (resident=True) on devices")
+            for key in ("momentum", "weight_decay"):
+                if float(cfg.get(key, 0.0)) != 0.0:
+                    raise InputError(f"{trainer} on devices: {key}={cfg[key]} is not supported (plain SGD graphs)")
         shard = self._write_shard(ins.cid, x, y)
-        return _Job(ins, self.placement[ins.cid], set_dir, manifest, train_sub, params, shard)
+        if trainer == "syncdrop":
+            return self._syncdrop_job(ins, shard)
+        set_dir, manifest = self._artifact_set(ins.submodel.arch)
+        widths: tuple[_Width, ...] = ()
+        if trainer == "fjord":
+            widths = self._fjord_widths(ins, set_dir, manifest)
+        return _Job(ins, self.placement[ins.cid], set_dir, manifest, dict(ins.parameters), shard, widths)
+
+    def _fjord_widths(self, ins: TrainIns, outer_dir: Path, outer_manifest: Mapping[str, Any]) -> tuple[_Width, ...]:
+        cfg = ins.config
+        if bool(cfg.get("kd", False)):
+            raise InputError(
+                "fjord kd=true (self-distillation) does not run on devices: the step graphs train one width's "
+                "cross-entropy per step; use kd=false on devices, or the inprocess executor"
+            )
+        outer = ins.submodel.arch
+        rates = [float(w) for w in cfg.get("widths", [])] or [float(cfg.get("p_max", 1.0))]
+        widths = []
+        for rate in rates:
+            arch = outer if not cfg.get("widths") else self.model.arch(rate)
+            if any(w > o for w, o in zip(arch.widths, outer.widths, strict=True)):
+                raise InputError(f"fjord: width {rate} does not fit in the client's sub-model {outer.key()}")
+            if arch.widths == outer.widths:
+                widths.append(_Width(rate, outer_dir, None))
+                continue
+            set_dir, manifest = self._artifact_set(arch)
+            positions = prefix_positions(self.model, outer, outer_manifest, arch, manifest)
+            widths.append(_Width(rate, set_dir, self._write_index(positions)))
+        return tuple(widths)
+
+    def _syncdrop_job(self, ins: TrainIns, shard: Path) -> _Job:
+        from fl.strategies.feddrop import keep_lists
+
+        model, cfg = self.model, ins.config
+        if ins.submodel.arch != model.full_arch():
+            raise InputError(f"{model.name}: SyncDrop trains the full model, got {ins.submodel.arch.key()}")
+        keep = keep_lists(model, cfg.get("keep", {}))
+        groups = maskable_groups(model)
+        for group, values in zip(model.group_names, keep, strict=True):
+            if group not in groups and np.any(values < 1.0):
+                raise InputError(f"syncdrop on devices: group {group!r} (an LSTM's units) cannot be masked")
+        result = export_masked_artifacts(
+            model, ins.submodel.arch, batch=self.batch, optimizer="sgd", out_dir=self.artifacts_dir, mask_groups=groups
+        )
+        syncdrop = {
+            "sync_seed": int(cfg.get("sync_seed", 0)),
+            "scale": bool(cfg.get("scale", True)),
+            "groups": [[g, [float(v) for v in k]] for g, k in zip(model.group_names, keep, strict=True)],
+        }
+        device = self.placement[ins.cid]
+        return _Job(ins, device, result.directory, result.manifest, dict(ins.parameters), shard, syncdrop=syncdrop)
 
     # -- device side ---------------------------------------------------------------------
 
@@ -252,22 +390,42 @@ class DevicesExecutor(ClosingExecutor):
     def _forget(self, name: str) -> None:
         with self._lock:
             transport = self._transports.pop(name, None)
+            resident = self._residents.pop(name, None)
             self._runner.pop(name, None)
             self._starts.pop(name, None)
             for key in [k for k in self._sets if k[0] == name]:
                 del self._sets[key]
-            for key in [k for k in self._shards if k[0] == name]:
-                del self._shards[key]
+            for key in [k for k in self._files if k[0] == name]:
+                del self._files[key]
+        if resident is not None:
+            resident.close()
         if transport is not None:
             try:
                 transport.close()
             except Exception:  # noqa: BLE001 - closing a broken connection must not mask the failure
                 pass
 
+    def _deployed_set(self, transport: Transport, device: Device, set_dir: Path) -> str:
+        from harness.deploy import deploy_artifact_set
+
+        key = (device.name, set_dir.name)
+        if key not in self._sets:
+            self._sets[key] = deploy_artifact_set(transport, device, set_dir, timeout=self.timeout_s).remote_dir
+        return self._sets[key]
+
+    def _deployed_file(self, transport: Transport, device: Device, path: Path) -> tuple[str, str]:
+        from harness.deploy import deploy_files
+
+        key = (device.name, path.name)
+        if key not in self._files:
+            deployed = deploy_files(transport, device, [path], timeout=self.timeout_s)
+            self._files[key] = (deployed.remote_paths[path.name], deployed.workdir)
+        return self._files[key]
+
     def _prepared(self, transport: Transport, job: _Job) -> tuple[str, str, str, str]:
-        """Deploy runner, artifact set and shard once per device; return their remote paths and the workdir."""
+        """Deploy runner, artifact sets, shard and index files once per device; return runner, set, shard, workdir."""
         from harness.contract import RUNNER_PATH
-        from harness.deploy import deploy_artifact_set, deploy_files, deploy_runner
+        from harness.deploy import deploy_runner
 
         name = job.device.name
         if name not in self._starts:  # a phone without Python gets its runtime bundle
@@ -276,15 +434,30 @@ class DevicesExecutor(ClosingExecutor):
             self._starts[name] = runner_start(transport, job.device, timeout=self.timeout_s)
         if name not in self._runner:
             self._runner[name] = deploy_runner(transport, job.device, RUNNER_PATH, timeout=self.timeout_s)
-        key = (name, job.set_dir.name)
-        if key not in self._sets:
-            self._sets[key] = deploy_artifact_set(transport, job.device, job.set_dir, timeout=self.timeout_s).remote_dir
-        shard_key = (name, job.shard.name)
-        if shard_key not in self._shards:
-            deployed = deploy_files(transport, job.device, [job.shard], timeout=self.timeout_s)
-            self._shards[shard_key] = (deployed.remote_paths[job.shard.name], deployed.workdir)
-        remote_shard, workdir = self._shards[shard_key]
-        return self._runner[name], self._sets[key], remote_shard, workdir
+        remote_set = self._deployed_set(transport, job.device, job.set_dir)
+        remote_shard, workdir = self._deployed_file(transport, job.device, job.shard)
+        return self._runner[name], remote_set, remote_shard, workdir
+
+    def _fjord_request(self, transport: Transport, job: _Job) -> dict[str, list[Any]]:
+        sets, index = [], []
+        for width in job.widths:
+            sets.append(self._deployed_set(transport, job.device, width.set_dir))
+            index.append(None if width.index is None else self._deployed_file(transport, job.device, width.index)[0])
+        return {"sets": sets, "index": index, "widths": [w.rate for w in job.widths]}
+
+    def _resident_runner(self, transport: Transport, device: Device, runner: str, workdir: str) -> Any:
+        from harness.contract import serve_argv
+        from harness.resident import ResidentRunner
+
+        with self._lock:
+            resident = self._residents.get(device.name)
+            if resident is None:
+                backend = self.backend_of(device)
+                start = self._starts.get(device.name) or device.python
+                argv = serve_argv(start, runner, backend=backend, threads=self.threads, cwd=workdir)
+                resident = ResidentRunner(transport, argv, start_timeout=self.timeout_s, clock=self.clock)
+                self._residents[device.name] = resident
+        return resident
 
     def _train(self, job: _Job) -> TrainRes | ClientFailure:
         from harness import contract
@@ -293,22 +466,47 @@ class DevicesExecutor(ClosingExecutor):
         started = self.clock()
         local_in = self.work_dir / f"{ins.cid}-in.npy"
         local_out = self.work_dir / f"{ins.cid}-out.npy"
+        epochs, lr, seed = (
+            int(ins.config.get("epochs", 1)),
+            float(ins.config.get("lr", 0.05)),
+            int(ins.config.get("seed", 0)),
+        )
+        extra: dict[str, float] = {}
         try:
             contract.write_params(local_in, job.manifest, job.params)
             transport = self._transport(device)
             runner, remote_set, remote_shard, workdir = self._prepared(transport, job)
+            fjord = self._fjord_request(transport, job) if job.widths else None
             remote_in, remote_out = f"{workdir}/fl-{ins.cid}-in.npy", f"{workdir}/fl-{ins.cid}-out.npy"
             t0 = self.clock()
             transport.put(local_in, remote_in)
             download = self.clock() - t0
-            argv = contract.train_argv(
-                self._starts[device.name], runner, remote_set, backend=self.backend_of(device), params=remote_in,
-                data=remote_shard,
-                out=remote_out, epochs=int(ins.config.get("epochs", 1)), lr=float(ins.config.get("lr", 0.05)),
-                threads=self.threads, seed=int(ins.config.get("seed", 0)),
+            options: dict[str, Any] = dict(
+                backend=self.backend_of(device), params=remote_in, data=remote_shard, out=remote_out,
+                epochs=epochs, lr=lr, threads=self.threads, seed=seed,
             )  # fmt: skip
-            run = transport.run(argv, timeout=self.timeout_s)
-            output = contract.parse_output(run.rc, run.stdout, run.stderr)
+            if self.resident:
+                resident = self._resident_runner(transport, device, runner, workdir)
+                rel = under(workdir, artifacts=remote_set, params=remote_in, data=remote_shard, out=remote_out)
+                request = contract.train_request(
+                    rel.pop("artifacts"),
+                    **{**options, **rel},
+                    request_id=ins.cid,
+                    fjord=None if fjord is None else relative_fjord(workdir, fjord),
+                    syncdrop=job.syncdrop,
+                )
+                try:
+                    output, compute = resident.request(request, timeout=self.timeout_s)
+                except CommandTimeout as exc:
+                    message = f"{exc}; the runner was killed and starts again with the next request"
+                    return ClientFailure(ins.cid, "timeout", message, self.clock() - started)
+                extra["runner_starts"] = float(resident.starts)
+            else:
+                run = transport.run(
+                    contract.train_argv(self._starts[device.name], runner, remote_set, **options),
+                    timeout=self.timeout_s,
+                )
+                output, compute = contract.parse_output(run.rc, run.stdout, run.stderr), run.seconds
             if not output.ok:
                 reason = contract.FAILURE_REASON_OF_STATUS.get(output.status, "error")
                 return ClientFailure(ins.cid, reason, output.message, self.clock() - started)
@@ -323,40 +521,52 @@ class DevicesExecutor(ClosingExecutor):
             return ClientFailure(ins.cid, reason, str(exc) or type(exc).__name__, self.clock() - started)
         except (OSError, ValueError) as exc:
             return ClientFailure(ins.cid, "error", f"{type(exc).__name__}: {exc}", self.clock() - started)
-        params = trained
-        if job.train_sub is not ins.submodel:
-            params = write_prefix(self.model, ins.submodel.arch, ins.parameters, job.train_sub.arch, trained)
+        metrics = self._metrics(job, doc, local_in.stat().st_size, local_out.stat().st_size)
+        metrics.update(extra)
+        return TrainRes(
+            cid=ins.cid,
+            submodel=ins.submodel,
+            parameters=trained,
+            num_examples=int(doc.get("examples", 0)) // max(1, epochs),
+            compute_seconds=float(compute),
+            download_seconds=download,
+            upload_seconds=upload,
+            metrics=metrics,
+        )
+
+    def _metrics(self, job: _Job, doc: Mapping[str, Any], in_bytes: int, out_bytes: int) -> dict[str, float]:
+        """Return the client round's metrics from the runner's document."""
+        ins = job.ins
         losses = [v for v in doc.get("loss", []) if isinstance(v, (int, float))]
         steps = len(doc.get("step_seconds", []))
         per_epoch = max(1, steps // max(1, int(ins.config.get("epochs", 1))))
         last = losses[-per_epoch:] if losses else []
-        in_bytes, out_bytes = local_in.stat().st_size, local_out.stat().st_size
-        emu = device.emulate
         metrics: dict[str, float] = {
             "loss": float(np.mean(last)) if last else float("nan"),
             "steps": float(steps),
             "step_seconds": float(sum(doc.get("step_seconds", []))),
-            "trained_width": float(job.train_sub.arch.widths[0] / self.model.group_sizes[0]),
+            "trained_width": float(ins.submodel.arch.widths[0] / self.model.group_sizes[0]),
             "download_bytes": float(in_bytes),
             "upload_bytes": float(out_bytes),
         }
-        if doc.get("peak_memory_bytes") is not None:
-            metrics["peak_memory_bytes"] = float(doc["peak_memory_bytes"])
+        for key in ("peak_memory_bytes", "request_seconds", "load_seconds", "save_seconds"):
+            if isinstance(doc.get(key), (int, float)):
+                metrics[key] = float(doc[key])
+        sessions = doc.get("sessions")
+        if isinstance(sessions, Mapping):
+            metrics["sessions_opened"] = float(sessions.get("opened", 0))
+            metrics["session_open_seconds"] = float(sessions.get("open_seconds", 0.0))
+        if job.widths:
+            metrics.update(fjord_metrics(doc))
+        if job.syncdrop is not None:
+            metrics.update(syncdrop_metrics(self.model, doc, int(job.manifest["batch"]), job.syncdrop))
+        emu = job.device.emulate
         if emu is not None:
             for key, nbytes in (("download_modelled_s", in_bytes), ("upload_modelled_s", out_bytes)):
                 modelled = modelled_transfer_seconds(nbytes, emu.rate_kbit, emu.delay_ms)
                 if modelled is not None:
                     metrics[key] = modelled
-        return TrainRes(
-            cid=ins.cid,
-            submodel=ins.submodel,
-            parameters=params,
-            num_examples=int(doc.get("examples", 0)) // max(1, int(ins.config.get("epochs", 1))),
-            compute_seconds=float(run.seconds),
-            download_seconds=download,
-            upload_seconds=upload,
-            metrics=metrics,
-        )
+        return metrics
 
     def run(
         self,
@@ -383,6 +593,9 @@ class DevicesExecutor(ClosingExecutor):
         """
         if timeout_s is not None:
             self.timeout_s = timeout_s
+            with self._lock:
+                for resident in self._residents.values():
+                    resident.start_timeout = timeout_s
         jobs: dict[str, list[_Job]] = {}
         failures: list[ClientFailure] = []
         for cid, ins in instructions.items():
@@ -411,11 +624,114 @@ class DevicesExecutor(ClosingExecutor):
         return results, failures
 
     def close(self) -> None:
-        """Close every open device connection (idempotent; a later `run` opens them again)."""
+        """Close every resident runner and device connection (idempotent; a later `run` opens them again)."""
         with self._lock:
             names = list(self._transports)
         for name in names:
             self._forget(name)
+
+
+def under(workdir: str, **paths: str) -> dict[str, str]:
+    """Return device ``paths`` relative to ``workdir`` (the resident runner's ``--cwd``) where they lie under it.
+
+    Parameters
+    ----------
+    workdir : str
+        The device's work directory (absolute).
+    **paths : str
+        Absolute paths on the device, by name.
+
+    Returns
+    -------
+    dict of str to str
+    """
+    base = workdir.rstrip("/") + "/"
+    return {k: v[len(base) :] if v.startswith(base) else v for k, v in paths.items()}
+
+
+def relative_fjord(workdir: str, fjord: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    """Return a FjORD request entry with its set and index paths relative to ``workdir`` (see `under`).
+
+    Parameters
+    ----------
+    workdir : str
+    fjord : mapping
+        ``{"sets", "index", "widths"}`` with absolute device paths.
+
+    Returns
+    -------
+    dict
+    """
+    sets = [under(workdir, p=p)["p"] for p in fjord["sets"]]
+    index = [None if p is None else under(workdir, p=p)["p"] for p in fjord["index"]]
+    return {"sets": sets, "index": index, "widths": list(fjord["widths"])}
+
+
+def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
+    """Return the FjORD metrics of a runner document: widths trained, switches and their cost.
+
+    Parameters
+    ----------
+    doc : mapping
+        A train reply with ``step_widths`` and ``switch_seconds``.
+
+    Returns
+    -------
+    dict of str to float
+        ``mean_width`` (as `fl.strategies.fjord.train_ordered`), ``width_switches``,
+        ``switch_seconds`` (total), and ``steps_at_width/<w>`` per width trained.
+    """
+    widths = [float(w) for w in doc.get("step_widths", [])]
+    switches = [float(s) for s in doc.get("switch_seconds", [])]
+    out = {
+        "mean_width": float(np.mean(widths)) if widths else 0.0,
+        "width_switches": float(len(switches)),
+        "switch_seconds": float(sum(switches)),
+    }
+    for width in sorted(set(widths)):
+        out[f"steps_at_width/{width:g}"] = float(widths.count(width))
+    return out
+
+
+def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: Mapping[str, Any]) -> dict[str, float]:
+    """Return FedDrop's FLOPs metrics (as `fl.strategies.feddrop.train_syncdrop`) from a runner document.
+
+    Parameters
+    ----------
+    model : ZooModel
+    doc : mapping
+        A train reply with ``mask_means`` (kept fraction per group, per step).
+    batch : int
+        Examples per step.
+    keep : mapping
+        The request's ``syncdrop`` entry (its ``groups``' keep probabilities).
+
+    Returns
+    -------
+    dict of str to float
+        ``expected_train_flops`` (per example, Appendix B with the mean keep probabilities),
+        ``sampled_train_flops`` (per example, with the drawn masks), ``dense_train_flops``,
+        ``train_flops`` (sampled, summed over every example trained), ``kept_fraction``
+        (mean over steps and groups) and ``mask_seconds``. The step times stay dense ones:
+        masks multiply dense kernels and save no time without sparse kernels.
+    """
+    from fl.strategies.feddrop import cached_flops_model
+
+    flops = cached_flops_model(model, "training")
+    means = [np.asarray(m, dtype=np.float64) for m in doc.get("mask_means", [])]
+    sampled = [float(flops.flops(m)) * batch for m in means]
+    sizes = np.asarray(model.group_sizes, dtype=np.float64)
+    kept = [float((m * sizes).sum() / sizes.sum()) for m in means]
+    examples = max(1, batch * len(means))
+    expected = float(flops.flops(np.array([np.mean(values) for _, values in keep["groups"]])))
+    return {
+        "expected_train_flops": expected,
+        "sampled_train_flops": float(sum(sampled)) / examples,
+        "dense_train_flops": float(flops.dense),
+        "train_flops": float(sum(sampled)),
+        "kept_fraction": float(np.mean(kept)) if kept else 1.0,
+        "mask_seconds": float(doc.get("mask_seconds") or 0.0),
+    }
 
 
 def cut_prefix(model: ZooModel, outer: Arch, outer_params: Mapping[str, np.ndarray], inner: Arch) -> Params:
@@ -427,7 +743,7 @@ def cut_prefix(model: ZooModel, outer: Arch, outer_params: Mapping[str, np.ndarr
     outer : Arch
         The wider sub-model's architecture (its widths are the group sizes here).
     outer_params : mapping of str to numpy.ndarray
-        The wider sub-model's parameters.
+        The wider sub-model's parameters (any dtype: also flat positions).
     inner : Arch
         The narrower architecture; every width at most ``outer``'s.
 
@@ -436,35 +752,3 @@ def cut_prefix(model: ZooModel, outer: Arch, outer_params: Mapping[str, np.ndarr
     Params
     """
     return extract(outer_params, static_submodel(inner), model.layouts, model.group_names, outer.widths)
-
-
-def write_prefix(
-    model: ZooModel,
-    outer: Arch,
-    outer_params: Mapping[str, np.ndarray],
-    inner: Arch,
-    inner_params: Mapping[str, np.ndarray],
-) -> Params:
-    """Write a trained prefix back into the wider parameters it was cut from (`cut_prefix`'s inverse).
-
-    Parameters
-    ----------
-    model : ZooModel
-    outer : Arch
-    outer_params : mapping of str to numpy.ndarray
-        The wider sub-model's parameters; updated copies are returned.
-    inner : Arch
-    inner_params : mapping of str to numpy.ndarray
-        The trained prefix's parameters.
-
-    Returns
-    -------
-    Params
-    """
-    order = {g: i for i, g in enumerate(model.group_names)}
-    out = {k: np.array(v, dtype=np.float32, copy=True) for k, v in outer_params.items()}
-    for name, tensor in out.items():
-        per_dim = tensor_index(model.layouts[name], static_submodel(inner), order, outer.widths)
-        positions = [np.arange(n) if isinstance(p, slice) else p for p, n in zip(per_dim, tensor.shape, strict=True)]
-        tensor[np.ix_(*positions)] = inner_params[name]
-    return out

@@ -1,12 +1,15 @@
-"""FedDrop's FLOPs-budget ratio per device from its fitted latency line (pure functions).
+"""FedDrop's FLOPs-budget ratio per device from its fitted latency model (pure functions).
 
 The per-image time budget ``t = (round_time_budget_s - overhead_s) / (examples * epochs)``
-solved on the device's fitted line ``a + b * F = t`` (`harness.latency.fit`) gives the
-affordable training FLOPs per example ``F``; the budget ratio is ``r = F / flops(dense)``,
-clamped to (0, 1]. The ratio assumes that fewer FLOPs take proportionally less time on the
-line, which holds for width-sliced sub-models. FedDrop's SyncDrop masks fed to a dense graph
-save no time without sparse kernels (see DESIGN.md): the ratio is then the *expected FLOPs*
-budget of eq. 5, not a measured time.
+is solved on the device's latency model (`harness.latency`): the affordable training FLOPs
+per example ``F`` are those of the widest uniform width whose predicted time is ``t``, found
+by bisection over the architectures of the model (``ceil(r * K)`` neurons per layer, so at
+most ``K`` distinct ones for the widest layer ``K``; the prediction grows with the width, as
+every coefficient of the model is non-negative) and interpolated linearly in FLOPs between
+the two neighbouring architectures. For a model outside the zoo the model is the line
+``a + b * F`` and is solved directly. The budget ratio is ``r = F / flops(dense)``, clamped
+to (0, 1]. FedDrop's SyncDrop masks fed to a dense graph save no time without sparse kernels
+(see DESIGN.md): the ratio is then the *expected FLOPs* budget of eq. 5, not a measured time.
 
 Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
 """
@@ -14,13 +17,14 @@ Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from exporters.errors import InputError
 from fl.scheduling.checks import count, overhead, positive
-from fl.scheduling.rows import Rows, profile_rows, select, width_flops
-from harness.latency import fit, usable_rows
+from fl.scheduling.rows import Rows, predicted_latency, profile_rows, select, width_flops
+from harness.latency import LatencyModel, fit, usable_rows
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class BudgetRatio:
         nothing fits (the fitted intercept alone exceeds the per-image budget) or the
         device has no usable profile.
     affordable_flops : float or None
-        Solution ``F`` of ``a + b * F = per_image_budget_us`` (may exceed the dense FLOPs).
+        Training FLOPs per example whose predicted time is the per-image budget (may exceed
+        the dense FLOPs, extrapolated linearly beyond them).
     dense_flops : float
         Training FLOPs per example of the full-width model.
     per_image_budget_us : float
@@ -112,17 +117,13 @@ def flops_budget_ratio(
         latency = dm.latency[dm.key(model, batch, backend)]
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
-    a, b = latency.intercept_us, latency.slope_us_per_flop
-    smallest = min(width_flops(model, float(r["width"]), rows) for r in mine)
-    smallest_fits = latency.predict(smallest) <= per_image_us
-    if b <= 0:  # a flat (or falling) fit: time does not depend on FLOPs
-        fits = a <= per_image_us
-        note = "fitted latency does not grow with FLOPs" + ("" if fits else f"; intercept {a:.4g} us > budget")
-        return BudgetRatio(device, 1.0 if fits else None, math.inf if fits else None, dense, per_image_us, fits, note)
-    affordable = (per_image_us - a) / b
-    if affordable <= 0:
-        note = f"fixed per-image cost {a:.4g} us alone exceeds the per-image budget {per_image_us:.4g} us"
-        return BudgetRatio(device, None, affordable, dense, per_image_us, False, note)
+    smallest_width = min(float(r["width"]) for r in mine)
+    smallest = width_flops(model, smallest_width, rows)
+    smallest_fits = _us(latency, model, smallest_width, rows) <= per_image_us
+    solved = _affordable(latency, model, per_image_us, dense, rows)
+    if isinstance(solved, str):
+        return BudgetRatio(device, None, None, dense, per_image_us, False, solved)
+    affordable = solved
     ratio = min(1.0, affordable / dense)
     note = ""
     if ratio == 1.0 and affordable > dense:
@@ -133,6 +134,52 @@ def flops_budget_ratio(
             f"ratio {ratio:.3g} is extrapolated below the measured range"
         )
     return BudgetRatio(device, ratio, affordable, dense, per_image_us, smallest_fits, note)
+
+
+def _us(latency: LatencyModel, model: str, width: float, rows: Sequence[Mapping[str, Any]]) -> float:
+    return predicted_latency(latency, model, width, rows).value * 1e6
+
+
+def _affordable(
+    latency: LatencyModel, model: str, per_image_us: float, dense: float, rows: Sequence[Mapping[str, Any]]
+) -> float | str:
+    """Training FLOPs per example whose predicted time is ``per_image_us``, or why there are none."""
+    if not latency.zoo:
+        a, b = latency.fit.coef[0] * 1e6, latency.fit.coef[1] * 1e6
+        if b <= 0:
+            flat = f"fitted latency does not grow with FLOPs; intercept {a:.4g} us > budget"
+            return math.inf if a <= per_image_us else flat
+        if a >= per_image_us:
+            return f"fixed per-image cost {a:.4g} us alone exceeds the per-image budget {per_image_us:.4g} us"
+        return (per_image_us - a) / b
+    from exporters.zoo import get_model
+
+    top = max(get_model(model).arch(1.0).widths)
+    rate = [k / top for k in range(top + 1)]  # rate[k]: the width whose widest layer keeps k neurons
+
+    def cost(k: int) -> tuple[float, float]:
+        return _us(latency, model, rate[k], rows), width_flops(model, rate[k], rows)
+
+    low_us, low_flops = cost(1)
+    if low_us > per_image_us:
+        return (
+            f"fixed per-image cost: even one neuron per layer takes {low_us:.4g} us, "
+            f"more than the per-image budget {per_image_us:.4g} us"
+        )
+    high_us, high_flops = cost(top)
+    if high_us <= per_image_us:  # the dense model fits: extend along the widest step
+        below_us, below_flops = cost(top - 1) if top > 1 else (0.0, 0.0)
+        slope = (high_us - below_us) / (high_flops - below_flops) if high_flops > below_flops else 0.0
+        return high_flops + (per_image_us - high_us) / slope if slope > 0 else math.inf
+    lo, hi = 1, top  # predicted(lo) <= budget < predicted(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cost(mid)[0] <= per_image_us:
+            lo = mid
+        else:
+            hi = mid
+    (lo_us, lo_flops), (hi_us, hi_flops) = cost(lo), cost(hi)
+    return lo_flops + (per_image_us - lo_us) / (hi_us - lo_us) * (hi_flops - lo_flops) if hi_us > lo_us else lo_flops
 
 
 def budgets_for_fleet(

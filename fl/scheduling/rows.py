@@ -7,9 +7,14 @@ strategies' ``Profiles`` mapping ``{device: rows}`` (`fl.scheduling.sources.prof
 width, batch, backend, median_us`` (``status``, ``train_flops``, ``peak_memory_bytes``,
 ``params``, ``activation_elements`` when present); rows whose status is not ``"ok"`` are
 ignored for fitting (`harness.latency.usable_rows`). The training FLOPs and the memory
-footprint at a width come from the rows that measured that width, otherwise from the zoo
+counts at a width come from the rows that measured that width, otherwise from the zoo
 (`harness.latency.train_flops_per_example`, `harness.latency.memory_features`), so that a
 row's own counts win over a recount.
+
+`predicted_latency` and `predicted_peak` are where the schedulers ask a device's fitted
+models (`harness.latency`) about a width, measured or not: a zoo model is predicted from
+the architecture of that width (per-layer features), a model outside the zoo from its
+rows' training FLOPs.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ import numpy as np
 
 from exporters.errors import InputError
 from fl.scheduling.checks import same_width
-from harness.latency import finite_positive, footprint_bytes, memory_features, train_flops_per_example
+from harness.latency import (
+    Estimate,
+    LatencyModel,
+    MemoryModel,
+    finite_positive,
+    memory_features,
+    train_flops_per_example,
+)
 
 #: Status of a cell that ran out of memory (`harness.records.Status`).
 OUT_OF_MEMORY = "out of memory"
@@ -154,27 +166,20 @@ def width_flops(model: str, width: float, rows: Iterable[Mapping[str, Any]] = ()
         raise InputError(f"width {width} of model {model!r}: no measured train_flops and {exc}") from None
 
 
-def memory_footprint(
-    model: str, width: float, batch: int, bytes_per_param: float, rows: Sequence[Mapping[str, Any]] = ()
-) -> float:
-    """Return the memory-model feature of ``model`` at ``width``: a measured row's counts first, then the zoo.
+def memory_counts(model: str, width: float, rows: Sequence[Mapping[str, Any]] = ()) -> tuple[float, float]:
+    """Return ``(params, activation_elements)`` of ``model`` at ``width``: a measured row's first, then the zoo.
 
     Parameters
     ----------
     model : str
     width : float
-    batch : int
-        Training batch size.
-    bytes_per_param : float
-        From the fitted `harness.latency.MemoryModel`.
     rows : sequence of mapping
         Profile rows; the first row of ``model`` at ``width`` with ``params`` and
         ``activation_elements`` gives the counts.
 
     Returns
     -------
-    float
-        `harness.latency.footprint_bytes` of the counts.
+    tuple of float
     """
     for r in rows:
         if (
@@ -183,6 +188,47 @@ def memory_footprint(
             and finite_positive(r.get("params"))
             and r.get("activation_elements") is not None
         ):
-            return footprint_bytes(float(r["params"]), float(r["activation_elements"]), batch, bytes_per_param)
+            return float(r["params"]), float(r["activation_elements"])
     params, activations = memory_features(model, float(width))
-    return footprint_bytes(params, activations, batch, bytes_per_param)
+    return float(params), float(activations)
+
+
+def predicted_latency(
+    latency: LatencyModel, model: str, width: float, rows: Sequence[Mapping[str, Any]] = ()
+) -> Estimate:
+    """Ask a device's latency model for seconds per image of ``model`` at ``width``.
+
+    Parameters
+    ----------
+    latency : harness.latency.LatencyModel
+    model : str
+    width : float
+        Any width in (0, 1], measured or not.
+    rows : sequence of mapping
+        Profile rows (the training FLOPs of a model outside the zoo).
+
+    Returns
+    -------
+    harness.latency.Estimate
+        Seconds per image, its uncertainty, and whether it is extrapolated.
+    """
+    if latency.zoo:
+        return latency.predict(float(width))
+    return latency.predict_flops(width_flops(model, width, rows))
+
+
+def predicted_peak(memory: MemoryModel, model: str, width: float, rows: Sequence[Mapping[str, Any]] = ()) -> Estimate:
+    """Ask a device's memory model for the peak bytes of training ``model`` at ``width``.
+
+    Parameters
+    ----------
+    memory : harness.latency.MemoryModel
+    model : str
+    width : float
+    rows : sequence of mapping
+
+    Returns
+    -------
+    harness.latency.Estimate
+    """
+    return memory.predict_counts(*memory_counts(model, width, rows))

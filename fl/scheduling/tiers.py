@@ -4,11 +4,14 @@ Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
     For every device the largest candidate width whose predicted round time meets the
     deadline and whose predicted peak memory fits the device's memory budget::
 
-        round_seconds(w) = overhead_s + latency_us(flops(w)) * 1e-6 * examples * epochs
+        round_seconds(w) = overhead_s + latency(w) * examples * epochs
 
-    where ``latency_us`` is the device's fitted line ``a + b * train_flops``
-    (`harness.latency.fit`, reused, not refitted here) and the peak memory is the
-    device's fitted memory model (`harness.latency.MemoryModel`). A width whose latest
+    where ``latency(w)`` is the device's latency model's prediction of seconds per image at
+    width ``w``, measured or not (`harness.latency.LatencyModel.predict`: per-layer features
+    of the width's architecture, fitted once per device here) and the peak memory is the
+    device's fitted memory model (`harness.latency.MemoryModel`). A check says how
+    uncertain the prediction is and whether it was extrapolated beyond the measured widths
+    (a missed deadline's note then says so). A width whose latest
     cell on the device failed with ``"out of memory"`` never fits. Devices with no width
     that fits are *excluded* with the reason. The chosen widths of the remaining devices
     are then grouped into ``k`` tiers by exact 1-D k-means (`fl.scheduling.kmeans`,
@@ -35,7 +38,16 @@ from typing import Any
 from fl.capacity import LEVELS
 from fl.scheduling.checks import WIDTH_TOL, check_widths, count, overhead, positive, same_width
 from fl.scheduling.kmeans import kmeans_1d
-from fl.scheduling.rows import OUT_OF_MEMORY, Rows, memory_footprint, profile_rows, select, status_summary, width_flops
+from fl.scheduling.rows import (
+    OUT_OF_MEMORY,
+    Rows,
+    predicted_latency,
+    predicted_peak,
+    profile_rows,
+    select,
+    status_summary,
+    width_flops,
+)
 from harness.latency import DeviceModels, fit
 
 #: HeteroFL / FedRolex capacity levels 'a'..'e', widest first.
@@ -60,6 +72,10 @@ class WidthCheck:
         True also when the memory could not be checked (no budget or no measurement).
     note : str
         Why the width does not fit ("" when it fits).
+    relative_std : float
+        The latency prediction's standard deviation as a fraction of it.
+    extrapolated : bool
+        The width lies outside the device's measured widths.
     """
 
     width: float
@@ -69,6 +85,8 @@ class WidthCheck:
     fits_deadline: bool
     fits_memory: bool
     note: str = ""
+    relative_std: float = 0.0
+    extrapolated: bool = False
 
     @property
     def fits(self) -> bool:
@@ -170,7 +188,7 @@ def assign_tiers(
     batch: int | None,
     memory_budget_bytes: Mapping[str, int] | None,
     k: int,
-    backend: str | Mapping[str, str] = "ort",
+    backend: str | Mapping[str, str] | None = "ort",
     round_overhead_s: float | Mapping[str, float] = 0.0,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
@@ -197,9 +215,11 @@ def assign_tiers(
         Memory budget per device; a device without an entry (or ``None``) is unconstrained.
     k : int
         Number of tiers.
-    backend : str or mapping of str to str
-        Profile backend (``"ort"``, ``"onnx"`` or ``"torch"``), one for all devices or per
-        device (missing devices: ``"ort"``; a phone on a runtime bundle trains with ``"onnx"``).
+    backend : str, mapping of str to str, or None
+        Profile backend (``"ort"``, ``"onnx"`` or ``"torch"``): one for all devices, or one
+        per device (a phone on a runtime bundle trains with ``"onnx"``); None, and a device
+        the mapping leaves out, take the device's one measured backend (devices profiled
+        with their own best backend).
     round_overhead_s : float or mapping of str to float
         Fixed per-round cost (transfer, set-up) added to every predicted round time,
         one value for all devices or per device (missing devices: 0).
@@ -218,11 +238,11 @@ def assign_tiers(
     epochs = count(epochs, "epochs")
     k = count(k, "k")
 
-    def backend_of(device: str) -> str:
-        return backend if isinstance(backend, str) else backend.get(device, "ort")
+    def backend_of(device: str) -> str | None:
+        return backend if backend is None or isinstance(backend, str) else backend.get(device)
 
     rows = select(profile_rows(profiles), model=model)
-    rows = [r for r in rows if str(r.get("backend")) == backend_of(str(r.get("device")))]
+    rows = [r for r in rows if backend_of(str(r.get("device"))) in (None, str(r.get("backend")))]
     models = fit(rows)
     picks: dict[str, tuple[WidthCheck, tuple[WidthCheck, ...]] | str] = {}
     for device in sorted(examples_per_round):
@@ -276,7 +296,7 @@ def _device_checks(
     model: str,
     candidates: tuple[float, ...],
     batch: int | None,
-    backend: str,
+    backend: str | None,
     *,
     round_seconds_per_us: float,
     overhead_s: float,
@@ -286,7 +306,7 @@ def _device_checks(
     """Return ``(best fitting check, all checks)`` of one device, or why it is excluded."""
     mine = select(rows, device=device, batch=batch)
     if not mine:
-        where = f"batch {batch}, backend {backend}" if batch is not None else f"backend {backend}"
+        where = f"batch {batch}, backend {backend or 'any'}" if batch is not None else f"backend {backend or 'any'}"
         return f"no measured profile of {model} ({where})"
     if device not in models:
         return f"no successful measurement of {model}: latest cells {status_summary(mine)}"
@@ -301,14 +321,15 @@ def _device_checks(
     checks = []
     for w in candidates:
         flops = width_flops(model, w, rows)
-        seconds = overhead_s + latency.predict(flops) * round_seconds_per_us
-        peak = (
-            None if memory is None else memory.predict(memory_footprint(model, w, key[1], memory.bytes_per_param, rows))
-        )
+        estimate = predicted_latency(latency, model, w, rows)
+        seconds = overhead_s + estimate.value * 1e6 * round_seconds_per_us
+        peak = None if memory is None else predicted_peak(memory, model, w, rows).value
         notes = []
         fits_deadline = seconds <= deadline_s
         if not fits_deadline:
             notes.append(f"predicted round {seconds:.3g} s > deadline {deadline_s:.3g} s")
+            if estimate.extrapolated:
+                notes.append(estimate.note)
         fits_memory = True
         if any(same_width(w, o) for o in oom):
             fits_memory = False
@@ -316,7 +337,12 @@ def _device_checks(
         elif budget is not None and peak is not None and peak > budget:
             fits_memory = False
             notes.append(f"predicted peak memory {peak / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB")
-        checks.append(WidthCheck(w, flops, seconds, peak, fits_deadline, fits_memory, "; ".join(notes)))
+        checks.append(
+            WidthCheck(
+                w, flops, seconds, peak, fits_deadline, fits_memory, "; ".join(notes), estimate.relative,
+                estimate.extrapolated,
+            )  # fmt: skip
+        )
     fitting = [c for c in checks if c.fits]
     if not fitting:
         return f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"

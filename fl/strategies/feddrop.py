@@ -118,7 +118,24 @@ def dense_sites(model: ZooModel, drop_dense: bool) -> np.ndarray:
     return np.asarray(sites, dtype=bool)
 
 
-def _keep_lists(model: ZooModel, keep: Mapping[str, Any]) -> list[np.ndarray]:
+def keep_lists(model: ZooModel, keep: Mapping[str, Any]) -> list[np.ndarray]:
+    """Return the keep probabilities of every group in model order (missing groups: all ones).
+
+    Parameters
+    ----------
+    model : ZooModel
+    keep : mapping of str to sequence of float
+        ``{group: one probability per neuron}`` (``TrainIns.config["keep"]``).
+
+    Returns
+    -------
+    list of numpy.ndarray
+
+    Raises
+    ------
+    InputError
+        If a group's values are not its size or not in (0, 1].
+    """
     out = []
     for group, size in model.groups:
         values = np.asarray(keep.get(group, np.ones(size)), dtype=np.float64).reshape(-1)
@@ -218,7 +235,7 @@ def train_syncdrop(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray)
     cfg = ins.config
     if ins.submodel.arch != model.full_arch():
         raise InputError(f"{model.name}: SyncDrop trains the full model, got {ins.submodel.arch.key()}")
-    keep = _keep_lists(model, cfg.get("keep", {}))
+    keep = keep_lists(model, cfg.get("keep", {}))
     sync_seed = int(cfg.get("sync_seed", 0))
     scaled = bool(cfg.get("scale", True))
     seed = int(cfg.get("seed", 0))

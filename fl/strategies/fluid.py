@@ -283,8 +283,7 @@ class FLuID(Strategy):
                 continue
             if device not in curves:
                 batch = _int_or_none(self.local.get("batch_size"))
-                curve = fluid.profile_curve(profiles[device], self.model.name, batch)
-                curves[device] = None if curve is None else fluid.curve_predictor(*curve)
+                curves[device] = fluid.profile_predictor(profiles[device], self.model.name, batch)
             predictor = curves[device]
             if predictor is not None:
                 out[client.cid] = predictor

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the emulated fleet did not start")
             with ProfileStore(root / "bench.db") as store:
                 start = time.perf_counter()
-                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], ["ort"], 5, 2, "sgd")
+                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], ["ort"], 6, 20, "sgd", max_seconds=3.0)
                 campaign.export_sets(specs, root / "artifacts")
                 campaign.run_campaign(
                     fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None

@@ -1,16 +1,23 @@
-"""Campaign benchmarks on the emulated fleet: wall time (cold / warm cache) and repeatability.
+"""Campaign benchmarks on the emulated fleet: wall time, deployment cache, repeatability, false alarms, monotone curves.
 
-Run from the repository root: ``python -m tests.bench.harness_bench [--widths ...] [--repeats 5]``.
-It copies ``devices/fleets/emulated.yaml`` (3 SSH devices and the phone) onto free loopback
-ports with a private state directory and a private adb server, starts it, and prints:
+Run from the repository root: ``python -m tests.bench.harness_bench [--only wall,repeat,deploy,monotone]``.
+It copies ``devices/fleets/emulated.yaml`` (3 SSH devices and the phone, the slowest pinned to a
+cpu of its own) onto free loopback ports with a private state directory and a private adb
+server, starts it, and measures the demo's cells (``fjord-cnn`` at widths 0.25 / 0.5 / 0.75 / 1,
+batch 20, SGD, +-2 % or 2 s per cell: `fleetbench.demo`) the way ``fleetbench demo`` does:
 
-- the wall time of the device x width campaign with a cold deployment cache (fresh device
-  work directories; artifacts exported beforehand and timed apart) and again with a warm one
-  (every set already on the devices: 0 bytes pushed);
-- repeatability: the coefficient of variation of one cell's median and mean per-image
-  latency over ``--repeats`` campaigns on an idle emulated device (target at most 5 %).
-  On an emulated device the CPU quota is enforced per CFS period, so single steps are
-  bimodal (throttled or not) while the mean over a cell's steps averages the periods out.
+- ``wall``: the wall time of one campaign of the demo's cells (artifacts exported beforehand
+  and timed apart; devices' caches cold), with its isolation plan;
+- ``repeat``: ``--repeats`` campaigns (5) of the same cells; per cell the coefficient of
+  variation of its median across campaigns (targets: at most 5 % on every cell, median over
+  the cells at most 3 %), and how many cells were flagged noisy (target: none) or imprecise;
+- ``deploy``: a campaign with fresh device work directories (everything pushed) and one
+  with warm caches (0 bytes pushed);
+- ``monotone``: ``fleetbench demo --local`` (three local devices, measured one at a time),
+  then checks that each device's median latency rises with the width.
+
+Timings taken while other work shares the cores are noisy: the bench prints the 1-minute load
+average before and after each part, so a figure can be read with its load.
 """
 
 from __future__ import annotations
@@ -20,16 +27,139 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from devices import emulate
+from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
-from exporters.arch import parse_widths
+from exporters.arch import DEFAULT_MODEL, parse_widths
 from harness import campaign
+from harness.records import BenchSpec
 from harness.stats import summarize
 from harness.store import ProfileStore
 from tests.devices.conftest import copy_example_fleet
+
+PARTS = ("wall", "repeat", "deploy", "monotone")
+
+
+def load() -> str:
+    """The 1-minute load average of this machine, for the figures' context."""
+    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus"
+
+
+def demo_cells(fleet: Fleet, args: argparse.Namespace) -> list[BenchSpec]:
+    """The demo's cells (`fleetbench.demo`) at this bench's widths."""
+    from fleetbench.demo import DEMO_BATCH
+
+    return campaign.plan_cells(
+        fleet, args.model, parse_widths(args.widths), [DEMO_BATCH], ["ort"], args.steps, 20, "sgd",
+        precision=args.precision, max_seconds=args.max_seconds,
+    )  # fmt: skip
+
+
+def run(fleet: Fleet, specs: Sequence[BenchSpec], store: ProfileStore, artifacts: Path) -> campaign.CampaignResult:
+    """One campaign, silent."""
+    return campaign.run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None, announce=lambda line: None
+    )
+
+
+def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
+    """Print the wall time of one campaign of the demo's cells."""
+    specs = demo_cells(fleet, args)
+    start = time.perf_counter()
+    campaign.export_sets(specs, artifacts)
+    print(f"export (host, once): {time.perf_counter() - start:.1f} s")
+    print("\n".join(campaign.plan_isolation(fleet.devices, campaign.pinned_cpus(fleet)).describe()))
+    before = load()
+    start = time.perf_counter()
+    result = run(fleet, specs, store, artifacts)
+    seconds = time.perf_counter() - start
+    imprecise = sum(m.imprecise for m in result.measurements)
+    print(f"campaign of {len(specs)} cells: {seconds:.1f} s, complete={result.complete}, {imprecise} imprecise "
+          f"({before} before, {load()} after)")  # fmt: skip
+    return result.complete
+
+
+def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
+    """Print per cell the CV of its median across ``--repeats`` campaigns, and the noisy / imprecise flags."""
+    specs = demo_cells(fleet, args)
+    medians: dict[str, list[float]] = {s.cell_key(): [] for s in specs}
+    noisy = imprecise = 0
+    ok = True
+    before = load()
+    for i in range(args.repeats):
+        result = run(fleet, specs, store, artifacts)
+        ok &= result.complete
+        for m in result.measurements:
+            if m.ok and m.step_seconds:
+                stats = summarize(m.step_seconds, m.spec.batch)
+                medians[m.spec.cell_key()].append(stats.median_us)
+                noisy += stats.noisy
+                imprecise += m.imprecise
+        print(f"campaign {i + 1}/{args.repeats} done ({load()})", flush=True)
+    print(f"\n{'device':<8} {'width':>6} {'medians us/img':<44} {'CV':>6}")
+    cvs = []
+    for spec in specs:
+        values = medians[spec.cell_key()]
+        cv = statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 else float("nan")
+        cvs.append(cv)
+        shown = ", ".join(f"{v:.0f}" for v in values)
+        print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}")
+    worst, middle = max(cvs), statistics.median(cvs)
+    print(
+        f"CV of a cell's median across {args.repeats} campaigns: max {worst:.1%} (target <= 5 %), "
+        f"median {middle:.1%} (target <= 3 %); noisy flags {noisy} (target 0), imprecise {imprecise} "
+        f"of {len(specs) * args.repeats} cells ({before} before, {load()} after)"
+    )
+    return ok
+
+
+def deploy(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
+    """Print a campaign with cold device caches and one with warm caches: bytes pushed and wall time."""
+    import shutil
+
+    specs = demo_cells(fleet, args)
+    campaign.export_sets(specs, artifacts)
+    ok = True
+    for label in ("cold cache", "warm cache"):
+        if label == "cold cache":
+            for device in fleet.devices:
+                if device.kind == "ssh":
+                    shutil.rmtree(device.workdir, ignore_errors=True)
+        start = time.perf_counter()
+        result = run(fleet, specs, store, artifacts)
+        seconds = time.perf_counter() - start
+        pushed = sum(d.pushed_bytes for per in result.deploys.values() for d in per)
+        ok &= result.complete
+        print(f"{label}: {seconds:.1f} s, {pushed:,} bytes pushed, complete={result.complete} ({load()})")
+    return ok
+
+
+def monotone(args: argparse.Namespace) -> bool:
+    """Run ``fleetbench demo --local`` and check every device's latency rises with the width."""
+    from fleetbench.cli import main as fleetbench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "demo"
+        before = load()
+        start = time.perf_counter()
+        rc = fleetbench(["demo", "--local", "--out", str(out), "--rounds", "1", "--examples", "600"])
+        seconds = time.perf_counter() - start
+        with ProfileStore(out / "fleetbench.db", create=False) as store:
+            cells = store.latest_cells()
+    print(f"\nfleetbench demo --local: exit {rc}, {seconds:.0f} s ({before} before, {load()} after)")
+    ok = rc == 0
+    for device, group in cells[cells["status"] == "ok"].groupby("device"):
+        curve = group.sort_values("width")
+        medians = list(curve["median_us"])
+        rising = all(b > a for a, b in zip(medians, medians[1:], strict=False))
+        ok &= rising
+        shown = ", ".join(f"{w:g}: {m:.0f}" for w, m in zip(curve["width"], medians, strict=True))
+        print(f"{device:<6} {shown} us/img -> {'rises' if rising else 'NOT monotone'}")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,69 +173,45 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        0 when every campaign measured every cell.
+        0 when every campaign measured every cell (and the curves rose, for ``monotone``).
     """
+    from fleetbench.demo import DEMO_MAX_SECONDS, DEMO_WIDTHS
+    from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="fjord-cnn")
-    parser.add_argument("--widths", default="0.25,0.5,0.75,1")
-    parser.add_argument("--batch", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--only", default=",".join(PARTS), help=f"parts, comma-separated ({', '.join(PARTS)})")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--widths", default=",".join(f"{w:g}" for w in DEMO_WIDTHS))
+    parser.add_argument("--steps", type=int, default=MIN_SAMPLES, help="fewest samples per cell")
+    parser.add_argument("--precision", type=float, default=DEFAULT_PRECISION)
+    parser.add_argument("--max-seconds", type=float, default=DEMO_MAX_SECONDS)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    widths = parse_widths(args.widths)
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     os.environ["ANDROID_ADB_SERVER_PORT"] = str(free_port())  # never touch a user's adb server
     ok = True
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        fleet = load_fleet(copy_example_fleet(root))
-        artifacts = root / "artifacts"
-        try:
-            if not emulate.up(fleet, say=lambda line: None).ok:
-                raise SystemExit("the emulated fleet did not start")
-            specs = campaign.plan_cells(fleet, args.model, widths, [args.batch], ["ort"], args.steps, args.warmup)
-            start = time.perf_counter()
-            campaign.export_sets(specs, artifacts)
-            export_s = time.perf_counter() - start
-            print(f"\n== Campaign wall time: {len(fleet.devices)} devices x {len(widths)} widths ({len(specs)} cells)")
-            print(f"export (host, once): {export_s:.1f} s")
-            with ProfileStore(root / "bench.db") as store:
-                for label in ("cold cache", "warm cache"):
-                    start = time.perf_counter()
-                    result = campaign.run_campaign(
-                        fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None
-                    )
-                    seconds = time.perf_counter() - start
-                    pushed = sum(d.pushed_bytes for per in result.deploys.values() for d in per)
-                    ok &= result.complete
-                    print(f"{label}: {seconds:.1f} s, {pushed:,} bytes pushed, complete={result.complete}")
-
-                device = fleet.devices[0]
-                width = widths[len(widths) // 2]
-                cell = campaign.plan_cells(
-                    [device], args.model, [width], [args.batch], ["ort"], args.steps, args.warmup
-                )
-                medians, means, cvs = [], [], []
-                for _ in range(args.repeats):
-                    result = campaign.run_campaign(
-                        fleet, cell, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None
-                    )
-                    m = result.measurements[0]
-                    ok &= m.ok
-                    if m.ok:
-                        stats = summarize(m.step_seconds, args.batch)
-                        medians.append(stats.median_us)
-                        means.append(stats.mean_us)
-                        cvs.append(stats.cv)
-            if len(medians) >= 2:
-                print(f"\n== Repeatability: {device.name}, width {width:g}, {args.repeats} campaigns")
-                for label, values in (("median", medians), ("mean", means)):
-                    cv = statistics.stdev(values) / statistics.mean(values)
-                    print(f"{label} us/img per campaign: {', '.join(f'{v:.0f}' for v in values)}; "
-                          f"CV across campaigns {cv:.1%} (target <= 5 %)")
-                print(f"within-cell CV (median over campaigns): {statistics.median(cvs):.1%}")
-        finally:
-            emulate.down(fleet, say=lambda line: None)
+    fleet_parts: dict[str, Callable[[Fleet, ProfileStore, Path, argparse.Namespace], bool]] = {
+        "wall": wall, "deploy": deploy, "repeat": repeat,
+    }  # fmt: skip
+    if any(p in fleet_parts for p in parts):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            fleet = load_fleet(copy_example_fleet(root))
+            try:
+                if not emulate.up(fleet, say=lambda line: None).ok:
+                    raise SystemExit("the emulated fleet did not start")
+                with ProfileStore(root / "bench.db") as store:
+                    for part in (p for p in PARTS if p in parts and p in fleet_parts):
+                        print(f"\n== {part}")
+                        ok &= fleet_parts[part](fleet, store, root / "artifacts", args)
+            finally:
+                emulate.down(fleet, say=lambda line: None)
+    if "monotone" in parts:
+        print("\n== monotone")
+        ok &= monotone(args)
     return 0 if ok else 1
 
 

@@ -184,6 +184,47 @@ def test_fallback_duty_cycle_and_rlimit(tmp_path: Path, sshd_path: str, monkeypa
     _assert_nothing_left(fleet, state)
 
 
+@pytest.mark.parametrize("cgroups", [True, False])
+def test_pinned_device_sessions_run_on_its_cpus(
+    tmp_path: Path, sshd_path: str, monkeypatch: pytest.MonkeyPatch, cgroups: bool
+) -> None:
+    from devices.ssh import SSHTransport
+
+    if not cgroups:  # nothing permitted: the pin is the processes' affinity
+        monkeypatch.setattr(limits, "detect", lambda *a, **k: limits.Support(reason="pretend no cgroups"))
+    cpu = max(os.sched_getaffinity(0))
+    path = _write_fleet(tmp_path, with_adb=False)
+    # no CPU share: without cgroups it would be a duty cycle, whose SIGSTOPs can cut an SSH login short
+    path.write_text(path.read_text().replace("{cpu_share: 0.5, memory_mb: 512}", f"{{memory_mb: 512, cpus: '{cpu}'}}"))
+    fleet = _load(path)
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        dev = emulate.load_state(fleet.state_dir).devices[0]
+        assert dev.cpus == str(cpu)
+        assert dev.cpuset in (("cgroup-v1", "cgroup-v2", "affinity") if cgroups else ("affinity",))
+        affinity = "import os; print(sorted(os.sched_getaffinity(0)))"
+        with SSHTransport(fleet.devices[0], connect_timeout=10) as transport:
+            result = transport.run([fleet.devices[0].python, "-c", affinity], timeout=30)
+        assert result.ok and result.stdout.strip() == f"[{cpu}]", result
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+
+
+def test_a_pin_to_a_cpu_this_machine_lacks_is_one_line_and_the_example_drops_it(
+    tmp_path: Path, sshd_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    path = _write_fleet(tmp_path, with_adb=False)
+    path.write_text(path.read_text().replace("memory_mb: 512}", "memory_mb: 512, cpus: '1'}"))
+    fleet = _load(path)
+    result = emulate.up(fleet, say=lambda line: None)
+    assert list(result.failed) == [fleet.devices[0].name]
+    assert "cpus 1: this machine offers cpus 0" in result.failed[fleet.devices[0].name]
+    assert emulate.load_state(fleet.state_dir).devices == ()
+    example = emulate.write_example_fleet(tmp_path / "example", free_port).read_text()
+    assert example.count('cpus: "0"') == 3 and 'cpus: "1"' not in example
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_network_delay_in_namespace(tmp_path: Path, sshd_path: str) -> None:
     path = _write_fleet(tmp_path, with_adb=False)
@@ -236,6 +277,8 @@ def test_state_json_round_trip_and_table() -> None:
         0.29,
         2048,
         "netns fb-pi-1",
+        cpuset="cgroup-v1",
+        cpus="1",
     )
     state = emulate.FleetState((dev,), emulate.ProcessRecord("adb-server", 9, 10), 5038)
     assert emulate.state_from_json(emulate.state_to_json(state)) == state

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from devices.errors import FleetFileError
 from devices.fleet import Emulation
-from devices.fleetfile import ADB_WORKDIR, SSH_CONFIG_ENV, load_fleet, parse_fleet
+from devices.fleetfile import ADB_WORKDIR, SSH_CONFIG_ENV, describe_emulation, load_fleet, parse_fleet
 from devices.presets import resolve
 from fleetbench.cli import main
 
@@ -99,7 +99,11 @@ def test_emulated_fleet_is_fast_mid_slow_and_a_phone(monkeypatch: pytest.MonkeyP
     phone = fleet.device("phone")
     assert (phone.kind, phone.serial, phone.workdir) == ("adb", "127.0.0.1:25555", ADB_WORKDIR)
     assert phone.python == "python3"  # its shell finds none: it runs from a pushed runtime bundle
-    assert phone.emulate == Emulation(preset="phone-midrange")
+    assert phone.emulate == Emulation(preset="phone-midrange", cpus="0")
+    # the slowest device has a cpu of its own; the others take turns on cpu 0
+    assert {d.name: d.emulate.cpus for d in fleet.devices if d.emulate} == {
+        "fast": "0", "mid": "0", "slow": "1", "phone": "0"
+    }  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         phone.name = "other"  # type: ignore[misc]
 
@@ -406,6 +410,20 @@ MALFORMED = {
         "devices[0]",
         "expected a mapping, got 'laptop'",
     ),
+    "cpus not a cpu list": (
+        "devices:\n  - name: e\n    kind: ssh\n    host: h\n    emulate: {cpus: 'first'}\n",
+        "cpus",
+        1,
+        "devices[0].emulate.cpus",
+        "expected a cpu list",
+    ),
+    "cpus range backwards": (
+        "devices:\n  - name: e\n    kind: ssh\n    host: h\n    emulate:\n      cpus: 3-1\n",
+        "cpus",
+        1,
+        "devices[0].emulate.cpus",
+        "ends below its start",
+    ),
     "empty file": ("", None, 1, "file", "empty fleet file"),
     "comments only": ("# nothing here\n", None, 1, "file", "empty fleet file"),
 }
@@ -521,6 +539,16 @@ def test_emulate_block_keeps_preset_and_overrides(tmp_path: Path) -> None:
     e, bare = load_fleet(write(tmp_path, text)).devices
     assert e.emulate == Emulation(preset="pi3", cpu_share=0.25, memory_mb=512, delay_ms=20.0, rate_kbit=10000)
     assert bare.emulate == Emulation()
+
+
+def test_cpus_pins_are_normalised_cpu_lists(tmp_path: Path) -> None:
+    text = (
+        "devices:\n  - name: a\n    kind: ssh\n    host: 127.0.0.1\n    port: 2222\n    emulate: {cpus: 0}\n"
+        "  - name: b\n    kind: adb\n    serial: 127.0.0.1:5555\n    emulate: {cpus: '3, 1-2'}\n"
+    )
+    a, b = load_fleet(write(tmp_path, text)).devices
+    assert (a.emulate.cpus, b.emulate.cpus) == ("0", "1-3")  # type: ignore[union-attr]
+    assert describe_emulation(b.emulate) == "cpus 1-3"
 
 
 def test_relative_paths_resolve_against_the_fleet_file(tmp_path: Path, _isolated: Path) -> None:

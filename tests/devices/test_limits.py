@@ -109,6 +109,52 @@ def test_detect_not_writable_falls_back(tmp_path: Path) -> None:
     assert limits.plan(support, "x", None, None) == limits.Plan("none", "none", None, None)
 
 
+def test_cpu_lists_parse_and_format() -> None:
+    assert limits.parse_cpu_list("0") == frozenset({0})
+    assert limits.parse_cpu_list(" 0-2, 5 ,7-8") == frozenset({0, 1, 2, 5, 7, 8})
+    assert limits.format_cpu_list({8, 0, 1, 2, 5, 7}) == "0-2,5,7-8"
+    assert limits.format_cpu_list(limits.parse_cpu_list("3,1,2")) == "1-3"
+    for bad in ("", "a", "1-", "3-1", "-1", "1,,2"):
+        with pytest.raises(ValueError):
+            limits.parse_cpu_list(bad)
+
+
+def test_cpuset_plans_v1_v2_and_affinity(tmp_path: Path) -> None:
+    _touch(tmp_path / "cpuset" / "cpuset.cpus", "0-3\n")
+    _touch(tmp_path / "cpuset" / "cpuset.mems", "0\n")
+    _touch(tmp_path / "cpu" / "cpu.cfs_quota_us", "-1")
+    support = limits.detect(tmp_path, "5:cpu:/\n3:cpuset:/\n0::/\n", writable=lambda p: True)
+    assert (support.cpuset_version, support.cpuset_parent) == (1, tmp_path / "cpuset")
+    assert (support.cpuset_cpus, support.cpuset_mems) == ("0-3", "0")
+    p = limits.plan(support, "slow", 0.14, None, frozenset({1}))
+    assert (p.cpuset, p.cpus) == ("cgroup-v1", frozenset({1}))
+    assert p.cgroup_dirs == (tmp_path / "cpu" / "fleetbench" / "slow", tmp_path / "cpuset" / "fleetbench" / "slow")
+    root = tmp_path / "cpuset"
+    cpuset_writes = [(str(path.relative_to(root)), v) for path, v in p.writes if path.is_relative_to(root)]
+    # v1: the shared parent gets the whole machine's cpus and mems first, then the device its own
+    assert cpuset_writes == [
+        ("fleetbench/cpuset.cpus", "0-3"),
+        ("fleetbench/cpuset.mems", "0"),
+        ("fleetbench/slow/cpuset.cpus", "1"),
+        ("fleetbench/slow/cpuset.mems", "0"),
+    ]
+    limits.apply_cgroups(p)
+    assert (tmp_path / "cpuset" / "fleetbench" / "slow" / "cpuset.cpus").read_text() == "1"
+    # cgroup v2: +cpuset on the way down, no mems
+    _touch(tmp_path / "v2" / "cgroup.controllers", "cpuset cpu memory")
+    v2 = limits.detect(tmp_path / "v2", "0::/\n", writable=lambda p: True)
+    p2 = limits.plan(v2, "fast", None, None, frozenset({0, 1}))
+    assert [(path.name, v) for path, v in p2.writes] == [
+        ("cgroup.subtree_control", "+cpuset"),
+        ("cgroup.subtree_control", "+cpuset"),
+        ("cpuset.cpus", "0-1"),
+    ]
+    # nothing permitted: the processes' affinity
+    p3 = limits.plan(limits.Support(), "fast", None, None, frozenset({0}))
+    assert (p3.cpuset, p3.cgroup_dirs, p3.writes) == ("affinity", (), ())
+    assert limits.plan(support, "x", None, None).cpuset == "none"
+
+
 def test_pure_helpers() -> None:
     assert limits.cpu_knobs(2, 0.25, period_us=100_000) == {"cpu.max": "25000 100000"}
     assert limits.memory_knobs(1, 1) == {"memory.limit_in_bytes": "1048576"}
@@ -213,10 +259,13 @@ def test_duty_cycle_resumes_tree_on_exit() -> None:
         proc.wait()
 
 
-def _real_plan(name: str, share: float | None, memory_mb: int | None) -> limits.Plan:
+def _real_plan(
+    name: str, share: float | None, memory_mb: int | None, cpus: frozenset[int] | None = None
+) -> limits.Plan:
     support = limits.detect()
-    p = limits.plan(support, name, share, memory_mb)
-    if (share is not None and not p.cpu.startswith("cgroup")) or (memory_mb and not p.memory.startswith("cgroup")):
+    p = limits.plan(support, name, share, memory_mb, cpus)
+    wanted = [(share is not None, p.cpu), (bool(memory_mb), p.memory), (cpus is not None, p.cpuset)]
+    if any(asked and not method.startswith("cgroup") for asked, method in wanted):
         pytest.skip(f"cgroups not permitted here: {support.reason}")
     try:
         limits.apply_cgroups(p)
@@ -252,6 +301,30 @@ def test_cgroup_memory_limit_kills_over_allocation() -> None:
             timeout=60,
         )
         assert small.stdout.strip() == "ok"
+    finally:
+        assert limits.remove_cgroups(p.cgroup_dirs) == []
+
+
+_AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
+
+
+def test_pinning_by_affinity_holds_the_child_and_its_children() -> None:
+    p = limits.plan(limits.Support(), "pin", None, None, frozenset({0}))
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {_AFFINITY!r}])"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limits.preexec(p), timeout=60
+    )
+    assert proc.stdout.strip() == "[0]"
+
+
+def test_cgroup_cpuset_pins_the_child() -> None:
+    available = sorted(os.sched_getaffinity(0))
+    p = _real_plan(_unique("cpuset"), None, None, frozenset({available[-1]}))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _AFFINITY], capture_output=True, text=True, preexec_fn=limits.preexec(p), timeout=60
+        )
+        assert proc.stdout.strip() == f"[{available[-1]}]"
     finally:
         assert limits.remove_cgroups(p.cgroup_dirs) == []
 

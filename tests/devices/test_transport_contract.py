@@ -3,7 +3,11 @@
 Local (subprocess), SSH (a real sshd on loopback) and ADB (the real adb server and the
 emulated phone) must all: report exit status and output exactly, pass hostile
 arguments and file names through byte-exact without running anything, move a 10 MB
-file both ways intact, and stop a command at its timeout.
+file both ways intact, and stop a command at its timeout. Streamed processes
+(``start``) must: exchange lines in order and byte-exact (also a 1 MB line), keep stderr
+out of stdout, pass the environment, leave the process running on a read timeout, end
+it at ``close`` (gone from the device afterwards), and report a process killed mid-way
+with its exit status and stderr.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from devices.adb_endpoint import AdbEndpoint
-from devices.errors import CommandTimeout
+from devices.errors import CommandTimeout, ProcessEnded
 from devices.local import LocalTransport
-from devices.transport import Transport
+from devices.transport import Process, Transport
 
 HOSTILE = [
     "two words",
@@ -131,3 +135,83 @@ def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device
         device.transport.run(["sleep", "30"], timeout=1.0)
     assert time.monotonic() - start < 1.0 + 2.0
     assert device.transport.run(["echo", "again"], timeout=10).stdout == "again\n"
+
+
+# ---------------------------------------------------------------------------- streamed processes
+
+#: Echoes each stdin line upper-cased on stdout, says "seen" on stderr, and says its pid and $GREETING first.
+ECHO_SERVER = [
+    "python3",
+    "-u",
+    "-c",
+    "import os, sys\n"
+    "print(os.getpid(), os.environ.get('GREETING'))\n"
+    "for line in sys.stdin:\n"
+    "    print(line.rstrip('\\n').upper())\n"
+    "    print('seen', len(line), file=sys.stderr)\n",
+]
+
+
+def running_on(device: Device, pid: str) -> bool:
+    return device.transport.run(["kill", "-0", pid], timeout=10).ok
+
+
+def test_streamed_process_exchanges_lines_and_keeps_stderr_apart(device: Device) -> None:
+    proc = device.transport.start(ECHO_SERVER, {"GREETING": "hi there $(touch PWNED)"})
+    try:
+        assert isinstance(proc, Process)
+        pid, greeting = proc.read_line(20).split(" ", 1)
+        assert greeting == "hi there $(touch PWNED)"
+        lines = ["first", "ünïcødé ✓ 'q' \"dq\" $HOME", "x" * 1_000_000]
+        for line in lines:
+            proc.write_line(line)
+        assert [proc.read_line(20) for _ in lines] == [line.upper() for line in lines]
+        assert proc.alive()
+        deadline = time.monotonic() + 10
+        while "seen 1000001" not in proc.stderr_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.stderr_tail().splitlines()[-1] == "seen 1000001"
+        with pytest.raises(ValueError):
+            proc.write_line("two\nlines")
+    finally:
+        proc.close()
+    assert not proc.alive()
+    assert not running_on(device, pid)
+    assert_nothing_ran(device)
+
+
+def test_read_timeout_leaves_the_process_running_and_close_ends_it(device: Device) -> None:
+    proc = device.transport.start(ECHO_SERVER)
+    pid = proc.read_line(20).split()[0]
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        proc.read_line(0.5)
+    assert 0.5 <= time.monotonic() - start < 2.5
+    assert proc.alive() and running_on(device, pid)
+    proc.write_line("still there")
+    assert proc.read_line(20) == "STILL THERE"
+    proc.close(grace=0.5)
+    assert not running_on(device, pid)
+    with pytest.raises(ProcessEnded):
+        proc.read_line(1)
+
+
+def test_a_process_killed_midway_is_ended_with_its_status_and_stderr(device: Device) -> None:
+    script = (
+        "import os, signal, sys; print('about to die', flush=True); print('last words', file=sys.stderr, flush=True); "
+        "sys.stdout.write('partial'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    proc = device.transport.start(["python3", "-c", script])
+    try:
+        assert proc.read_line(20) == "about to die"
+        with pytest.raises(ProcessEnded) as ended:
+            proc.read_line(20)  # the unterminated "partial" is never handed out as a line
+        assert ended.value.returncode not in (None, 0)
+        assert "last words" in ended.value.stderr and "last words" in str(ended.value)
+        with pytest.raises(ProcessEnded):
+            proc.read_line(1)  # stays ended
+        with pytest.raises(ProcessEnded):
+            proc.write_line("anyone?")
+        assert not proc.alive()
+    finally:
+        proc.close()

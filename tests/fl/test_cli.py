@@ -7,6 +7,7 @@ import torch
 
 from fl.cli import parse_options
 from fleetbench.cli import main
+from tests.fl.scheduling.profiles import store_lines
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +105,83 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, word):
     assert err.startswith("fleetbench: error:") and len(err.strip().splitlines()) == 1
     assert word in err
     assert "Traceback" not in err
+
+
+@pytest.fixture
+def profiles(tmp_path):
+    path = tmp_path / "profiles.db"
+    store_lines(path, {"fast": (50.0, 2e-4), "slow": (400.0, 1.5e-3)})
+    return str(path)
+
+
+def test_a_population_run_reports_virtual_seconds_per_round(tmp_path, capsys, profiles):
+    db = str(tmp_path / "fl.db")
+    pop = ("--population", "fast=0.5,slow=0.5", "--profiles", profiles, "--overcommit", "0.5", "--per-round", "2")
+    rc, out, err = run(capsys, "run", *SMALL, "--clients", "4", "--rounds", "2", *pop, "--db", db, "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert [h["clients_ok"] for h in summary["history"]] == [2, 2]
+    assert all(h["virtual_seconds"] > 0 for h in summary["history"])
+    assert err.count("(virtual ") == 2
+    # the stored configuration carries the population: a resume continues on the same clock
+    rc, out, err = run(capsys, "run", "--resume", "1", "--rounds", "3", "--db", db, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["history"][2]["virtual_seconds"] > 0
+
+
+def test_clock_only_prints_the_schedule(tmp_path, capsys, profiles):
+    db = str(tmp_path / "fl.db")
+    argv = ("--clients", "500", "--per-round", "20", "--rounds", "5", "--population", "fast=0.3,slow=0.7")
+    rc, out, err = run(capsys, "run", *argv, "--profiles", profiles, "--clock-only", "--client-examples", "40",
+                       "--deadline", "0.5", "--db", db, "--json")  # fmt: skip
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["accuracy"] == {} and len(summary["history"]) == 5
+    assert all(0 < h["virtual_seconds"] <= 0.5 for h in summary["history"])
+    rc, out, err = run(capsys, "run", *argv, "--profiles", profiles, "--clock-only", "--client-examples", "40",
+                       "--db", db)  # fmt: skip
+    assert rc == 0 and "virtual" in out and "resume" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("--population", "fast=0.5,gpu=0.5"), "unknown device 'gpu'; devices measured in"),
+        (("--population", "fast=0.5,slow=0.4"), "shares sum to 0.9, not 1"),
+        (("--population", "fast=1", "--model", "cfd-cnn"), "device 'fast' has no profile of model 'cfd-cnn'"),
+        (("--population", "fast=1", "--link", "gpu=10"), "device 'gpu' is not in the population"),
+        (("--population", "fast=1", "--availability", "0"), "--availability"),
+        (("--population", "fast=1", "--fleet", "f.yaml"), "takes neither"),
+    ],
+)
+def test_bad_population_input_is_one_line_and_exit_2_before_anything_is_written(
+    tmp_path, capsys, profiles, argv, words
+):
+    db = tmp_path / "fl.db"
+    if "--fleet" in argv:
+        (tmp_path / "f.yaml").write_text("devices:\n  - name: a\n    kind: local\n")
+        argv = tuple(str(tmp_path / "f.yaml") if a == "f.yaml" else a for a in argv)
+    rc, out, err = run(capsys, "run", *SMALL, *argv, "--profiles", profiles, "--db", str(db))
+    assert rc == 2 and err.startswith("fleetbench: error:") and len(err.strip().splitlines()) == 1
+    assert words in err, err
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("--clock-only",), "--clock-only needs --population SPEC"),
+        (("--deadline", "3"), "--deadline needs --population SPEC"),
+        (("--population", "fast=1"), "--population needs --profiles DB"),
+        (("--population", "fast=1", "--profiles", "missing.db"), "missing.db"),
+        (("--ray-address", "127.0.0.1:1"), "--ray-address needs --executor ray"),
+    ],
+)
+def test_virtual_options_without_their_partner_are_refused(tmp_path, capsys, argv, words):
+    db = tmp_path / "fl.db"
+    rc, out, err = run(capsys, "run", *SMALL, *argv, "--db", str(db))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert not db.exists()
 
 
 def test_runs_of_a_missing_store_is_exit_2(tmp_path, capsys):
@@ -206,3 +284,48 @@ def test_json_of_a_failed_run_carries_the_reasons_and_max_failed_rounds_is_honou
     failures = summary["history"][1]["failures"]
     assert [f["cid"] for f in failures] == ["c0", "c1", "c2"] and {f["reason"] for f in failures} == {"unreachable"}
     assert all(f["message"] for f in failures)
+
+
+def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tree, tmp_path, capsys):
+    """One FL run over an x86 device (ort), the emulated aarch64 ``pi`` (onnx) and a device without Python."""
+    import sqlite3
+    import sys
+
+    from devices import emulate
+    from devices.fleetfile import load_fleet
+    from devices.sshd import free_port
+
+    fleet_path = tmp_path / "mixed.yaml"
+    fleet_path.write_text(
+        f"state_dir: {tmp_path / 'state'}\n"
+        "devices:\n"
+        f"  - {{name: x86, kind: local, python: {sys.executable}, workdir: {tmp_path / 'x86'}}}\n"
+        f"  - {{name: pi, kind: ssh, host: 127.0.0.1, port: {free_port()}, emulate: {{arch: aarch64}}}}\n"
+        f"  - {{name: nopy, kind: local, python: /nonexistent/python3, workdir: {tmp_path / 'nopy'}}}\n"
+    )
+    fleet = load_fleet(fleet_path)
+    db = str(tmp_path / "fl.db")
+    argv = ["run", "--fleet", str(fleet_path), "--artifacts", str(tmp_path / "artifacts"), "--model", "fjord-cnn"]
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        rc, out, err = run(capsys, *argv, "--dataset", "digits", "--clients", "2", "--rounds", "1", "--db", db)
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+    assert rc == 0, err
+    assert "fleetbench: backend of x86: ort (best available)" in err
+    assert "backend of pi: onnx (best available (ort: onnxruntime-training 1.19.2 has no wheel for aarch64))" in err
+    assert "backend of nopy: skipped: no usable backend (ort: no Python on the device" in err
+    rows = sqlite3.connect(db).execute(
+        "SELECT cid, device, backend, status, loss, steps FROM fl_client_rounds ORDER BY cid"
+    ).fetchall()
+    assert [row[:4] for row in rows] == [("c0", "x86", "ort", "ok"), ("c1", "pi", "onnx", "ok")]
+    assert all(row[4] is not None and 0 < row[4] < 10 and row[5] > 0 for row in rows)
+
+
+def test_no_device_with_a_backend_is_refused_before_the_run_is_logged(tmp_path, capsys):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"devices:\n  - {{name: nopy, kind: local, python: /nonexistent/python3, workdir: {tmp_path}}}\n")
+    db = tmp_path / "fl.db"
+    rc, out, err = run(capsys, "run", "--fleet", str(fleet), *SMALL[:4], "--db", str(db))
+    assert rc == 2 and "no device of" in err and "nopy: no usable backend" in err
+    assert not db.exists()

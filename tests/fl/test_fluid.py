@@ -363,3 +363,22 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
     assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], fixed=4.0) == 0.5
     assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75]) == 0.75
     assert fluid.linear_rate(math.inf, [0.5, 0.75]) == 0.5
+
+
+def test_profile_predictor_asks_the_latency_model_for_unmeasured_sizes():
+    from harness.latency import fit_device, train_flops_per_example
+
+    rows = [
+        {"model": "fjord-cnn", "width": w, "batch": 20, "backend": "ort", "status": "ok",
+         "median_us": 30.0 + 8e-5 * train_flops_per_example("fjord-cnn", w)}
+        for w in (0.25, 0.5, 1.0)
+    ]  # fmt: skip
+    predict = fluid.profile_predictor(rows, "fjord-cnn", batch=20)
+    model = fit_device([{**r, "device": "d"} for r in rows]).latency_model("fjord-cnn")
+    for size in fluid.PAPER_SIZES:  # 0.95, 0.85, ...: none of them measured
+        assert predict(size) == model.predict(size).value
+    # a model outside the zoo keeps the measured curve
+    curve_rows = [{**r, "model": "m"} for r in rows]
+    interpolated = fluid.profile_predictor(curve_rows, "m")
+    assert interpolated(0.75) == pytest.approx((rows[1]["median_us"] + rows[2]["median_us"]) / 2)
+    assert fluid.profile_predictor(rows[:1], "fjord-cnn") is None

@@ -212,3 +212,33 @@ def test_missing_run_and_missing_checkpoint(store):
         log.run(5)
     assert log.load_checkpoint(5) is None
     assert log.runs().empty
+
+
+def test_a_store_before_virtual_times_is_upgraded_and_keeps_its_rows(tmp_path):
+    from fl.runlog import FL_MIGRATIONS
+
+    path = tmp_path / "old.db"
+    with ProfileStore(path) as old:
+        old.ensure_schema("fl", FL_MIGRATIONS[:2])  # the log as it was before virtual times
+        with old.transaction() as conn:
+            conn.execute(
+                "INSERT INTO fl_runs (started_at, strategy, model, dataset, seed, rounds) "
+                "VALUES (1.0, 'fedavg', 'fjord-cnn', 'digits', 0, 1)"
+            )
+            conn.execute(
+                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds) VALUES (1, 0, 1, 2, 1)"
+            )
+    with ProfileStore(path) as upgraded:
+        log = RunLog(upgraded)
+        assert upgraded.ensure_schema("fl", FL_MIGRATIONS) == len(FL_MIGRATIONS) == 3
+        old_round = log.rounds(1)
+        assert list(old_round["wall_seconds"]) == [1.0] and old_round["virtual_seconds"].isna().all()
+        run_id = start(log)
+        log.log_round(
+            run_id, 0, started_at=1.0, finished_at=2.0, wall_seconds=1.0, metrics={}, evaluation={},
+            clients=[ClientRound("c0", 1.0, "ok", virtual_seconds=3.25)], checkpoint={"round": 0},
+            virtual_seconds=4.5,
+        )  # fmt: skip
+        assert list(log.rounds(run_id)["virtual_seconds"]) == [4.5]
+        assert list(log.client_rounds(run_id)["virtual_seconds"]) == [3.25]
+        assert log.clients(run_id)["speed_factor"].isna().all()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import ZooModel, get_model
+from fl import server
 from fl.aggregate import selective_average
 from fl.client import TRAINERS, evaluate
+from fl.executors.inprocess import InProcessExecutor
+from fl.population import Population, VirtualClock, draw_population
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 from fl.runlog import RunLog
 from fl.server import (
@@ -20,6 +24,7 @@ from fl.server import (
     format_round,
     initial_parameters,
     profiles_for,
+    run_clock_only,
     run_fl,
     sample_clients,
 )
@@ -42,6 +47,7 @@ class StaticAvg(Strategy):
         self.fail = fail
         self.stragglers = [slow] if slow else []  # as FLuID names its stragglers
         self.aggregated: list[tuple[int, list[str], list[str]]] = []
+        self.seen: list[dict[str, tuple[float, ...]]] = []  # per round: cid -> the times it was given
 
     def configure_round(self, rnd, clients, profiles=None):
         out = {}
@@ -54,6 +60,8 @@ class StaticAvg(Strategy):
 
     def aggregate_round(self, rnd, results: Sequence[TrainRes], failures: Sequence[ClientFailure]):
         self.aggregated.append((rnd, [r.cid for r in results], [f.cid for f in failures]))
+        seen = {r.cid: (r.download_seconds, r.compute_seconds, r.upload_seconds) for r in results}
+        self.seen.append({**seen, **{f.cid: (f.seconds,) for f in failures}})
         updates = [(r.submodel, r.parameters, float(r.num_examples)) for r in results]
         self.global_state = selective_average(self.model, self.global_state, updates)
         return self.global_state, {"aggregated": float(len(results))}
@@ -362,6 +370,8 @@ def test_progress_line_names_round_clients_loss_accuracy_seconds():
 
     line = format_round(RoundSummary(1, 4, 1, 0.25, {1.0: 0.9, 0.5: 0.75}, 1.5), 10)
     assert line == "round 2/10: clients ok 4 failed 1, loss 0.2500, accuracy 1:0.9000 0.5:0.7500, 1.50 s"
+    virtual = format_round(RoundSummary(1, 4, 0, 0.25, {}, 1.5, virtual_seconds=12.25), 10)
+    assert virtual.endswith(", 1.50 s (virtual 12.25 s)")
 
 
 # -- the real strategies on non-IID data -------------------------------------------------------
@@ -402,3 +412,151 @@ def test_each_strategy_learns_non_iid_digits(tmp_path, strategy, capacities):
     assert len(rows) == 5 * 6 and set(rows["status"]) == {"ok"}
     if capacities != "1":
         assert set(rows["tier"]) == {0, 1}
+
+
+# -- the virtual clock of a population ---------------------------------------------------------
+
+
+def hand_cost(device, arch, steps, bytes_down, bytes_up):
+    """0.2 s fixed, 10 ms a step on 'fast' and 100 ms on 'slow', 0.1 us a byte each way."""
+    return 0.2 + {"fast": 0.01, "slow": 0.1}[device] * steps + 1e-7 * (bytes_down + bytes_up)
+
+
+def hand_times(cfg, devices, factors, capacities, sizes):
+    """Each client's virtual round, from the cost above, its sub-model's payload and its steps."""
+    model = get_model("fjord-cnn")
+    initial = initial_parameters(model, cfg.seed)
+    out = {}
+    for i, (device, factor, cap, n) in enumerate(zip(devices, factors, capacities, sizes, strict=True)):
+        nbytes = 4 * sum(v.size for v in model.extract(initial, model.static(cap)).values())
+        steps = cfg.epochs * -(-n // cfg.batch_size)
+        out[f"c{i}"] = factor * hand_cost(device, None, steps, nbytes, nbytes)
+    return out
+
+
+DEVICES, FACTORS = ("fast", "slow", "fast", "slow"), (1.0, 1.0, 2.0, 0.5)
+
+
+def test_a_population_without_limits_trains_what_the_plain_run_trains(tmp_path, registered):
+    cfg, data = config(tmp_path, rounds=2), blob_data(4, 10)
+    plain = run_fl(cfg, data=data, capacities=CAPACITIES, progress=None)
+    clock = VirtualClock(Population(DEVICES, FACTORS), hand_cost, seed=cfg.seed)
+    strategy_seen = []
+    real_make = server._make_strategy
+
+    def keep(config, model):
+        strategy = real_make(config, model)
+        strategy_seen.append(strategy)
+        return strategy
+
+    pop_cfg = dataclasses.replace(cfg, db=str(tmp_path / "pop.db"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(server, "_make_strategy", keep)
+        pop = run_fl(pop_cfg, data=data, capacities=CAPACITIES, virtual=clock, progress=None)
+    assert pop.accuracy == plain.accuracy  # the virtual clock only annotates
+    times = hand_times(cfg, DEVICES, FACTORS, CAPACITIES, [10, 11, 12, 13])
+    assert [h.virtual_seconds for h in pop.history] == [pytest.approx(max(times.values()))] * 2
+    assert all(h.virtual_seconds is None for h in plain.history)
+    # the strategy saw the virtual times, split into transfers and compute
+    (strategy,) = strategy_seen
+    for cid, (down, compute, up) in strategy.seen[0].items():
+        assert down + compute + up == pytest.approx(times[cid])
+    with ProfileStore(pop_cfg.db) as store:
+        log = RunLog(store)
+        rows, rounds, clients = log.client_rounds(pop.run_id), log.rounds(pop.run_id), log.clients(pop.run_id)
+    assert list(rows["device"][:4]) == list(DEVICES)
+    assert list(rows["virtual_seconds"][:4]) == pytest.approx([times[c] for c in ("c0", "c1", "c2", "c3")])
+    assert all(rows["compute_seconds"] < 5)  # the measured times are logged beside the virtual ones
+    assert list(rounds["virtual_seconds"]) == pytest.approx([max(times.values())] * 2)
+    assert list(clients["speed_factor"]) == list(FACTORS)
+
+
+class RecordingExecutor(InProcessExecutor):
+    def __init__(self, model):
+        super().__init__(model)
+        self.asked: list[list[str]] = []
+
+    def run(self, instructions, shards, timeout_s=None):
+        self.asked.append(list(instructions))
+        return super().run(instructions, shards, timeout_s)
+
+
+def test_overcommitment_and_the_deadline_keep_the_fastest_and_train_only_them(tmp_path, registered):
+    devices, factors = ("fast", "slow", "fast", "slow", "fast", "fast"), (1.0, 1.0, 1.5, 0.5, 3.0, 1.2)
+    cfg = config(tmp_path, clients=6, rounds=1, per_round=2)
+    sizes = [10 + i for i in range(6)]
+    times = hand_times(cfg, devices, factors, [1.0] * 6, sizes)
+    clock = VirtualClock(Population(devices, factors), hand_cost, seed=cfg.seed, overcommit=1.0, deadline_s=1.0)
+    sampled = [f"c{i}" for i in clock.sample(0, 2)]
+    assert len(sampled) == 4
+    order = sorted(sampled, key=lambda c: times[c])
+    kept = [c for c in order if times[c] <= 1.0][:2]
+    executor = RecordingExecutor(get_model("fjord-cnn"))
+    summary = run_fl(
+        cfg, data=blob_data(6, 10), capacities=[1.0] * 6, virtual=clock, executor=executor, progress=None
+    )
+    assert executor.asked == [sorted(kept, key=sampled.index)]  # only the kept clients trained
+    (round0,) = summary.history
+    assert round0.clients_ok == len(kept) and round0.clients_failed == 4 - len(kept)
+    assert {f.reason for f in round0.failures} == {"timeout"}
+    for failure in round0.failures:
+        expected = "deadline" if times[failure.cid] > 1.0 else "over-committed"
+        assert expected in failure.message
+    assert round0.virtual_seconds == pytest.approx(times[kept[-1]] if len(kept) == 2 else 1.0)
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id)
+    assert sorted(rows["cid"]) == sorted(sampled)
+    assert dict(zip(rows["cid"], rows["virtual_seconds"], strict=True)) == pytest.approx({c: times[c] for c in sampled})
+
+
+def test_fluid_picks_its_straggler_from_the_virtual_times(tmp_path):
+    # c3 is on the slow device: FLuID makes it the straggler although every client trains on this machine
+    cfg = dataclasses.replace(
+        config(tmp_path, rounds=2), strategy="fluid", options={"sizes": [0.5, 0.75]}, dataset="digits"
+    )
+    clock = VirtualClock(Population(("fast", "fast", "fast", "slow"), (1.0,) * 4), hand_cost, seed=cfg.seed)
+    summary = run_fl(cfg, data=blob_data(4, 40), capacities=[1.0] * 4, virtual=clock, progress=None)
+    assert summary.status == "finished"
+    with ProfileStore(cfg.db) as store:
+        rows = RunLog(store).client_rounds(summary.run_id)
+    second = rows[rows["round"] == 1].set_index("cid")
+    assert list(second["straggler"]) == [False, False, False, True]
+    assert second.loc["c3", "width"] < 1.0 and set(second.loc[["c0", "c1", "c2"], "width"]) == {1.0}
+
+
+def test_the_clock_only_schedule_equals_the_trained_runs(tmp_path, registered):
+    cfg, data = config(tmp_path, rounds=2, per_round=3), blob_data(4, 10)
+    clock = VirtualClock(Population(DEVICES, FACTORS), hand_cost, seed=cfg.seed, deadline_s=2.0)
+    trained = run_fl(cfg, data=data, capacities=CAPACITIES, virtual=clock, progress=None)
+    only = run_clock_only(
+        dataclasses.replace(cfg, db=str(tmp_path / "clock.db")),
+        clock,
+        examples=[10, 11, 12, 13],
+        capacities=CAPACITIES,
+        progress=None,
+    )
+    assert [h.virtual_seconds for h in only.history] == pytest.approx([h.virtual_seconds for h in trained.history])
+    assert [(h.clients_ok, h.clients_failed) for h in only.history] == [
+        (h.clients_ok, h.clients_failed) for h in trained.history
+    ]
+    assert only.accuracy == {} and only.status == "finished"
+    with ProfileStore(tmp_path / "clock.db") as store:
+        log = RunLog(store)
+        assert log.run(only.run_id)["executor"] == "clock-only"
+        rows = log.client_rounds(only.run_id)
+    assert set(rows["status"]) <= {"ok", "timeout"} and rows["loss"].isna().all()
+
+
+def test_clock_only_schedules_ten_thousand_clients_for_a_hundred_rounds_within_a_minute(tmp_path):
+    cfg = RunConfig(
+        clients=10_000, rounds=100, per_round=100, db=str(tmp_path / "clock.db"), population="fast=0.5,slow=0.5",
+        profiles="unused.db", clock_only=True, client_examples=20, overcommit=0.3, deadline_s=0.5,
+    )  # fmt: skip
+    clock = VirtualClock(
+        draw_population({"fast": 0.5, "slow": 0.5}, 10_000, 0), hand_cost, overcommit=0.3, deadline_s=0.5
+    )
+    start = time.perf_counter()
+    summary = run_clock_only(cfg, clock, progress=None)
+    assert time.perf_counter() - start < 60
+    assert summary.rounds == 100 and all(h.clients_ok + h.clients_failed == 130 for h in summary.history)
+    assert all(h.clients_ok <= 100 and h.virtual_seconds <= 0.5 for h in summary.history)

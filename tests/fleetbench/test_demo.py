@@ -76,6 +76,11 @@ def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert rc == 0, printed
     _check_outputs(out, {"fast", "mid", "slow"}, rounds=1)
     assert "[6/6]" in printed and "[7/" not in printed
+    # each device uses its best backend (the host's Python has onnxruntime-training: ort), recorded everywhere
+    assert all(f"backend of {name}: ort (best available)" in printed for name in ("fast", "mid", "slow"))
+    db = sqlite3.connect(out / "fleetbench.db")
+    assert {b for (b,) in db.execute("SELECT DISTINCT backend FROM cells")} == {"ort"}
+    assert {b for (b,) in db.execute("SELECT DISTINCT backend FROM fl_client_rounds")} == {"ort"}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from devices import emulate
 from devices.fleet import Device, Emulation, Fleet
+from devices.limits import parse_cpu_list
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
@@ -21,6 +23,7 @@ from harness import campaign, contract
 from harness.campaign import CellEvent, plan_cells
 from harness.store import ProfileStore
 from tests.devices.conftest import kill_device
+from tests.harness.test_runner_onnx import plain_python  # noqa: F401, F811 - a fixture, used as an argument
 
 MODEL, WIDTHS, BATCH, STEPS, WARMUP = "fjord-cnn", (0.25, 0.5, 0.75, 1.0), 4, 3, 1
 TIMEOUT = 120.0
@@ -42,12 +45,128 @@ def test_plan_cells_is_device_major_and_uses_device_threads() -> None:
         plan_cells(devices, MODEL, WIDTHS, [4], ["tflite"], 3, 1)
 
 
-def test_only_devices_held_to_a_cpu_share_time_blocks_of_steps() -> None:
-    block = campaign.EMULATED_SAMPLE_S
-    assert campaign.sample_seconds_for(Device("a", "ssh", emulate=Emulation(cpu_share=0.3))) == block
-    assert campaign.sample_seconds_for(Device("b", "ssh", emulate=Emulation(preset="pi3"))) == block
-    assert campaign.sample_seconds_for(Device("c", "ssh", emulate=Emulation(memory_mb=512))) == 0.0
-    assert campaign.sample_seconds_for(Device("d", "local")) == 0.0
+def test_only_devices_a_cpu_quota_throttles_time_blocks_of_steps() -> None:
+    from devices.limits import PERIOD_US
+
+    def block(share: float, threads: int = 1) -> float:  # a throttled gap is at most 4 % of a block
+        return PERIOD_US * 1e-6 * (1 - share / threads) / 0.04
+
+    seconds = campaign.sample_seconds_for
+    assert seconds(Device("a", "ssh", emulate=Emulation(cpu_share=0.3))) == pytest.approx(block(0.3))
+    assert seconds(Device("b", "ssh", emulate=Emulation(preset="pi3"))) == pytest.approx(block(0.14))
+    assert seconds(Device("t", "ssh", threads=2, emulate=Emulation(cpu_share=1.2))) == pytest.approx(block(1.2, 2))
+    # a share of at least the runner's threads never throttles them: single steps
+    assert seconds(Device("p", "adb", emulate=Emulation(preset="phone-midrange"))) == 0.0
+    assert seconds(Device("c", "ssh", emulate=Emulation(memory_mb=512))) == 0.0
+    assert seconds(Device("d", "local")) == 0.0
+
+
+# --------------------------------------------------------------------------- isolation plan
+
+
+def _fleet(text: str, tmp_path: Path) -> Fleet:
+    from devices.fleetfile import parse_fleet
+
+    return parse_fleet(text, tmp_path / "fleet.yaml", cwd=tmp_path)
+
+
+PLANNED = """devices:
+  - {name: fast, kind: ssh, host: 127.0.0.1, port: 2201, emulate: {cpu_share: 0.6, cpus: "0"}}
+  - {name: mid, kind: ssh, host: 127.0.0.1, port: 2202, emulate: {preset: pi4, cpus: "0"}}
+  - {name: slow, kind: ssh, host: 127.0.0.1, port: 2203, emulate: {preset: pi3, cpus: "1"}}
+  - {name: phone, kind: adb, serial: "127.0.0.1:2204", emulate: {preset: phone-midrange, cpus: "0-1"}}
+  - {name: here, kind: local}
+  - {name: pi, kind: ssh, host: pi.lab}
+  - {name: jetson, kind: ssh, host: 10.0.0.7}
+  - {name: loop, kind: ssh, host: localhost}
+"""
+
+
+def test_isolation_plan_from_a_fleet_file(tmp_path: Path) -> None:
+    fleet = _fleet(PLANNED, tmp_path)
+    pins = {d.name: parse_cpu_list(d.emulate.cpus) for d in fleet.devices if d.emulate and d.emulate.cpus}
+    plan = campaign.plan_isolation(fleet.devices, pins)
+    after = {p.device: p.after for p in plan.placements}
+    assert after == {
+        "fast": (),
+        "mid": ("fast",),  # both on cpu 0
+        "slow": (),  # cpu 1 alone
+        "phone": ("fast", "mid", "slow"),  # cpus 0-1 overlap all three
+        "here": ("fast", "mid", "slow", "phone"),  # a local device has every cpu of this host
+        "pi": (),  # other hosts run at the same time
+        "jetson": (),
+        "loop": ("fast", "mid", "slow", "phone", "here"),  # a loopback address is this host
+    }
+    assert plan.groups == [["fast", "slow", "pi", "jetson"], ["mid"], ["phone"], ["here"], ["loop"]]
+    assert plan.conflict("fast", "mid") and not plan.conflict("fast", "slow") and not plan.conflict("pi", "here")
+    lines = plan.describe()
+    assert lines[0].startswith("isolation plan") and any("after fast (shares cpus)" in line for line in lines)
+    assert plan.to_dict()["devices"]["phone"] == {"on_host": True, "cpus": "0-1", "after": ["fast", "mid", "slow"],
+                                                   "group": 3}  # fmt: skip
+    # the records a cell gets
+    alone = plan.isolation("mid", [])
+    assert alone == {"alone": True, "concurrent_with": [], "cpus": "cpus 0",
+                     "reason": "measured alone: shares this host's cpus with fast, phone, here, loop"}  # fmt: skip
+    beside = plan.isolation("fast", ["slow", "pi", "fast"])
+    assert not beside["alone"] and beside["concurrent_with"] == ["pi", "slow"]
+    assert beside["reason"] == "concurrent with pi (pi is another host), slow (disjoint cpus 0 | 1)"
+    # without pins every device on this host waits for the one before it
+    unpinned = campaign.plan_isolation(fleet.devices[:4], {})
+    assert [p.group for p in unpinned.placements] == [1, 2, 3, 4]
+
+
+def test_pins_count_only_as_fleet_up_applied_them(tmp_path: Path) -> None:
+    from devices import emulate
+
+    fleet = _fleet(PLANNED, tmp_path)
+    assert set(campaign.pinned_cpus(fleet).values()) == {None}  # nothing is up
+    state = emulate.FleetState(
+        (
+            emulate.DeviceState("fast", "ssh", "127.0.0.1:2201", cpuset="cgroup-v1", cpus="0"),
+            emulate.DeviceState("slow", "ssh", "127.0.0.1:2203", cpuset="affinity", cpus="1"),
+            emulate.DeviceState("mid", "ssh", "127.0.0.1:2202"),  # asked for, not applied
+        )
+    )
+    emulate.save_state(fleet.state_dir, state)
+    pins = campaign.pinned_cpus(fleet)
+    assert (pins["fast"], pins["slow"], pins["mid"], pins["phone"]) == (frozenset({0}), frozenset({1}), None, None)
+
+
+def test_imprecise_cells_say_why_and_stay_ok() -> None:
+    spec = plan_cells([Device("d", "local")], MODEL, [0.5], [BATCH], ["ort"], 6, 20, max_seconds=3.0)[0]
+    doc = {
+        "status": "ok", "step_seconds": [0.01] * 40, "precision_achieved": 0.034, "imprecise": True,
+        "stop_reason": "time cap", "samples": 40, "timed_seconds": 3.02,
+        "loadavg": {"before": [1.0, 1.0, 1.0], "after": [3.9, 2.0, 1.0]}, "cpus_available": 2,
+    }  # fmt: skip
+    m = campaign.measurement_from_doc(
+        spec, "ok", "", doc, facts={}, started_at=0.0, finished_at=1.0, versions={}, git_commit=None,
+        isolation={"alone": True},
+    )  # fmt: skip
+    assert m.ok and m.imprecise and m.stop_reason == "time cap" and m.precision_achieved == 0.034
+    assert m.message == (
+        "imprecise: 95 % interval of the median +-3.4 % after 40 samples in 3.0 s (target +-2 %, time cap); "
+        "device busy: load average 3.9 on 2 cpus"
+    )
+    quiet = {**doc, "loadavg": {"before": [0.5], "after": [1.5]}}
+    assert "busy" not in campaign.imprecision_reason(spec, quiet)
+    precise = campaign.measurement_from_doc(
+        spec, "ok", "", {**doc, "imprecise": False}, facts={}, started_at=0, finished_at=1, versions={},
+        git_commit=None,
+    )  # fmt: skip
+    assert not precise.imprecise and precise.message == ""
+    failed = campaign.measurement_from_doc(
+        spec, "timeout", "took too long", doc, facts={}, started_at=0, finished_at=1, versions={}, git_commit=None
+    )
+    assert not failed.imprecise and failed.message == "took too long" and failed.step_seconds == ()
+
+
+def test_width_requests() -> None:
+    assert campaign.parse_width_request("0.25,0.5") == (0.25, 0.5)
+    assert campaign.parse_width_request("auto:4") == 4
+    for bad in ("auto:0", "auto:x", "auto:99", "0.25,2"):
+        with pytest.raises(InputError):
+            campaign.parse_width_request(bad)
 
 
 # --------------------------------------------------------------------------- emulated fleet
@@ -92,7 +211,7 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     fleet = _load(fleet_file)
     alpha, beta = (d.name for d in fleet.devices[:2])
     n = len(fleet.devices) * len(WIDTHS)
-    specs = plan_cells(fleet, MODEL, WIDTHS, [BATCH], ["ort"], STEPS, WARMUP)
+    specs = plan_cells(fleet, MODEL, WIDTHS, [BATCH], ["ort"], STEPS, WARMUP, precision=0.0)
     store = _store(tmp_path / "fleetbench.db")
 
     def kill_beta_after_first(event: CellEvent) -> None:
@@ -153,7 +272,7 @@ def test_cli_profile_prints_table(
     db = tmp_path / "cli.db"
     argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25,0.5", "--batch", str(BATCH)]
     argv += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--db", str(db), "--artifacts", str(artifacts)]
-    argv += ["--timeout", str(TIMEOUT)]
+    argv += ["--timeout", str(TIMEOUT), "--precision", "0"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     names = {d.name for d in fleet.devices}
@@ -166,6 +285,11 @@ def test_cli_profile_prints_table(
 
     assert main(["profile", "--fleet", str(fleet_file), "--model", "nope", "--db", str(db)]) == 2
     assert main(["profile", "--fleet", str(fleet_file), "--backend", "tflite", "--db", str(db)]) == 2
+    assert main(["profile", "--fleet", str(fleet_file), "--precision", "2", "--db", str(db)]) == 2
+    assert main(["profile", "--fleet", str(fleet_file), "--max-seconds", "60", "--timeout", "30", "--db", str(db)]) == 2
+    assert main(["profile", "--fleet", str(fleet_file), "--widths", "auto:0", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "--precision 2" in err and "must exceed --max-seconds" in err and "auto:N" in err
 
 
 def test_stop_event_keeps_finished_cells_and_resume_completes(
@@ -173,7 +297,7 @@ def test_stop_event_keeps_finished_cells_and_resume_completes(
 ) -> None:
     fleet = _load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
-    specs = plan_cells(fleet, MODEL, WIDTHS, [BATCH], ["ort"], STEPS, WARMUP)
+    specs = plan_cells(fleet, MODEL, WIDTHS, [BATCH], ["ort"], STEPS, WARMUP, precision=0.0)
     store = _store(tmp_path / "fleetbench.db")
     stop = threading.Event()
     result = campaign.run_campaign(
@@ -210,7 +334,7 @@ def test_runner_failures_become_statuses(
     stub = tmp_path / "runner.py"
     stub.write_text(script + "\n")
     monkeypatch.setattr(contract, "RUNNER_PATH", stub)
-    specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort"], STEPS, WARMUP)
+    specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort"], STEPS, WARMUP, precision=0.0)
     store = _store(tmp_path / "fleetbench.db")
     result = campaign.run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=5.0, progress=_Counting())
     assert [m.status for m in result.measurements] == [status]
@@ -221,7 +345,7 @@ def test_runner_failures_become_statuses(
 def test_torch_backend_cell(fleet_file: Path, artifacts: Path, tmp_path: Path) -> None:
     fleet = _load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
-    specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort", "torch"], STEPS, WARMUP)
+    specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort", "torch"], STEPS, WARMUP, precision=0.0)
     store = _store(tmp_path / "fleetbench.db")
     result = campaign.run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting())
     assert [(m.spec.backend, m.status) for m in result.measurements] == [("ort", "ok"), ("torch", "ok")], [
@@ -237,11 +361,14 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     db = tmp_path / "int.db"
     argv = [sys.executable, "-m", "fleetbench", "profile", "--fleet", str(fleet_file), "--model", MODEL]
     argv += ["--widths", "0.25,0.5", "--batch", str(BATCH), "--steps", str(STEPS), "--warmup", str(WARMUP)]
-    argv += ["--db", str(db), "--artifacts", str(artifacts), "--timeout", str(TIMEOUT)]
+    argv += ["--db", str(db), "--artifacts", str(artifacts), "--timeout", str(TIMEOUT), "--precision", "0"]
     env = {**os.environ, "PYTHONPATH": str(Path(campaign.__file__).resolve().parents[1])}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
-    first = proc.stderr.readline()  # the first finished cell
+    first = proc.stderr.readline()
+    while first.startswith(("isolation plan", "  ", "fleetbench: backend of")):  # backends and the plan first
+        first = proc.stderr.readline()
+    # the first finished cell
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert "us/img" in first, first + err
@@ -250,3 +377,118 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     stored = _store(db).measured_keys()
     assert 1 <= len(stored) < 2 * len(fleet.devices)
     assert "not run" in out
+
+
+def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isolation(
+    fleet_file: Path, artifacts: Path, tmp_path: Path
+) -> None:
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    plan = campaign.plan_isolation(fleet.devices, campaign.pinned_cpus(fleet))
+    specs = plan_cells(fleet, MODEL, WIDTHS[:2], [BATCH], ["ort"], 6, 20, precision=0.02, max_seconds=3.0)
+    store = _store(tmp_path / "fleetbench.db")
+    lines: list[str] = []
+    result = campaign.run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), announce=lines.append
+    )
+    assert result.complete and result.plan == plan and lines == plan.describe()
+    windows = {m.spec.device: [] for m in result.measurements}  # type: dict[str, list[tuple[float, float]]]
+    for m in result.measurements:
+        windows[m.spec.device].append((m.started_at, m.finished_at))
+        assert m.stop_reason in ("precision", "time cap")
+        assert m.imprecise == (m.precision_achieved is None or m.precision_achieved > 0.02)
+        assert m.message.startswith("imprecise: ") if m.imprecise else m.message == ""
+        assert set(m.isolation) == {"alone", "concurrent_with", "cpus", "reason"}
+        assert not any(plan.conflict(m.spec.device, other) for other in m.isolation["concurrent_with"]), m.isolation
+    # the schedule itself: devices that share cpus ran one after the other
+    for a in windows:
+        for b in windows:
+            if plan.conflict(a, b):
+                a_end, b_start = max(e for _, e in windows[a]), min(s for s, _ in windows[b])
+                b_end, a_start = max(e for _, e in windows[b]), min(s for s, _ in windows[a])
+                assert a_end <= b_start or b_end <= a_start, (a, b, windows[a], windows[b])
+    cells = store.latest_cells()
+    assert cells["precision"].eq(0.02).all() and cells["max_seconds"].eq(3.0).all()
+    assert cells["precision_achieved"].notna().any() and cells["isolation_reason"].str.len().gt(0).all()
+    stored_plan = store.campaigns()["plan"].iloc[-1]
+    assert json.loads(stored_plan) == plan.to_dict()
+
+
+def test_widths_chosen_by_the_model(fleet_file: Path, artifacts: Path, tmp_path: Path) -> None:
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    one = fleet.devices[:1]
+    store = _store(tmp_path / "fleetbench.db")
+    said: list[str] = []
+    choice = campaign.choose_widths(
+        fleet, store, 3,
+        cells=lambda widths: plan_cells(one, MODEL, widths, [BATCH], ["ort"], 6, 5, precision=0.0),
+        say=said.append, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), announce=lambda line: None,
+    )  # fmt: skip
+    assert choice.complete and len(choice.widths) == 3 and len(choice.results) == 2
+    assert choice.widths[:2] == [1.0, campaign.AUTO_CANDIDATES[0]]
+    # the third is the candidate the fit on the first two was least sure of
+    from harness.latency import choose_next_width, fit_device
+
+    first_two = store.latest_cells()
+    first_two = first_two[first_two["width"].isin(choice.widths[:2])]
+    lat = fit_device(first_two).latency_model(MODEL)
+    assert choice.widths[2] == choose_next_width([lat], campaign.AUTO_CANDIDATES, choice.widths[:2])[0]  # type: ignore[index]
+    assert sorted(store.latest_cells()["width"]) == sorted(choice.widths)
+    assert {r.campaign_id for r in choice.results} == {choice.results[0].campaign_id}  # one stored campaign
+    assert any("most uncertain" in line for line in said)
+
+
+def test_cli_profile_auto_widths_on_a_local_device(
+    artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetbench.cli import main
+
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(f"devices:\n  - name: here\n    kind: local\n    workdir: {tmp_path / 'work'}\n")
+    db = tmp_path / "auto.db"
+    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "auto:3", "--batch", str(BATCH)]
+    argv += ["--steps", "3", "--warmup", "1", "--precision", "0", "--db", str(db), "--artifacts", str(artifacts)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    with ProfileStore(db) as store:
+        widths = sorted(store.latest_cells()["width"])
+    assert len(widths) == 3 and widths[0] == campaign.AUTO_CANDIDATES[0] and widths[-1] == 1.0
+    assert f"widths chosen: {', '.join(f'{w:g}' for w in widths)}" in captured.err
+    assert "most uncertain" in captured.err and "isolation plan" in captured.err
+    assert len([line for line in captured.out.splitlines() if line.startswith("here")]) == 3
+
+
+def test_profile_measures_each_device_with_its_best_backend_and_skips_one_without(
+    plain_python: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811 - the imported fixture
+) -> None:
+    from fleetbench.cli import main
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "devices:\n"
+        f"  - {{name: full, kind: local, python: {sys.executable}, workdir: {tmp_path / 'full'}}}\n"
+        f"  - {{name: plain, kind: local, python: {plain_python}, workdir: {tmp_path / 'plain'}}}\n"
+        f"  - {{name: nopy, kind: local, python: /nonexistent/python3, workdir: {tmp_path / 'nopy'}}}\n"
+    )
+    db = tmp_path / "p.db"
+    argv = ["profile", "--fleet", str(fleet), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
+    argv += ["--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "backend of full: ort (best available)" in captured.err
+    assert "backend of plain: onnx (best available (ort: onnxruntime-training is not installed" in captured.err
+    assert "backend of nopy: skipped: no usable backend" in captured.err
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+    assert sorted(zip(cells.device, cells.backend, cells.status, strict=True)) == [
+        ("full", "ort", "ok"),
+        ("plain", "onnx", "ok"),
+    ]
+    # an explicit backend is measured on every device, unasked
+    assert main([*argv, "--backend", "onnx"]) == 1  # nopy cannot run it: recorded as failed
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+    onnx = cells[cells.backend == "onnx"].set_index("device").status.to_dict()
+    assert onnx["full"] == "ok" and onnx["plain"] == "ok" and onnx["nopy"] != "ok"
+    assert main([*argv, "--backend", "auto,ort"]) == 2

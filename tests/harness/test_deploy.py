@@ -23,7 +23,14 @@ from devices.fleet import Device
 from devices.local import LocalTransport
 from devices.transport import RunResult, Transport
 from exporters.manifest import ARTIFACT_FILES
-from harness.deploy import DeployError, deploy_artifact_set, deploy_files, deploy_runner, sha256_file
+from harness.deploy import (
+    DeployError,
+    deploy_artifact_set,
+    deploy_artifact_sets,
+    deploy_files,
+    deploy_runner,
+    sha256_file,
+)
 from tests.devices.sshd_server import Server
 
 PY = sys.executable
@@ -203,6 +210,55 @@ def test_deployed_set_loads_in_onnxruntime_on_the_device(
     )
     result = target.transport.run([PY, "-c", script, remote], timeout=60)
     assert (result.rc, result.stdout.strip()) == (0, "loaded"), result.stderr
+
+
+class CountingTransport:
+    """A real transport that counts the remote commands it runs."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner, self.commands = inner, 0
+
+    def run(self, argv: Sequence[str], timeout: float) -> RunResult:
+        self.commands += 1
+        return self.inner.run(argv, timeout)
+
+    def put(self, local: Path, remote: str) -> None:
+        self.inner.put(local, remote)
+
+    def get(self, remote: str, local: Path) -> None:
+        self.inner.get(remote, local)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_several_sets_deploy_in_three_commands(target: Target, artifact_set: Path, tmp_path: Path) -> None:
+    from exporters.artifacts import export_artifacts
+    from exporters.zoo import get_model
+
+    model = get_model("cfd-cnn")
+    other = export_artifacts(model, model.arch(0.5), batch=4, optimizer="adamw", out_dir=tmp_path).directory
+    counting = CountingTransport(target.transport)
+    first = deploy_artifact_sets(counting, target.device, [artifact_set, other])
+    assert counting.commands == 3  # check, commit, materialise: for both sets together
+    assert [r.remote_dir for r in first] == [f"{target.device.workdir}/sets/{d.name}" for d in (artifact_set, other)]
+    for result, set_dir in zip(first, (artifact_set, other), strict=True):
+        assert hashes_on_device(target, result.remote_dir) == manifest_hashes(set_dir)
+    # a content both sets hold is pushed (and counted) once
+    shared = set(manifest_hashes(artifact_set).values()) & set(manifest_hashes(other).values())
+    total = sum(sources.stat().st_size for sources in {
+        sha: d / name for d in (artifact_set, other) for name, sha in manifest_hashes(d).items()
+    }.values())  # fmt: skip
+    assert sum(r.pushed_bytes for r in first) == total
+    assert not shared or not set(first[1].pushed_files) & {
+        n for n, sha in manifest_hashes(other).items() if sha in shared
+    }
+    counting.commands = 0
+    again = deploy_artifact_sets(counting, target.device, [artifact_set, other])
+    assert counting.commands == 2 and all(r.pushed_bytes == 0 for r in again)  # nothing to commit
+    assert_cas_clean(target.host_dir)
+    with pytest.raises(ValueError, match="same name"):
+        deploy_artifact_sets(counting, target.device, [artifact_set, artifact_set])
 
 
 def test_device_without_python_falls_back_to_sha256sum(tmp_path: Path, artifact_set: Path) -> None:

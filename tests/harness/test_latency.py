@@ -1,4 +1,4 @@
-"""Latency and memory models: exact recovery, constrained intercept, fallback, leave-one-out."""
+"""Latency and memory models: fits on synthetic timings from known coefficients, bounds, uncertainty, leave-one-out."""
 
 from __future__ import annotations
 
@@ -7,154 +7,236 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.optimize import nnls
 
+from exporters.arch import Arch
+from exporters.zoo import get_model
 from harness import latency
 from harness.latency import (
-    BYTES_PER_PARAM,
+    FEATURES,
     LatencyModel,
     MemoryModel,
+    arch_counts,
+    choose_next_width,
     fit,
     fit_device,
-    fit_line,
-    footprint_bytes,
+    fit_linear,
+    latency_features,
     leave_one_out_error,
+    nonnegative_lstsq,
     predict,
+    predict_memory,
     train_flops_per_example,
 )
 
-WIDTHS = (0.25, 0.5, 0.75, 1.0)
-FLOPS = {0.25: 3.1e5, 0.5: 8.8e5, 0.75: 1.6e6, 1.0: 2.67e6}
+MODEL = "fjord-cnn"
+WIDTHS = (0.25, 0.375, 0.5, 0.75, 1.0)
+#: Seconds per image per unit of each feature (fixed, conv FLOP, linear FLOP, LSTM FLOP, byte moved).
+TRUE = np.array([20e-6, 5e-11, 9e-11, 0.0, 4e-11])
 
 
-def _rows(a: float, b: float, device: str = "pi", noise: float = 0.0, seed: int = 0) -> list[dict[str, object]]:
+def _truth(arch: Arch | float, batch: int = 20) -> float:
+    zoo = get_model(MODEL)
+    counts = arch_counts(zoo.arch(arch) if isinstance(arch, float) else arch)
+    return float(TRUE @ latency_features(counts, batch))
+
+
+def _row(width: float, seconds: float, *, device: str = "pi", arch: Arch | None = None, **extra: object) -> dict:
+    row: dict[str, object] = {
+        "device": device, "model": MODEL, "width": width, "batch": 20, "backend": "ort", "status": "ok",
+        "median_us": seconds * 1e6,
+    }  # fmt: skip
+    if arch is not None:
+        row["arch_widths"] = ",".join(str(w) for w in arch.widths)
+    row.update(extra)
+    return row
+
+
+def _rows(widths: tuple[float, ...] = WIDTHS, noise: float = 0.0, seed: int = 0, device: str = "pi") -> list[dict]:
     rng = np.random.default_rng(seed)
-    out = []
-    for w in WIDTHS:
-        lat = (a + b * FLOPS[w]) * (1 + noise * rng.standard_normal())
-        out.append(
-            {
-                "device": device,
-                "model": "m",
-                "width": w,
-                "batch": 20,
-                "backend": "ort",
-                "status": "ok",
-                "median_us": lat,
-                "p95_us": lat * 1.1,
-                "train_flops": FLOPS[w],
-            }
-        )
-    return out
+    return [_row(w, _truth(w) * (1 + noise * rng.standard_normal()), device=device) for w in widths]
 
 
-def test_fit_recovers_known_intercept_and_slope() -> None:
-    a, b = 42.0, 7.5e-4
-    models = fit(_rows(a, b))
-    lat = models["pi"].latency[("m", 20, "ort")]
-    assert lat.kind == "affine" and lat.n_points == 4 and lat.widths == WIDTHS
-    assert lat.intercept_us == pytest.approx(a, abs=1e-6)
-    assert lat.slope_us_per_flop == pytest.approx(b, abs=1e-6)
-    assert lat.predict(1.2e6) == pytest.approx(a + b * 1.2e6, rel=1e-9)
+# --------------------------------------------------------------------------- the solver
 
 
-def test_dataframe_rows_and_failed_cells_ignored() -> None:
-    rows = _rows(10.0, 1e-3)
-    rows.append({**rows[0], "status": "failed", "median_us": 1e9})
+def test_nonnegative_lstsq_agrees_with_scipy_nnls() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = rng.standard_normal((8, 4))
+        b = rng.standard_normal(8)
+        mine = nonnegative_lstsq(a, b)
+        theirs, _ = nnls(a, b)
+        assert np.all(mine >= 0)
+        assert np.linalg.norm(a @ mine - b) == pytest.approx(np.linalg.norm(a @ theirs - b), rel=1e-7, abs=1e-12)
+
+
+def test_fit_linear_never_gives_a_negative_coefficient() -> None:
+    # y falls with the second feature: least squares would give it a negative weight
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])
+    result = fit_linear(("fixed", "f"), x, y, prior_sd=1e6)
+    # residuals are relative: the best constant minimises sum(((c - y) / y) ** 2)
+    assert result.coef[1] == 0.0 and result.coef[0] == pytest.approx(np.sum(1 / y) / np.sum(1 / y**2), rel=1e-6)
+
+
+def test_fit_linear_refuses_bad_input() -> None:
+    with pytest.raises(ValueError):
+        fit_linear(("a",), np.zeros((0, 1)), np.zeros(0))
+    with pytest.raises(ValueError):
+        fit_linear(("a",), np.ones((2, 1)), np.array([1.0, -1.0]))
+
+
+# --------------------------------------------------------------------------- the latency model
+
+
+def test_fit_on_synthetic_timings_predicts_unmeasured_and_mixed_architectures() -> None:
+    zoo = get_model(MODEL)
+    mixed = [Arch(MODEL, (20, 4)), Arch(MODEL, (5, 15)), Arch(MODEL, (10, 12))]
+    rows = _rows() + [_row(0.5, _truth(a), arch=a) for a in mixed]
+    lat = fit_device(rows).latency_model(MODEL)
+    assert lat.zoo and lat.fit.features == FEATURES and lat.n_points == len(rows)
+    assert all(c >= 0 for c in lat.fit.coef)
+    # a width never measured, and layer widths mixed in proportions never measured
+    for arch in (0.625, 0.875, Arch(MODEL, (15, 6)), Arch(MODEL, (8, 15))):
+        estimate = lat.predict(arch)
+        assert estimate.value == pytest.approx(_truth(arch), rel=0.02), arch
+        assert not estimate.extrapolated and estimate.std > 0
+    assert predict({"pi": fit_device(rows)}, "pi", zoo.arch(0.6)).value == pytest.approx(_truth(0.6), rel=0.02)
+
+
+def test_uniform_widths_alone_predict_mixed_widths_within_their_uncertainty() -> None:
+    lat = fit_device(_rows()).latency_model(MODEL)
+    for arch in (Arch(MODEL, (20, 4)), Arch(MODEL, (5, 15))):
+        estimate = lat.predict(arch)
+        assert abs(estimate.value - _truth(arch)) <= 3 * estimate.std, (arch, estimate)
+
+
+def test_extrapolation_far_below_the_measured_widths_says_so_with_a_larger_uncertainty() -> None:
+    lat = fit_device(_rows((0.5, 0.75, 1.0))).latency_model(MODEL)
+    inside = lat.predict(0.625)
+    far = lat.predict(0.0625)
+    assert not inside.extrapolated and inside.note == ""
+    assert far.extrapolated and "far outside the measured range" in far.note and "%" in far.note
+    assert far.relative > 2 * inside.relative
+
+
+def test_uncertainty_shrinks_where_widths_are_measured() -> None:
+    two = fit_device(_rows((0.25, 1.0))).latency_model(MODEL)
+    five = fit_device(_rows()).latency_model(MODEL)
+    assert five.predict(0.5).relative < two.predict(0.5).relative
+
+
+def test_noisy_widths_still_predict_within_ten_percent() -> None:
+    rows = _rows(noise=0.02, seed=3)
+    lat = fit_device(rows).latency_model(MODEL)
+    for w in (0.3, 0.625, 0.875):
+        assert lat.predict(w).value == pytest.approx(_truth(w), rel=0.10)
+
+
+def test_a_precise_row_weighs_more_than_an_imprecise_one() -> None:
+    rows = _rows()
+    wrong = {**rows[2], "median_us": rows[2]["median_us"] * 1.3}
+    sloppy = fit_device([*rows[:2], {**wrong, "precision_achieved": 0.5}, *rows[3:]]).latency_model(MODEL)
+    sharp = fit_device([*rows[:2], {**wrong, "precision_achieved": 0.001}, *rows[3:]]).latency_model(MODEL)
+    truth = _truth(0.5)
+    assert abs(sloppy.predict(0.5).value - truth) < abs(sharp.predict(0.5).value - truth)
+
+
+def test_failed_and_unusable_rows_are_ignored_and_dataframes_accepted() -> None:
+    rows = _rows()
+    rows.append({**rows[0], "status": "timeout", "median_us": 1e9})
     rows.append({**rows[1], "median_us": float("nan")})
-    dm = fit_device(pd.DataFrame(rows))
-    lat = dm.latency[dm.key("m")]
-    assert lat.intercept_us == pytest.approx(10.0, abs=1e-6)
-    assert lat.slope_us_per_flop == pytest.approx(1e-3, abs=1e-9)
+    frame = pd.DataFrame(rows)
+    assert fit_device(frame).latency_model(MODEL).n_points == len(WIDTHS)
+    with pytest.raises(ValueError, match="2 devices"):
+        fit_device(rows + _rows(device="phone"))
+    with pytest.raises(KeyError):
+        predict(fit(rows), "pi", get_model(MODEL).arch(0.5), batch=32)
 
 
-def test_negative_intercept_is_constrained_to_zero() -> None:
-    a, b, kind = fit_line([1.0, 2.0, 3.0], [0.5, 2.0, 3.5])  # OLS: -1 + 1.5 x
-    assert (a, kind) == (0.0, "affine")
-    assert b == pytest.approx((0.5 + 4.0 + 10.5) / 14.0)
+def test_a_model_outside_the_zoo_is_a_line_in_training_flops() -> None:
+    flops = {0.25: 1e6, 0.5: 2e6, 0.75: 3e6, 1.0: 4e6}
+    rows = [
+        {"device": "d", "model": "m", "width": w, "batch": 20, "backend": "ort", "median_us": 100 + 1e-4 * f,
+         "train_flops": f}
+        for w, f in flops.items()
+    ]  # fmt: skip
+    lat = fit_device(rows).latency_model("m")
+    assert not lat.zoo
+    # the weak prior pulls exact data by well under 1 %
+    assert lat.fixed_us == pytest.approx(100.0, rel=1e-2)
+    assert lat.predict_flops(2.5e6).value * 1e6 == pytest.approx(350.0, rel=1e-2)
+    with pytest.raises(ValueError, match="not a zoo model"):
+        lat.predict(0.5)
+    with pytest.raises(ValueError, match="train_flops"):
+        fit_device([{k: v for k, v in r.items() if k != "train_flops"} for r in rows])
 
 
-def test_proportional_fallback_with_one_width() -> None:
-    rows = [r for r in _rows(0.0, 2e-3) if r["width"] == 0.5]
-    lat = fit_device(rows).latency[("m", 20, "ort")]
-    assert lat.kind == "proportional" and lat.intercept_us == 0.0
-    assert lat.slope_us_per_flop == pytest.approx(2e-3)
-    assert lat.predict(1e6) == pytest.approx(2000.0)
+# --------------------------------------------------------------------------- memory
 
 
-def test_fit_line_rejects_empty_and_zero_input() -> None:
-    with pytest.raises(ValueError):
-        fit_line([], [])
-    with pytest.raises(ValueError):
-        fit_line([0.0, 0.0], [1.0, 2.0])
+def test_memory_model_recovers_base_and_scales() -> None:
+    base, per_param_byte, per_act_byte = 80e6, 1.5, 1.2
+    rows = []
+    for w in WIDTHS:
+        counts = arch_counts(get_model(MODEL).arch(w))
+        peak = base + per_param_byte * 16 * counts.params + per_act_byte * 4 * counts.activations * 20
+        rows.append(_row(w, _truth(w), peak_memory_bytes=peak))
+    mem = fit_device(rows).memory_model(MODEL)
+    assert isinstance(mem, MemoryModel)
+    assert mem.base_bytes == pytest.approx(base, rel=0.01)
+    arch = Arch(MODEL, (12, 9))
+    counts = arch_counts(arch)
+    want = base + per_param_byte * 16 * counts.params + per_act_byte * 4 * counts.activations * 20
+    assert predict_memory(fit(rows), "pi", arch).value == pytest.approx(want, rel=0.01)
+    assert fit_device(_rows()).memory_model(MODEL) is None  # no peak memory measured
 
 
-def test_memory_model_recovers_base_and_scale() -> None:
-    c, d = 80e6, 1.3
-    params = {0.25: 6496, 0.5: 13290, 0.75: 20000, 1.0: 26227}
-    acts = {0.25: 8735, 0.5: 17408, 0.75: 26000, 1.0: 34487}
-    rows = _rows(1.0, 1e-3)
-    for r in rows:
-        w = float(r["width"])  # type: ignore[arg-type]
-        r["params"], r["activation_elements"] = params[w], acts[w]
-        r["peak_memory_bytes"] = c + d * (params[w] * BYTES_PER_PARAM + acts[w] * 20 * 4)
-    mem = fit(rows)["pi"].memory[("m", 20, "ort")]
-    assert isinstance(mem, MemoryModel) and mem.batch == 20
-    assert mem.base_bytes == pytest.approx(c, rel=1e-9)
-    assert mem.scale == pytest.approx(d, rel=1e-9)
-    fp = footprint_bytes(15000, 20000, 20)
-    assert fp == 15000 * 16 + 20000 * 20 * 4
-    assert mem.predict(fp) == pytest.approx(c + d * fp, rel=1e-9)
+# --------------------------------------------------------------------------- choosing widths
+
+
+def test_choose_next_width_picks_the_most_uncertain_unmeasured_candidate() -> None:
+    measured = (0.125, 1.0)
+    lat = fit_device(_rows(measured)).latency_model(MODEL)
+    candidates = tuple(k / 16 for k in range(2, 17))
+    width, score = choose_next_width([lat], candidates, measured)  # type: ignore[misc]
+    assert width not in measured
+    scores = {w: lat.predict(w).relative for w in candidates if w not in measured}
+    assert score == pytest.approx(max(scores.values())) and scores[width] == pytest.approx(score)
+    assert choose_next_width([lat], measured, measured) is None
+
+
+# --------------------------------------------------------------------------- validation
 
 
 def test_leave_one_out_matches_an_independent_refit() -> None:
-    rows = _rows(30.0, 8e-4, noise=0.05, seed=3)
-    rows += _rows(5.0, 2e-3, device="phone", noise=0.02, seed=4)
+    rows = _rows(noise=0.03, seed=5) + _rows(noise=0.03, seed=6, device="phone")
     reports = leave_one_out_error(rows)
     assert set(reports) == {"pi", "phone"}
     rep = reports["pi"]
     assert [p.width for p in rep.points] == list(WIDTHS)
-    # independent check for width 0.5: plain least squares on the other three widths
-    others = [r for r in rows if r["device"] == "pi" and r["width"] != 0.5]
-    b, a = np.polyfit([FLOPS[float(r["width"])] for r in others], [float(r["median_us"]) for r in others], 1)  # type: ignore[arg-type]
-    assert a >= 0  # the constraint is not active here, so polyfit is the same estimator
-    measured = next(float(r["median_us"]) for r in rows if r["device"] == "pi" and r["width"] == 0.5)  # type: ignore[arg-type]
-    expected = (a + b * FLOPS[0.5] - measured) / measured
+    held = next(r for r in rows if r["device"] == "pi" and r["width"] == 0.5)
+    refit = fit_device([r for r in rows if r["device"] == "pi" and r["width"] != 0.5]).latency_model(MODEL)
     point = next(p for p in rep.points if p.width == 0.5)
-    assert point.measured_us == pytest.approx(measured)
-    assert point.relative_error == pytest.approx(expected, rel=1e-9)
-    assert rep.median_abs_error == pytest.approx(float(np.median([abs(p.relative_error) for p in rep.points])))
-    assert 0 < rep.median_abs_error < 0.3
+    assert point.measured_us == pytest.approx(held["median_us"])
+    assert point.predicted_us == pytest.approx(refit.predict(0.5).value * 1e6)
+    assert point.predicted_std_us == pytest.approx(refit.predict(0.5).std * 1e6)
+    assert [p.extrapolated for p in rep.points] == [True, False, False, False, True]  # the ends lie outside
+    errors = [abs(p.relative_error) for p in rep.points]
+    assert rep.median_abs_error == pytest.approx(float(np.median(errors)))
+    assert rep.max_abs_error == pytest.approx(max(errors)) and rep.max_abs_error < 0.15
     assert "median |error|" in latency.format_loo(reports)
 
 
 def test_leave_one_out_needs_two_widths() -> None:
-    rows = [r for r in _rows(1.0, 1e-3) if r["width"] == 1.0]
-    rep = leave_one_out_error(rows)["pi"]
+    rep = leave_one_out_error(_rows((1.0,)))["pi"]
     assert rep.points == () and math.isnan(rep.median_abs_error)
 
 
-def test_predict_unmeasured_width_from_zoo_counts() -> None:
-    from exporters.arch import DEFAULT_MODEL
-    from exporters.zoo import get_model
+def test_training_flops_of_the_zoo() -> None:
+    from exporters.flops import count
 
-    model = get_model(DEFAULT_MODEL)
-    a, b = 50.0, 6e-4
-    rows = [
-        {
-            "device": "pi",
-            "model": DEFAULT_MODEL,
-            "width": w,
-            "batch": 20,
-            "backend": "ort",
-            "status": "ok",
-            "median_us": a + b * train_flops_per_example(DEFAULT_MODEL, w),
-        }
-        for w in (0.25, 0.5, 1.0)
-    ]
-    models = fit(rows)
-    arch = model.arch(0.75)
-    flops = train_flops_per_example(DEFAULT_MODEL, 0.75)
-    assert predict(models, "pi", arch) == pytest.approx(a + b * flops, rel=1e-9)
-    assert isinstance(models["pi"].latency[(DEFAULT_MODEL, 20, "ort")], LatencyModel)
-    with pytest.raises(KeyError):
-        predict(models, "pi", arch, batch=32)
+    zoo = get_model(MODEL)
+    assert train_flops_per_example(MODEL, 0.5) == count(zoo, zoo.arch(0.5)).train_flops
+    assert isinstance(fit_device(_rows()).latency[(MODEL, 20, "ort")], LatencyModel)

@@ -1,10 +1,11 @@
-"""Provisioning on real transports: reporting backends, installing only from given wheels."""
+"""Provisioning on real transports: reporting backends and why not, installing from given wheels or an index."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import importlib.util
+import platform
 import sys
 import zipfile
 from pathlib import Path
@@ -17,10 +18,12 @@ import torch
 from devices.fleet import Device
 from devices.local import LocalTransport
 from fleetbench.cli import main
+from harness.backends import BackendChoice, why_not
 from harness.provision import (
     DEFAULT_PACKAGES,
     Package,
     check_device,
+    fleet_backends,
     format_table,
     match_wheels,
     provision,
@@ -70,9 +73,11 @@ def test_local_device_reports_backends_with_versions(tmp_path: Path) -> None:
     assert report.python == ".".join(map(str, sys.version_info[:3]))
     assert report.packages["numpy"].version == numpy.__version__
     assert report.packages["onnxruntime"].version == onnxruntime.__version__
+    assert report.packages["onnxruntime-training"].version == onnxruntime.__version__
     assert report.packages["torch"].version == torch.__version__
     assert all(s.present and s.importable for s in report.packages.values())
-    assert report.can_run("ort") and report.can_run("torch")
+    assert report.can_run("ort") and report.can_run("onnx") and report.can_run("torch")
+    assert report.machine == platform.machine()
     assert report.site == f"{tmp_path}/device/site"
 
 
@@ -112,7 +117,8 @@ def test_a_dead_device_fails_while_the_others_answer(tmp_path: Path) -> None:
     assert result.successes["alive"].packages["numpy"].importable
     assert result.successes["nopython"].python is None and not result.successes["nopython"].can_run("ort")
     table = format_table(result, devices, (NUMPY,))
-    assert "FAILED: unreachable" in table and "nopython | missing" in table
+    assert "FAILED: unreachable" in table and "nopython | -       | missing" in table
+    assert "nopython: no Python on the device (the device's python cannot run): no backend can run" in table
 
 
 def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
@@ -127,15 +133,19 @@ def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
     assert main(["fleet", "provision", str(fleet)]) == 1
     out = capsys.readouterr().out
     header = [cell.strip() for cell in out.splitlines()[0].split(" | ")]
-    assert header == ["device", "python", "numpy", "onnxruntime", "torch", "can run"]
-    assert "ort/torch" in out and "FAILED: unreachable" in out
+    assert header == [
+        "device", "machine", "python", "numpy", "onnxruntime", "onnxruntime-training", "torch", "can run", "uses"
+    ]
+    here = next(line for line in out.splitlines() if line.startswith("here "))
+    assert [cell.strip() for cell in here.split(" | ")][-2:] == ["ort, onnx, torch", "ort"]
+    assert "FAILED: unreachable" in out
 
 
 def test_wheel_names_are_matched_by_distribution(tmp_path: Path) -> None:
     ort = tmp_path / "onnxruntime_training-1.19.2-cp311-cp311-manylinux_2_17_x86_64.whl"
     assert wheel_distribution(ort) == "onnxruntime-training"
     assert wheel_distribution(Path("torch-2.5.1+cpu-1-cp311-cp311-linux_x86_64.whl")) == "torch"
-    assert match_wheels(DEFAULT_PACKAGES, [ort]) == {"onnxruntime": [ort]}
+    assert match_wheels(DEFAULT_PACKAGES, [ort]) == {"onnxruntime-training": [ort]}
     with pytest.raises(ValueError):
         wheel_distribution(Path("numpy.tar.gz"))
     assert main(["fleet", "provision", str(tmp_path / "fleet.yaml"), "--wheel", str(tmp_path / "nope.whl")]) == 2
@@ -152,5 +162,100 @@ def test_onnxruntime_counts_as_importable_on_a_device_without_torch(tmp_path: Pa
     device = Device("notorch", "local", workdir=str(tmp_path / "device"), python=str(wrapper))
     report = check_device(LocalTransport(), device)
     assert not report.packages["torch"].importable
+    assert report.packages["onnxruntime-training"].importable, report.packages["onnxruntime-training"].error
     assert report.packages["onnxruntime"].importable, report.packages["onnxruntime"].error
-    assert report.can_run("ort") and not report.can_run("torch")
+    assert report.can_run("ort") and report.can_run("onnx") and not report.can_run("torch")
+
+
+def python_without(tmp_path: Path, *modules: str) -> str:
+    """A wrapper of this Python on which ``modules`` fail to import as missing ones do; pip sees no config."""
+    shadow = tmp_path / "shadow"
+    for module in modules:
+        (shadow / module).mkdir(parents=True)
+        (shadow / module / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{module}'\")\n")
+    wrapper = tmp_path / "python-without"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={shadow} PIP_CONFIG_FILE=/dev/null exec env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL {PY} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def simple_index(directory: Path, *wheels: Path) -> str:
+    """A PEP 503 index on disk serving ``wheels``; return its ``file://`` URL."""
+    for wheel in wheels:
+        project = directory / wheel_distribution(wheel)
+        project.mkdir(parents=True, exist_ok=True)
+        (project / wheel.name).write_bytes(wheel.read_bytes())
+        (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body></html>\n')
+    return directory.as_uri() + "/"
+
+
+def test_install_takes_onnxruntime_from_the_index_and_the_device_can_then_run_onnx(tmp_path: Path) -> None:
+    # A stand-in onnxruntime wheel (pure Python) on a local index: the route is the same as from PyPI.
+    wheel = make_wheel(tmp_path, dist="onnxruntime", module="onnxruntime", version="1.19.2")
+    index = simple_index(tmp_path / "index", wheel)
+    device = Device("bare", "local", workdir=str(tmp_path / "device"), python=python_without(tmp_path, "onnxruntime"))
+    packages = DEFAULT_PACKAGES[:3]
+    before = provision_device(LocalTransport(), device, (), packages)
+    assert not before.can_run("onnx") and before.installed == ()
+    assert "onnxruntime is not installed" in (why_not(before, "onnx") or "") or before.packages["onnxruntime"].present
+
+    after = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index)
+    assert (after.installed, after.install_error) == (("onnxruntime",), None)
+    assert after.packages["onnxruntime"].version == "1.19.2" and after.can_run("onnx")
+    assert not after.can_run("ort")  # a plain build has no training API
+    site = tmp_path / "device" / "site"
+    assert (site / "onnxruntime" / "__init__.py").is_file() and not (site / "numpy").exists()  # numpy was there
+
+    again = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index)
+    assert again.installed == () and again.can_run("onnx")  # nothing left to install
+
+
+def test_install_reports_pips_last_line_when_the_index_has_nothing(tmp_path: Path) -> None:
+    device = Device("bare", "local", workdir=str(tmp_path / "device"), python=python_without(tmp_path, "onnxruntime"))
+    empty = (tmp_path / "empty").as_uri() + "/"
+    (tmp_path / "empty").mkdir()
+    report = provision_device(LocalTransport(), device, (), DEFAULT_PACKAGES[:3], install=True, index_url=empty)
+    assert report.installed == () and not report.can_run("onnx")
+    assert report.install_error is not None and "onnxruntime" in report.install_error
+
+
+def test_a_device_without_onnxruntime_falls_back_to_torch_and_one_without_python_is_skipped(tmp_path: Path) -> None:
+    devices = [
+        Device("full", "local", workdir=str(tmp_path / "full"), python=PY),
+        Device("torchonly", "local", workdir=str(tmp_path / "t"), python=python_without(tmp_path, "onnxruntime")),
+        Device("nopython", "local", workdir=str(tmp_path / "n"), python="/nonexistent/python3"),
+    ]
+    choices = {c.device: c for c in fleet_backends(devices)}
+    assert choices["full"] == BackendChoice("full", "ort", "best available")
+    assert choices["torchonly"].backend == "torch"
+    assert choices["torchonly"].reason == (
+        "best available (ort: onnxruntime-training is installed but does not import: ModuleNotFoundError: "
+        "No module named 'onnxruntime'; onnx: onnxruntime is installed but does not import: "
+        "ModuleNotFoundError: No module named 'onnxruntime')"
+    )
+    assert choices["nopython"].backend is None and "no Python on the device" in choices["nopython"].reason
+    assert [c.backend for c in fleet_backends(devices, "onnx")] == ["onnx"] * 3  # an override asks nothing
+
+
+def test_the_aarch64_device_runs_onnx_only_and_says_why_not_ort(
+    arm64_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devices import emulate
+    from devices.fleetfile import load_fleet
+    from tests.devices.test_qemu import fleet_file
+
+    path = fleet_file(tmp_path)
+    fleet = load_fleet(path)
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        assert main(["fleet", "provision", str(path)]) == 0
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+    out = capsys.readouterr().out
+    row = [cell.strip() for cell in next(line for line in out.splitlines() if line.startswith("pi ")).split(" | ")]
+    assert row[1] == "aarch64" and row[-2:] == ["onnx", "onnx"]
+    assert row[4] != "missing" and row[5] == "missing"  # onnxruntime, onnxruntime-training
+    assert "pi: no ort: onnxruntime-training 1.19.2 has no wheel for aarch64" in out

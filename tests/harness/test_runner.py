@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import glob
 import json
+import math
 import os
 import resource
 import shutil
@@ -55,6 +56,8 @@ KEYS = {
     "versions",
 }
 TRAIN_KEYS = {"epochs", "lr", "examples", "num_parameters", "out"}
+#: Keys only bench adds (`harness.runner.new_bench_keys`).
+BENCH_KEYS = set(runner_module.new_bench_keys())
 
 
 def run_runner(
@@ -134,7 +137,10 @@ def train_args(
     ]
 
 
-def bench_args(artifacts: Path, backend: str = "ort", warmup: int = 2, steps: int = 5) -> list[str]:
+def bench_args(
+    artifacts: Path, backend: str = "ort", warmup: int = 2, steps: int = 5, precision: float = 0.0
+) -> list[str]:
+    """A bench command line; precision 0 (the default here) takes exactly ``steps`` samples."""
     return [
         "bench",
         "--artifacts",
@@ -147,6 +153,8 @@ def bench_args(artifacts: Path, backend: str = "ort", warmup: int = 2, steps: in
         str(steps),
         "--threads",
         "1",
+        "--precision",
+        str(precision),
     ]
 
 
@@ -158,9 +166,13 @@ def test_bench_reports_timed_steps_memory_probe_and_versions(sets: dict[str, Pat
     rc, doc, err = run_runner(*bench_args(sets[key], backend, warmup=3, steps=4))
     assert rc == 0, (doc, err[-2000:])
     assert doc["mode"] == "bench" and doc["status"] == "ok" and doc["error"] is None
+    assert BENCH_KEYS <= set(doc)
     assert doc["backend"] == backend and doc["batch"] == 4 and doc["threads"] == 1
     assert doc["warmup"] == 3 and doc["steps"] == 4
     assert len(doc["step_seconds"]) == 4 and all(s > 0 for s in doc["step_seconds"])  # warm-up excluded
+    assert 1 <= doc["warmup_steps"] == len(doc["warmup_seconds"]) <= 3
+    assert doc["stop_reason"] == "steps" and doc["samples"] == 4 and not doc["imprecise"]
+    assert doc["cpus_available"] >= 1 and len(doc["loadavg"]["before"]) == 3
     assert len(doc["loss"]) == 4 and all(np.isfinite(doc["loss"]))
     assert doc["peak_memory_bytes"] > 10 * 2**20
     assert doc["peak_memory_source"] in ("VmHWM", "ru_maxrss")
@@ -186,11 +198,159 @@ def test_bench_samples_span_at_least_the_requested_seconds(sets: dict[str, Path]
     assert rc == 2 and "--sample-seconds" in doc["error"]
 
 
+def test_bench_samples_until_the_median_is_precise_or_the_cap(sets: dict[str, Path]) -> None:
+    rc, doc, err = run_runner(
+        *bench_args(sets["cnn"], warmup=20, steps=6, precision=0.05), "--max-seconds", "20"
+    )
+    assert rc == 0, (doc, err[-2000:])
+    assert doc["precision"] == 0.05 and doc["max_seconds"] == 20.0
+    half = doc["precision_achieved"]
+    low, high = doc["median_ci_seconds"]
+    ordered = sorted(doc["step_seconds"])
+    median = float(np.median(ordered))
+    assert low <= median <= high and half == pytest.approx(max(median - low, high - median) / median)
+    if doc["stop_reason"] == "precision":
+        assert half <= 0.05 and not doc["imprecise"]
+    else:  # a busy machine: the cap, flagged
+        assert doc["stop_reason"] == "time cap" and doc["imprecise"] and doc["timed_seconds"] >= 20
+    # a cap shorter than six samples leaves no interval: imprecise, stopped by the cap
+    rc, doc, _ = run_runner(
+        *bench_args(sets["cnn"], warmup=1, steps=6, precision=0.01), "--max-seconds", "0.05", "--sample-seconds", "0.02"
+    )
+    assert rc == 0 and doc["stop_reason"] == "time cap" and doc["imprecise"]
+    assert doc["samples"] < 6 and doc["precision_achieved"] is None and doc["median_ci_seconds"] is None
+    for flag, value in (("--precision", "1.5"), ("--max-seconds", "0"), ("--precision", "nan")):
+        rc, doc, _ = run_runner(*bench_args(sets["cnn"]), flag, value)
+        assert rc == 2 and flag in doc["error"], doc
+
+
 def test_bench_losses_agree_between_backends_on_the_same_random_batch(sets: dict[str, Path]) -> None:
     # Same seeded weights (checkpoint vs model.pt) and the same seeded batch: SGD steps agree.
     _, ort, _ = run_runner(*bench_args(sets["cnn"], "ort", warmup=0, steps=3))
     _, torch, _ = run_runner(*bench_args(sets["cnn"], "torch", warmup=0, steps=3))
     np.testing.assert_allclose(ort["loss"], torch["loss"], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- sampling (pure)
+
+
+class FakeClock:
+    """A clock that a fake step advances by the next of the given step times."""
+
+    def __init__(self, times: list[float]) -> None:
+        self.now = 0.0
+        self.times = iter(times)
+        self.steps = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self) -> float:
+        self.steps += 1
+        self.now += next(self.times)
+        return 0.5  # a "loss"
+
+
+def test_median_ci_ranks_are_the_binomial_ones() -> None:
+    from scipy.stats import binom
+
+    assert runner_module.median_ci_ranks(5) is None
+    assert runner_module.median_ci_ranks(6) == (1, 6)
+    assert runner_module.median_ci_ranks(20) == (6, 15)  # the classic table value
+    for n in range(1, 400):
+        ranks = runner_module.median_ci_ranks(n)
+        feasible = [k for k in range(1, (n + 1) // 2 + 1) if 2 * binom.cdf(k - 1, n, 0.5) <= 0.05 + 1e-12]
+        assert ranks == ((max(feasible), n + 1 - max(feasible)) if feasible else None), n
+    assert runner_module.median_ci_ranks(2000, 0.99)[0] < runner_module.median_ci_ranks(2000, 0.95)[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "draw", "median"),
+    [
+        ("exponential", lambda rng, n: rng.exponential(1.0, n), math.log(2.0)),
+        ("lognormal", lambda rng, n: rng.lognormal(0.0, 1.0, n), 1.0),
+        ("uniform", lambda rng, n: rng.uniform(2.0, 3.0, n), 2.5),
+        # a CPU quota's bimodal steps: 60 % fast, 40 % throttled
+        ("bimodal", lambda rng, n: np.where(rng.random(n) < 0.6, 1.0, 3.0) + 0.01 * rng.random(n), None),
+    ],
+)
+def test_median_interval_covers_the_median_of_known_distributions(name: str, draw: Any, median: float | None) -> None:
+    rng = np.random.default_rng(7)
+    if median is None:  # the bimodal median: the 50 % quantile lies in the fast mode, at 1 + 0.01 * 5/6
+        median = 1.0 + 0.01 * (0.5 / 0.6)
+    for n in (6, 11, 25, 60):
+        trials = 3000
+        covered = 0
+        for _ in range(trials):
+            _, low, high, _ = runner_module.median_interval(sorted(draw(rng, n).tolist()))
+            covered += low <= median <= high
+        # at least 95 % by construction (binomial ranks); 3 standard errors of slack for the simulation
+        assert covered / trials >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / trials), (name, n, covered / trials)
+
+
+def test_warm_up_lasts_until_steps_stop_getting_faster() -> None:
+    clock = FakeClock([8.0, 4.5, 4.25, 4.125, 4.0, 4.0])  # sums stay exact in binary
+    times, settled = runner_module.warm_up(clock.step, clock, max_steps=20, max_seconds=100.0)
+    # 4.5 < 0.95 * 8 and 4.25 < 0.95 * 4.5 are still getting faster; 4.125 >= 0.95 * 4.25 has settled
+    assert times == [8.0, 4.5, 4.25, 4.125] and settled
+    clock = FakeClock([1.0, 2.5, 1.0])  # a slower second step (a throttled period) has settled too
+    assert runner_module.warm_up(clock.step, clock, 20, 100.0) == ([1.0, 2.5], True)
+    clock = FakeClock([8.0, 4.0, 2.0, 1.0, 0.5])
+    assert runner_module.warm_up(clock.step, clock, 3, 100.0) == ([8.0, 4.0, 2.0], False)  # step cap
+    clock = FakeClock([8.0, 4.0, 2.0, 1.0, 0.5])
+    assert runner_module.warm_up(clock.step, clock, 20, 11.0) == ([8.0, 4.0], False)  # time cap
+    assert runner_module.warm_up(clock.step, clock, 0, 11.0) == ([], False)
+
+
+def test_sampling_stops_at_the_first_check_that_is_precise() -> None:
+    rng = np.random.default_rng(3)
+    times = (1.0 + 0.03 * rng.standard_normal(10_000)).tolist()
+    clock = FakeClock(times)
+    out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9)
+    n = len(out["seconds"])
+    assert out["stop_reason"] == "precision" and out["half_width"] <= 0.02
+    assert out["seconds"] == pytest.approx(times[:n]) and out["steps_per_sample"] == [1] * n
+    assert out["loss"] == [0.5] * n
+    assert n <= runner_module.CHECK_EVERY_SAMPLE_UP_TO + 1  # precise within the checks after every sample
+    for m in range(runner_module.MIN_SAMPLES, n):  # and no earlier check was
+        half = runner_module.median_interval(sorted(out["seconds"][:m]))[3]
+        assert half is None or half > 0.02, m
+
+
+def test_sampling_hits_the_cap_when_steps_are_too_noisy() -> None:
+    times = [1.0 if i % 2 else 1.5 for i in range(10_000)]  # bimodal: the median never settles to 2 %
+    clock = FakeClock(times)
+    out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=100.0)
+    assert out["stop_reason"] == "time cap" and out["half_width"] > 0.02
+    assert 100.0 <= out["elapsed"] < 101.5 and sum(out["seconds"]) == pytest.approx(out["elapsed"])
+    clock = FakeClock(times)
+    out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9, max_samples=50)
+    assert out["stop_reason"] == "sample cap" and len(out["seconds"]) == 50
+
+
+def test_fixed_count_and_blocks_of_steps() -> None:
+    clock = FakeClock([1.0] * 100)
+    out = runner_module.sample_steps(clock.step, clock, min_samples=4, precision=0.0, max_seconds=0.5)
+    assert out["stop_reason"] == "steps" and len(out["seconds"]) == 4  # no cap without a precision target
+    clock = FakeClock([0.3] * 100)
+    out = runner_module.sample_steps(
+        clock.step, clock, min_samples=3, precision=0.0, max_seconds=1e9, sample_seconds=1.0
+    )
+    # each sample runs whole steps until a second has passed: 4 steps of 0.3 s, recorded per step
+    assert out["steps_per_sample"] == [4, 4, 4] and out["seconds"] == pytest.approx([0.3] * 3)
+
+
+def test_coverage_at_the_stopping_sample_stays_close_to_nominal() -> None:
+    # The interval is tested after every sample, so stopping picks a lucky narrow moment now and
+    # then: measure how often the interval at the stop still holds the true median.
+    rng = np.random.default_rng(11)
+    trials, covered = 600, 0
+    for _ in range(trials):
+        times = rng.lognormal(0.0, 0.04, 5000).tolist()  # median 1.0
+        clock = FakeClock(times)
+        out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9)
+        covered += out["low"] <= 1.0 <= out["high"]
+    assert covered / trials >= 0.88, covered / trials
 
 
 # --------------------------------------------------------------------------- train

@@ -82,9 +82,37 @@ def test_noisy_flag_is_strictly_above_threshold() -> None:
 def test_as_dict_keys_and_values() -> None:
     s = summarize([0.001, 0.002, 0.003], batch=2)
     row = s.as_dict()
-    assert set(row) == {"n", "median_us", "p5_us", "p95_us", "iqr_us", "mean_us", "stdev_us", "cv", "noisy"}
+    assert set(row) == {
+        "n", "median_us", "p5_us", "p95_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "noisy"
+    }  # fmt: skip
     assert row["median_us"] == pytest.approx(1000.0)
     assert row["n"] == 3
+
+
+def test_noisy_is_judged_on_the_bulk_of_the_steps_not_on_a_few_stretched_ones() -> None:
+    steady = [0.010 * (1 + 0.002 * (i % 5)) for i in range(100)]
+    stretched = steady[:-3] + [0.1, 0.1, 0.1]  # three steps preempted 10x
+    s = summarize(stretched, batch=1)
+    assert s.cv > NOISY_CV_THRESHOLD  # the mean-based figure is dominated by three steps
+    assert not s.noisy and s.robust_cv < 0.01
+    # MAD by hand: deviations from the median, their median, scaled to a normal's stdev
+    median = statistics.median(stretched)
+    mad = statistics.median(abs(x - median) for x in stretched)
+    assert s.robust_cv == pytest.approx(1.4826 * mad / median)
+    spread = [0.010 * (1 + 0.1 * ((i % 7) - 3)) for i in range(100)]  # the bulk is spread by +-30 %
+    assert summarize(spread, batch=1).noisy
+
+
+def test_median_interval_of_a_cell_is_the_runners_order_statistics() -> None:
+    samples = [0.001 * (1 + i / 100) for i in range(20)]  # sorted, 20 values
+    s = summarize(samples, batch=2)
+    # n = 20 at 95 %: ranks 6 and 15 (1-based), see tests/harness/test_runner.py
+    low, high = s.median_ci_s  # type: ignore[misc]
+    assert (low, high) == (pytest.approx(samples[5] / 2), pytest.approx(samples[14] / 2))
+    median = statistics.median(samples) / 2
+    assert s.precision == pytest.approx(max(median - low, high - median) / median)
+    few = summarize([0.001] * 5, batch=1)
+    assert few.median_ci_s is None and few.precision is None
 
 
 def test_stats_are_frozen_and_lazy() -> None:

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -319,9 +320,11 @@ def test_migrates_a_v1_file_to_the_current_version(db: Path) -> None:
     with ProfileStore(db) as store:
         assert store.schema_version == SCHEMA_VERSION
         [old] = store.measurements()
-        assert old.spec == spec()
+        # a cell stored before adaptive sampling was a fixed count of steps: precision 0
+        assert old.spec == replace(spec(), precision=0.0)
         assert old.step_seconds == (0.02, 0.04, 0.06)
         assert old.peak_memory_source is None and old.matmul_gflops is None
+        assert (old.precision_achieved, old.imprecise, old.stop_reason, dict(old.isolation)) == (None, False, None, {})
         assert store.measured_keys() == {spec().cell_key()}
         assert store.latest_cells().loc[0, "median_us"] == pytest.approx(0.04 / 20 * 1e6)
         store.record(1, measurement(spec("pi3")))

@@ -11,7 +11,14 @@ import pytest
 
 from harness.store import ProfileStore
 from reports.report import load_sources, write_report
-from tests.reports.fixtures import PHONE_FAILURES, WIDTHS, build_store, failed_measurement, median_us
+from tests.reports.fixtures import (
+    IMPRECISE_MESSAGE,
+    PHONE_FAILURES,
+    WIDTHS,
+    build_store,
+    failed_measurement,
+    median_us,
+)
 from tests.reports.pagetools import read_page, table_dicts
 
 NOW = datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc)
@@ -50,6 +57,17 @@ def test_every_figure_is_png_and_svg_and_embedded(full: Path) -> None:
     for stem in stems:
         assert (out / f"{stem}.png").read_bytes().startswith(PNG_MAGIC)
         assert b"<svg" in (out / f"{stem}.svg").read_bytes()[:2000]
+
+
+def test_the_page_states_isolation_and_precision(full: Path) -> None:
+    text = full.read_text()
+    assert "Measurement: isolation and precision" in text
+    assert "jetson: 8 of 8 cells measured beside pi4 (concurrent with pi4 (pi4 is another host))." in text
+    assert IMPRECISE_MESSAGE in text
+    iso = pd.read_csv(full.parent / "isolation.csv")
+    assert set(iso["device"]) == {"jetson", "pi4"} and iso["concurrent"].tolist() == [8, 4]
+    per_width = pd.read_csv(full.parent / "prediction_by_width.csv")
+    assert set(per_width["width"]) == set(WIDTHS)
 
 
 def test_page_is_self_contained(full: Path) -> None:
@@ -184,3 +202,33 @@ def test_emulated_isa_device_is_marked_on_the_page_and_left_out_of_comparisons(t
     assert all(r["device"] != "pi" for r in table_dicts(page, "headline"))
     assert [r["isa"] for r in table_dicts(page, "devices") if r["device"] == "pi"] == ["emulated ISA"]
     assert "pi: emulated ISA (an instruction-set emulator" in path.read_text()
+
+
+def clock_only_store(path: Path, clients: int) -> None:
+    """A real clock-only population run: fast devices 10 ms a step, slow ones 100 ms, a 1.5 s deadline."""
+    from fl.population import VirtualClock, draw_population
+    from fl.server import RunConfig, run_clock_only
+
+    def cost(device, arch, steps, down, up):
+        return 0.2 + {"fast": 0.01, "slow": 0.1}[device] * steps
+
+    config = RunConfig(
+        clients=clients, rounds=3, per_round=min(clients // 2, 20), db=str(path), population="fast=0.5,slow=0.5",
+        profiles="p.db", clock_only=True, client_examples=200, overcommit=0.5, deadline_s=1.5, max_failed_rounds=3,
+    )  # fmt: skip
+    clock = VirtualClock(draw_population({"fast": 0.5, "slow": 0.5}, clients, 0), cost, overcommit=0.5, deadline_s=1.5)
+    run_clock_only(config, clock, progress=None)
+
+
+@pytest.mark.parametrize("clients", [20, 200])
+def test_a_population_run_shows_its_virtual_clock(tmp_path: Path, clients: int) -> None:
+    clock_only_store(tmp_path / "s.db", clients)
+    path, _ = write_report(load_sources(tmp_path / "s.db"), tmp_path / "out", now=NOW)
+    stems = {p.stem for p in (tmp_path / "out").glob("*.png")}
+    assert "fl_run1_virtual" in stems
+    text = path.read_text()
+    assert "Virtual clock of the population" in text
+    if clients > 40:  # one row per client would not read: the virtual clock shows them all instead
+        assert "fl_run1_timeline" not in stems and "clients: more than 40" in text
+    else:
+        assert "fl_run1_timeline" in stems

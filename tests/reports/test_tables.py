@@ -10,7 +10,7 @@ import pytest
 
 from harness.store import ProfileStore
 from reports import tables
-from tests.reports.fixtures import BATCH, FLOPS, MATMUL, WIDTHS, build_store, median_us, peak_mib
+from tests.reports.fixtures import BATCH, FLOPS, IMPRECISE, MATMUL, WIDTHS, build_store, median_us, peak_mib
 
 # Sorted step multipliers 0.98, 0.99, 1.00, 1.01, 1.03. NumPy's linear rule, n = 5:
 # p5: h = 4 * 0.05 = 0.2 -> 0.98 + 0.2 * (0.99 - 0.98) = 0.982
@@ -61,9 +61,10 @@ def test_speedup_is_explained_by_the_fixed_share(cells: pd.DataFrame) -> None:
     assert r["flops_ratio"] == pytest.approx(16.0)
     assert r["efficiency"] == pytest.approx(6.0 / 16.0)
     # Fit a = 100 us: share 100 / 900; Amdahl 1 / (1/9 + (8/9) / 16) = 6 exactly (the data are affine).
-    assert r["fixed_us"] == pytest.approx(100.0, rel=1e-6)
-    assert r["fixed_share"] == pytest.approx(100 / 900, rel=1e-6)
-    assert r["modelled_speedup"] == pytest.approx(6.0, rel=1e-6)
+    # the latency model's weak prior pulls an exact line by well under 1 %
+    assert r["fixed_us"] == pytest.approx(100.0, rel=1e-2)
+    assert r["fixed_share"] == pytest.approx(100 / 900, rel=1e-2)
+    assert r["modelled_speedup"] == pytest.approx(6.0, rel=1e-2)
     half = row(speed, device="jetson", backend="torch", width=0.5)
     assert half["measured_speedup"] == pytest.approx(300 / 120)
     assert half["flops_ratio"] == pytest.approx(4.0)
@@ -116,14 +117,40 @@ def test_device_and_failure_tables(cells: pd.DataFrame) -> None:
     assert "VmHWM" in fail.iloc[1]["message"]
 
 
+def test_precision_and_isolation_are_stated(cells: pd.DataFrame) -> None:
+    lat = tables.latency_table(cells)
+    flagged = lat[lat["imprecise"]]
+    assert [(r.device, r.backend, r.width) for r in flagged.itertuples()] == [IMPRECISE]
+    assert row(lat, device="pi4", width=0.5)["precision"] == pytest.approx(0.012)
+    assert row(tables.device_table(cells, {}), device="jetson")["imprecise"] == 1
+    iso = tables.isolation_table(cells)
+    assert list(iso["device"]) == ["jetson", "pi4"]  # the phone has failed cells only
+    jetson = row(iso, device="jetson")
+    assert (jetson["cells"], jetson["alone"], jetson["concurrent"], jetson["concurrent_with"]) == (8, 0, 8, "pi4")
+    assert jetson["reason"] == "concurrent with pi4 (pi4 is another host)"
+    # cells stored before isolation was recorded count in neither column
+    old = cells.assign(alone=pd.NA, concurrent_with="", isolation_reason="")
+    assert tables.isolation_table(old)[["alone", "concurrent"]].to_numpy().sum() == 0
+
+
 def test_prediction_error_is_zero_on_affine_medians(cells: pd.DataFrame) -> None:
     errors = tables.prediction_error_table(cells)
     assert len(errors) == 12
-    assert errors["error"].abs().max() < 1e-9
+    assert errors["error"].abs().max() < 5e-3  # the weak prior's pull only
     r = row(errors, device="pi4", width=0.5)
-    assert r["measured_us"] == pytest.approx(300.0) and r["predicted_us"] == pytest.approx(300.0)
+    assert r["measured_us"] == pytest.approx(300.0) and r["predicted_us"] == pytest.approx(300.0, rel=5e-3)
+    assert (errors["predicted_std_us"] > 0).all()
+    assert list(errors["extrapolated"]) == [True, False, False, True] * 3  # the narrowest and widest lie outside
     summary = tables.prediction_summary(errors)
     assert list(summary["widths"]) == [4, 4, 4]
+    by_width = tables.prediction_by_width(errors)
+    ort = by_width[by_width["backend"] == "ort"]
+    assert list(ort["width"]) == list(WIDTHS) and {"jetson", "pi4"} <= set(by_width.columns)
+    assert list(by_width.loc[by_width["backend"] == "torch", "pi4"].isna()) == [True] * 4  # pi4 ran no torch
+    ort_errors = errors[errors["backend"] == "ort"]
+    assert ort["max_abs_error"].tolist() == pytest.approx(
+        [ort_errors.loc[ort_errors["width"] == w, "error"].abs().max() for w in WIDTHS]
+    )
 
 
 def test_prediction_error_sees_a_bent_curve() -> None:
@@ -142,7 +169,7 @@ def test_prediction_error_sees_a_bent_curve() -> None:
         }
     )
     errors = tables.prediction_error_table(frame)
-    assert row(errors, width=0.5)["error"] == pytest.approx(-0.10)
+    assert row(errors, width=0.5)["error"] == pytest.approx(-0.10, abs=5e-3)
 
 
 def test_headline(cells: pd.DataFrame) -> None:
@@ -276,3 +303,18 @@ def test_cells_without_the_emulated_isa_column_count_as_native(cells: pd.DataFra
     assert not tables.is_emulated(bare).any()
     assert tables.emulated_devices(bare) == []
     pd.testing.assert_frame_equal(tables.headline_table(bare), tables.headline_table(cells))
+
+
+def test_fl_virtual_table_places_client_rounds_on_the_run_clock() -> None:
+    rounds = pd.DataFrame({"run_id": [1, 1, 2], "round": [0, 1, 0], "virtual_seconds": [2.0, 3.0, None]})
+    clients = pd.DataFrame(
+        {
+            "run_id": [1, 1, 1, 2], "round": [0, 1, 1, 0], "cid": ["c0", "c0", "c1", "c0"], "device": ["a"] * 4,
+            "status": ["ok", "ok", "timeout", "ok"], "virtual_seconds": [1.5, 2.5, 4.0, None],
+        }
+    )  # fmt: skip
+    out = tables.fl_virtual_table(rounds, clients)
+    assert list(out["round_start_s"]) == [0.0, 2.0, 2.0]  # round 1 starts when round 0 closed
+    assert list(out["virtual_s"]) == [1.5, 2.5, 4.0] and list(out["status"]) == ["ok", "ok", "timeout"]
+    assert set(out["run_id"]) == {1}  # run 2 has no virtual clock
+    assert tables.fl_virtual_table(rounds.drop(columns="virtual_seconds"), clients).empty

@@ -1,4 +1,11 @@
-"""The devices executor: real runner, real ORT training, over a local, an unreachable and an emulated SSH device."""
+"""The devices executor: real runner, real ORT training, over a local, an unreachable and an emulated SSH device.
+
+The resident runner (one ``runner.py serve`` per device) is checked against the one-shot
+mode (same parameters out for the same inputs), across rounds (one process, its pid
+stays), after a request that times out (killed, a new one next round), and on an SSH
+device that goes down and comes back (a new runner). FjORD per step and FedDrop's
+SyncDrop are checked against the in-process trainers on the same data and seeds.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +22,7 @@ from devices.fleet import Device, Emulation
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from exporters.zoo import get_model
-from fl.executors.devices import (
-    DevicesExecutor,
-    cut_prefix,
-    modelled_transfer_seconds,
-    ordered_width_for_round,
-    write_prefix,
-)
+from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions
 from fl.records import ClientFailure, TrainIns
 
 PY = sys.executable
@@ -90,19 +91,32 @@ def test_a_second_round_pushes_only_parameters(tmp_path: Path) -> None:
     assert any(not np.array_equal(second[0].parameters[k], first[0].parameters[k]) for k in first[0].parameters)
 
 
-def test_an_unknown_local_trainer_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+def test_an_unknown_local_trainer_and_fjord_kd_are_refused_not_dropped(tmp_path: Path) -> None:
     model = get_model("fjord-cnn")
     device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
     executor = DevicesExecutor(
-        model, {"c0": device}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20, connect=connect
-    )
+        model, {"c0": device, "c1": device, "c2": device}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w",
+        batch=20, connect=connect,
+    )  # fmt: skip
     sub = model.static(0.25)
-    ins = TrainIns("c0", sub, model.extract(_global("fjord-cnn"), sub), {"trainer": "syncdrop"})
-    results, failures = executor.run({"c0": ins}, {"c0": _shard(20, 0)})
-    assert results == [] and isinstance(failures[0], ClientFailure) and "syncdrop" in failures[0].message
+    params = model.extract(_global("fjord-cnn"), sub)
+    kd = {"trainer": "fjord", "widths": [0.25], "p_max": 0.25, "kd": True}
+    instructions = {
+        "c0": TrainIns("c0", sub, params, {"trainer": "scaffold"}),
+        "c1": TrainIns("c1", sub, params, {"trainer": "syncdrop"}),  # SyncDrop trains the full model only
+        "c2": TrainIns("c2", sub, params, kd),
+    }
+    results, failures = executor.run(instructions, {c: _shard(20, 0) for c in instructions})
+    executor.close()
+    assert results == [] and all(isinstance(f, ClientFailure) and f.reason == "refused" for f in failures)
+    messages = {f.cid: f.message for f in failures}
+    assert "scaffold" in messages["c0"] and "full model" in messages["c1"]
+    assert "kd=true" in messages["c2"] and "devices" in messages["c2"]
 
 
-def test_prefix_cut_and_write_back_on_an_lstm() -> None:
+def test_prefix_cut_and_flat_positions_on_an_lstm() -> None:
+    from exporters.manifest import flatten
+
     model = get_model("fjord-rnn")  # LSTM gate blocks: positions depend on the outer width
     g = _global("fjord-rnn")
     outer, inner = model.arch(0.6), model.arch(0.2)
@@ -110,17 +124,20 @@ def test_prefix_cut_and_write_back_on_an_lstm() -> None:
     cut = cut_prefix(model, outer, outer_params, inner)
     direct = model.extract(g, model.static(0.2))
     assert all(np.array_equal(cut[k], direct[k]) for k in direct)
-    bumped = {k: v + 1.0 for k, v in cut.items()}
-    merged = write_prefix(model, outer, outer_params, inner, bumped)
-    assert all(np.array_equal(cut_prefix(model, outer, merged, inner)[k], bumped[k]) for k in bumped)
-    changed = sum(int((merged[k] != outer_params[k]).sum()) for k in merged)
-    assert changed == sum(v.size for v in bumped.values())
 
+    def manifest(params: dict[str, np.ndarray]) -> dict:
+        entries, offset = [], 0
+        for name in sorted(params, reverse=True):  # an order other than the dict's
+            entries.append(
+                {"name": name, "shape": list(params[name].shape), "offset": offset, "size": params[name].size}
+            )
+            offset += params[name].size
+        return {"parameters": entries}
 
-def test_ordered_width_is_drawn_only_up_to_p_max() -> None:
-    widths = (0.2, 0.4, 0.6, 0.8, 1.0)
-    drawn = {ordered_width_for_round(widths, 0.6, seed) for seed in range(200)}
-    assert drawn == {0.2, 0.4, 0.6}
+    outer_m, inner_m = manifest(outer_params), manifest(direct)
+    positions = prefix_positions(model, outer, outer_m, inner, inner_m)
+    assert np.array_equal(flatten(outer_m, outer_params)[positions], flatten(inner_m, direct))
+    assert len(set(positions.tolist())) == positions.size
 
 
 def test_modelled_transfer_time() -> None:
@@ -207,3 +224,153 @@ def test_a_run_failing_midway_leaves_no_connection_open(board: Device, tmp_path:
         _run_fl_on(board, tmp_path, shared_artifacts, fail_after_round_one)
     assert seen and seen[0] >= 1
     assert established_to(port) == 0
+
+
+# ---------------------------------------------------------------------------- the resident runner
+
+
+def _executor(tmp_path: Path, placement: dict, resident: bool = True, **kw: object) -> DevicesExecutor:
+    return DevicesExecutor(
+        get_model("fjord-cnn"), placement, artifacts_dir=tmp_path / "a", work_dir=tmp_path / f"w{resident}",
+        batch=20, connect=lambda d: connect(d, connect_timeout=5.0), timeout_s=120, resident=resident, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _pid_running(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_resident_runner_keeps_its_process_across_rounds_and_equals_the_one_shot_mode(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(0.5)
+    ins = {"c0": TrainIns("c0", sub, model.extract(g, sub), {"epochs": 2, "lr": 0.1, "seed": 4})}
+    shards = {"c0": _shard(60, 1)}
+    with _executor(tmp_path, {"c0": device}, resident=False) as once:
+        expected, failed = once.run(ins, shards)
+    assert not failed
+    pids = []
+    with _executor(tmp_path, {"c0": device}) as executor:
+        for _ in range(3):
+            results, failures = executor.run(ins, shards)
+            assert not failures
+            assert all(
+                np.array_equal(results[0].parameters[k], expected[0].parameters[k]) for k in ins["c0"].parameters
+            )
+            assert results[0].metrics["loss"] == expected[0].metrics["loss"]
+            runner = executor.runner_of("loc")
+            pids.append(runner.pid)
+            assert results[0].metrics["runner_starts"] == 1
+        assert len(set(pids)) == 1 and _pid_running(pids[0])
+    assert not _pid_running(pids[0])  # closed with the executor
+
+
+def test_a_timed_out_client_kills_the_runner_and_the_next_round_gets_a_new_one(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(0.25)
+    params = model.extract(_global("fjord-cnn"), sub)
+    shards = {"c0": _shard(40, 0)}
+    with _executor(tmp_path, {"c0": device}) as executor:
+        ok, _ = executor.run({"c0": TrainIns("c0", sub, params, {"lr": 0.1})}, shards)
+        old = executor.runner_of("loc").pid
+        long = TrainIns("c0", sub, params, {"lr": 0.1, "epochs": 20_000})
+        results, failures = executor.run({"c0": long}, shards, timeout_s=1.0)
+        assert results == [] and failures[0].reason == "timeout" and "killed" in failures[0].message
+        assert not _pid_running(old)
+        again, failures = executor.run({"c0": TrainIns("c0", sub, params, {"lr": 0.1})}, shards, timeout_s=120)
+        assert not failures and again[0].metrics["runner_starts"] == 2
+        assert executor.runner_of("loc").pid not in (None, old)
+        assert all(np.array_equal(again[0].parameters[k], ok[0].parameters[k]) for k in params)
+
+
+def test_fjord_samples_a_width_per_step_on_the_device_as_in_process(tmp_path: Path, one_torch_thread: None) -> None:
+    from fl.strategies.fjord import train_ordered
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(0.6)
+    cfg = {"trainer": "fjord", "widths": [0.2, 0.4, 0.6], "p_max": 0.6, "epochs": 2, "lr": 0.05, "seed": 7,
+           "batch_size": 20}  # fmt: skip
+    ins = TrainIns("c0", sub, model.extract(g, sub), cfg)
+    x, y = _shard(80, 2)
+    expected, in_metrics = train_ordered(model, ins, x, y)
+    with _executor(tmp_path, {"c0": device}) as executor:
+        results, failures = executor.run({"c0": ins}, {"c0": (x, y)})
+    assert not failures, failures
+    res = results[0]
+    assert res.metrics["mean_width"] == pytest.approx(in_metrics["mean_width"])
+    assert res.metrics["steps"] == in_metrics["steps"] == 8
+    per_width = {k: v for k, v in res.metrics.items() if k.startswith("steps_at_width/")}
+    assert sum(per_width.values()) == 8 and len(per_width) >= 2  # more than one width within one round
+    assert res.metrics["width_switches"] >= 1
+    for k in expected:
+        np.testing.assert_allclose(res.parameters[k], expected[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    moved = sum(float(np.abs(res.parameters[k] - ins.parameters[k]).sum()) for k in expected)
+    assert moved > 0
+
+
+def test_syncdrop_masks_on_the_device_train_as_in_process(tmp_path: Path, one_torch_thread: None) -> None:
+    from fl.strategies.feddrop import train_syncdrop
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(1.0)
+    rng = np.random.default_rng(5)
+    keep = {group: rng.uniform(0.3, 1.0, size).tolist() for group, size in model.groups}
+    cfg = {"trainer": "syncdrop", "keep": keep, "sync_seed": 11, "epochs": 1, "lr": 0.05, "seed": 2, "batch_size": 20}
+    ins = TrainIns("c0", sub, model.extract(g, sub), cfg)
+    x, y = _shard(60, 3)
+    expected, in_metrics = train_syncdrop(model, ins, x, y)
+    with _executor(tmp_path, {"c0": device}, backends={"loc": "onnx"}) as executor:
+        results, failures = executor.run({"c0": ins}, {"c0": (x, y)})
+    assert not failures, failures
+    res = results[0]
+    for key in ("expected_train_flops", "sampled_train_flops", "dense_train_flops", "train_flops", "kept_fraction"):
+        assert res.metrics[key] == pytest.approx(in_metrics[key], rel=1e-9), key
+    assert res.metrics["sampled_train_flops"] < res.metrics["dense_train_flops"]
+    for k in expected:
+        np.testing.assert_allclose(res.parameters[k], expected[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    dense = TrainIns("c0", sub, ins.parameters, {**cfg, "trainer": "plain"})
+    with _executor(tmp_path, {"c0": device}, backends={"loc": "onnx"}) as executor:
+        plain, _ = executor.run({"c0": dense}, {"c0": (x, y)})
+    assert any(not np.allclose(plain[0].parameters[k], res.parameters[k]) for k in expected)  # the masks acted
+
+
+def test_a_device_that_drops_and_comes_back_gets_a_new_runner(sshd_path: str, tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "state_dir: state\ndevices:\n  - name: flaky\n    kind: ssh\n    host: 127.0.0.1\n"
+        f"    port: {free_port()}\n    emulate: {{memory_mb: 4096}}\n"
+    )
+    fleet = load_fleet(path)
+    sub = model.static(0.25)
+    ins = {"c0": TrainIns("c0", sub, model.extract(_global("fjord-cnn"), sub), {"lr": 0.1})}
+    shards = {"c0": _shard(20, 0)}
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        with _executor(tmp_path, {"c0": fleet.devices[0]}) as executor:
+            first, failures = executor.run(ins, shards)
+            assert not failures
+            old = executor.runner_of("flaky").pid
+            assert emulate.down(fleet, say=lambda line: None) == []
+            _, failures = executor.run(ins, shards, timeout_s=20)
+            assert failures and failures[0].reason in ("unreachable", "timeout", "error"), failures
+            assert executor.runner_of("flaky") is None or executor.runner_of("flaky").pid is None
+            assert emulate.up(fleet, say=lambda line: None).ok
+            again, failures = executor.run(ins, shards, timeout_s=120)
+            assert not failures, failures
+            assert executor.runner_of("flaky").pid not in (None, old)
+            assert all(np.array_equal(again[0].parameters[k], first[0].parameters[k]) for k in first[0].parameters)
+    finally:
+        emulate.down(fleet, say=lambda line: None)

@@ -49,3 +49,36 @@ def failed_rows(device: str, status: str = "timeout") -> list[dict[str, object]]
     return [
         {"device": device, "model": "m", "width": w, "batch": 20, "backend": "ort", "status": status} for w in WIDTHS
     ]
+
+
+def store_lines(
+    path: object, lines: dict[str, tuple[float, float]], *, model: str = "fjord-cnn", batch: int = 20
+) -> None:
+    """Write a profile store in which each device measured ``model`` at `WIDTHS`: ``a + b * flops`` us per image.
+
+    ``lines`` maps a device to ``(a, b)``; the zoo's training FLOPs of each width are stored with the
+    cell (as the runner reports them), so the fitted line is exactly ``(a, b)``.
+    """
+    from exporters.flops import count
+    from exporters.zoo import get_model
+    from harness.records import BenchSpec, Measurement
+    from harness.store import ProfileStore
+
+    zoo = get_model(model)
+    with ProfileStore(path) as store:  # type: ignore[arg-type]
+        campaign = store.start_campaign(None, model, versions={}, commit=None)
+        for device, (a, b) in lines.items():
+            for width in WIDTHS:
+                arch = zoo.arch(width)
+                flops = count(zoo, arch).train_flops
+                spec = BenchSpec(
+                    device=device, model=model, width=width, arch_widths=arch.widths, batch=batch,
+                    backend="ort", threads=1, warmup=1, steps=3,  # type: ignore[arg-type]
+                )  # fmt: skip
+                step = (a + b * flops) * 1e-6 * batch
+                store.record(
+                    campaign,
+                    Measurement(
+                        spec=spec, status="ok", step_seconds=(step,) * 3, runner={"counts": {"train_flops": flops}}
+                    ),
+                )

@@ -10,7 +10,15 @@ import pytest
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
-from fl.scheduling.rows import memory_footprint, profile_rows, select, status_summary, width_flops
+from fl.scheduling.rows import (
+    memory_counts,
+    predicted_latency,
+    predicted_peak,
+    profile_rows,
+    select,
+    status_summary,
+    width_flops,
+)
 from tests.fl.scheduling.profiles import PARAMS, line_rows
 
 
@@ -54,11 +62,26 @@ def test_width_flops_prefers_the_measured_rows_then_the_zoo() -> None:
         width_flops("m", 0.6, rows)  # not measured, and "m" is no zoo model
 
 
-def test_memory_footprint_prefers_the_measured_rows_then_the_zoo() -> None:
-    rows = line_rows("A", 100.0, 1e-4)  # activation_elements 0: footprint = 16 bytes x params
-    assert memory_footprint("m", 0.5, 20, 16.0, rows) == pytest.approx(16 * PARAMS[0.5])
+def test_memory_counts_prefer_the_measured_rows_then_the_zoo() -> None:
+    rows = line_rows("A", 100.0, 1e-4)  # activation_elements 0
+    assert memory_counts("m", 0.5, rows) == (PARAMS[0.5], 0.0)
     zoo = get_model("fjord-cnn")
     counts = count(zoo, zoo.arch(0.5))
     activations = sum(math.prod(layer.output_shape) for layer in counts.layers)
-    want = 16.0 * counts.params + 4 * 20 * activations  # float32 activations of a batch of 20
-    assert memory_footprint("fjord-cnn", 0.5, 20, 16.0, rows) == pytest.approx(want)
+    assert memory_counts("fjord-cnn", 0.5, rows) == (counts.params, activations)
+
+
+def test_predictions_at_a_width_ask_the_device_models() -> None:
+    from harness.latency import fit_device
+
+    # a model outside the zoo: the line in training FLOPs, at an unmeasured width's measured FLOPs
+    rows = line_rows("A", 100.0, 1e-4, memory=(50e6, 2.0))
+    dm = fit_device(rows)
+    lat, mem = dm.latency_model("m"), dm.memory_model("m")
+    assert mem is not None
+    assert predicted_latency(lat, "m", 0.75, rows).value * 1e6 == pytest.approx(100 + 1e-4 * 3e6, rel=1e-2)
+    assert predicted_peak(mem, "m", 0.75, rows).value == pytest.approx(50e6 + 2.0 * 16 * PARAMS[0.75], rel=1e-2)
+    # a zoo model: the architecture of the width
+    zoo_rows = [{**r, "model": "fjord-cnn", "train_flops": None, "params": None} for r in rows]
+    zoo_lat = fit_device(zoo_rows).latency_model("fjord-cnn")
+    assert predicted_latency(zoo_lat, "fjord-cnn", 0.6).value == zoo_lat.predict(0.6).value

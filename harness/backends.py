@@ -1,0 +1,233 @@
+"""Which runner backend each device can run, why not, and which one it uses (pure).
+
+The runner (`harness/runner.py`) trains with one of three backends, each needing numpy
+plus one runtime on the device:
+
+=========  ==========================================================================
+``ort``    ``onnxruntime-training`` (the ORT training artifacts). Its last release,
+           1.19.2, has Linux wheels for x86_64 and CPython 3.8-3.11 only (checked with
+           ``pip index versions``):
+           no Raspberry Pi, no Jetson, no phone.
+``onnx``   the plain ``onnxruntime`` package (inference build, or the training build,
+           which contains it) running the set's portable ``step_model.onnx``. Wheels
+           exist for x86_64 and aarch64 Linux.
+``torch``  PyTorch (TorchScript model beside the set).
+=========  ==========================================================================
+
+Preference (`PREFERENCE`): ``ort`` > ``onnx`` > ``torch``. ``ort`` first because it is
+the reference build the portable step model is checked against and the one every
+existing profile was measured with, so a device that can run it stays comparable with
+earlier campaigns; ``onnx`` next because it measures the same ONNX graphs (same maths,
+checked to float32 tolerance) on any onnxruntime build; ``torch`` last because it does
+not run the exported ONNX artifacts at all, only an eager twin of the model.
+
+A device that answers and can run no backend is skipped (``backend=None``, with every
+reason). A device that does not answer the check at all (unreachable, timed out) is *not*
+skipped: it keeps `PREFERENCE`'s first backend, so a campaign records its cells with the
+failure's kind and an FL run logs its clients as unreachable, as for a device that fails
+later, and a device that comes back mid-run trains (the runner says "missing runtime" if
+the guess was wrong).
+
+Everything here reads a `harness.provision.ProvisionReport` (what a device answered)
+and does no I/O, so the choice is testable without devices; `harness.provision` asks
+the devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.provision import ProvisionReport
+
+#: Backend -> the package names (`harness.provision.Package.name`) it needs importable.
+BACKEND_PACKAGES: Mapping[str, tuple[str, ...]] = {
+    "ort": ("numpy", "onnxruntime-training"),
+    "onnx": ("numpy", "onnxruntime"),
+    "torch": ("numpy", "torch"),
+}
+
+#: Backends in order of preference (see the module docstring for the reason).
+PREFERENCE: tuple[str, ...] = ("ort", "onnx", "torch")
+
+#: The last onnxruntime-training release, and the machines and Pythons it has Linux wheels for.
+ORT_TRAINING_LAST = "1.19.2"
+ORT_TRAINING_MACHINES = frozenset({"x86_64", "amd64"})
+ORT_TRAINING_PYTHONS = frozenset({"3.8", "3.9", "3.10", "3.11"})
+
+#: Value of ``--backend`` that lets each device use its best available backend.
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend one device uses, or why it has none.
+
+    Attributes
+    ----------
+    device : str
+        Device name.
+    backend : str or None
+        ``"ort"``, ``"onnx"`` or ``"torch"``; None when the device can run none of them.
+    reason : str
+        One line: why this backend (``"best available"``, ``"--backend onnx"``), or why none.
+    """
+
+    device: str
+    backend: str | None
+    reason: str
+
+    @property
+    def usable(self) -> bool:
+        """Whether the device has a backend."""
+        return self.backend is not None
+
+
+def why_not(report: ProvisionReport, backend: str) -> str | None:
+    """Return why ``backend`` cannot run on the device of ``report`` (None when it can).
+
+    Parameters
+    ----------
+    report : harness.provision.ProvisionReport
+    backend : {"ort", "onnx", "torch"}
+
+    Returns
+    -------
+    str or None
+        One line, e.g. ``"onnxruntime-training 1.19.2 has no wheel for aarch64"``.
+
+    Raises
+    ------
+    KeyError
+        For an unknown backend.
+    """
+    needed = BACKEND_PACKAGES[backend]
+    if report.python is None:
+        return "no Python on the device (the device's python cannot run)"
+    for name in needed:
+        status = report.packages.get(name)
+        if status is not None and status.importable:
+            continue
+        if status is not None and status.present:
+            return f"{name} is installed but does not import: {status.error}"
+        return _missing(report, name)
+    return None
+
+
+def _missing(report: ProvisionReport, name: str) -> str:
+    if name == "onnxruntime-training":
+        machine = (report.machine or "").lower()
+        python = ".".join((report.python or "").split(".")[:2])
+        if machine and machine not in ORT_TRAINING_MACHINES:
+            return f"onnxruntime-training {ORT_TRAINING_LAST} has no wheel for {report.machine}"
+        if python and python not in ORT_TRAINING_PYTHONS:
+            return f"onnxruntime-training {ORT_TRAINING_LAST} has no wheel for Python {python}"
+        return "onnxruntime-training is not installed (give its wheel: fleet provision --wheel)"
+    if name in ("numpy", "onnxruntime"):
+        return f"{name} is not installed (fleet provision --install installs it)"
+    return f"{name} is not installed"
+
+
+def usable_backends(report: ProvisionReport) -> tuple[str, ...]:
+    """Return the backends the device of ``report`` can run, in `PREFERENCE` order.
+
+    Parameters
+    ----------
+    report : harness.provision.ProvisionReport
+
+    Returns
+    -------
+    tuple of str
+    """
+    return tuple(b for b in PREFERENCE if why_not(report, b) is None)
+
+
+def choose_backend(name: str, report: ProvisionReport | None, override: str | None = None,
+                   failure: str | None = None) -> BackendChoice:
+    """Choose one device's backend: ``override`` if given, else its best usable one.
+
+    Parameters
+    ----------
+    name : str
+        Device name.
+    report : harness.provision.ProvisionReport or None
+        What the device answered; None when it could not be asked (see ``failure``): such a
+        device keeps the first backend of `PREFERENCE` rather than being skipped.
+    override : str, optional
+        A backend the user named (``--backend``); it is taken as given, without a report:
+        the runner then says "missing runtime" on a device that lacks it.
+    failure : str, optional
+        Why the device did not answer the provisioning check.
+
+    Returns
+    -------
+    BackendChoice
+    """
+    if override is not None and override != AUTO:
+        return BackendChoice(name, override, f"--backend {override}")
+    if report is None:
+        # Not skipped: the run's own failure handling records it (unreachable, timeout) and
+        # a device that comes back later trains; see the module docstring.
+        return BackendChoice(name, PREFERENCE[0], f"not checked ({failure or 'no answer'}); tried with {PREFERENCE[0]}")
+    usable = usable_backends(report)
+    if usable:
+        better = "; ".join(f"{b}: {why_not(report, b)}" for b in PREFERENCE[: PREFERENCE.index(usable[0])])
+        return BackendChoice(name, usable[0], f"best available ({better})" if better else "best available")
+    reasons = "; ".join(f"{b}: {why_not(report, b)}" for b in PREFERENCE)
+    return BackendChoice(name, None, f"no usable backend ({reasons})")
+
+
+def check_override(text: str) -> str:
+    """Return a valid ``--backend`` value or raise.
+
+    Parameters
+    ----------
+    text : str
+        ``auto``, ``ort``, ``onnx`` or ``torch``.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    exporters.errors.InputError
+        For anything else.
+    """
+    from exporters.errors import InputError
+
+    value = text.strip()
+    if value != AUTO and value not in BACKEND_PACKAGES:
+        raise InputError(f"unknown backend {value!r} (expected {AUTO} or one of {', '.join(PREFERENCE)})")
+    return value
+
+
+def usable_devices(choices: Sequence[BackendChoice]) -> dict[str, str]:
+    """Return ``{device: backend}`` of the devices that have a backend, in the given order.
+
+    Parameters
+    ----------
+    choices : sequence of BackendChoice
+
+    Returns
+    -------
+    dict of str to str
+    """
+    return {c.device: c.backend for c in choices if c.backend is not None}
+
+
+def format_choices(choices: Sequence[BackendChoice]) -> list[str]:
+    """Return one line per device: ``name: backend (reason)`` or ``name: skipped: reason``.
+
+    Parameters
+    ----------
+    choices : sequence of BackendChoice
+
+    Returns
+    -------
+    list of str
+    """
+    return [f"{c.device}: {c.backend} ({c.reason})" if c.usable else f"{c.device}: skipped: {c.reason}"
+            for c in choices]

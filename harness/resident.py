@@ -1,0 +1,172 @@
+"""A resident runner on one device: ``runner.py serve`` started once, spoken to in request lines.
+
+`ResidentRunner` holds one device's serving runner (`harness.runner`'s serve protocol)
+through the transport's streaming handle (`devices.transport.Process`) and turns each
+request into a `harness.contract.RunnerOutput`, the same as a one-shot run's.
+
+Decisions:
+
+* **Started on first use, again after a failure.** The process starts with the first
+  request (or `start`); its ready line is read within the start timeout. A request that
+  times out kills the process (`Process.close`), and one whose process ended without a
+  reply leaves it closed: either way the next request starts a new process, so a stuck or
+  dead runner costs one client, not the run.
+* **A timeout is the caller's failure**: `request` raises `devices.errors.CommandTimeout`
+  after killing the runner, like ``Transport.run``; a runner that ended mid-request is a
+  failed `RunnerOutput` (`harness.contract.ended_output`, SIGKILL read as out of memory;
+  over SSH the signal is not known, paramiko ignores ``exit-signal`` and reports -1, so
+  there it is a runner error).
+  Transport failures (unreachable, connection lost) propagate: the caller drops the
+  connection, and a device that comes back gets a new transport and a new runner.
+* **A failed reply does not restart the runner** (bad arguments, a missing file): the
+  process answered, so it is healthy; an ``"out of memory"`` reply does restart it,
+  since a failed allocation can leave a runtime in a state no one has tested.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from devices.errors import CommandTimeout, ProcessEnded
+from devices.transport import Process, Transport
+from harness.contract import RunnerOutput, ended_output, parse_reply
+
+
+class ResidentRunner:
+    """One device's serving runner (see the module docstring).
+
+    Parameters
+    ----------
+    transport : Transport
+        The device's open transport.
+    argv : sequence of str
+        The serve command line (`harness.contract.serve_argv`).
+    start_timeout : float
+        Seconds the ready line may take (imports and start-up on a slow device).
+    clock : callable
+        Monotonic clock in seconds.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        argv: Sequence[str],
+        *,
+        start_timeout: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.transport = transport
+        self.argv = list(argv)
+        self.start_timeout = start_timeout
+        self.clock = clock
+        self.process: Process | None = None
+        #: The ready document of the current process (``pid``, ``startup_seconds``, ...).
+        self.ready: dict[str, Any] = {}
+        #: Processes started so far, and the host-side seconds each start took (to its ready line).
+        self.starts = 0
+        self.start_seconds: list[float] = []
+
+    @property
+    def pid(self) -> int | None:
+        """The serving process's pid on the device (from its ready line), None when not running."""
+        return self.ready.get("pid") if self.process is not None else None
+
+    def alive(self) -> bool:
+        """Whether a serving process is running."""
+        return self.process is not None and self.process.alive()
+
+    def start(self) -> RunnerOutput:
+        """Start the serving process (a running one is kept) and read its ready line.
+
+        Returns
+        -------
+        RunnerOutput
+            The ready document; not ok when start-up failed (e.g. ``"missing runtime"``),
+            and then no process is left running.
+
+        Raises
+        ------
+        CommandTimeout
+            No ready line within ``start_timeout`` (the process is killed).
+        TransportError
+            The device could not start it.
+        """
+        if self.alive():
+            return RunnerOutput("ok", "", dict(self.ready))
+        self.close()
+        began = self.clock()
+        self.process = self.transport.start(self.argv)
+        self.starts += 1
+        output = self._reply(self.start_timeout)
+        self.start_seconds.append(self.clock() - began)
+        if output.ok:
+            self.ready = dict(output.document)
+        else:
+            self.close()
+        return output
+
+    def request(self, doc: Mapping[str, Any], timeout: float) -> tuple[RunnerOutput, float]:
+        """Send one request and wait for its reply, starting the process when none runs.
+
+        Parameters
+        ----------
+        doc : mapping
+            The request (`harness.contract.train_request`).
+        timeout : float
+            Seconds the reply may take once the request is written.
+
+        Returns
+        -------
+        output : RunnerOutput
+        seconds : float
+            Host-side wall time from writing the request to reading its reply.
+
+        Raises
+        ------
+        CommandTimeout
+            No reply in time: the process was killed; the next request starts another.
+        TransportError
+            The device failed (start-up, or the connection under the process).
+        """
+        if not self.alive():
+            ready = self.start()
+            if not ready.ok:
+                return ready, 0.0
+        assert self.process is not None
+        line = json.dumps(dict(doc), allow_nan=False)
+        began = self.clock()
+        try:
+            self.process.write_line(line)
+        except ProcessEnded as exc:
+            self.close()
+            return ended_output(exc.returncode, exc.stderr), self.clock() - began
+        output = self._reply(timeout)
+        seconds = self.clock() - began
+        if output.status == "out of memory":
+            self.close()
+        return output, seconds
+
+    def _reply(self, timeout: float) -> RunnerOutput:
+        assert self.process is not None
+        try:
+            line = self.process.read_line(timeout)
+        except CommandTimeout:
+            self.close()
+            raise
+        except ProcessEnded as exc:
+            self.close()
+            return ended_output(exc.returncode, exc.stderr)
+        return parse_reply(line)
+
+    def close(self) -> None:
+        """End the serving process (``exit`` is not needed: closing its stdin ends it) (idempotent)."""
+        process, self.process = self.process, None
+        self.ready = {}
+        if process is not None:
+            try:
+                process.close()
+            except Exception:  # noqa: BLE001 - a broken connection must not hide what the caller reports
+                pass

@@ -1,0 +1,216 @@
+"""The resident runner (``runner.py serve``) through real local, SSH (sshd) and ADB (emulated phone) transports.
+
+On every transport: one process answers several requests (its pid stays) with the
+parameters the one-shot ``train`` mode writes for the same inputs, for both ``ort`` and
+the portable ``onnx`` backend; a request that times out kills the process and the next
+request starts another; a process killed from outside fails its request (SIGKILL read as
+out of memory) and the next request starts another; a bad request is answered and the
+process goes on. Request paths are relative to ``--cwd`` (the emulated phone maps paths
+of command lines only).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from devices.adb_endpoint import AdbEndpoint
+from devices.errors import CommandTimeout
+from devices.local import LocalTransport
+from devices.ssh import SSHTransport
+from devices.transport import Transport
+from exporters.artifacts import export_artifacts
+from exporters.manifest import ARTIFACT_FILES, MANIFEST
+from exporters.zoo import get_model
+from harness import contract
+from harness.resident import ResidentRunner
+from tests.harness.test_runner import learnable_shard
+
+PY = sys.executable
+
+
+@dataclass
+class Board:
+    """A transport, the device directory holding runner, set, shard and parameters, and that directory here."""
+
+    transport: Transport
+    remote_dir: str
+    host_dir: Path
+
+    def serve(self, backend: str, timeout: float = 120.0) -> ResidentRunner:
+        argv = contract.serve_argv(PY, f"{self.remote_dir}/runner.py", backend=backend, threads=1, cwd=self.remote_dir)
+        return ResidentRunner(self.transport, argv, start_timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def artifact_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = get_model("fjord-cnn")
+    return export_artifacts(
+        model, model.arch(0.25), batch=4, optimizer="sgd", out_dir=tmp_path_factory.mktemp("a")
+    ).directory
+
+
+@pytest.fixture(params=["local", "ssh", "adb"])
+def board(request: pytest.FixtureRequest, tmp_path: Path, artifact_set: Path) -> Iterator[Board]:
+    host_dir = tmp_path / "device"
+    host_dir.mkdir()
+    if request.param == "local":
+        made = Board(LocalTransport(workdir=host_dir), str(host_dir), host_dir)
+    elif request.param == "ssh":
+        made = Board(request.getfixturevalue("sshd_server").transport(), str(host_dir), host_dir)
+    else:
+        phone: AdbEndpoint = request.getfixturevalue("phone")
+        remote_dir = f"/data/local/tmp/{tmp_path.name}"
+        sandbox_dir = phone.sandbox.root / "data" / "local" / "tmp" / tmp_path.name
+        sandbox_dir.mkdir(parents=True)
+        made = Board(request.getfixturevalue("adb_transport"), remote_dir, sandbox_dir)
+    made.transport.run(["mkdir", "-p", f"{made.remote_dir}/set"], timeout=30)
+    made.transport.put(contract.RUNNER_PATH, f"{made.remote_dir}/runner.py")
+    for name in (*ARTIFACT_FILES, MANIFEST):
+        made.transport.put(artifact_set / name, f"{made.remote_dir}/set/{name}")
+    shard = learnable_shard(tmp_path / "shard.npz", 24)
+    made.transport.put(shard, f"{made.remote_dir}/shard.npz")
+    start = np.load(artifact_set / "initial_parameters.npy") + 0.01
+    np.save(tmp_path / "in.npy", start.astype(np.float32), allow_pickle=False)
+    made.transport.put(tmp_path / "in.npy", f"{made.remote_dir}/in.npy")
+    yield made
+    if request.param == "local":
+        made.transport.close()
+
+
+def _request(backend: str, out: str, epochs: int = 2, request_id: object = None) -> dict:
+    return contract.train_request(
+        "set", backend=backend, params="in.npy", data="shard.npz", out=out, epochs=epochs, lr=0.05, threads=1, seed=3,
+        request_id=request_id,
+    )  # fmt: skip
+
+
+def _fetch(board: Board, name: str, tmp: Path) -> np.ndarray:
+    board.transport.get(f"{board.remote_dir}/{name}", tmp / name)
+    return np.load(tmp / name)
+
+
+def _running(board: Board, pid: int) -> bool:
+    return board.transport.run(["kill", "-0", str(pid)], timeout=30).rc == 0
+
+
+@pytest.mark.parametrize("backend", ["ort", "onnx"])
+def test_one_process_answers_several_requests_as_the_one_shot_mode(board: Board, backend: str, tmp_path: Path) -> None:
+    argv = contract.train_argv(
+        PY, f"{board.remote_dir}/runner.py", f"{board.remote_dir}/set", backend=backend,
+        params=f"{board.remote_dir}/in.npy", data=f"{board.remote_dir}/shard.npz", out=f"{board.remote_dir}/once.npy",
+        epochs=2, lr=0.05, threads=1, seed=3,
+    )  # fmt: skip
+    once = board.transport.run(argv, timeout=120)
+    once_doc = contract.parse_output(once.rc, once.stdout, once.stderr)
+    assert once_doc.ok, once_doc.message
+    expected = _fetch(board, "once.npy", tmp_path)
+    runner = board.serve(backend)
+    try:
+        pids, opened = [], []
+        for i in range(3):
+            output, seconds = runner.request(_request(backend, f"served-{i}.npy", request_id=i), timeout=120)
+            assert output.ok, output.message
+            doc = output.document
+            assert doc["id"] == i and doc["mode"] == "train" and seconds >= doc["request_seconds"] > 0
+            assert doc["loss"] == once_doc.document["loss"]
+            assert np.array_equal(_fetch(board, f"served-{i}.npy", tmp_path), expected)
+            assert doc["peak_memory_bytes"] > 0 and doc["peak_memory_scope"] in ("request", "process")
+            pids.append(runner.pid)
+            opened.append(doc["sessions"]["opened"])
+        assert runner.starts == 1 and len(set(pids)) == 1 and _running(board, pids[0])
+        assert opened == [1, 0, 0]  # the session is kept and reused (SGD sets)
+        assert not np.array_equal(expected, np.load(board.host_dir / "in.npy"))
+    finally:
+        runner.close()
+    assert not _running(board, pids[0])
+
+
+def test_a_bad_request_is_answered_and_serving_goes_on(board: Board, tmp_path: Path) -> None:
+    runner = board.serve("onnx")
+    try:
+        bad, _ = runner.request(_request("onnx", "x.npy", epochs=0), timeout=120)
+        assert bad.status == "bad arguments" and "--epochs" in bad.message
+        missing, _ = runner.request({**_request("onnx", "x.npy"), "data": "nowhere.npz"}, timeout=120)
+        assert missing.status == "bad arguments" and "nowhere.npz" in missing.message
+        unknown, _ = runner.request({"mode": "train", "frobnicate": 1}, timeout=120)
+        assert unknown.status == "bad arguments"
+        good, _ = runner.request(_request("onnx", "good.npy"), timeout=120)
+        assert good.ok and runner.starts == 1
+    finally:
+        runner.close()
+
+
+def test_a_timed_out_request_kills_the_runner_and_the_next_starts_another(board: Board, tmp_path: Path) -> None:
+    runner = board.serve("onnx")
+    try:
+        first, _ = runner.request(_request("onnx", "a.npy"), timeout=120)
+        assert first.ok
+        old = runner.pid
+        assert old is not None
+        began = time.monotonic()
+        with pytest.raises(CommandTimeout):
+            runner.request(_request("onnx", "slow.npy", epochs=100_000), timeout=1.0)
+        assert time.monotonic() - began < 15
+        assert runner.pid is None and not _running(board, old)
+        again, _ = runner.request(_request("onnx", "b.npy"), timeout=120)
+        assert again.ok and runner.starts == 2 and runner.pid not in (None, old)
+        assert np.array_equal(_fetch(board, "a.npy", tmp_path), _fetch(board, "b.npy", tmp_path))
+    finally:
+        runner.close()
+
+
+def test_a_runner_killed_mid_request_fails_it_and_one_dead_between_requests_is_replaced(board: Board) -> None:
+    runner = board.serve("onnx")
+    try:
+        assert runner.request(_request("onnx", "a.npy"), timeout=120)[0].ok
+        pid = runner.pid
+        killer = threading.Timer(1.5, lambda: board.transport.run(["kill", "-9", str(pid)], timeout=30))
+        killer.start()
+        failed, _ = runner.request(_request("onnx", "b.npy", epochs=100_000), timeout=120)
+        killer.join()
+        if isinstance(board.transport, SSHTransport):  # paramiko drops exit-signal: the status reads -1
+            assert failed.status == "runner error" and "exited -1" in failed.message
+        else:
+            assert failed.status == "out of memory" and "SIGKILL" in failed.message  # what the OOM killer sends
+        assert not _running(board, pid)
+        again, _ = runner.request(_request("onnx", "c.npy"), timeout=120)
+        assert again.ok and runner.starts == 2 and runner.pid != pid
+        second = runner.pid
+        board.transport.run(["kill", "-9", str(second)], timeout=30)
+        deadline = time.monotonic() + 10
+        while runner.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        quiet, _ = runner.request(_request("onnx", "d.npy"), timeout=120)  # died while idle: no client lost
+        assert quiet.ok and runner.starts == 3 and runner.pid not in (pid, second)
+    finally:
+        runner.close()
+
+
+def test_start_up_failure_is_one_line_and_leaves_nothing_running(tmp_path: Path) -> None:
+    transport = LocalTransport(workdir=tmp_path)
+    runner = ResidentRunner(
+        transport, contract.serve_argv(PY, str(contract.RUNNER_PATH), backend="onnx", threads=0), start_timeout=60
+    )
+    ready = runner.start()
+    assert ready.status == "bad arguments" and "--threads" in ready.message
+    assert not runner.alive() and runner.pid is None
+    transport.close()
+
+
+def test_reply_lines_parse_to_the_one_shot_statuses() -> None:
+    assert contract.parse_reply(json.dumps({"status": "ok", "loss": [1.0]})).ok
+    oom = contract.parse_reply(json.dumps({"status": "out of memory", "error": "bad_alloc"}))
+    assert oom.status == "out of memory" and oom.message == "bad_alloc"
+    assert contract.parse_reply("not json").status == "runner error"
+    assert contract.ended_output(-9, "").status == "out of memory"
+    assert contract.ended_output(1, "Traceback: boom").status == "runner error"
+    assert "boom" in contract.ended_output(1, "Traceback: boom").message
