@@ -240,7 +240,7 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
     from harness.backends import format_choices, usable_devices
     from harness.provision import fleet_backends
 
-    choices = fleet_backends(fleet, override)
+    choices = fleet_backends(fleet, override, say=progress.detail)
     for line in format_choices(choices):
         progress.detail(f"backend of {line}")
     backends = usable_devices(choices)

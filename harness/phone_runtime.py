@@ -34,11 +34,18 @@ Decisions, with the reasons:
   free bytes in the workdir; too little is one line with both numbers (`NoSpace`),
   and the other devices go on.
 * **Backends**: a bundle runs the ``onnx`` backend only (the portable step model on the
-  plain onnxruntime package); onnxruntime-training has no wheels for phones.
-* **A phone that has a working Python** is asked nothing more here: `harness.provision`
-  reports its packages as for any device.
+  plain onnxruntime package); onnxruntime-training has no wheels for phones. That fact
+  is the runtime's (`BUNDLE_BACKENDS`, carried as `RunnerStart.backends`); which backend
+  a device uses is decided in one place, `harness.backends` (``why_not``: "a runtime
+  bundle runs onnx only"), from the report of `harness.provision`, which chooses each
+  device's runtime here (`device_runtime`) and runs its package check through that
+  runtime's Python. ``--backend auto`` therefore gives the bundle phone ``onnx``.
+* **A phone that has a working Python** (Termux) keeps it; `harness.provision` checks
+  and installs its packages as for any device.
 * `runner_start` provisions a phone whose runtime is missing, so ``fleetbench profile``,
-  ``fl run --fleet`` and the demo work on a fresh phone without a separate provision.
+  ``fl run --fleet`` and the demo work on a fresh phone without a separate provision
+  (their backend check, `harness.provision.fleet_backends`, has usually done so already;
+  `runner_start` then only finds the runtime's stamp).
 """
 
 from __future__ import annotations
@@ -49,8 +56,7 @@ from dataclasses import dataclass
 
 from devices import bundle as bundles
 from devices.errors import TransportError
-from devices.fleet import Device, Fleet
-from devices.group import FleetResult, run_on_fleet
+from devices.fleet import Device
 from devices.transport import Transport
 from harness.contract import RunnerStart, python_start
 from harness.deploy import DEFAULT_TIMEOUT_S, DeployError, deploy_files
@@ -341,6 +347,36 @@ def provision_phone(transport: Transport, device: Device, *, verify: bool = True
                          time.monotonic() - started, built.size)
 
 
+def device_runtime(transport: Transport, device: Device, *, verify: bool = True, say: Printer = print,
+                   timeout: float = DEFAULT_TIMEOUT_S) -> RuntimeReport:
+    """Choose the runtime of any device: its own Python, or for a phone without one its bundle, provisioned.
+
+    Parameters
+    ----------
+    transport : Transport
+        An open transport to the device (not used for SSH and local devices).
+    device : Device
+    verify : bool
+        As for `provision_phone`.
+    say : callable
+        Receives progress lines (a bundle build on the host).
+    timeout : float
+
+    Returns
+    -------
+    RuntimeReport
+        For an SSH or local device, ``device.python`` and nothing pushed.
+
+    Raises
+    ------
+    NoSpace, UnsupportedAbiError, TransportError
+        As `provision_phone`.
+    """
+    if device.kind != "adb":
+        return RuntimeReport(python_start(device.python))
+    return provision_phone(transport, device, verify=verify, say=say, timeout=timeout)
+
+
 def runner_start(transport: Transport, device: Device, *, provision: bool = True, say: Printer = print,
                  timeout: float = DEFAULT_TIMEOUT_S) -> RunnerStart:
     """Return how ``device`` starts the runner's Python.
@@ -372,50 +408,7 @@ def runner_start(transport: Transport, device: Device, *, provision: bool = True
         if _runtime_name(built) not in state.runtimes:
             raise MissingRuntime(f"{device.name}: no Python and no runtime bundle; run `fleetbench fleet provision`")
         return bundle_start(f"{state.workdir}/{RUNTIME_DIR}/{_runtime_name(built)}", built)
-    report = provision_phone(transport, device, verify=False, say=say, timeout=timeout)
+    report = device_runtime(transport, device, verify=False, say=say, timeout=timeout)
     if report.pushed_parts or report.unpack_seconds:
         say(report.describe(device.name))
     return report.start
-
-
-def provision_phones(fleet: Fleet | Sequence[Device], opener: Callable[[Device], Transport],
-                     say: Printer = print) -> FleetResult[RuntimeReport]:
-    """Provision the runtime of every adb device of a fleet, concurrently.
-
-    Parameters
-    ----------
-    fleet : Fleet or sequence of Device
-        Devices other than adb ones are left out.
-    opener : callable
-        Device to an open transport.
-    say : callable
-        Receives progress lines.
-
-    Returns
-    -------
-    FleetResult of RuntimeReport
-        A phone that failed (no space, unsupported ABI, unreachable) never stops the others.
-    """
-    devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
-    phones = [d for d in devices if d.kind == "adb"]
-
-    def action(device: Device) -> RuntimeReport:
-        transport = opener(device)
-        try:
-            return provision_phone(transport, device, say=say)
-        finally:
-            transport.close()
-
-    return run_on_fleet(phones, action)
-
-
-def format_reports(result: FleetResult[RuntimeReport], devices: Sequence[Device]) -> list[str]:
-    """Return one line per phone: the runtime chosen and what was pushed, or why it failed."""
-    lines = []
-    for device in devices:
-        if device.name in result.successes:
-            lines.append(result.successes[device.name].describe(device.name))
-        elif device.name in result.failures:
-            failure = result.failures[device.name]
-            lines.append(f"{device.name}: runtime: FAILED ({failure.kind}): {failure.message}")
-    return lines

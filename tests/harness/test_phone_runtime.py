@@ -180,6 +180,9 @@ def test_corrupted_bundle_files_are_found_by_sha256_and_replaced(
 
 
 def test_too_little_storage_is_one_line_and_the_other_phones_go_on(make_phone: Any, bundle_x86_64: Any) -> None:
+    from harness.backends import usable_devices
+    from harness.provision import DEFAULT_PACKAGES, choices_from, format_table, provision
+
     small, roomy = make_phone("small"), make_phone("roomy")
     # the small phone's df reports 50 MB free in its workdir (Android's toybox df -Pk format)
     fake_df = small.endpoint.sandbox.root / "bin" / "df"
@@ -198,15 +201,25 @@ def test_too_little_storage_is_one_line_and_the_other_phones_go_on(make_phone: A
         def __getattr__(self, name: str) -> Any:
             return (lambda: None) if name == "close" else getattr(self.inner, name)
 
-    result = phone_runtime.provision_phones([small.device, roomy.device], lambda d: _Kept(transports[d.name]))
+    devices = [small.device, roomy.device]
+    result = provision(devices, packages=DEFAULT_PACKAGES[:2], opener=lambda d: _Kept(transports[d.name]),
+                       say=lambda line: None)
     assert set(result.successes) == {"roomy"} and set(result.failures) == {"small"}
     failure = result.failures["small"]
     needed = bundle_x86_64.push_bytes + bundle_x86_64.size
     assert failure.kind == "no space" and "\n" not in failure.message
     assert f"needs {needed} bytes" in failure.message and f"{50000 * 1024} bytes are free" in failure.message
     assert not small.host_path(f"{WORKDIR}/cas").exists() or not os.listdir(small.host_path(f"{WORKDIR}/cas"))
-    lines = phone_runtime.format_reports(result, [small.device, roomy.device])
-    assert lines[0].startswith("small: runtime: FAILED (no space)") and "runtime bundle x86_64" in lines[1]
+    # the roomy phone's packages were checked with the bundle's Python, and it uses onnx
+    roomy_report = result.successes["roomy"]
+    assert roomy_report.start is not None and roomy_report.start.runtime == "bundle"
+    assert roomy_report.packages["onnxruntime"].importable and roomy_report.python is not None
+    assert usable_devices(choices_from(result, devices)) == {"roomy": "onnx", "small": "ort"}  # small: not checked
+    lines = format_table(result, devices, DEFAULT_PACKAGES[:2]).splitlines()
+    assert lines[2].startswith("small ") and "FAILED: no space" in lines[2]
+    assert lines[3].split(" | ")[3].strip() == "bundle" and lines[3].split(" | ")[-1].strip() == "onnx"
+    assert any(line.startswith("roomy: runtime: runtime bundle x86_64") for line in lines)
+    assert any(line.startswith("small: no space: small: the runtime bundle needs") for line in lines)
     with pytest.raises(NoSpace):
         phone_runtime.provision_phone(small.transport, small.device)
 
@@ -298,6 +311,9 @@ def test_fleet_provision_and_profile_on_an_emulated_x86_64_phone(
     assert main(["fleet", "provision", str(path)]) == 0
     out = capsys.readouterr().out
     assert "phone: runtime: runtime bundle x86_64" in out and f"{bundle_x86_64.push_bytes / 1e6:.1f} MB" in out
+    row = [cell.strip() for cell in next(line for line in out.splitlines() if line.startswith("phone ")).split(" | ")]
+    assert row[1:4] == ["x86_64", row[2], "bundle"] and row[-2:] == ["onnx", "onnx"]
+    assert "phone: no ort: the bundle runtime offers onnx only" in out
     db = tmp_path / "fleetbench.db"
     argv = ["profile", "--fleet", str(path), "--model", "fjord-cnn", "--widths", "0.25", "--backend", "onnx,ort",
             "--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
@@ -307,6 +323,10 @@ def test_fleet_provision_and_profile_on_an_emulated_x86_64_phone(
 
     (message,) = sqlite3.connect(db).execute("SELECT message FROM cells WHERE backend = 'ort'").fetchone()
     assert message.startswith("phone: the ort backend does not run on runtime bundle x86_64")
+    auto = tmp_path / "auto.db"  # --backend auto (the default) chooses onnx for the phone on its bundle
+    auto_argv = [*argv[: argv.index("--backend")], *argv[argv.index("--steps") : -4], "--precision", "0"]
+    assert main([*auto_argv, "--db", str(auto), "--artifacts", str(tmp_path / "artifacts")]) == 0
+    assert _cells(auto) == {"onnx": "ok"}
 
 
 def test_the_aarch64_phone_runs_the_arm64_bundle_through_qemu(
