@@ -78,7 +78,7 @@ def _sha(path: Path) -> str:
 def _bench(phone: Phone, start: contract.RunnerStart, artifact_set: Path) -> contract.RunnerOutput:
     runner = deploy_runner(phone.transport, phone.device, contract.RUNNER_PATH)
     remote_set = deploy_artifact_set(phone.transport, phone.device, artifact_set).remote_dir
-    argv = contract.bench_argv(start, runner, remote_set, backend="onnx", warmup=1, steps=2, threads=1)
+    argv = contract.bench_argv(start, runner, remote_set, backend="onnx", warmup=1, steps=2, threads=1, precision=0.0)
     run = phone.transport.run(argv, timeout=120)
     return contract.parse_output(run.rc, run.stdout, run.stderr)
 
@@ -116,6 +116,51 @@ def test_a_phone_without_python_gets_the_bundle_and_runs_the_runner(
     assert again.pushed_parts == () and again.pushed_bytes == 0 and again.unpack_seconds == 0
     assert "nothing pushed" in again.describe("phone")
     assert phone_runtime.runner_start(phone.transport, phone.device, provision=False) == again.start
+
+
+def test_the_resident_runner_serves_through_the_bundle_on_the_phones_exec_service(
+    make_phone: Any, bundle_x86_64: Any, artifact_set: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from harness.deploy import deploy_files
+    from harness.resident import ResidentRunner
+    from tests.harness.test_runner import learnable_shard
+
+    phone = make_phone()
+    start = phone_runtime.runner_start(phone.transport, phone.device, say=lambda line: None)
+    assert start.runtime == "bundle"
+    runner = deploy_runner(phone.transport, phone.device, contract.RUNNER_PATH)
+    remote_set = deploy_artifact_set(phone.transport, phone.device, artifact_set).remote_dir
+    np.save(tmp_path / "in.npy", np.load(artifact_set / "initial_parameters.npy") + 0.01, allow_pickle=False)
+    local = [learnable_shard(tmp_path / "shard.npz", 16), tmp_path / "in.npy"]
+    files = deploy_files(phone.transport, phone.device, local)
+    shard, params = files.remote_paths["shard.npz"], files.remote_paths["in.npy"]
+    options = dict(backend="onnx", params=params, data=shard, epochs=1, lr=0.05, threads=1, seed=3)
+    once = phone.transport.run(contract.train_argv(start, runner, remote_set, out=f"{WORKDIR}/once.npy", **options),
+                               timeout=120)  # fmt: skip
+    assert contract.parse_output(once.rc, once.stdout, once.stderr).ok
+    # request paths are relative to --cwd: the emulated phone maps the paths of command lines only
+    argv = contract.serve_argv(start, runner, backend="onnx", threads=1, cwd=WORKDIR)
+    served = ResidentRunner(phone.transport, argv, start_timeout=120)
+    relative = {**options, "params": os.path.relpath(params, WORKDIR), "data": os.path.relpath(shard, WORKDIR)}
+    try:
+        pids = []
+        for i in range(2):
+            request = contract.train_request(os.path.relpath(remote_set, WORKDIR), out=f"served-{i}.npy",
+                                             request_id=i, **relative)  # fmt: skip
+            output, _ = served.request(request, timeout=120)
+            assert output.ok, output.message
+            pids.append(served.pid)
+        # one process, started through the bundle's loader (the phone's shell has no python3)
+        assert served.starts == 1 and pids[0] == pids[1] is not None
+        cmdline = phone.transport.run(["cat", f"/proc/{pids[0]}/cmdline"], timeout=30).stdout
+        assert bundle_x86_64.abi.loader in cmdline and "serve" in cmdline
+    finally:
+        served.close()
+    expected = np.load(phone.host_path(f"{WORKDIR}/once.npy"))
+    for i in range(2):
+        np.testing.assert_array_equal(np.load(phone.host_path(f"{WORKDIR}/served-{i}.npy")), expected)
 
 
 class _Interrupting:
