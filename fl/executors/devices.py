@@ -13,7 +13,10 @@ Each round, for each client placed on a device:
 
 Resident runner (default): one ``runner.py serve`` process per device per run
 (`harness.resident.ResidentRunner`), started through the transport's streaming handle
-with the device's first client and closed with the executor. It keeps the imports, the
+with the device's first client and closed with the executor. Both modes start the
+runner's Python as the device's `harness.contract.RunnerStart` says
+(`harness.phone_runtime.runner_start`): its own interpreter, or on a phone without
+Python the runtime bundle's, through the bundle's loader (pushed first when missing). It keeps the imports, the
 sessions of the widths it has seen and the shard in memory, so a round costs the
 request and its steps, not Python's start, the imports and session creation again.
 *compute* is the request's wall time seen from the host (write to reply). A request that
@@ -453,8 +456,7 @@ class DevicesExecutor(ClosingExecutor):
             resident = self._residents.get(device.name)
             if resident is None:
                 backend = self.backend_of(device)
-                start = self._starts.get(device.name) or device.python
-                argv = serve_argv(start, runner, backend=backend, threads=self.threads, cwd=workdir)
+                argv = serve_argv(self._starts[device.name], runner, backend=backend, threads=self.threads, cwd=workdir)
                 resident = ResidentRunner(transport, argv, start_timeout=self.timeout_s, clock=self.clock)
                 self._residents[device.name] = resident
         return resident
