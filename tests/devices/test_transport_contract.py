@@ -141,7 +141,7 @@ def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device
 
 #: Echoes each stdin line upper-cased on stdout, says "seen" on stderr, and says its pid and $GREETING first.
 ECHO_SERVER = [
-    "python3",
+    sys.executable,  # by absolute path, as ECHO_ARGV
     "-u",
     "-c",
     "import os, sys\n"
@@ -201,7 +201,7 @@ def test_a_process_killed_midway_is_ended_with_its_status_and_stderr(device: Dev
         "import os, signal, sys; print('about to die', flush=True); print('last words', file=sys.stderr, flush=True); "
         "sys.stdout.write('partial'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
     )
-    proc = device.transport.start(["python3", "-c", script])
+    proc = device.transport.start([sys.executable, "-c", script])
     try:
         assert proc.read_line(20) == "about to die"
         with pytest.raises(ProcessEnded) as ended:
