@@ -383,7 +383,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--backend",
         choices=("auto", "ort", "onnx", "torch"),
         default="auto",
-        help="runner backend on every device (default auto: each device's best available, ort > onnx > torch)",
+        help="runner backend on every device (default auto: each device's best available, ort > onnx > torch; "
+        "a phone on its runtime bundle: onnx)",
     )
     demo.add_argument("--local", action="store_true", help="use local devices instead of the emulated fleet")
     demo.add_argument("--keep-up", action="store_true", help="leave the emulated fleet running")

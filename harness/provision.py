@@ -660,6 +660,10 @@ def fleet_backends(fleet: Fleet | Sequence[Device], override: str | None = None,
         return [choose_backend(d.name, None, override) for d in devices]
     onnx_packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
     first = provision(devices, packages=onnx_packages, opener=opener, verify_runtime=False, say=say)
+    for device in devices:
+        runtime = first.successes[device.name].runtime if device.name in first.successes else None
+        if runtime is not None and (runtime.pushed_parts or runtime.unpack_seconds):
+            say(runtime.describe(device.name))
     rest = [d for d in devices if d.name in first.successes and first.successes[d.name].python is not None
             and not any(first.successes[d.name].can_run(b) for b in ("ort", "onnx"))]
     if not rest:
