@@ -17,8 +17,11 @@ Services implemented:
     What a real adbd (Android 5+) runs for ``adb exec-in`` / ``exec-out``: ``/bin/sh -c CMD``
     on a raw stream, never a pty, host ``WRTE`` data fed to stdin, stdout and stderr merged
     (adbd gives stderr its own stream only under the shell protocol). Here it is the same
-    handler as ``shell:``, whose commands never get a pty either. The transports use it for
-    long-lived processes (`devices.adb.ADBTransport.start`).
+    handler as ``shell:``, whose commands never get a pty either: the sandbox's shell
+    (`Sandbox.shell`, with its toolbox ``PATH`` that has no ``python3``, and arm64 under
+    qemu-user with ``--arch aarch64``). The transports use it for long-lived processes
+    (`devices.adb.ADBTransport.start`), such as a resident runner started through a
+    runtime bundle's loader.
 ``sync:``
     The file sync protocol (AOSP ``SYNC.TXT``): ``STAT``, ``LIST``, ``SEND``,
     ``RECV``, ``QUIT`` (version 1 messages only: ``stat_v2``/``ls_v2``/``sendrecv_v2``
@@ -37,12 +40,27 @@ Sandbox path mapping (one rule for shell commands and for sync)
   read them directly), so device-fact collection sees real numbers.
 * Any other absolute path is refused by sync; shell commands see the host there.
 
-``getprop`` is a small script in ``SANDBOX/bin`` (first on the commands' ``PATH``)
-answering ``ro.product.model``, ``ro.build.version.release``, ``ro.product.cpu.abi``
-and a few more.
+``getprop`` is a small script in ``SANDBOX/bin`` answering ``ro.product.model``,
+``ro.build.version.release``, ``ro.product.cpu.abi`` and a few more.
 
-Run as ``python -m devices.adb_endpoint --port P --sandbox DIR [--pidfile F]``, or
-in-process with `AdbEndpoint` (threaded server) in tests.
+A shell without Python (the phone's toolbox)
+--------------------------------------------
+``SANDBOX/bin`` is the commands' whole ``PATH``: beside ``getprop`` it holds links to
+the shell and the commands Android's toybox offers (`TOOLBOX`: ``cat``, ``sha256sum``,
+``tar``, ``df``, ``uname``...), and nothing else, so ``python3`` is not found, as on a
+phone. (A program named by its absolute host path still runs: that is how tests give
+the phone a working Python, as Termux would.) Decided so rather than a chroot, which
+would need root for every phone.
+
+``--arch aarch64 --tree T``: the toolbox links point at the arm64 binaries of the Debian
+tree ``T`` (`devices.rootfs`) and the commands run with ``QEMU_LD_PREFIX=T``, so the
+kernel hands every one of them to qemu-user through binfmt_misc and qemu finds their
+arm64 libraries in the tree: ``uname -m`` answers ``aarch64`` because qemu says so, and
+``/proc`` stays the host's, so the facts probe sees the emulation. The tree's own
+``/usr/bin/python3`` is not on ``PATH``. No root is needed once the binfmt entry exists.
+
+Run as ``python -m devices.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch
+aarch64 --tree T]``, or in-process with `AdbEndpoint` (threaded server) in tests.
 """
 
 from __future__ import annotations
@@ -102,6 +120,17 @@ DEFAULT_PROPS: Mapping[str, str] = {
 _ABIS = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64-v8a", "arm64": "arm64-v8a",
          "armv7l": "armeabi-v7a", "i686": "x86", "i386": "x86"}
 ANDROID_ROOTS = ("/data", "/sdcard", "/storage")
+#: Commands of the phone's shell, linked into ``SANDBOX/bin`` where the root has them (toybox's, roughly).
+TOOLBOX: tuple[str, ...] = (
+    "sh", "awk", "base64", "basename", "cat", "chmod", "chown", "cmp", "comm", "cp", "cut", "date", "dd", "df",
+    "diff", "dirname", "du", "echo", "egrep", "env", "expr", "false", "fgrep", "find", "free", "getconf", "grep",
+    "gunzip", "gzip", "head", "hostname", "id", "kill", "ln", "ls", "md5sum", "mkdir", "mktemp", "mv", "nice",
+    "nohup", "nproc", "od", "pgrep", "pidof", "pkill", "printf", "ps", "readlink", "realpath", "rm", "rmdir",
+    "sed", "seq", "setsid", "sha1sum", "sha256sum", "sleep", "sort", "stat", "sync", "tail", "tar", "tee",
+    "test", "timeout", "touch", "tr", "true", "uname", "uniq", "uptime", "wc", "which", "xargs", "yes", "zcat",
+)  # fmt: skip
+#: ``--arch`` values: the emulated CPU of the shell (None: this host's own).
+ARCHES = ("aarch64",)
 HOST_READ_ONLY_ROOTS = ("/proc", "/sys")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
 
@@ -209,6 +238,54 @@ def device_abi() -> str:
     return _ABIS.get(machine, machine)
 
 
+def write_toolbox(bin_dir: Path, root: Path = Path("/")) -> list[str]:
+    """Link the `TOOLBOX` commands found under ``root`` into ``bin_dir``; return the names linked.
+
+    Parameters
+    ----------
+    bin_dir : pathlib.Path
+        The sandbox's ``bin`` (created); links left by an earlier start are replaced.
+    root : pathlib.Path
+        Where the commands come from: ``/`` (this host) or an arm64 tree.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    FileNotFoundError
+        ``root`` has no ``sh``.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    linked = []
+    for name in TOOLBOX:
+        link = bin_dir / name
+        if link.is_symlink():
+            link.unlink()
+        source = next((found for d in ("bin", "usr/bin") if (found := _inside(root, f"{d}/{name}")) is not None), None)
+        if source is None:
+            if name == "sh":
+                raise FileNotFoundError(f"{root}: no bin/sh for the phone's shell")
+            continue
+        link.symlink_to(source)
+        linked.append(name)
+    return linked
+
+
+def _inside(root: Path, rel: str, depth: int = 0) -> Path | None:
+    """Return the regular file ``root/rel`` is, following links as if ``root`` were ``/``."""
+    path = root / rel
+    if depth > 16 or not (path.is_symlink() or path.exists()):
+        return None
+    if not path.is_symlink():
+        return path if path.is_file() else None
+    target = os.readlink(path)
+    if target.startswith("/"):
+        return _inside(root, target.lstrip("/"), depth + 1)
+    return _inside(root, os.path.normpath(os.path.join(os.path.dirname(rel), target)), depth + 1)
+
+
 def write_getprop(bin_dir: Path, props: Mapping[str, str]) -> Path:
     """Write the fake ``getprop`` script into ``bin_dir`` and return its path.
 
@@ -239,16 +316,26 @@ class Sandbox:
         ``[A-Za-z0-9_./+-]`` so that rewritten shell words need no quoting.
     props : mapping of str to str, optional
         System properties answered by ``getprop`` (merged over `DEFAULT_PROPS`).
+    arch : str, optional
+        ``aarch64``: the shell's commands are the arm64 ones of ``tree``, run through qemu-user.
+    tree : pathlib.Path, optional
+        The arm64 Debian tree (needed with ``arch``).
     """
 
-    def __init__(self, root: Path, props: Mapping[str, str] | None = None) -> None:
+    def __init__(self, root: Path, props: Mapping[str, str] | None = None, arch: str | None = None,
+                 tree: Path | None = None) -> None:
         self.root = root.resolve()
         if not _SAFE_PATH.fullmatch(str(self.root)):
             raise ValueError(f"sandbox path {self.root} contains characters the shell would interpret")
+        if arch is not None and (arch not in ARCHES or tree is None):
+            raise ValueError(f"arch {arch!r}: expected one of {', '.join(ARCHES)}, with the tree that runs it")
+        self.arch, self.tree = arch, tree
         (self.root / "data" / "local" / "tmp").mkdir(parents=True, exist_ok=True)
         (self.root / "sdcard").mkdir(exist_ok=True)
         (self.root / "storage").mkdir(exist_ok=True)
-        self.props = {**DEFAULT_PROPS, "ro.product.cpu.abi": device_abi(), **(props or {})}
+        abi = _ABIS[arch] if arch is not None else device_abi()
+        self.props = {**DEFAULT_PROPS, "ro.product.cpu.abi": abi, **(props or {})}
+        write_toolbox(self.root / "bin", tree if tree is not None else Path("/"))
         write_getprop(self.root / "bin", self.props)
         roots = "|".join(re.escape(r) for r in ANDROID_ROOTS)
         self._word_root = re.compile(rf"""(?:(?<=^)|(?<=[\s'"=;|&(<>]))({roots})(?=$|[/\s'";|&)<>])""")
@@ -283,12 +370,19 @@ class Sandbox:
         return self._word_root.sub(lambda m: str(self.root) + m.group(1), command)
 
     def environment(self) -> dict[str, str]:
-        """Return the environment of shell commands (sandbox ``bin`` first on PATH)."""
-        env = dict(os.environ)
+        """Return the environment of shell commands (the sandbox's ``bin`` is the whole PATH)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "QEMU_"))}
         tmp = str(self.root / "data" / "local" / "tmp")
-        env.update(PATH=f"{self.root / 'bin'}:/usr/local/bin:/usr/bin:/bin", HOME=tmp, TMPDIR=tmp,
-                   ANDROID_DATA="/data", EXTERNAL_STORAGE="/sdcard")
+        env.update(PATH=str(self.root / "bin"), HOME=tmp, TMPDIR=tmp, ANDROID_DATA="/data",
+                   EXTERNAL_STORAGE="/sdcard")
+        if self.tree is not None:
+            env["QEMU_LD_PREFIX"] = str(self.tree)
         return env
+
+    @property
+    def shell(self) -> str:
+        """The phone's shell (the toolbox's ``sh``)."""
+        return str(self.root / "bin" / "sh")
 
 
 # --- streams and connections -----------------------------------------------------------
@@ -532,7 +626,7 @@ def shell_service(endpoint: AdbEndpoint, command: str, stream: Stream) -> None:
     closes the stream the command's whole process group is killed.
     """
     sandbox = endpoint.sandbox
-    argv = ["/bin/sh", "-c", sandbox.shell_command(command)] if command else ["/bin/sh"]
+    argv = [sandbox.shell, "-c", sandbox.shell_command(command)] if command else [sandbox.shell]
     try:
         proc = subprocess.Popen(argv, cwd=sandbox.root, env=sandbox.environment(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -716,6 +810,8 @@ class AdbEndpoint:
         Directory holding the phone's storage (created).
     props : mapping of str to str, optional
         Extra or overriding system properties for ``getprop`` and the banner.
+    arch, tree : optional
+        An emulated CPU for the shell (`Sandbox`).
 
     Examples
     --------
@@ -726,9 +822,10 @@ class AdbEndpoint:
 
     host = "127.0.0.1"  # loopback only, by design
 
-    def __init__(self, port: int, sandbox: str | Path, props: Mapping[str, str] | None = None) -> None:
+    def __init__(self, port: int, sandbox: str | Path, props: Mapping[str, str] | None = None,
+                 arch: str | None = None, tree: Path | None = None) -> None:
         self.port = port
-        self.sandbox = Sandbox(Path(sandbox), props)
+        self.sandbox = Sandbox(Path(sandbox), props, arch, tree)
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[Connection] = set()
@@ -859,11 +956,13 @@ def iter_messages(data: bytes) -> Iterator[Message]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m devices.adb_endpoint --port P --sandbox DIR [--pidfile F]``."""
+    """Command line: ``python -m devices.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch A --tree T]``."""
     parser = argparse.ArgumentParser(prog="python -m devices.adb_endpoint", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
     parser.add_argument("--sandbox", type=Path, required=True, help="directory holding the phone's storage")
     parser.add_argument("--pidfile", type=Path, help="write this process's id here while running")
+    parser.add_argument("--arch", choices=ARCHES, help="emulated CPU of the phone's shell (qemu-user)")
+    parser.add_argument("--tree", type=Path, help="the Debian tree of --arch")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -871,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    endpoint = AdbEndpoint(args.port, args.sandbox)
+    endpoint = AdbEndpoint(args.port, args.sandbox, arch=args.arch, tree=args.tree)
     if args.pidfile:
         args.pidfile.write_text(f"{os.getpid()}\n")
     try:

@@ -387,6 +387,26 @@ def _aarch64_root(fleet: Fleet, device: Device, say: Printer) -> qemu.DeviceRoot
     return qemu.DeviceRoot(tree, fleet.state_dir / device.name / "rootfs")
 
 
+def _aarch64_tree(device: Device, say: Printer) -> Path:
+    """Check what an aarch64 phone needs and return the arm64 tree its shell runs from.
+
+    Its shell is the tree's arm64 ``sh`` run through binfmt_misc (`devices.adb_endpoint`):
+    no chroot, so root is needed only to register the binfmt entry and build the tree once.
+    """
+    from devices import rootfs
+
+    missing = rootfs.check_system(need_debootstrap=rootfs.read_stamp(rootfs.tree_path()) is None)
+    for line in missing:
+        say(f"{device.name}: {line}")
+    if missing:
+        raise EmulationError("; ".join(missing))
+    try:
+        rootfs.ensure_binfmt(say)
+        return rootfs.ensure_tree(say=say)
+    except rootfs.RootfsError as exc:
+        raise EmulationError(str(exc)) from None
+
+
 def _start_ssh(
     fleet: Fleet,
     device: Device,
@@ -595,7 +615,9 @@ def _ensure_adb_server(state: FleetState, state_dir: Path, say: Printer) -> Flee
     return FleetState(state.devices, None, port)
 
 
-def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer) -> DeviceState:
+def _start_adb(
+    fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer, tree: Path | None = None
+) -> DeviceState:
     host, port = address_of(device)
     unit = limits.unit_name(device.name, fleet.state_dir)
     directory = fleet.state_dir / device.name
@@ -612,6 +634,8 @@ def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
         "--pidfile",
         str(directory / "endpoint.pid"),
     ]
+    if tree is not None and emulation.arch:
+        argv += ["--arch", emulation.arch, "--tree", str(tree)]
     proc = _spawn(argv, plan, directory / "endpoint.log", unit)
     procs = [processes.record("adb-endpoint", proc.pid)]
     try:
@@ -624,7 +648,8 @@ def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
     except BaseException:
         stop_device_processes(procs, unit, tuple(map(str, plan.cgroup_dirs)))
         raise
-    say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}); {_limits_text(plan, None, emulation)}")
+    isa = f", {emulation.arch} shell from {tree} through qemu-user" if tree is not None else ""
+    say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}{isa}); {_limits_text(plan, None, emulation)}")
     cpuset, cpus = _pinning(plan)
     return DeviceState(
         device.name,
@@ -638,6 +663,8 @@ def _start_adb(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.
         plan.memory,
         emulation.cpu_share,
         emulation.memory_mb,
+        "",
+        emulation.arch if tree is not None else None,
         cpuset=cpuset,
         cpus=cpus,
     )
@@ -860,7 +887,8 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
                     root = _aarch64_root(fleet, device, say) if emulation.arch else None
                     dev = _start_ssh(fleet, device, emulation, plan, say, root)
                 elif device.kind == "adb":
-                    dev = _start_adb(fleet, device, emulation, plan, say)
+                    tree = _aarch64_tree(device, say) if emulation.arch else None
+                    dev = _start_adb(fleet, device, emulation, plan, say, tree)
                 else:
                     raise EmulationError(f"kind {device.kind!r} cannot be emulated")
             except BaseException:

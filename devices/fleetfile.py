@@ -25,7 +25,7 @@ A fleet file is one YAML mapping::
           memory_mb: 1024               # > 0
           delay_ms: 10                  # >= 0 (tc netem, root only)
           rate_kbit: 20000              # > 0  (tc netem, root only)
-          arch: aarch64                 # SSH devices only: arm64 userland under qemu-user
+          arch: aarch64                 # arm64 userland (ssh) or shell (adb) under qemu-user
           cpus: "0"                     # host cpus to pin it to (a Linux cpu list: 0, 2-3, 0,2)
 
 Rules, each one enforced with an error that names the file, the line and the field
@@ -67,14 +67,17 @@ as given):
   ``workdir`` ``<state_dir>/<name>/work`` by default and have ``~`` in an explicit
   ``workdir`` expanded here (the remote shell is not asked to expand it); their ``python``
   defaults to the interpreter running fleetbench, which has numpy and onnxruntime.
-  Emulated phones also default ``python`` to that interpreter.
 * ADB devices (real or emulated) default ``workdir`` to ``/data/local/tmp/fleetbench``,
   the directory Android lets a shell user write; the emulated phone serves it from its
-  sandbox.  Real SSH devices keep ``~/.fleetbench``, expanded by the device.
-* An emulated SSH device with ``arch: aarch64`` runs an arm64 Debian userland through
-  qemu-user (`devices.qemu`): its ``python`` defaults to ``python3`` and its ``workdir``
-  to ``~/.fleetbench``, both resolved inside that userland as on a real board (host paths
-  mean nothing there).  ``arch`` is refused on ADB devices and for any value but
+  sandbox.  Real SSH devices keep ``~/.fleetbench``, expanded by the device.  Their
+  ``python`` defaults to ``python3``, which a phone's shell does not find (the emulated
+  phone's neither, `devices.adb_endpoint`): provisioning then pushes a runtime bundle
+  (`harness.phone_runtime`). A phone with a working Python (Termux) names it here.
+* An emulated device with ``arch: aarch64`` runs arm64 code through qemu-user: an SSH
+  device an arm64 Debian userland (`devices.qemu`), whose ``python`` defaults to
+  ``python3`` and ``workdir`` to ``~/.fleetbench``, both resolved inside that userland as
+  on a real board (host paths mean nothing there); a phone a shell of that userland's
+  arm64 commands (`devices.adb_endpoint`).  ``arch`` is refused for any value but
   ``aarch64`` (`ARCHES`).
 * An ``emulate`` block keeps its ``preset`` by name; the preset's values (CPU share, memory)
   are filled in by `devices.presets` for the fields the block leaves out.
@@ -383,10 +386,10 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
 
     emulate_node = get("emulate")
     emulate = _emulation(ctx, f"{field}.emulate", emulate_node) if emulate_node is not None else None
-    if emulate is not None and emulate.arch is not None and kind != "ssh":
+    if emulate is not None and emulate.arch is not None and kind == "local":
         assert emulate_node is not None
         arch_node = _entries(ctx, f"{field}.emulate", emulate_node)["arch"][1]
-        raise ctx.error(arch_node, f"{field}.emulate.arch", f"applies to ssh devices only, not {kind}")
+        raise ctx.error(arch_node, f"{field}.emulate.arch", f"applies to ssh and adb devices only, not {kind}")
     foreign = emulate is not None and emulate.arch is not None
     on_this_machine = kind == "local" or (kind == "ssh" and emulate is not None and not foreign)
 
@@ -436,7 +439,7 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
         workdir = Device.workdir
     if (n := get("python")) is not None:
         python = _text(ctx, f"{field}.python", n, "an interpreter path")
-    elif on_this_machine or (emulate is not None and not foreign):
+    elif on_this_machine:
         python = ctx.local_python
     else:
         python = Device.python

@@ -148,7 +148,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--backend",
         choices=("auto", "ort", "onnx", "torch"),
         default="auto",
-        help="runner backend on the --fleet devices (default auto: each device's best available, ort > onnx > torch)",
+        help="runner backend on the --fleet devices (default auto: each device's best available, ort > onnx > torch; "
+        "a phone on its runtime bundle: onnx)",
     )
     run.add_argument(
         "--optimizer",

@@ -5,7 +5,9 @@
    ports and brought up. Without OpenSSH's ``sshd`` (or when ``--local`` is given) the
    demo says so and uses three local devices instead, which run at the host's speed.
    Each device is then asked what it can run and uses its best available runner
-   backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all);
+   backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all;
+   the phone, which has no Python, first gets its runtime bundle and so runs onnx,
+   `harness.phone_runtime`);
    a device with none is reported with its reason and left out of the rest.
 2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
    optimizer graph, which both the profile and the FL rounds train with.
@@ -250,7 +252,7 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
     from harness.backends import format_choices, usable_devices
     from harness.provision import fleet_backends
 
-    choices = fleet_backends(fleet, override)
+    choices = fleet_backends(fleet, override, say=progress.detail)
     for line in format_choices(choices):
         progress.detail(f"backend of {line}")
     backends = usable_devices(choices)
@@ -309,7 +311,7 @@ def plan_capacities(
     plan = scheduling.assign_tiers(
         cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round={d: examples[d] for d in wants},
         epochs=epochs, batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
-        backend=None, round_seconds=round_seconds,
+        backend=backends, round_seconds=round_seconds,
     )  # fmt: skip
     progress.detail(f"round deadline {deadline:.2f} s (the median device's predicted full-width round)")
     capacities = []
@@ -444,7 +446,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--backend",
         choices=("auto", "ort", "onnx", "torch"),
         default="auto",
-        help="runner backend on every device (default auto: each device's best available, ort > onnx > torch)",
+        help="runner backend on every device (default auto: each device's best available, ort > onnx > torch; "
+        "a phone on its runtime bundle: onnx)",
     )
     demo.add_argument("--local", action="store_true", help="use local devices instead of the emulated fleet")
     demo.add_argument("--keep-up", action="store_true", help="leave the emulated fleet running")

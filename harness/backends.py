@@ -28,6 +28,11 @@ failure's kind and an FL run logs its clients as unreachable, as for a device th
 later, and a device that comes back mid-run trains (the runner says "missing runtime" if
 the guess was wrong).
 
+A phone on a runtime bundle (`harness.phone_runtime`) can run ``onnx`` only: its report
+carries the runtime, whose `harness.contract.RunnerStart.backends` rule the others out
+here, before any package is looked at, so ``auto`` gives it ``onnx`` and the reason
+for not ``ort`` is the bundle, not a missing wheel.
+
 Everything here reads a `harness.provision.ProvisionReport` (what a device answered)
 and does no I/O, so the choice is testable without devices; `harness.provision` asks
 the devices.
@@ -104,6 +109,9 @@ def why_not(report: ProvisionReport, backend: str) -> str | None:
         For an unknown backend.
     """
     needed = BACKEND_PACKAGES[backend]
+    start = report.start
+    if start is not None and not start.offers(backend):
+        return f"the {start.runtime} runtime offers {'/'.join(start.backends)} only"
     if report.python is None:
         return "no Python on the device (the device's python cannot run)"
     for name in needed:

@@ -182,6 +182,12 @@ class CampaignResult:
         return not self.interrupted and all(m.ok for m in self.measurements) and not self.round_cost_failures
 
 
+class MissingBackend(TransportError):
+    """The device's runtime cannot run the cell's backend (a runtime bundle runs ``onnx`` only)."""
+
+    kind = "missing runtime"
+
+
 # --------------------------------------------------------------------------- planning
 
 
@@ -827,6 +833,7 @@ class _DeviceRun:
         self.prefetched = False
         self.facts: dict[str, Any] | None = None
         self.runner_remote: str | None = None
+        self.start: contract.RunnerStart | None = None
         self.remote_sets: dict[tuple[Path, bool], str] = {}
 
     def _transport(self) -> Transport:
@@ -875,6 +882,12 @@ class _DeviceRun:
         if self.facts is None:
             facts = probe_device(transport, self.device.python, timeout=min(FACTS_TIMEOUT_S, self.timeout))
             self.facts = facts.to_dict()
+        if self.start is None:  # a phone without Python gets its runtime bundle (harness.phone_runtime)
+            from harness.phone_runtime import runner_start
+
+            self.start = runner_start(transport, self.device, timeout=self.timeout, say=print)
+        if not self.start.offers(backend):
+            raise MissingBackend(f"{self.device.name}: the {backend} backend does not run on {self.start.detail}")
         if not self.prefetched:
             self._prefetch(transport)
         if self.runner_remote is None:
@@ -902,7 +915,7 @@ class _DeviceRun:
             with self.lock:
                 self.result.runner_invocations += 1
             argv = contract.bench_argv(
-                self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
+                self.start or self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
                 steps=spec.steps, threads=spec.threads, sample_seconds=sample_seconds_for(self.device),
                 precision=spec.precision, max_seconds=spec.max_seconds,
             )  # fmt: skip

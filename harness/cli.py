@@ -35,8 +35,8 @@ def register(commands: Any) -> None:
     profile.add_argument(
         "--backend",
         default="auto",
-        help="auto (each device's best available: ort > onnx > torch), or ort, onnx, torch, comma-separated "
-        "for every device (default auto)",
+        help="auto (each device's best available: ort > onnx > torch; a runtime bundle runs onnx), or ort, onnx, "
+        "torch, comma-separated for every device (default auto)",
     )
     profile.add_argument(
         "--steps", type=positive_int, default=MIN_SAMPLES, help=f"fewest timed samples per cell (default {MIN_SAMPLES})"

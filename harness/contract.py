@@ -5,10 +5,16 @@ module is everything the host needs to drive it, used alike by profiling campaig
 (`harness.campaign`) and the FL devices executor (`fl.executors.devices`):
 
 * `RUNNER_PATH`: the file to deploy;
-* `bench_argv` and `train_argv`: the command line of each mode;
+* `RunnerStart`: how a device starts the runner's Python -- its own interpreter, or a
+  runtime bundle's through the bundle's loader (``env PYTHONHOME=B ... B/lib/ld-linux-*
+  --library-path B/lib B/bin/python3``, `harness.phone_runtime`), and which backends
+  that runtime offers;
+* `bench_argv` and `train_argv`: the command line of each mode (the Python given as a
+  path or as a `RunnerStart`);
 * `serve_argv`, `train_request` and `parse_reply`: the resident runner (``runner.py
-  serve``, protocol in `harness.runner`'s docstring): its command line, one train
-  request, one reply line in and a `RunnerOutput` out;
+  serve``, protocol in `harness.runner`'s docstring): its command line (the Python
+  again a path or a `RunnerStart`), one train request, one reply line in and a
+  `RunnerOutput` out;
 * `RUNNER_EXIT_CODES` and `parse_output`: exit status and JSON document in, one
   status, a one-line message and the document out (`parse_reply` and a runner that
   ended without a reply, `ended_output`, give the same statuses);
@@ -51,6 +57,45 @@ FAILURE_REASON_OF_STATUS: Mapping[str, str] = {
 
 
 @dataclass(frozen=True)
+class RunnerStart:
+    """How a device starts the runner's Python.
+
+    Attributes
+    ----------
+    argv : tuple of str
+        The command that runs Python (the runner's path and arguments follow).
+    runtime : str
+        ``"python"`` (the device's own interpreter) or ``"bundle"`` (a pushed runtime bundle).
+    backends : tuple of str
+        The runner backends this runtime offers (empty: whatever the device has installed).
+    detail : str
+        One line saying what was chosen and why (for provisioning output and logs).
+    """
+
+    argv: tuple[str, ...]
+    runtime: str = "python"
+    backends: tuple[str, ...] = ()
+    detail: str = ""
+
+    def offers(self, backend: str) -> bool:
+        """Whether ``backend`` can run on this runtime (an unrestricted runtime offers every one)."""
+        return not self.backends or backend in self.backends
+
+    def backend(self, wanted: str | None, default: str = "ort") -> str:
+        """Return the backend to use: ``wanted`` when given, else the runtime's first, else ``default``."""
+        return wanted or (self.backends[0] if self.backends else default)
+
+
+def python_start(python: str) -> RunnerStart:
+    """Return the `RunnerStart` of a device's own interpreter ``python``."""
+    return RunnerStart((python,), "python", (), f"the device's {python}")
+
+
+def _start_argv(python: str | RunnerStart) -> list[str]:
+    return list(python.argv) if isinstance(python, RunnerStart) else [python]
+
+
+@dataclass(frozen=True)
 class RunnerOutput:
     """What one runner invocation came back with.
 
@@ -75,7 +120,7 @@ class RunnerOutput:
 
 
 def bench_argv(
-    python: str,
+    python: str | RunnerStart,
     runner_path: str,
     artifacts: str,
     *,
@@ -91,8 +136,8 @@ def bench_argv(
 
     Parameters
     ----------
-    python : str
-        The device's Python interpreter.
+    python : str or RunnerStart
+        The device's Python interpreter, or how the device starts one.
     runner_path : str
         Where the runner is deployed on the device.
     artifacts : str
@@ -114,7 +159,7 @@ def bench_argv(
     list of str
     """
     return [
-        python, runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
+        *_start_argv(python), runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
         "--warmup", str(warmup), "--steps", str(steps), "--threads", str(threads),
         "--sample-seconds", repr(float(sample_seconds)), "--precision", repr(float(precision)),
         "--max-seconds", repr(float(max_seconds)),
@@ -122,7 +167,7 @@ def bench_argv(
 
 
 def train_argv(
-    python: str,
+    python: str | RunnerStart,
     runner_path: str,
     artifacts: str,
     *,
@@ -157,14 +202,14 @@ def train_argv(
     list of str
     """
     return [
-        python, runner_path, "train", "--artifacts", artifacts, "--backend", backend,
+        *_start_argv(python), runner_path, "train", "--artifacts", artifacts, "--backend", backend,
         "--params", params, "--data", data, "--epochs", str(epochs), "--lr", repr(float(lr)),
         "--threads", str(threads), "--seed", str(seed), "--out", out,
     ]  # fmt: skip
 
 
 def serve_argv(
-    python: str,
+    python: str | RunnerStart,
     runner_path: str,
     *,
     backend: str,
@@ -176,7 +221,9 @@ def serve_argv(
 
     Parameters
     ----------
-    python, runner_path : str
+    python : str or RunnerStart
+        As for `bench_argv`.
+    runner_path : str
         As for `bench_argv`.
     backend : str
         Imported at start and the default of requests.
@@ -191,7 +238,7 @@ def serve_argv(
     -------
     list of str
     """
-    argv = [python, runner_path, "serve", "--backend", backend, "--threads", str(threads)]
+    argv = [*_start_argv(python), runner_path, "serve", "--backend", backend, "--threads", str(threads)]
     if max_sessions is not None:
         argv += ["--max-sessions", str(max_sessions)]
     if cwd is not None:

@@ -69,7 +69,9 @@ from devices.fleet import Device, Fleet
 from devices.group import FleetResult, run_on_fleet
 from devices.transport import RunResult, Transport
 from harness.backends import BACKEND_PACKAGES, BackendChoice, choose_backend, why_not
+from harness.contract import RunnerStart
 from harness.deploy import deploy_files, sha256_file
+from harness.phone_runtime import RuntimeReport, device_runtime
 from harness.runner import import_onnxruntime, import_ort_training, torch_blocked
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
@@ -152,6 +154,10 @@ class ProvisionReport:
         Why installing failed (pip's last line), when it did.
     machine : str or None
         ``platform.machine()`` on the device (``x86_64``, ``aarch64``); None without Python.
+    runtime : RuntimeReport or None
+        The runtime the runner starts with (`harness.phone_runtime.device_runtime`): the
+        device's own Python, or a phone's runtime bundle (which offers ``onnx`` only); the
+        packages above are that runtime's. None when not asked (the device's own Python).
     """
 
     python: str | None
@@ -160,6 +166,12 @@ class ProvisionReport:
     installed: tuple[str, ...] = ()
     install_error: str | None = None
     machine: str | None = None
+    runtime: RuntimeReport | None = None
+
+    @property
+    def start(self) -> RunnerStart | None:
+        """How the runner starts on the device (None: with ``device.python``, not asked)."""
+        return None if self.runtime is None else self.runtime.start
 
     def can_run(self, backend: str) -> bool:
         """Whether every package ``backend`` needs is importable.
@@ -314,7 +326,7 @@ def runner_env(workdir: str) -> list[str]:
 
 
 def check_device(transport: Transport, device: Device,
-                 packages: Sequence[Package] = DEFAULT_PACKAGES) -> ProvisionReport:
+                 packages: Sequence[Package] = DEFAULT_PACKAGES, start: RunnerStart | None = None) -> ProvisionReport:
     """Ask one device which packages are present and importable.
 
     Parameters
@@ -323,6 +335,8 @@ def check_device(transport: Transport, device: Device,
     device : Device
         Supplies ``python`` and ``workdir``.
     packages : sequence of Package
+    start : RunnerStart, optional
+        The Python to ask (a phone's runtime bundle); default ``device.python``.
 
     Returns
     -------
@@ -336,7 +350,8 @@ def check_device(transport: Transport, device: Device,
     """
     args = {"site": site_path(device.workdir), "packages": [[p.name, p.module, p.dist] for p in packages]}
     try:
-        result = transport.run([device.python, "-c", _CHECK, json.dumps(args)], timeout=CHECK_TIMEOUT_S)
+        python = list(start.argv) if start is not None else [device.python]
+        result = transport.run([*python, "-c", _CHECK, json.dumps(args)], timeout=CHECK_TIMEOUT_S)
     except TransportError as exc:
         if type(exc) is not TransportError:  # only "cannot start the program" means no Python
             raise
@@ -484,8 +499,13 @@ def index_candidates(report: ProvisionReport, packages: Sequence[Package]) -> li
 
 def provision_device(transport: Transport, device: Device, wheels: Sequence[Path] = (),
                      packages: Sequence[Package] = DEFAULT_PACKAGES, *, install: bool = False,
-                     index_url: str | None = None) -> ProvisionReport:
-    """Report one device's packages, installing missing ones from ``wheels``, then the index, first.
+                     index_url: str | None = None, verify_runtime: bool = True,
+                     say: Callable[[str], None] = print) -> ProvisionReport:
+    """Choose the device's runtime, then report its packages, installing missing ones from ``wheels``, then the index.
+
+    The runtime comes first (`harness.phone_runtime.device_runtime`): a phone without Python
+    gets its runtime bundle pushed, and the packages are checked with the bundle's Python.
+    Nothing is installed into a bundle (it brings numpy and onnxruntime).
 
     Parameters
     ----------
@@ -498,14 +518,24 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         Also install what is still missing of `INDEX_REQUIREMENTS` from the package index.
     index_url : str, optional
         The index ``install`` uses (default: the device pip's configuration).
+    verify_runtime : bool
+        Hash a phone's unpacked runtime bundle against its file list (`provision_phone`).
+    say : callable
+        Receives progress lines (a bundle built on the host).
 
     Returns
     -------
     ProvisionReport
-        The state after installing, with ``installed`` and ``install_error``.
+        The state after installing, with ``installed``, ``install_error`` and ``runtime``.
+
+    Raises
+    ------
+    TransportError
+        The device failed (a phone: also `harness.phone_runtime.NoSpace`, unsupported ABI).
     """
-    before = check_device(transport, device, packages)
-    if before.python is None:
+    runtime = device_runtime(transport, device, verify=verify_runtime, say=say)
+    before = dataclasses.replace(check_device(transport, device, packages, runtime.start), runtime=runtime)
+    if before.python is None or runtime.start.runtime == "bundle":
         return before
     state, errors = before, []
     missing = [p for p in packages if not before.packages[p.name].importable]
@@ -514,12 +544,12 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         chosen = [p for p in missing if p.name in matched]
         error = install_wheels(transport, device, state, chosen, [w for p in chosen for w in matched[p.name]])
         errors += [error] if error else []
-        state = check_device(transport, device, packages)
+        state = dataclasses.replace(check_device(transport, device, packages), runtime=runtime)
     from_index = index_candidates(state, packages) if install else []
     if from_index:
         error = install_from_index(transport, device, state, from_index, index_url)
         errors += [error] if error else []
-        state = check_device(transport, device, packages)
+        state = dataclasses.replace(check_device(transport, device, packages), runtime=runtime)
     if state is before:
         return before
     installed = tuple(p.name for p in packages
@@ -530,7 +560,8 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
 def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
               packages: Sequence[Package] = DEFAULT_PACKAGES,
               opener: Callable[[Device], Transport] = connect, *, install: bool = False,
-              index_url: str | None = None) -> FleetResult[ProvisionReport]:
+              index_url: str | None = None, verify_runtime: bool = True,
+              say: Callable[[str], None] = print) -> FleetResult[ProvisionReport]:
     """Provision every device of a fleet concurrently.
 
     Parameters
@@ -546,12 +577,14 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
         Install missing numpy / onnxruntime from the package index (`provision_device`).
     index_url : str, optional
         The index for ``install``.
+    verify_runtime, say
+        As for `provision_device`.
 
     Returns
     -------
     FleetResult of ProvisionReport
         Devices that answered, and devices that failed with the failure's kind
-        (``unreachable``, ``timeout``, ...).
+        (``unreachable``, ``timeout``, a phone's ``no space`` or ``unsupported ABI``, ...).
     """
     devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
     for wheel in wheels:
@@ -560,7 +593,8 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
     def action(device: Device) -> ProvisionReport:
         transport = opener(device)
         try:
-            return provision_device(transport, device, wheels, packages, install=install, index_url=index_url)
+            return provision_device(transport, device, wheels, packages, install=install, index_url=index_url,
+                                    verify_runtime=verify_runtime, say=say)
         finally:
             transport.close()
 
@@ -593,8 +627,13 @@ def choices_from(result: FleetResult[ProvisionReport], devices: Sequence[Device]
 
 
 def fleet_backends(fleet: Fleet | Sequence[Device], override: str | None = None,
-                   opener: Callable[[Device], Transport] = connect) -> list[BackendChoice]:
+                   opener: Callable[[Device], Transport] = connect,
+                   say: Callable[[str], None] = print) -> list[BackendChoice]:
     """Ask every device what it can run and choose its backend; ``--backend X`` asks nothing.
+
+    Each device is asked through the runtime its runner will start with: a phone without
+    Python first gets its runtime bundle (pushed when missing, not re-hashed when there),
+    so ``auto`` gives it ``onnx`` (`harness.backends.why_not`).
 
     The check imports torch only on devices that can run neither ``ort`` nor ``onnx``:
     importing it is most of the check's time (4 s against 17 s on the emulated fleet), and
@@ -607,6 +646,8 @@ def fleet_backends(fleet: Fleet | Sequence[Device], override: str | None = None,
         A backend for every device (taken as given), or ``None`` / ``"auto"``.
     opener : callable
         Device to an open transport.
+    say : callable
+        Receives progress lines (a runtime bundle built or pushed).
 
     Returns
     -------
@@ -618,22 +659,27 @@ def fleet_backends(fleet: Fleet | Sequence[Device], override: str | None = None,
     if override is not None and override != "auto":
         return [choose_backend(d.name, None, override) for d in devices]
     onnx_packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
-    first = provision(devices, packages=onnx_packages, opener=opener)
+    first = provision(devices, packages=onnx_packages, opener=opener, verify_runtime=False, say=say)
+    for device in devices:
+        runtime = first.successes[device.name].runtime if device.name in first.successes else None
+        if runtime is not None and (runtime.pushed_parts or runtime.unpack_seconds):
+            say(runtime.describe(device.name))
     rest = [d for d in devices if d.name in first.successes and first.successes[d.name].python is not None
             and not any(first.successes[d.name].can_run(b) for b in ("ort", "onnx"))]
     if not rest:
         return choices_from(first, devices)
-    second = provision(rest, opener=opener)
+    second = provision(rest, opener=opener, verify_runtime=False, say=say)
     merged = FleetResult({**first.successes, **second.successes}, {**first.failures, **second.failures})
     return choices_from(merged, devices)
 
 
 def format_table(result: FleetResult[ProvisionReport], devices: Sequence[Device],
                  packages: Sequence[Package] = DEFAULT_PACKAGES) -> str:
-    """Render the provisioning table (device | machine | python | packages... | can run | uses), then notes.
+    """Render the provisioning table (device | machine | python | runtime | packages... | can run | uses), then notes.
 
-    The notes say, per device, why each backend it cannot run is unusable, what was
-    installed, and what failed.
+    ``runtime`` is ``python`` (the device's own) or ``bundle`` (a phone's runtime bundle).
+    The notes say, per phone, the runtime chosen and what was pushed, and per device why
+    each backend it cannot run is unusable, what was installed, and what failed.
 
     Parameters
     ----------
@@ -646,20 +692,24 @@ def format_table(result: FleetResult[ProvisionReport], devices: Sequence[Device]
     -------
     str
     """
-    header = ["device", "machine", "python", *(p.name for p in packages), "can run", "uses"]
+    header = ["device", "machine", "python", "runtime", *(p.name for p in packages), "can run", "uses"]
     rows = [header]
     notes: list[str] = []
     for device, choice in zip(devices, choices_from(result, devices), strict=True):
         if device.name in result.failures:
             failure = result.failures[device.name]
-            rows.append([device.name, "-", "-", *("-" for _ in packages), f"FAILED: {failure.kind}", "-"])
+            rows.append([device.name, "-", "-", "-", *("-" for _ in packages), f"FAILED: {failure.kind}", "-"])
             notes.append(f"{device.name}: {failure.kind}: {failure.message}")
             continue
         report = result.successes[device.name]
         usable = [b for b in BACKENDS if report.can_run(b)]
+        start = report.start
         rows.append([device.name, report.machine or "-", report.python or "missing",
+                     start.runtime if start is not None else "python",
                      *(_cell(report.packages[p.name]) for p in packages),
                      ", ".join(usable) or "nothing", choice.backend or "-"])
+        if device.kind == "adb" and report.runtime is not None:
+            notes.append(report.runtime.describe(device.name))
         notes.extend(_notes(device.name, report))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -27,6 +27,8 @@ Status = Literal[
     "timeout",
     "out of memory",
     "missing runtime",
+    "no space",
+    "unsupported ABI",
     "bad arguments",
     "runner error",
     "connection lost",

@@ -11,6 +11,8 @@ from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every t
     adb_server,
     adb_transport,
     arm64_tree,
+    bundle_arm64,
+    bundle_x86_64,
     example_fleet_file,
     phone,
     sshd_path,

@@ -14,7 +14,10 @@ Each round, for each client placed on a device:
 
 Resident runner (default): one ``runner.py serve`` process per device per run
 (`harness.resident.ResidentRunner`), started through the transport's streaming handle
-with the device's first client and closed with the executor. It keeps the imports, the
+with the device's first client and closed with the executor. Both modes start the
+runner's Python as the device's `harness.contract.RunnerStart` says
+(`harness.phone_runtime.runner_start`): its own interpreter, or on a phone without
+Python the runtime bundle's, through the bundle's loader (pushed first when missing). It keeps the imports, the
 sessions of the widths it has seen and the shard in memory, so a round costs the
 request and its steps, not Python's start, the imports and session creation again.
 *compute* is the request's wall time seen from the host (write to reply). A request that
@@ -82,6 +85,7 @@ from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
+from harness.contract import RunnerStart
 
 #: Seconds allowed for one remote command when the caller gives no timeout.
 DEFAULT_TIMEOUT_S = 300.0
@@ -206,7 +210,9 @@ class DevicesExecutor(ClosingExecutor):
         Monotonic clock in seconds.
     backends : mapping of str to str, optional
         The runner backend of each device by name (``"ort"``, ``"onnx"``, ``"torch"``);
-        devices not named train with ``"ort"``. Each client round records its backend.
+        devices not named train with ``"ort"``, or with their runtime's backend where the
+        runtime offers only some (a phone running a runtime bundle: ``"onnx"``,
+        `harness.phone_runtime`). Each client round records its backend.
     resident : bool
         One serving runner per device (default); False runs a one-shot runner per client.
     optimizer : str
@@ -246,6 +252,7 @@ class DevicesExecutor(ClosingExecutor):
         self.resident = resident
         self._transports: dict[str, Transport] = {}
         self._runner: dict[str, str] = {}
+        self._starts: dict[str, RunnerStart] = {}
         self._residents: dict[str, Any] = {}  # device name -> harness.resident.ResidentRunner
         self._sets: dict[tuple[str, str], str] = {}
         self._files: dict[tuple[str, str], tuple[str, str]] = {}
@@ -262,7 +269,9 @@ class DevicesExecutor(ClosingExecutor):
         -------
         str
         """
-        return self.backends.get(device.name, "ort")
+        wanted = self.backends.get(device.name)
+        start = self._starts.get(device.name)
+        return start.backend(wanted) if start is not None else (wanted or "ort")
 
     def runner_of(self, name: str) -> Any:
         """Return the resident runner of device ``name`` (a `harness.resident.ResidentRunner`), or None.
@@ -409,6 +418,7 @@ class DevicesExecutor(ClosingExecutor):
             transport = self._transports.pop(name, None)
             resident = self._residents.pop(name, None)
             self._runner.pop(name, None)
+            self._starts.pop(name, None)
             for key in [k for k in self._sets if k[0] == name]:
                 del self._sets[key]
             for key in [k for k in self._files if k[0] == name]:
@@ -444,6 +454,10 @@ class DevicesExecutor(ClosingExecutor):
         from harness.deploy import deploy_runner
 
         name = job.device.name
+        if name not in self._starts:  # a phone without Python gets its runtime bundle
+            from harness.phone_runtime import runner_start
+
+            self._starts[name] = runner_start(transport, job.device, timeout=self.timeout_s)
         if name not in self._runner:
             self._runner[name] = deploy_runner(transport, job.device, RUNNER_PATH, timeout=self.timeout_s)
         remote_set = self._deployed_set(transport, job.device, job.set_dir)
@@ -465,7 +479,9 @@ class DevicesExecutor(ClosingExecutor):
             resident = self._residents.get(device.name)
             if resident is None:
                 backend = self.backend_of(device)
-                argv = serve_argv(device.python, runner, backend=backend, threads=self.threads_of(device), cwd=workdir)
+                argv = serve_argv(
+                    self._starts[device.name], runner, backend=backend, threads=self.threads_of(device), cwd=workdir
+                )
                 resident = ResidentRunner(transport, argv, start_timeout=self.timeout_s, clock=self.clock)
                 self._residents[device.name] = resident
         return resident
@@ -514,7 +530,8 @@ class DevicesExecutor(ClosingExecutor):
                 extra["runner_starts"] = float(resident.starts)
             else:
                 run = transport.run(
-                    contract.train_argv(device.python, runner, remote_set, **options), timeout=self.timeout_s
+                    contract.train_argv(self._starts[device.name], runner, remote_set, **options),
+                    timeout=self.timeout_s,
                 )
                 output, compute = contract.parse_output(run.rc, run.stdout, run.stderr), run.seconds
             if not output.ok:

@@ -193,7 +193,7 @@ def assign_tiers(
     batch: int | None,
     memory_budget_bytes: Mapping[str, int] | None,
     k: int,
-    backend: str | None = "ort",
+    backend: str | Mapping[str, str] | None = "ort",
     round_overhead_s: float | Mapping[str, float] = 0.0,
     round_seconds: Callable[[str, float], float] | None = None,
 ) -> TierPlan:
@@ -221,9 +221,11 @@ def assign_tiers(
         Memory budget per device; a device without an entry (or ``None``) is unconstrained.
     k : int
         Number of tiers.
-    backend : str or None
-        Profile backend (``"ort"``, ``"onnx"`` or ``"torch"``); None takes each device's
-        one measured backend (devices profiled with their own best backend).
+    backend : str, mapping of str to str, or None
+        Profile backend (``"ort"``, ``"onnx"`` or ``"torch"``): one for all devices, or one
+        per device (a phone on a runtime bundle trains with ``"onnx"``); None, and a device
+        the mapping leaves out, take the device's one measured backend (devices profiled
+        with their own best backend).
     round_overhead_s : float or mapping of str to float
         Fixed per-round cost (transfer, set-up) added to every predicted round time,
         one value for all devices or per device (missing devices: 0).
@@ -245,7 +247,12 @@ def assign_tiers(
     deadline = positive(deadline_s, "deadline_s")
     epochs = count(epochs, "epochs")
     k = count(k, "k")
-    rows = select(profile_rows(profiles), model=model, backend=backend)
+
+    def backend_of(device: str) -> str | None:
+        return backend if backend is None or isinstance(backend, str) else backend.get(device)
+
+    rows = select(profile_rows(profiles), model=model)
+    rows = [r for r in rows if backend_of(str(r.get("device"))) in (None, str(r.get("backend")))]
     models = fit(rows)
     picks: dict[str, tuple[WidthCheck, tuple[WidthCheck, ...]] | str] = {}
     for device in sorted(examples_per_round):
@@ -258,7 +265,7 @@ def assign_tiers(
             model,
             candidates,
             batch,
-            backend,
+            backend_of(device),
             round_seconds_per_us=1e-6 * examples * epochs,
             overhead_s=overhead(round_overhead_s, device),
             deadline_s=deadline,

@@ -6,10 +6,13 @@ The fixtures are also offered to every test directory through ``tests/conftest.p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,9 +71,20 @@ def cmdline_running(marker: str) -> bool:
     return False
 
 
-def copy_example_fleet(directory: Path) -> Path:
-    """Write the shipped example fleet into ``directory`` on free ports, with its own state dir."""
-    return emulate.write_example_fleet(directory, free_port)
+def copy_example_fleet(directory: Path, phone_python: str | None = sys.executable) -> Path:
+    """Write the shipped example fleet into ``directory`` on free ports, with its own state dir.
+
+    ``phone_python`` gives the phone a working Python (as Termux would), so tests of
+    campaign and FL mechanics run the ``ort`` backend on every device; None keeps the
+    phone as shipped, without Python (it then runs from a pushed runtime bundle).
+    """
+    path = emulate.write_example_fleet(directory, free_port)
+    if phone_python is not None:
+        text = path.read_text()
+        text = re.sub(r"(\n    serial: 127\.0\.0\.1:\d+[^\n]*\n)", rf"\1    python: {phone_python}\n", text)
+        assert f"python: {phone_python}" in text
+        path.write_text(text)
+    return path
 
 
 def kill_device(fleet: Fleet, name: str) -> None:
@@ -178,3 +192,35 @@ def arm64_tree() -> Path:
         return rootfs.ensure_tree(say=lambda line: print(line, file=sys.__stderr__, flush=True))
     except rootfs.RootfsError as exc:
         pytest.fail(f"cannot build the arm64 userland: {exc}")
+
+
+def _built_bundle(abi: str) -> Any:
+    """Build (or find in the user's cache) the runtime bundle of ``abi``; fail under CI, skip elsewhere.
+
+    Building needs the network (apt-get download, pip download); a failure under CI=true
+    fails the tests that use it, never skips them.
+    """
+    import sys
+
+    from devices import bundle
+
+    for tool in ("apt-get", "dpkg-deb"):
+        require_tool(tool)
+    try:
+        return bundle.ensure_bundle(abi, say=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except bundle.BundleError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot build the {abi} runtime bundle: {exc}")
+        pytest.skip(f"cannot build the {abi} runtime bundle: {exc}")
+
+
+@pytest.fixture(scope="session")
+def bundle_x86_64() -> Any:
+    """The x86_64 runtime bundle (`devices.bundle`), built once into the user's cache."""
+    return _built_bundle("x86_64")
+
+
+@pytest.fixture(scope="session")
+def bundle_arm64(arm64_tree: Path) -> Any:
+    """The arm64-v8a runtime bundle, built once from the cached arm64 tree."""
+    return _built_bundle("arm64-v8a")

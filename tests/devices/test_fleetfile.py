@@ -98,6 +98,7 @@ def test_emulated_fleet_is_fast_mid_slow_and_a_phone(monkeypatch: pytest.MonkeyP
         assert device.python == sys.executable
     phone = fleet.device("phone")
     assert (phone.kind, phone.serial, phone.workdir) == ("adb", "127.0.0.1:25555", ADB_WORKDIR)
+    assert phone.python == "python3"  # its shell finds none: it runs from a pushed runtime bundle
     assert phone.emulate == Emulation(preset="phone-midrange", cpus="0")
     # the slowest device has a cpu of its own; the others take turns on cpu 0
     assert {d.name: d.emulate.cpus for d in fleet.devices if d.emulate} == {
@@ -733,7 +734,7 @@ def test_cli_subprocess_malformed_file_no_traceback(tmp_path: Path) -> None:
 def test_arm64_fleet_ships_one_aarch64_ssh_device_named_pi(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     fleet = load_fleet("devices/fleets/arm64.yaml")
-    (pi,) = fleet.devices
+    pi = fleet.device("pi")
     assert (pi.name, pi.kind) == ("pi", "ssh")
     assert pi.emulate is not None and pi.emulate.arch == "aarch64"
 
@@ -769,6 +770,16 @@ def test_unknown_arch_values_are_refused_with_file_line_and_field(block: str, fr
     assert_error(write(tmp_path, text), line_of(text, "emulate"), "devices[0].emulate.arch", fragment)
 
 
-def test_arch_on_an_adb_device_is_refused(tmp_path: Path) -> None:
+def test_an_emulated_aarch64_phone_has_no_python_of_its_own(tmp_path: Path) -> None:
     text = "devices:\n  - name: phone\n    kind: adb\n    serial: 127.0.0.1:25555\n    emulate:\n      arch: aarch64\n"
-    assert_error(write(tmp_path, text), line_of(text, "arch:"), "devices[0].emulate.arch", "ssh devices only")
+    (phone,) = load_fleet(write(tmp_path, text)).devices
+    assert phone.emulate is not None and phone.emulate.arch == "aarch64"
+    # like a real phone's: a name its shell does not find, so provisioning pushes a bundle
+    assert (phone.python, phone.workdir) == ("python3", ADB_WORKDIR)
+
+
+def test_arm64_fleet_ships_an_aarch64_phone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    phone = load_fleet("devices/fleets/arm64.yaml").device("phone")
+    assert phone.kind == "adb" and phone.emulate is not None and phone.emulate.arch == "aarch64"
+    assert "emulated-isa" in phone.tags

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ HOSTILE = [
     "ünïcødé ✓",
 ]
 NASTY_NAME = "a b 'c' \"d\" ;e $(touch PWNED) `touch PWNED` \nf *g"
-ECHO_ARGV = ["python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
+# By absolute path: the emulated phone's shell has no python3 on PATH (like a phone).
+ECHO_ARGV = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
 
 
 @dataclass
@@ -139,7 +141,7 @@ def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device
 
 #: Echoes each stdin line upper-cased on stdout, says "seen" on stderr, and says its pid and $GREETING first.
 ECHO_SERVER = [
-    "python3",
+    sys.executable,  # by absolute path, as ECHO_ARGV
     "-u",
     "-c",
     "import os, sys\n"
@@ -199,7 +201,7 @@ def test_a_process_killed_midway_is_ended_with_its_status_and_stderr(device: Dev
         "import os, signal, sys; print('about to die', flush=True); print('last words', file=sys.stderr, flush=True); "
         "sys.stdout.write('partial'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
     )
-    proc = device.transport.start(["python3", "-c", script])
+    proc = device.transport.start([sys.executable, "-c", script])
     try:
         assert proc.read_line(20) == "about to die"
         with pytest.raises(ProcessEnded) as ended:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from exporters.errors import InputError
@@ -44,6 +46,29 @@ def test_an_aarch64_board_with_plain_onnxruntime_uses_onnx_and_says_why_not_ort(
         "onnx",
         "best available (ort: onnxruntime-training 1.19.2 has no wheel for aarch64)",
     )
+
+
+def test_a_phone_on_a_runtime_bundle_uses_onnx_because_the_bundle_offers_nothing_else() -> None:
+    from harness.contract import RunnerStart
+    from harness.phone_runtime import BUNDLE_BACKENDS, RuntimeReport
+
+    bundle = RunnerStart(("env", "/w/runtime/x/lib/ld-linux-x86-64.so.2"), "bundle", BUNDLE_BACKENDS, "bundle")
+    # even with every package importable through the bundle's Python, only its backends count
+    phone = dataclasses.replace(report(numpy=OK, onnxruntime=OK, onnxruntime_training=OK, torch=OK),
+                                runtime=RuntimeReport(bundle))
+    assert why_not(phone, "ort") == why_not(phone, "torch") == "the bundle runtime offers onnx only"
+    assert usable_backends(phone) == ("onnx",)
+    choice = choose_backend("phone", phone)
+    assert (choice.backend, choice.reason) == ("onnx", "best available (ort: the bundle runtime offers onnx only)")
+    assert choose_backend("phone", phone, "ort").backend == "ort"  # an explicit --backend is taken as given
+    # a bundle whose onnxruntime does not import has no backend at all
+    broken = dataclasses.replace(report(numpy=OK, onnxruntime=BROKEN), runtime=RuntimeReport(bundle))
+    assert choose_backend("phone", broken).backend is None
+    # a phone on its own Python (Termux) is judged by its packages, like any device
+    termux = dataclasses.replace(report("aarch64", numpy=OK, onnxruntime=OK),
+                                 runtime=RuntimeReport(RunnerStart(("python3",))))
+    assert usable_backends(termux) == ("onnx",)
+    assert why_not(termux, "ort") == "onnxruntime-training 1.19.2 has no wheel for aarch64"
 
 
 def test_reasons_name_python_version_install_route_and_a_broken_import() -> None:

@@ -117,7 +117,7 @@ def test_a_dead_device_fails_while_the_others_answer(tmp_path: Path) -> None:
     assert result.successes["alive"].packages["numpy"].importable
     assert result.successes["nopython"].python is None and not result.successes["nopython"].can_run("ort")
     table = format_table(result, devices, (NUMPY,))
-    assert "FAILED: unreachable" in table and "nopython | -       | missing" in table
+    assert "FAILED: unreachable" in table and "nopython | -       | missing | python" in table
     assert "nopython: no Python on the device (the device's python cannot run): no backend can run" in table
 
 
@@ -134,7 +134,8 @@ def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
     out = capsys.readouterr().out
     header = [cell.strip() for cell in out.splitlines()[0].split(" | ")]
     assert header == [
-        "device", "machine", "python", "numpy", "onnxruntime", "onnxruntime-training", "torch", "can run", "uses"
+        "device", "machine", "python", "runtime", "numpy", "onnxruntime", "onnxruntime-training", "torch", "can run",
+        "uses",
     ]
     here = next(line for line in out.splitlines() if line.startswith("here "))
     assert [cell.strip() for cell in here.split(" | ")][-2:] == ["ort, onnx, torch", "ort"]
@@ -257,5 +258,5 @@ def test_the_aarch64_device_runs_onnx_only_and_says_why_not_ort(
     out = capsys.readouterr().out
     row = [cell.strip() for cell in next(line for line in out.splitlines() if line.startswith("pi ")).split(" | ")]
     assert row[1] == "aarch64" and row[-2:] == ["onnx", "onnx"]
-    assert row[4] != "missing" and row[5] == "missing"  # onnxruntime, onnxruntime-training
+    assert row[3] == "python" and row[5] != "missing" and row[6] == "missing"  # runtime, onnxruntime, -training
     assert "pi: no ort: onnxruntime-training 1.19.2 has no wheel for aarch64" in out

@@ -41,6 +41,32 @@ def test_largest_width_meeting_the_deadline() -> None:
     assert plan.tier_widths == (0.75, 0.25) and (a.tier, b.tier) == (0, 1)
 
 
+def test_a_backend_per_device_reads_each_devices_own_rows() -> None:
+    # B (a phone on a runtime bundle) was profiled with onnx only; its slow ort rows are another
+    # device's history and must not count. With onnx rows as fast as A's, B fits 0.75 too.
+    rows = line_rows("A", 100.0, 1e-4) + line_rows("B", 200.0, 2e-3) + line_rows("B", 100.0, 1e-4, backend="onnx")
+    common = dict(deadline_s=0.9, examples_per_round={"A": 1000, "B": 1000}, epochs=2, batch=20,
+                  memory_budget_bytes=None, k=2)  # fmt: skip
+    plan = assign_tiers(rows, "m", WIDTHS, backend={"B": "onnx"}, **common)  # type: ignore[arg-type]
+    assert (plan.choice("A").width, plan.choice("B").width) == (0.75, 0.75)
+    only_ort = assign_tiers(rows, "m", WIDTHS, **common)  # type: ignore[arg-type]
+    assert only_ort.choice("B").width is None  # its ort rows meet the deadline at no width
+    # None: each device's one measured backend; B has two, so it must be named
+    any_one = assign_tiers(rows, "m", WIDTHS, backend=None, **common)  # type: ignore[arg-type]
+    assert any_one.choice("A").width == 0.75 and any_one.choice("B").width is None
+    assert "2 fitted configuration(s)" in any_one.excluded["B"]
+
+
+def test_a_device_the_backend_mapping_leaves_out_takes_its_one_measured_backend() -> None:
+    # A was measured with onnx only (a phone on a runtime bundle); the mapping names only B
+    rows = line_rows("A", 100.0, 1e-4, backend="onnx") + line_rows("B", 200.0, 2e-3) + line_rows("B", 100.0, 1e-4,
+                                                                                                 backend="onnx")
+    common = dict(deadline_s=0.9, examples_per_round={"A": 1000, "B": 1000}, epochs=2, batch=20,
+                  memory_budget_bytes=None, k=2)  # fmt: skip
+    plan = assign_tiers(rows, "m", WIDTHS, backend={"B": "ort"}, **common)  # type: ignore[arg-type]
+    assert (plan.choice("A").width, plan.choice("B").width) == (0.75, None)
+
+
 def test_round_overhead_is_added_to_the_round_time() -> None:
     # A at 0.75: 0.8 + 0.15 = 0.95 s > 0.9 -> 0.5 (0.6 + 0.15 = 0.75 s).
     plan = assign_tiers(
