@@ -970,7 +970,7 @@ class _DeviceRun:
             cost = measure_round_cost(
                 transport, self.device, runner=runner, remote_set=remote_set, set_dir=set_dir, width=spec.width,
                 scratch=self.scratch / name, backend=spec.backend, optimizer=spec.optimizer, threads=spec.threads,
-                timeout=self.timeout, campaign_id=self.campaign_id, measured_at=self.clock(),
+                timeout=self.timeout, campaign_id=self.campaign_id, measured_at=self.clock(), start=self.start,
             )  # fmt: skip
         except TransportError as exc:
             status, message = exc.kind, str(exc) or type(exc).__name__

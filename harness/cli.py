@@ -51,7 +51,7 @@ def register(commands: Any) -> None:
     profile.add_argument(
         "--no-round-cost",
         action="store_true",
-        help="skip the round-cost step (fixed cost of a runner request, transfer time per byte each way)",
+        help="skip the round-cost step (fixed cost of a resident runner request, transfer time per byte each way)",
     )
     profile.add_argument(
         "--precision",

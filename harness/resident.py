@@ -21,6 +21,14 @@ Decisions:
 * **A failed reply does not restart the runner** (bad arguments, a missing file): the
   process answered, so it is healthy; an ``"out of memory"`` reply does restart it,
   since a failed allocation can leave a runtime in a state no one has tested.
+* **One way to start and to train**: `ResidentRunner.for_device` (the serve command line
+  in the device's work directory) and `ResidentRunner.train` (a ``train`` request whose
+  device paths are made relative to that directory, `relative_paths`) are what the FL
+  devices executor and the round-cost measurement (`harness.roundcost`) both call, so the
+  measured fixed cost of a request is that of the requests FL rounds send. Paths go
+  relative because request lines reach the runner as data, never through the device's
+  shell, so a device that maps the paths of its command lines (the emulated phone's
+  sandbox) would not map them; the work directory given on the command line it does map.
 """
 
 from __future__ import annotations
@@ -32,7 +40,27 @@ from typing import Any
 
 from devices.errors import CommandTimeout, ProcessEnded
 from devices.transport import Process, Transport
-from harness.contract import RunnerOutput, ended_output, parse_reply
+from harness.contract import RunnerOutput, RunnerStart, ended_output, parse_reply, serve_argv, train_request
+
+
+def relative_paths(workdir: str | None, **paths: str) -> dict[str, str]:
+    """Return device ``paths`` relative to ``workdir`` (a serving runner's ``--cwd``) where they lie under it.
+
+    Parameters
+    ----------
+    workdir : str or None
+        The device's work directory (absolute); None leaves every path as it is.
+    **paths : str
+        Paths on the device, by name.
+
+    Returns
+    -------
+    dict of str to str
+    """
+    if workdir is None:
+        return dict(paths)
+    base = workdir.rstrip("/") + "/"
+    return {k: v[len(base) :] if v.startswith(base) else v for k, v in paths.items()}
 
 
 class ResidentRunner:
@@ -48,6 +76,8 @@ class ResidentRunner:
         Seconds the ready line may take (imports and start-up on a slow device).
     clock : callable
         Monotonic clock in seconds.
+    cwd : str, optional
+        The runner's ``--cwd`` on the device: `train` sends paths under it relative to it.
     """
 
     def __init__(
@@ -57,9 +87,11 @@ class ResidentRunner:
         *,
         start_timeout: float,
         clock: Callable[[], float] = time.perf_counter,
+        cwd: str | None = None,
     ) -> None:
         self.transport = transport
         self.argv = list(argv)
+        self.cwd = cwd
         self.start_timeout = start_timeout
         self.clock = clock
         self.process: Process | None = None
@@ -68,6 +100,45 @@ class ResidentRunner:
         #: Processes started so far, and the host-side seconds each start took (to its ready line).
         self.starts = 0
         self.start_seconds: list[float] = []
+
+    @classmethod
+    def for_device(
+        cls,
+        transport: Transport,
+        start: str | RunnerStart,
+        runner: str,
+        *,
+        backend: str,
+        threads: int,
+        workdir: str,
+        start_timeout: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> ResidentRunner:
+        """Return the (not yet started) serving runner of ``device``, working in ``workdir``.
+
+        Parameters
+        ----------
+        transport : Transport
+            The device's open transport.
+        start : str or harness.contract.RunnerStart
+            How the device starts the runner's Python (its interpreter's path, or a runtime
+            bundle's loader; `harness.phone_runtime`).
+        runner : str
+            The deployed ``runner.py`` on the device.
+        backend : str
+        threads : int
+            The runner's defaults (`harness.contract.serve_argv`).
+        workdir : str
+            The device's work directory: the runner's ``--cwd``.
+        start_timeout : float
+        clock : callable
+
+        Returns
+        -------
+        ResidentRunner
+        """
+        argv = serve_argv(start, runner, backend=backend, threads=threads, cwd=workdir)
+        return cls(transport, argv, start_timeout=start_timeout, clock=clock, cwd=workdir)
 
     @property
     def pid(self) -> int | None:
@@ -148,6 +219,57 @@ class ResidentRunner:
         if output.status == "out of memory":
             self.close()
         return output, seconds
+
+    def train(
+        self,
+        artifacts: str,
+        *,
+        params: str,
+        data: str,
+        out: str,
+        timeout: float,
+        fjord: Mapping[str, Sequence[Any]] | None = None,
+        **options: Any,
+    ) -> tuple[RunnerOutput, float]:
+        """Send one ``train`` request (`harness.contract.train_request`) and wait for its reply.
+
+        Device paths under the runner's ``cwd`` (the artifact sets, the FjORD sets and
+        index files included) are sent relative to it (see the module docstring).
+
+        Parameters
+        ----------
+        artifacts, params, data, out : str
+            Paths on the device.
+        timeout : float
+            As for `request`.
+        fjord : mapping, optional
+            ``{"sets", "index", "widths"}`` with device paths.
+        **options
+            The other keywords of `harness.contract.train_request` (``backend``, ``epochs``,
+            ``lr``, ``threads``, ``seed``, ``request_id``, ``syncdrop``).
+
+        Returns
+        -------
+        output : RunnerOutput
+        seconds : float
+            As for `request`.
+
+        Raises
+        ------
+        CommandTimeout, TransportError
+            As for `request`.
+        """
+        rel = relative_paths(self.cwd, artifacts=artifacts, params=params, data=data, out=out)
+        if fjord is not None:
+            fjord = {
+                "sets": [relative_paths(self.cwd, p=p)["p"] for p in fjord["sets"]],
+                "index": [None if p is None else relative_paths(self.cwd, p=p)["p"] for p in fjord["index"]],
+                "widths": list(fjord["widths"]),
+            }
+        doc = train_request(
+            rel["artifacts"], params=rel["params"], data=rel["data"], out=rel["out"], fjord=fjord, **options
+        )
+        return self.request(doc, timeout)
 
     def _reply(self, timeout: float) -> RunnerOutput:
         assert self.process is not None

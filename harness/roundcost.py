@@ -21,19 +21,26 @@ Measurement (decided here)
     bytes gives, per direction, the seconds per byte (slope) and the per-transfer latency
     (intercept). Two sizes are the fewest that separate the two; the sizes bracket the
     parameter payloads of the zoo's small models (tens of kB to a MB).
-    *Fixed cost*: the runner's ``train`` mode runs at the profile's widest width on
-    synthetic shards of two step counts (`DEFAULT_STEP_COUNTS`), starting from the set's
-    initial parameters; a line of the request's wall time (``RunResult.seconds``, what
-    the executor reports as a client's compute time) against the step count has the
-    fixed cost as its intercept: interpreter and runtime start, imports, session
-    creation, loading parameters and shard, the first steps' warm-up beyond a settled
-    step, and writing the result. The slope (seconds per step at that width) is stored
-    beside it as a check on the latency model, not used for prediction: the latency
-    model predicts every architecture, the slope only one. **With the resident runner**
-    (``runner.py serve``) the same fit of a ``train`` request against its step count
-    measures the resident request's fixed cost (request parsing, parameter load, a
-    session switch when the width changes) instead of a process start; nothing else in
-    this module changes.
+    *Fixed cost*: what a request costs FL rounds on the **resident runner**, on the code
+    path the FL devices executor takes: `harness.resident.ResidentRunner.for_device`
+    starts ``runner.py serve`` through the device's transport (with the cells' backend
+    and threads), and `ResidentRunner.train` sends ``train`` requests at the profile's
+    widest width on synthetic shards of two step counts (`DEFAULT_STEP_COUNTS`), starting
+    from the set's initial parameters. First one warm-up request per shard (not fitted;
+    kept in the samples with the runner's start): it opens the session and puts
+    the shard in the runner's file cache, as a FL client's first round does; rounds after
+    that find both. Then a line of each request's wall time seen from the host
+    (`ResidentRunner.request`'s seconds, what the executor reports as a client's compute
+    time) against its step count has the fixed cost of a resident request as intercept:
+    writing the request and reading the reply over the transport, loading the parameter
+    file, resetting the kept session to them (the session switch of a width seen before),
+    and writing the result. The slope (seconds per step at that width) is stored beside
+    it as a check on the latency model, not used for prediction: the latency model
+    predicts every architecture, the slope only one. Not in the fixed cost: the runner's
+    start (once per device and run) and opening a session for a width the runner has not
+    held yet (once per width while at most ``--max-sessions`` widths are in use).
+    The one-shot ``train`` mode (a process per client round, the devices executor's
+    ``resident=False``, kept for comparison) is not measured: no prediction uses it.
     Negative intercepts or slopes (noise around zero) are clamped to 0.
 
 Fallback
@@ -60,6 +67,7 @@ if TYPE_CHECKING:
     from devices.fleet import Device
     from devices.transport import Transport
     from exporters.arch import Arch
+    from harness.contract import RunnerStart
 
 #: Local step counts of the two ``train`` requests whose intercept is the fixed cost.
 DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 26)
@@ -90,7 +98,8 @@ class RoundCostModel:
     threads : int
         The configuration the ``train`` requests ran with.
     fixed_s : float
-        Fixed cost of one round (intercept of request time against steps).
+        Fixed cost of one round's request on the resident runner (intercept of request time
+        against steps).
     step_s : float
         Seconds per local step at ``width`` (slope of that fit; a check, not used to predict).
     down_s_per_byte, down_latency_s : float
@@ -102,8 +111,10 @@ class RoundCostModel:
     measured_at : float
         Unix time of the measurement.
     samples : mapping
-        The raw points: ``{"train": [{"steps", "seconds", "step_seconds"}], "down": [{"bytes",
-        "seconds"}], "up": [...]}``.
+        The raw points: ``{"train": [{"steps", "seconds", "step_seconds", "load_seconds",
+        "sessions_opened"}], "down": [{"bytes", "seconds"}], "up": [...]}``, and as measured
+        by `measure_round_cost` the warm-up requests (``"warmup"``, as ``"train"``) and the
+        resident runner's start (``"start": [{"seconds"}]``), neither fitted.
     """
 
     device: str
@@ -228,6 +239,8 @@ def fit_round_cost(
     train: Sequence[Mapping[str, float]],
     down: Sequence[Mapping[str, float]],
     up: Sequence[Mapping[str, float]],
+    *,
+    extra: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
     **provenance: Any,
 ) -> RoundCostModel:
     """Fit a `RoundCostModel` from its raw points (see "Measurement").
@@ -238,6 +251,8 @@ def fit_round_cost(
         ``{"steps", "seconds"}`` per ``train`` request (``step_seconds`` optional).
     down, up : sequence of mapping
         ``{"bytes", "seconds"}`` per transfer.
+    extra : mapping of str to sequence of mapping, optional
+        Points kept in the samples under their key but not fitted (``warmup``, ``start``).
     **provenance
         ``device, model, width, batch, backend, optimizer, threads`` and optionally
         ``campaign_id, measured_at``.
@@ -250,6 +265,8 @@ def fit_round_cost(
     down_lat, down_rate = fit_line([p["bytes"] for p in down], [p["seconds"] for p in down])
     up_lat, up_rate = fit_line([p["bytes"] for p in up], [p["seconds"] for p in up])
     samples = {"train": [dict(p) for p in train], "down": [dict(p) for p in down], "up": [dict(p) for p in up]}
+    for key, points in (extra or {}).items():
+        samples[key] = [dict(p) for p in points]
     return RoundCostModel(
         fixed_s=fixed, step_s=step, down_s_per_byte=down_rate, down_latency_s=down_lat, up_s_per_byte=up_rate,
         up_latency_s=up_lat, samples=samples, **provenance,
@@ -409,6 +426,7 @@ def measure_round_cost(
     clock: Callable[[], float] = time.perf_counter,
     campaign_id: int | None = None,
     measured_at: float | None = None,
+    start: str | RunnerStart | None = None,
 ) -> RoundCostModel:
     """Measure one device's `RoundCostModel` through its transport (see "Measurement").
 
@@ -430,18 +448,22 @@ def measure_round_cost(
     backend, optimizer : str
     threads : int
     timeout : float
-        Seconds per remote command.
+        Seconds per remote command, per request and for the resident runner's start.
     step_counts : sequence of int
-        Local steps of the ``train`` requests (at least two distinct).
+        Local steps of the ``train`` requests (at least two distinct); one warm-up request
+        each precedes the fitted ones.
     transfer_bytes : sequence of int
         Sizes of the transfer files (at least two distinct).
     repeats : int
         Requests per step count and transfers per size and direction.
     clock : callable
-        Monotonic clock timing the transfers.
+        Monotonic clock timing the requests and transfers.
     campaign_id : int, optional
     measured_at : float, optional
         Unix time recorded (default now).
+    start : str or harness.contract.RunnerStart, optional
+        How the device starts the runner's Python (default its ``python``; a phone on a
+        runtime bundle: the bundle's loader, `harness.phone_runtime`).
 
     Returns
     -------
@@ -450,16 +472,18 @@ def measure_round_cost(
     Raises
     ------
     devices.errors.TransportError
-        When the device fails.
+        When the device fails (`devices.errors.CommandTimeout`: a request or the runner's
+        start ran past ``timeout``).
     RoundCostError
-        When a ``train`` request fails (the runner's status and message).
+        When the resident runner does not start or a ``train`` request fails (the runner's
+        status and message). The runner is closed in every case.
     """
     import json
 
     import numpy as np
 
-    from harness import contract
     from harness.deploy import deploy_files
+    from harness.resident import ResidentRunner
 
     manifest = json.loads((set_dir / "manifest.json").read_text())
     batch = int(manifest["batch"])
@@ -467,20 +491,36 @@ def measure_round_cost(
     shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch) for n in step_counts]
     deployed = deploy_files(transport, device, shards, timeout=timeout)
     workdir = deployed.workdir
+    resident = ResidentRunner.for_device(
+        transport, start or device.python, runner, backend=backend, threads=threads, workdir=workdir,
+        start_timeout=timeout, clock=clock,
+    )  # fmt: skip
+
+    def request(steps: int, shard: Path) -> dict[str, float]:
+        output, seconds = resident.train(
+            remote_set, params=f"{remote_set}/initial_parameters.npy", data=deployed.remote_paths[shard.name],
+            out=f"{workdir}/roundcost-out.npy", timeout=timeout, backend=backend, epochs=1, lr=MEASURE_LR,
+            threads=threads, seed=0,
+        )  # fmt: skip
+        if not output.ok:
+            raise RoundCostError(output.status, output.message)
+        doc = output.document
+        sessions = doc.get("sessions") or {}
+        return {
+            "steps": float(steps), "seconds": float(seconds),
+            "step_seconds": float(sum(doc.get("step_seconds", []))),
+            "load_seconds": float(doc.get("load_seconds") or 0.0),
+            "sessions_opened": float(sessions.get("opened", 0)),
+        }  # fmt: skip
+
     train: list[dict[str, float]] = []
-    for _ in range(max(1, repeats)):
-        for n, shard in zip(step_counts, shards, strict=True):
-            argv = contract.train_argv(
-                device.python, runner, remote_set, backend=backend, params=f"{remote_set}/initial_parameters.npy",
-                data=deployed.remote_paths[shard.name], out=f"{workdir}/roundcost-out.npy", epochs=1, lr=MEASURE_LR,
-                threads=threads, seed=0,
-            )  # fmt: skip
-            run = transport.run(argv, timeout=timeout)
-            output = contract.parse_output(run.rc, run.stdout, run.stderr)
-            if not output.ok:
-                raise RoundCostError(output.status, output.message)
-            stepped = float(sum(output.document.get("step_seconds", [])))
-            train.append({"steps": float(n), "seconds": float(run.seconds), "step_seconds": stepped})
+    try:
+        warmup = [request(int(n), shard) for n, shard in zip(step_counts, shards, strict=True)]
+        for _ in range(max(1, repeats)):
+            for n, shard in zip(step_counts, shards, strict=True):
+                train.append(request(int(n), shard))
+    finally:
+        resident.close()
     down: list[dict[str, float]] = []
     up: list[dict[str, float]] = []
     for size in transfer_bytes:
@@ -496,7 +536,8 @@ def measure_round_cost(
             transport.get(remote, back)
             up.append({"bytes": float(size), "seconds": clock() - t0})
     return fit_round_cost(
-        train, down, up, device=device.name, model=str(manifest["model"]), width=float(width), batch=batch,
+        train, down, up, extra={"warmup": warmup, "start": [{"seconds": s} for s in resident.start_seconds]},
+        device=device.name, model=str(manifest["model"]), width=float(width), batch=batch,
         backend=backend, optimizer=optimizer, threads=int(threads), campaign_id=campaign_id,
         measured_at=time.time() if measured_at is None else measured_at,
     )  # fmt: skip

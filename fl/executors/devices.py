@@ -472,17 +472,15 @@ class DevicesExecutor(ClosingExecutor):
         return {"sets": sets, "index": index, "widths": [w.rate for w in job.widths]}
 
     def _resident_runner(self, transport: Transport, device: Device, runner: str, workdir: str) -> Any:
-        from harness.contract import serve_argv
         from harness.resident import ResidentRunner
 
         with self._lock:
             resident = self._residents.get(device.name)
             if resident is None:
-                backend = self.backend_of(device)
-                argv = serve_argv(
-                    self._starts[device.name], runner, backend=backend, threads=self.threads_of(device), cwd=workdir
-                )
-                resident = ResidentRunner(transport, argv, start_timeout=self.timeout_s, clock=self.clock)
+                resident = ResidentRunner.for_device(
+                    transport, self._starts[device.name], runner, backend=self.backend_of(device),
+                    threads=self.threads_of(device), workdir=workdir, start_timeout=self.timeout_s, clock=self.clock,
+                )  # fmt: skip
                 self._residents[device.name] = resident
         return resident
 
@@ -514,16 +512,11 @@ class DevicesExecutor(ClosingExecutor):
             )  # fmt: skip
             if self.resident:
                 resident = self._resident_runner(transport, device, runner, workdir)
-                rel = under(workdir, artifacts=remote_set, params=remote_in, data=remote_shard, out=remote_out)
-                request = contract.train_request(
-                    rel.pop("artifacts"),
-                    **{**options, **rel},
-                    request_id=ins.cid,
-                    fjord=None if fjord is None else relative_fjord(workdir, fjord),
-                    syncdrop=job.syncdrop,
-                )
                 try:
-                    output, compute = resident.request(request, timeout=self.timeout_s)
+                    output, compute = resident.train(
+                        remote_set, **options, timeout=self.timeout_s, request_id=ins.cid, fjord=fjord,
+                        syncdrop=job.syncdrop,
+                    )  # fmt: skip
                 except CommandTimeout as exc:
                     message = f"{exc}; the runner was killed and starts again with the next request"
                     return ClientFailure(ins.cid, "timeout", message, self.clock() - started)
@@ -656,42 +649,6 @@ class DevicesExecutor(ClosingExecutor):
             names = list(self._transports)
         for name in names:
             self._forget(name)
-
-
-def under(workdir: str, **paths: str) -> dict[str, str]:
-    """Return device ``paths`` relative to ``workdir`` (the resident runner's ``--cwd``) where they lie under it.
-
-    Parameters
-    ----------
-    workdir : str
-        The device's work directory (absolute).
-    **paths : str
-        Absolute paths on the device, by name.
-
-    Returns
-    -------
-    dict of str to str
-    """
-    base = workdir.rstrip("/") + "/"
-    return {k: v[len(base) :] if v.startswith(base) else v for k, v in paths.items()}
-
-
-def relative_fjord(workdir: str, fjord: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
-    """Return a FjORD request entry with its set and index paths relative to ``workdir`` (see `under`).
-
-    Parameters
-    ----------
-    workdir : str
-    fjord : mapping
-        ``{"sets", "index", "widths"}`` with absolute device paths.
-
-    Returns
-    -------
-    dict
-    """
-    sets = [under(workdir, p=p)["p"] for p in fjord["sets"]]
-    index = [None if p is None else under(workdir, p=p)["p"] for p in fjord["index"]]
-    return {"sets": sets, "index": index, "widths": list(fjord["widths"])}
 
 
 def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:

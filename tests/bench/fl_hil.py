@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                     "mnist5k", model, len(fleet.devices), "iid", args.seed, max_examples=args.examples
                 )
                 examples = {d.name: len(s[1]) for d, s in zip(fleet.devices, data.train, strict=True)}
-                capacities = plan_capacities(fleet, store, examples, args.epochs, Progress(1, out=print))
+                backends = {d.name: "ort" for d in fleet.devices}  # the backend profiled and trained with
+                capacities = plan_capacities(fleet, store, examples, args.epochs, Progress(1, out=print), backends)
                 runs = {"fedavg": _run("fedavg", fleet, store, root, args)}
                 runs["fluid"] = _run("fluid", fleet, store, root, args, sizes=list(SIZES))
                 runs["fjord"] = _run("fjord", fleet, store, root, args, capacities=capacities, k=4)

@@ -220,8 +220,9 @@ def _achieved_share(
 def check_share(share: float, run_limited: Callable[[float], float], attempts: int = 3) -> None:
     """Assert that ``run_limited`` gets ``share`` of a core, whatever else the machine runs.
 
-    The limited workload never gets more than the share (the limit is enforced); it gets the share
-    itself unless an unlimited workload spinning beside it got less (the machine is busy).
+    The limited workload never gets more than the share (the limit is enforced); it gets about
+    the share unless an unlimited workload spinning beside it got less (the machine is busy):
+    CFS then divides the cores among all runnable tasks, so the bar is 65 % of the smaller.
     """
     seen = []
     for _ in range(attempts):
@@ -230,7 +231,7 @@ def check_share(share: float, run_limited: Callable[[float], float], attempts: i
         out, _ = free.communicate(timeout=60)
         seen.append((round(limited, 3), round(float(out), 3)))
         assert limited <= share * 1.15 + 0.02, f"share {share}: the limited workload got {limited:.3f} of a core"
-        if limited >= 0.8 * min(share, float(out)):
+        if limited >= 0.65 * min(share, float(out)):
             return
     pytest.fail(f"share {share}: (limited, unlimited) CPU shares {seen}, expected the limited one near {share}")
 

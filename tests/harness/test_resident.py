@@ -15,9 +15,10 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from exporters.artifacts import export_artifacts
 from exporters.manifest import ARTIFACT_FILES, MANIFEST
 from exporters.zoo import get_model
 from harness import contract
-from harness.resident import ResidentRunner
+from harness.resident import ResidentRunner, relative_paths
 from tests.harness.test_runner import learnable_shard
 
 PY = sys.executable
@@ -193,6 +194,40 @@ def test_a_runner_killed_mid_request_fails_it_and_one_dead_between_requests_is_r
         assert quiet.ok and runner.starts == 3 and runner.pid not in (pid, second)
     finally:
         runner.close()
+
+
+class _Recording(ResidentRunner):
+    """A resident runner that keeps the requests it sends."""
+
+    sent: list[dict[str, Any]]
+
+    def request(self, doc: Mapping[str, Any], timeout: float) -> tuple[contract.RunnerOutput, float]:
+        self.sent = [*getattr(self, "sent", []), dict(doc)]
+        return super().request(doc, timeout)
+
+
+def test_a_device_s_runner_trains_with_device_paths_sent_relative_to_its_workdir(board: Board, tmp_path: Path) -> None:
+    # absolute device paths in, relative ones on the line: the phone's sandbox maps only command-line paths
+    runner = _Recording.for_device(
+        board.transport, PY, f"{board.remote_dir}/runner.py", backend="onnx", threads=1,
+        workdir=board.remote_dir, start_timeout=120,
+    )  # fmt: skip
+    base = board.remote_dir
+    try:
+        output, seconds = runner.train(
+            f"{base}/set", params=f"{base}/in.npy", data=f"{base}/shard.npz", out=f"{base}/rel.npy", timeout=120,
+            backend="onnx", epochs=2, lr=0.05, threads=1, seed=3, request_id="c0",
+        )  # fmt: skip
+        assert output.ok, output.message
+        assert output.document["id"] == "c0" and seconds > 0 and runner.starts == 1
+        assert {k: runner.sent[0][k] for k in ("artifacts", "params", "data", "out")} == {
+            "artifacts": "set", "params": "in.npy", "data": "shard.npz", "out": "rel.npy",
+        }  # fmt: skip
+        assert (board.host_dir / "rel.npy").exists()
+    finally:
+        runner.close()
+    assert relative_paths("/w/", a="/w/x/y", b="/elsewhere/z", c="rel") == {"a": "x/y", "b": "/elsewhere/z", "c": "rel"}
+    assert relative_paths(None, a="/w/x") == {"a": "/w/x"}
 
 
 def test_start_up_failure_is_one_line_and_leaves_nothing_running(tmp_path: Path) -> None:
