@@ -32,8 +32,9 @@ import ray
 from devices import processes
 from exporters.errors import InputError
 from exporters.zoo import get_model
+from fl.client import run_local
 from fl.executors import EXECUTORS, make_executor
-from fl.executors.ray import IN_FLIGHT, RAY_MISSING, RayExecutor, require_ray
+from fl.executors.ray import CALLS_PER_ACTOR, IN_FLIGHT, RAY_MISSING, RayExecutor, require_ray
 from fl.records import TrainIns
 from fl.runlog import RunLog
 from fl.server import RunConfig, run_fl
@@ -107,13 +108,11 @@ def test_results_equal_run_local_and_each_payload_is_put_once(executor):
     ins, data = instructions(cids), shards(cids)
     results, failures = executor.run(ins, data)
     assert failures == [] and [r.cid for r in results] == cids
-    from fl.client import run_local
-
     for res in results:
         direct = run_local(MODEL, ins[res.cid], *data[res.cid])
         assert all(np.array_equal(res.parameters[k], v) for k, v in direct.parameters.items())
     # every client got an equal copy of one sub-model: one put for the round
-    assert executor.last_round == {"payloads": 1, "clients": 5}
+    assert executor.last_round == {"payloads": 1, "clients": 5, "calls": 5}
     # a client given other parameters gets its own payload, exactly as sent
     other = ins["c4"]
     changed = {k: v + 1.0 for k, v in other.parameters.items()}
@@ -133,6 +132,34 @@ def test_a_failing_client_is_an_error_and_the_others_finish(executor):
     assert [r.cid for r in results] == ["c0"]
     assert [(f.cid, f.reason) for f in failures] == [("c1", "error"), ("c2", "error")]
     assert failures[0].message.startswith("KeyError:") and "no-such-trainer" in failures[0].message
+
+
+def test_a_large_round_goes_in_batches_whose_clients_succeed_and_fail_alone(executor):
+    cids = [f"c{i}" for i in range(10 * CALLS_PER_ACTOR)]  # 2 actors: batches of 5
+    ins, data = instructions(cids), shards(cids)
+    ins["c7"] = dataclasses.replace(ins["c7"], config={**ins["c7"].config, "trainer": "no-such-trainer"})
+    results, failures = executor.run(ins, data)
+    assert executor.last_round["calls"] == 2 * CALLS_PER_ACTOR
+    assert [(f.cid, f.reason) for f in failures] == [("c7", "error")]
+    assert failures[0].message.startswith("KeyError:") and "no-such-trainer" in failures[0].message
+    assert [r.cid for r in results] == [c for c in cids if c != "c7"]
+    for res in results:
+        direct = run_local(MODEL, ins[res.cid], *data[res.cid])
+        assert all(np.array_equal(res.parameters[k], v) for k, v in direct.parameters.items())
+    executor.run(ins, data, timeout_s=60.0)  # with a timeout, one client per call
+    assert executor.last_round["calls"] == len(cids)
+
+
+def test_a_killed_worker_fails_the_batches_it_held(executor):
+    cids = [f"c{i}" for i in range(10 * CALLS_PER_ACTOR)]
+    ins, data = instructions(cids), shards(cids)
+    _kill(executor.worker_pids()[0])
+    results, failures = executor.run(ins, data)
+    assert {f.reason for f in failures} == {"unreachable"}
+    assert 1 <= len(failures) <= IN_FLIGHT * 5 and len(failures) % 5 == 0  # whole batches of 5
+    assert sorted([r.cid for r in results] + [f.cid for f in failures]) == sorted(cids)
+    results, failures = executor.run(ins, data)  # the actor was replaced
+    assert failures == [] and len(results) == len(cids)
 
 
 def test_a_call_past_the_timeout_fails_and_its_worker_is_replaced(executor):
