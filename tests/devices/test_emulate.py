@@ -346,7 +346,14 @@ def test_down_stops_what_a_session_left_behind_and_up_follows_at_once(
         # the same ports, right away
         again = emulate.up(fleet, say=lambda line: None)
         assert again.ok and again.started == (fleet.devices[0].name,), again
-        assert all(row.answers for row in emulate.status(fleet, timeout=10))
+        # under the duty cycle, sshd's first pre-auth exchange sometimes ends early (seen 2 in ~10 runs
+        # on a loaded machine, "transport shut down or saw EOF"); a device that is up answers within three tries
+        rows = []
+        for _ in range(3):
+            rows = emulate.status(fleet, timeout=10)
+            if all(row.answers for row in rows):
+                break
+        assert all(row.answers for row in rows), rows
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
     _assert_nothing_left(fleet, state)
