@@ -376,11 +376,9 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
     pathlib.Path
         An absolute path.
     """
-    env = os.environ if environ is None else environ
-    if env.get(BUNDLE_ENV):
-        return Path(os.path.abspath(os.path.expanduser(env[BUNDLE_ENV])))
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(os.path.abspath(base)) / "fleetbench" / "bundles"
+    from devices.rootfs import fleetbench_cache
+
+    return fleetbench_cache(BUNDLE_ENV, "bundles", environ)
 
 
 def recipe(abi: Abi) -> dict[str, Any]:

@@ -273,11 +273,32 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
     pathlib.Path
         An absolute path.
     """
+    return fleetbench_cache(ROOTFS_ENV, "rootfs", environ)
+
+
+def fleetbench_cache(variable: str, leaf: str, environ: dict[str, str] | None = None) -> Path:
+    """Return a cache directory of fleetbench's, outside the repository.
+
+    Parameters
+    ----------
+    variable : str
+        Environment variable that names the directory when set.
+    leaf : str
+        Otherwise the directory is ``$XDG_CACHE_HOME/fleetbench/<leaf>``, else
+        ``~/.cache/fleetbench/<leaf>``.
+    environ : dict, optional
+        Environment to read (default ``os.environ``).
+
+    Returns
+    -------
+    pathlib.Path
+        An absolute path.
+    """
     env = os.environ if environ is None else environ
-    if env.get(ROOTFS_ENV):
-        return Path(os.path.abspath(os.path.expanduser(env[ROOTFS_ENV])))
+    if env.get(variable):
+        return Path(os.path.abspath(os.path.expanduser(env[variable])))
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(os.path.abspath(base)) / "fleetbench" / "rootfs"
+    return Path(os.path.abspath(base)) / "fleetbench" / leaf
 
 
 def tree_path(directory: Path | None = None) -> Path:
