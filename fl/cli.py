@@ -468,6 +468,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from fl.executors.devices import DevicesExecutor
     from fl.roundcost import executor_configs
     from fl.server import run_fl
+    from harness.campaign import fleet_isolation
 
     config = dataclasses.replace(config, executor="devices")
     placement, backends = fleet_placement(fleet, args.backend, config.clients)
@@ -483,6 +484,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             timeout_s=config.timeout_s or 300.0,
             backends={device.name: backends[cid] for cid, device in placement.items()},
             optimizer=args.optimizer,
+            isolation=fleet_isolation(fleet),
         ) as executor,
     ):
         return run_fl(

@@ -394,6 +394,7 @@ def run_fl_rounds(
     from fl.executors.devices import DevicesExecutor
     from fl.roundcost import executor_configs
     from fl.server import RunConfig, run_fl
+    from harness import campaign
 
     artifacts, work = paths
     model = get_model(DEFAULT_MODEL)
@@ -406,7 +407,7 @@ def run_fl_rounds(
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER,
+        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER, isolation=campaign.fleet_isolation(fleet),
     ) as executor:  # fmt: skip
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities,

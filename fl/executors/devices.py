@@ -68,11 +68,11 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -86,6 +86,9 @@ from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 from harness.contract import RunnerStart
+
+if TYPE_CHECKING:
+    from harness.campaign import IsolationPlan
 
 #: Seconds allowed for one remote command when the caller gives no timeout.
 DEFAULT_TIMEOUT_S = 300.0
@@ -217,6 +220,11 @@ class DevicesExecutor(ClosingExecutor):
         One serving runner per device (default); False runs a one-shot runner per client.
     optimizer : str
         The optimizer graph clients train with (``"sgd"`` or ``"adamw"``); profile with the same.
+    isolation : IsolationPlan, optional
+        Which devices share this host's cpus (`harness.campaign.fleet_isolation`): in a round,
+        a device starts its clients when the devices it shares cpus with have finished
+        theirs, as a campaign measures them, so each client round sees the cpu its profile
+        saw. None: every device at once (devices that are really apart).
     """
 
     name = "devices"
@@ -236,8 +244,10 @@ class DevicesExecutor(ClosingExecutor):
         backends: Mapping[str, str] | None = None,
         resident: bool = True,
         optimizer: str = "sgd",
+        isolation: IsolationPlan | None = None,
     ) -> None:
         self.model = model
+        self.isolation = isolation
         self.backends = dict(backends or {})
         self.placement = dict(placement)
         self.artifacts_dir = Path(artifacts_dir)
@@ -630,12 +640,20 @@ class DevicesExecutor(ClosingExecutor):
                 continue
             jobs.setdefault(job.device.name, []).append(job)
 
-        def device_worker(device_jobs: list[_Job]) -> list[TrainRes | ClientFailure]:
-            return [self._train(job) for job in device_jobs]
+        finished = {name: threading.Event() for name in jobs}
+        waits = device_turns(self.isolation, list(jobs))
+
+        def device_worker(name: str) -> list[TrainRes | ClientFailure]:
+            for earlier in waits[name]:
+                finished[earlier].wait()
+            try:
+                return [self._train(job) for job in jobs[name]]
+            finally:
+                finished[name].set()
 
         results: list[TrainRes] = []
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            for outcome in pool.map(device_worker, jobs.values()):
+            for outcome in pool.map(device_worker, list(jobs)):
                 for item in outcome:
                     (results if isinstance(item, TrainRes) else failures).append(item)  # type: ignore[arg-type]
         order = {cid: i for i, cid in enumerate(instructions)}
@@ -649,6 +667,34 @@ class DevicesExecutor(ClosingExecutor):
             names = list(self._transports)
         for name in names:
             self._forget(name)
+
+
+def device_turns(isolation: IsolationPlan | None, names: Sequence[str]) -> dict[str, list[str]]:
+    """Return, per device of a round, the earlier devices of that round it waits for (pure).
+
+    Parameters
+    ----------
+    isolation : IsolationPlan or None
+        The fleet's plan (`harness.campaign.fleet_isolation`); None: nobody waits.
+    names : sequence of str
+        The devices with clients this round, in fleet order.
+
+    Returns
+    -------
+    dict of str to list of str
+        ``name`` -> the devices listed before it that share its cpus (as the plan's
+        ``after``); devices the plan does not know wait for no one.
+    """
+    known = {p.device for p in isolation.placements} if isolation is not None else set()
+    turns: dict[str, list[str]] = {}
+    for i, name in enumerate(names):
+        before = names[:i]
+        turns[name] = (
+            [other for other in before if other in known and isolation.conflict(name, other)]
+            if isolation is not None and name in known
+            else []
+        )
+    return turns
 
 
 def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:

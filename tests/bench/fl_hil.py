@@ -74,7 +74,7 @@ def _run(
     data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
     executor = DevicesExecutor(
         model, placement, artifacts_dir=root / "artifacts", work_dir=root / f"work-{strategy}", batch=BATCH,
-        connect=connect, timeout_s=300, optimizer=OPTIMIZER,
+        connect=connect, timeout_s=300, optimizer=OPTIMIZER, isolation=campaign.fleet_isolation(fleet),
     )  # fmt: skip
     caps = capacities or [1.0] * len(devices)
     config = RunConfig(

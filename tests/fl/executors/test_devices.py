@@ -374,3 +374,56 @@ def test_a_device_that_drops_and_comes_back_gets_a_new_runner(sshd_path: str, tm
             assert all(np.array_equal(again[0].parameters[k], first[0].parameters[k]) for k in first[0].parameters)
     finally:
         emulate.down(fleet, say=lambda line: None)
+
+
+def test_device_turns_follow_the_isolation_plan() -> None:
+    from fl.executors.devices import device_turns
+    from harness.campaign import plan_isolation
+
+    a, b, c, remote = (
+        Device("a", "local", workdir="/tmp/a"),
+        Device("b", "local", workdir="/tmp/b"),
+        Device("c", "local", workdir="/tmp/c"),
+        Device("r", "ssh", host="10.0.0.9", user="u", workdir="/w"),
+    )
+    plan = plan_isolation([a, b, c, remote], {"a": frozenset({0}), "b": frozenset({1}), "c": frozenset({0, 1})})
+    assert device_turns(plan, ["a", "b", "c", "r"]) == {"a": [], "b": [], "c": ["a", "b"], "r": []}
+    assert device_turns(plan, ["c", "a"]) == {"c": [], "a": ["c"]}  # the round's order decides who goes first
+    assert device_turns(None, ["a", "c"]) == {"a": [], "c": []}
+    assert device_turns(plan, ["x", "a"]) == {"x": [], "a": []}  # a device the plan does not know waits for no one
+
+
+def test_devices_that_share_cpus_train_in_turns(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from harness.campaign import plan_isolation
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    one = Device("one", "local", workdir=str(tmp_path / "one"), python=PY)
+    two = Device("two", "local", workdir=str(tmp_path / "two"), python=PY)
+    spans: dict[str, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    class Timed(DevicesExecutor):
+        def _train(self, job):  # type: ignore[no-untyped-def]
+            start = time.perf_counter()
+            try:
+                return super()._train(job)
+            finally:
+                with lock:
+                    spans[job.ins.cid] = (start, time.perf_counter())
+
+    sub = model.static(0.5)
+    instructions = {c: TrainIns(c, sub, model.extract(g, sub), {"lr": 0.1, "seed": 1}) for c in ("c0", "c1")}
+    shards = {c: _shard(60, i) for i, c in enumerate(instructions)}
+    with Timed(
+        model, {"c0": one, "c1": two}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20,
+        connect=connect, isolation=plan_isolation([one, two], {}),
+    ) as executor:  # fmt: skip
+        for _ in range(2):  # the first round also starts the runners
+            results, failures = executor.run(instructions, shards)
+            assert not failures and len(results) == 2
+            (s0, e0), (s1, e1) = spans["c0"], spans["c1"]
+            assert e0 <= s1, "two local devices share every cpu: the second starts when the first has finished"
