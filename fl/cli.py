@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 1,
     "workers": 0,
     "db": "fleetbench.db",
+    "optimizer": "sgd",
 }
 
 
@@ -154,8 +155,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--optimizer",
         choices=("sgd", "adamw"),
-        default="sgd",
-        help="optimizer graph the devices train with (--fleet; default sgd); profile with the same",
+        help="optimizer graph the devices train with (--fleet; default sgd, or the resumed run's); "
+        "profile with the same",
     )
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
@@ -204,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         timeout_s=args.timeout,
         max_failed_rounds=1 if args.max_failed_rounds is None else args.max_failed_rounds,
         executor=args.executor or "inprocess",
+        optimizer=pick("optimizer"),
         **_population_fields(args),
     )
     config.validate()
@@ -271,6 +273,7 @@ _ARG_FIELDS = {
     "timeout": "timeout_s",
     "max_failed_rounds": "max_failed_rounds",
     "executor": "executor",
+    "optimizer": "optimizer",
 }
 
 
@@ -293,8 +296,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fleet = _load_fleet(args.fleet) if args.fleet else None
     if fleet is not None and (config.executor == "ray" or config.population is not None):
         raise InputError("--fleet trains on the fleet's devices; it takes neither --executor ray nor --population")
-    if fleet is None and args.optimizer != "sgd":
-        raise InputError(f"--optimizer {args.optimizer} needs --fleet: in-process training uses SGD")
+    if fleet is None and config.optimizer != "sgd":
+        raise InputError(f"--optimizer {config.optimizer} needs --fleet: in-process training uses SGD")
     if args.ray_address is not None and config.executor != "ray":
         raise InputError("--ray-address needs --executor ray")
     if config.clock_only and args.resume is not None:
@@ -483,7 +486,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             connect=connect,
             timeout_s=config.timeout_s or 300.0,
             backends={device.name: backends[cid] for cid, device in placement.items()},
-            optimizer=args.optimizer,
+            optimizer=config.optimizer,
             isolation=fleet_isolation(fleet),
         ) as executor,
     ):

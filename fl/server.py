@@ -129,6 +129,8 @@ class RunConfig:
         Run the virtual schedule only, without training (`run_clock_only`).
     client_examples : int or None
         Examples per client in a clock-only run (default: the data set's partition).
+    optimizer : str
+        The optimizer graph devices train with (``"sgd"`` or ``"adamw"``; in process: SGD).
     """
 
     strategy: str = "fedavg"
@@ -160,6 +162,7 @@ class RunConfig:
     link: str | None = None
     clock_only: bool = False
     client_examples: int | None = None
+    optimizer: str = "sgd"
 
     def validate(self) -> None:
         """Check the fields that can be checked without loading anything.
@@ -186,6 +189,10 @@ class RunConfig:
             raise InputError(f"learning rate {self.lr!r} must be a positive number")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise InputError(f"timeout {self.timeout_s!r} must be positive")
+        from exporters.artifacts import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            raise InputError(f"unknown optimizer {self.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
         self._validate_population()
 
     def _validate_population(self) -> None:

@@ -403,7 +403,7 @@ def run_fl_rounds(
         strategy=strategy, model=model.name, dataset="mnist5k", clients=len(placement), rounds=args.rounds,
         capacities="explicit:" + ",".join(f"{c:g}" for c in capacities), partition="iid", seed=args.seed,
         epochs=args.epochs, batch_size=DEMO_BATCH, lr=0.05, executor="devices", db=str(store.path),
-        options=options,
+        options=options, optimizer=DEMO_OPTIMIZER,
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,

@@ -80,7 +80,7 @@ def _run(
     config = RunConfig(
         strategy=strategy, model=MODEL, dataset="mnist5k", clients=len(devices), rounds=args.rounds,
         seed=args.seed, epochs=args.epochs, batch_size=BATCH, lr=0.05, executor="devices", db=str(store.path),
-        options=options, capacities="explicit:" + ",".join(f"{c:g}" for c in caps),
+        options=options, capacities="explicit:" + ",".join(f"{c:g}" for c in caps), optimizer=OPTIMIZER,
     )  # fmt: skip
     with executor:
         return run_fl(

@@ -94,6 +94,7 @@ def test_text_output_names_the_run_and_how_to_resume(tmp_path, capsys):
         (("--model", "gpt5"), "gpt5"),
         (("--resume", "5"), "no FL run 5"),
         (("--resume", "1", "--lr", "0.3"), "lr=0.1"),
+        (("--optimizer", "adamw"), "needs --fleet"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, word):

@@ -160,6 +160,7 @@ def test_sampling_is_deterministic_per_seed_and_round():
         ({"per_round": 11}, "11"),
         ({"lr": -1.0}, "-1.0"),
         ({"executor": "carrier-pigeon"}, "carrier-pigeon"),
+        ({"optimizer": "adagrad"}, "adagrad"),
     ],
 )
 def test_bad_config_names_the_value(tmp_path, change, word):
@@ -168,7 +169,7 @@ def test_bad_config_names_the_value(tmp_path, change, word):
 
 
 def test_config_round_trips_through_json(tmp_path):
-    cfg = config(tmp_path, options={"rate": 0.5, "mode": "x"}, per_round=2)
+    cfg = config(tmp_path, options={"rate": 0.5, "mode": "x"}, per_round=2, optimizer="adamw")
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
 
 

@@ -425,5 +425,5 @@ def test_devices_that_share_cpus_train_in_turns(tmp_path: Path) -> None:
         for _ in range(2):  # the first round also starts the runners
             results, failures = executor.run(instructions, shards)
             assert not failures and len(results) == 2
-            (s0, e0), (s1, e1) = spans["c0"], spans["c1"]
-            assert e0 <= s1, "two local devices share every cpu: the second starts when the first has finished"
+            first_end, second_start = spans["c0"][1], spans["c1"][0]
+            assert first_end <= second_start, "two local devices share every cpu: the second waits for the first"
