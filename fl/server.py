@@ -885,9 +885,16 @@ def _predictions(
 ) -> dict[str, float]:
     """Return the round-cost model's prediction of every instructed client's round (none without a predictor).
 
-    The architecture is the one the client trained: a result's ``trained_width`` when it
-    trained a narrower prefix than it was sent (FjORD on a device), else its instruction's;
-    the payload is always what was sent.
+    The architecture is the one the client trains:
+
+    - FjORD per step (a ``widths`` list in its instruction): a width is drawn uniformly
+      from ``widths`` at every step, so the round is the mean of the rounds at each width
+      (the fixed cost and the payload, ``p_max``'s, are the same in each; the step time
+      averages);
+    - a result's ``trained_width`` when it trained a narrower prefix than it was sent;
+    - else its instruction's.
+
+    The payload is always what was sent.
     """
     predictor = strategy.round_predictor
     if predictor is None:
@@ -896,9 +903,15 @@ def _predictions(
     out: dict[str, float] = {}
     for cid, ins in instructions.items():
         arch = ins.submodel.arch
+        sent = payload_bytes_of(arch)
+        drawn = [float(w) for w in ins.config.get("widths", ())]
         width = trained.get(cid)
-        if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
-            sent = payload_bytes_of(arch)
+        value: float | None
+        if drawn:
+            rounds = [_call_predictor(predictor, by_cid[cid], strategy.model.arch(w), sent) for w in drawn]
+            known = [r for r in rounds if r is not None]
+            value = float(np.mean(known)) if len(known) == len(rounds) else None
+        elif width is not None and strategy.model.arch(float(width)).widths != arch.widths:
             value = _call_predictor(predictor, by_cid[cid], strategy.model.arch(float(width)), sent)
         else:
             value = predictor(by_cid[cid], arch)

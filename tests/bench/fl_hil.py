@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -48,7 +49,7 @@ from fl.roundcost import executor_configs, round_cost_from_store, round_overhead
 from fl.runlog import RunLog
 from fl.scheduling.configs import ProfileConfig
 from fl.server import RunConfig, run_fl
-from fleetbench.demo import Progress, plan_capacities
+from fleetbench.demo import Progress, choose_backends, plan_capacities
 from harness import campaign
 from harness.store import ProfileStore
 from reports import tables
@@ -66,6 +67,7 @@ def _run(
     root: Path,
     args: argparse.Namespace,
     capacities: list[float] | None = None,
+    backends: dict[str, str] | None = None,
     **options: Any,
 ) -> Any:
     model = get_model(MODEL)
@@ -75,6 +77,7 @@ def _run(
     executor = DevicesExecutor(
         model, placement, artifacts_dir=root / "artifacts", work_dir=root / f"work-{strategy}", batch=BATCH,
         connect=connect, timeout_s=300, optimizer=OPTIMIZER, isolation=campaign.fleet_isolation(fleet),
+        backends=backends,
     )  # fmt: skip
     caps = capacities or [1.0] * len(devices)
     config = RunConfig(
@@ -87,16 +90,21 @@ def _run(
             config, store=store, executor=executor, data=data, progress=lambda line: print(f"  {strategy}: {line}"),
             placement={cid: d.name for cid, d in placement.items()}, capacities=caps,
             device_configs=executor_configs(executor, devices, BATCH),
+            backends={cid: (backends or {}).get(d.name, "ort") for cid, d in placement.items()},
         )  # fmt: skip
 
 
-def _client_times(store: ProfileStore, run_id: int) -> dict[int, dict[str, dict[str, Any]]]:
-    rows = RunLog(store).client_rounds(run_id).to_dict("records")
-    out: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        seconds = (r["compute_seconds"] or 0) + (r["download_seconds"] or 0) + (r["upload_seconds"] or 0)
-        out.setdefault(int(r["round"]), {})[r["cid"]] = {**r, "seconds": seconds}
-    return out
+def fleet_round_seconds(store: ProfileStore, run_id: int) -> dict[int, float]:
+    """Per round, the slowest client's measured round (compute and transfers): the fleet's round time.
+
+    Devices that share this host's cpus take turns in a round (`harness.campaign.fleet_isolation`),
+    so the round's wall time adds their turns; real devices would train side by side, and
+    the round would last as long as its slowest client.
+    """
+    frame = RunLog(store).client_rounds(run_id)
+    frame = frame[frame["status"] == "ok"] if "status" in frame else frame
+    seconds = frame[["compute_seconds", "download_seconds", "upload_seconds"]].fillna(0).sum(axis=1)
+    return {int(r): float(s) for r, s in seconds.groupby(frame["round"]).max().items()}
 
 
 def fluid_figures(store: ProfileStore, fluid_run: int) -> None:
@@ -153,16 +161,27 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
                 f"\n== Fixed per-round cost on the slowest device ({slowest}): {cost.fixed_s:.2f} s of its "
                 f"{float(measured_full[slowest]):.2f} s full-width round = {share:.0%} (target <= 10 %)"
             )
-    base_times = [r.seconds for r in runs["fedavg"].history[1:]]
-    print("\n== Mean round wall time, rounds 2.. (after the first calibration), against FedAvg at full width")
+    fleet_rounds = {name: fleet_round_seconds(store, summary.run_id) for name, summary in runs.items()}
+    print(
+        "\n== Mean round time, rounds 2.. (after the first calibration), against FedAvg at full width:\n"
+        "   fleet round = the slowest client's measured round (devices side by side); wall = this host's round,\n"
+        "   where devices sharing its cpus take turns"
+    )
     for name in ("fluid", "fjord"):
-        times = [r.seconds for r in runs[name].history[1:]]
-        if base_times and times:
-            b, t = statistics.mean(base_times), statistics.mean(times)
-            print(f"  {name}: {t:.2f} s vs FedAvg {b:.2f} s: ratio {t / b:.2f} (FLuID's paper: 0.74-0.82)")
+        base = [fleet_rounds["fedavg"][r] for r in sorted(fleet_rounds["fedavg"]) if r >= 1]
+        mine = [fleet_rounds[name][r] for r in sorted(fleet_rounds[name]) if r >= 1]
+        base_wall = [r.seconds for r in runs["fedavg"].history[1:]]
+        wall = [r.seconds for r in runs[name].history[1:]]
+        if base and mine and base_wall and wall:
+            b, t = statistics.mean(base), statistics.mean(mine)
+            bw, tw = statistics.mean(base_wall), statistics.mean(wall)
+            print(
+                f"  {name}: fleet round {t:.2f} s vs FedAvg {b:.2f} s: ratio {t / b:.2f} (FLuID's paper: 0.74-0.82); "
+                f"wall {tw:.2f} s vs {bw:.2f} s: ratio {tw / bw:.2f}"
+            )
 
 
-def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace) -> None:
+def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace, backends: dict[str, str]) -> None:
     """Per-device FLOPs budgets from the profiles; FedDrop rounds in process kept within them."""
     model = get_model(MODEL)
     devices = [d.name for d in fleet.devices]
@@ -171,7 +190,7 @@ def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace) -
     cells = store.latest_cells()
     full = cells[(cells.status == "ok") & (cells.width == 1.0)].set_index("device").median_us
     budget_s = statistics.median(float(full[d]) * 1e-6 * examples[d] * args.epochs for d in devices)
-    wants = {d.name: ProfileConfig(BATCH, "ort", OPTIMIZER, d.threads) for d in fleet.devices}
+    wants = {d.name: ProfileConfig(BATCH, backends[d.name], OPTIMIZER, d.threads) for d in fleet.devices}
     cost = round_cost_from_store(store, MODEL, BATCH, wants, warn=lambda line: print(f"  warning: {line}"))
     overheads = round_overheads(cost, model, devices)
     budget_s += statistics.median(overheads.values())  # the budget is one of the whole round
@@ -213,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=4000, help="MNIST examples over all clients")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", type=Path, help="copy the bench's store (profiles and FL runs) here at the end")
     args = parser.parse_args(argv)
     os.environ["ANDROID_ADB_SERVER_PORT"] = str(free_port())
     with tempfile.TemporaryDirectory() as tmp:
@@ -223,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the emulated fleet did not start")
             with ProfileStore(root / "bench.db") as store:
                 start = time.perf_counter()
-                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], ["ort"], 6, 20, OPTIMIZER, max_seconds=3.0)
+                fleet, backends = choose_backends(fleet, "auto", Progress(1, out=print))
+                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], backends, 6, 20, OPTIMIZER, max_seconds=3.0)
                 campaign.export_sets(specs, root / "artifacts")
                 campaign.run_campaign(
                     fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None,
@@ -236,17 +257,19 @@ def main(argv: list[str] | None = None) -> int:
                     "mnist5k", model, len(fleet.devices), "iid", args.seed, max_examples=args.examples
                 )
                 examples = {d.name: len(s[1]) for d, s in zip(fleet.devices, data.train, strict=True)}
-                backends = {d.name: "ort" for d in fleet.devices}  # the backend profiled and trained with
                 capacities = plan_capacities(fleet, store, examples, args.epochs, Progress(1, out=print), backends)
-                runs = {"fedavg": _run("fedavg", fleet, store, root, args)}
-                runs["fluid"] = _run("fluid", fleet, store, root, args, sizes=list(SIZES))
-                runs["fjord"] = _run("fjord", fleet, store, root, args, capacities=capacities, k=4)
+                runs = {"fedavg": _run("fedavg", fleet, store, root, args, backends=backends)}
+                runs["fluid"] = _run("fluid", fleet, store, root, args, backends=backends, sizes=list(SIZES))
+                runs["fjord"] = _run("fjord", fleet, store, root, args, capacities=capacities, backends=backends, k=4)
                 fluid_figures(store, runs["fluid"].run_id)
                 round_cost_figures(store, fleet, runs)
                 print(f"machine load average after the FL runs: {os.getloadavg()}")
-                feddrop_budgets(store, fleet, args)
+                feddrop_budgets(store, fleet, args, backends)
         finally:
             emulate.down(fleet, say=lambda line: None)
+            if args.keep is not None and (root / "bench.db").exists():
+                shutil.copyfile(root / "bench.db", args.keep)
+                print(f"store kept at {args.keep}")
     return 0
 
 

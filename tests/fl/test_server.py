@@ -621,3 +621,27 @@ def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, 
         rows = RunLog(store).client_rounds(summary.run_id).set_index("cid")
     assert rows.loc["c0", "predicted_seconds"] > 0  # planned from the nearest profile
     assert pd.isna(rows.loc["c1", "predicted_seconds"])  # nothing to plan with
+
+
+def test_a_fjord_client_round_is_predicted_over_the_widths_it_draws_from():
+    from types import SimpleNamespace
+
+    from fl.records import ClientSpec
+    from fl.server import _predictions
+
+    model = get_model("fjord-cnn")
+    step_cost = {w: 10.0 * w for w in (0.25, 0.5, 0.75, 1.0)}
+
+    def predictor(client, arch):  # fixed 1 s plus a step cost growing with the width
+        return 1.0 + step_cost[arch.widths[0] / model.group_sizes[0]]
+
+    strategy = SimpleNamespace(model=model, round_predictor=predictor)
+    clients = {c: ClientSpec(c, capacity=1.0, num_examples=40, device="d") for c in ("a", "b")}
+    sub = model.static(0.75)
+    instructions = {
+        "a": TrainIns("a", sub, {}, {"trainer": "fjord", "widths": [0.25, 0.5, 0.75], "p_max": 0.75}),
+        "b": TrainIns("b", sub, {}, {}),
+    }
+    predicted = _predictions(strategy, instructions, [], clients)
+    assert predicted["a"] == pytest.approx(1.0 + (2.5 + 5.0 + 7.5) / 3)  # not the p_max round, 8.5
+    assert predicted["b"] == pytest.approx(8.5)
