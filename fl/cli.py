@@ -168,6 +168,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     runs.add_argument("--json", action="store_true", help="print one JSON document")
     runs.set_defaults(handler="fl.cli:cmd_runs")
 
+    data = actions.add_parser(
+        "data", help="write the FL data as a model reads it, for fleetbench profile --data (profiles of FL's job)"
+    )
+    data.add_argument("--out", required=True, help=".npz to write (x, y)")
+    data.add_argument("--model", default=DEFAULTS["model"], help=f"zoo model (default {DEFAULTS['model']})")
+    data.add_argument("--dataset", default=DEFAULTS["dataset"], help=f"data set (default {DEFAULTS['dataset']})")
+    data.add_argument("--examples", type=positive_int, default=None, help="examples to write (default 520)")
+    data.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
+    data.set_defaults(handler="fl.cli:cmd_data")
+
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """Build the `fl.server.RunConfig` of ``fl run`` (a new run, not ``--resume``).
@@ -471,7 +481,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from fl.executors.devices import DevicesExecutor
     from fl.roundcost import executor_configs
     from fl.server import run_fl
-    from harness.campaign import fleet_isolation
+    from harness.campaign import round_isolation
 
     config = dataclasses.replace(config, executor="devices")
     placement, backends = fleet_placement(fleet, args.backend, config.clients)
@@ -487,7 +497,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             timeout_s=config.timeout_s or 300.0,
             backends={device.name: backends[cid] for cid, device in placement.items()},
             optimizer=config.optimizer,
-            isolation=fleet_isolation(fleet),
+            isolation=round_isolation(fleet),
         ) as executor,
     ):
         return run_fl(
@@ -498,6 +508,31 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             backends=backends,
             device_configs=executor_configs(executor, fleet.devices, config.batch_size),
         )
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    """Run ``fleetbench fl data``: write the bench data file of a model and data set.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``out, model, dataset, examples, seed``.
+
+    Returns
+    -------
+    int
+        0.
+    """
+    from pathlib import Path
+
+    from exporters.zoo import get_model
+    from fl.data import BENCH_EXAMPLES, write_bench_data
+
+    model = get_model(args.model)
+    examples = args.examples or BENCH_EXAMPLES
+    path = write_bench_data(args.dataset, model, Path(args.out), examples=examples, seed=args.seed)
+    print(f"wrote {path}: {args.dataset} for {model.name}; profile with: fleetbench profile --data {path} ...")
+    return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -53,6 +53,8 @@ DEMO_BATCH = 20
 
 #: Optimizer graph of the profile and of the FL rounds (one configuration from profile to round).
 DEMO_OPTIMIZER = "sgd"
+#: The data set the FL rounds train on, and the profiles' cells too (`fl.data.write_bench_data`).
+DEMO_DATASET = "mnist5k"
 
 #: Per-cell cap on warm-up and sampling: a cell on an idle emulated device reaches +-2 % in
 #: about a second; a busy machine gets its cells flagged imprecise rather than a longer demo.
@@ -168,9 +170,14 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
+        from exporters.zoo import get_model
+        from fl.data import write_bench_data
+
+        # the cells train on the FL rounds' data (step time depends on it)
+        bench_data = write_bench_data(DEMO_DATASET, get_model(model), out / "bench-data.npz", seed=args.seed)
         specs = campaign.plan_cells(
             fleet, model, DEMO_WIDTHS, [DEMO_BATCH], backends, args.steps, 20, DEMO_OPTIMIZER, precision=args.precision,
-            max_seconds=args.max_seconds,
+            max_seconds=args.max_seconds, data=campaign.bench_data_label(bench_data),
         )  # fmt: skip
         sets = campaign.export_sets(specs, artifacts)
         progress.detail(f"{len(sets)} artifact sets in {artifacts}")
@@ -178,7 +185,7 @@ def run_demo(args: argparse.Namespace) -> int:
             result = campaign.run_campaign(
                 fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
                 progress=lambda event: progress.detail(campaign.format_event(event)), announce=progress.detail,
-                round_cost=True,
+                round_cost=True, data=bench_data,
             )  # fmt: skip
             ok = sum(m.ok for m in result.measurements)
             imprecise = sum(m.imprecise for m in result.measurements)
@@ -188,10 +195,9 @@ def run_demo(args: argparse.Namespace) -> int:
             )
 
             progress.step("planning tiers from the profiles")
-            from exporters.zoo import get_model
             from fl.data import load_federated
 
-            data = load_federated("mnist5k", get_model(model), len(fleet.devices), "iid", args.seed,
+            data = load_federated(DEMO_DATASET, get_model(model), len(fleet.devices), "iid", args.seed,
                                   max_examples=args.examples)  # fmt: skip
             examples = {d.name: len(shard[1]) for d, shard in zip(fleet.devices, data.train, strict=True)}
             capacities = plan_capacities(fleet, store, examples, args.epochs, progress, backends)
@@ -400,14 +406,14 @@ def run_fl_rounds(
     model = get_model(DEFAULT_MODEL)
     placement = {f"c{i}": d for i, d in enumerate(fleet.devices)}
     config = RunConfig(
-        strategy=strategy, model=model.name, dataset="mnist5k", clients=len(placement), rounds=args.rounds,
+        strategy=strategy, model=model.name, dataset=DEMO_DATASET, clients=len(placement), rounds=args.rounds,
         capacities="explicit:" + ",".join(f"{c:g}" for c in capacities), partition="iid", seed=args.seed,
         epochs=args.epochs, batch_size=DEMO_BATCH, lr=0.05, executor="devices", db=str(store.path),
         options=options, optimizer=DEMO_OPTIMIZER,
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER, isolation=campaign.fleet_isolation(fleet),
+        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER, isolation=campaign.round_isolation(fleet),
     ) as executor:  # fmt: skip
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities,

@@ -203,6 +203,7 @@ def plan_cells(
     *,
     precision: float = DEFAULT_PRECISION,
     max_seconds: float = DEFAULT_MAX_SECONDS,
+    data: str | None = None,
 ) -> list[BenchSpec]:
     """Return the cells of a campaign, device-major (pure).
 
@@ -227,6 +228,8 @@ def plan_cells(
         Target half-width of the median's 95 % interval (fraction; 0: exactly ``steps``).
     max_seconds : float
         Per-cell cap on warm-up plus sampling.
+    data : str, optional
+        The bench data's label (`bench_data_label`); None: random batches.
 
     Returns
     -------
@@ -265,6 +268,7 @@ def plan_cells(
             optimizer=optimizer,
             precision=precision,
             max_seconds=max_seconds,
+            data=data,
         )
         for device in devices
         if device.name in per_device
@@ -272,6 +276,78 @@ def plan_cells(
         for batch in batches
         for backend in per_device[device.name]
     ]
+
+
+# --------------------------------------------------------------------------- bench data
+
+
+def bench_data_label(path: Path | str) -> str:
+    """Return the label cells record for a bench data file: ``<file name>@<sha256 prefix>``.
+
+    Parameters
+    ----------
+    path : path
+        An ``.npz`` shard with ``x`` and ``y``.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    exporters.errors.InputError
+        When the file cannot be read.
+    """
+    import hashlib
+
+    from exporters.errors import InputError
+
+    path = Path(path)
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise InputError(f"--data {path}: {exc.strerror or exc}") from None
+    return f"{path.name}@{digest[:12]}"
+
+
+def check_bench_data(path: Path, manifests: Iterable[Mapping[str, Any]]) -> None:
+    """Check that a bench data file fits every artifact set that will train on it.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        An ``.npz`` with ``x`` (examples, then the model's input shape) and integer ``y``.
+    manifests : iterable of mapping
+        The sets' manifests (``inputs``: the input's shape and the batch).
+
+    Raises
+    ------
+    exporters.errors.InputError
+        Naming the file and what does not fit: unreadable, no ``x`` / ``y``, an input
+        shape other than the model's, fewer examples than a batch, labels that are not
+        integers.
+    """
+    import numpy as np
+
+    from exporters.errors import InputError
+
+    try:
+        with np.load(path, allow_pickle=False) as shard:
+            if "x" not in shard or "y" not in shard:
+                raise InputError(f"--data {path}: needs arrays x and y, has {sorted(shard.keys())}")
+            x_shape, y_shape, y_kind = shard["x"].shape, shard["y"].shape, shard["y"].dtype.kind
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"--data {path}: not a readable .npz ({exc})") from None
+    if y_kind not in "iu" or y_shape != x_shape[:1]:
+        raise InputError(f"--data {path}: y must be one integer label per example, got {y_shape} of kind {y_kind!r}")
+    for manifest in manifests:
+        want = tuple(int(d) for d in manifest["inputs"][0]["shape"][1:])
+        if tuple(x_shape[1:]) != want:
+            raise InputError(
+                f"--data {path}: examples of shape {tuple(x_shape[1:])}, {manifest.get('model')} takes {want}"
+            )
+        if x_shape[0] < int(manifest["batch"]):
+            raise InputError(f"--data {path}: {x_shape[0]} examples, fewer than one batch of {manifest['batch']}")
 
 
 # --------------------------------------------------------------------------- isolation
@@ -471,6 +547,27 @@ def fleet_isolation(fleet: Fleet) -> IsolationPlan:
         `plan_isolation` over the fleet's devices and `pinned_cpus`.
     """
     return plan_isolation(fleet.devices, pinned_cpus(fleet))
+
+
+def round_isolation(fleet: Fleet) -> IsolationPlan:
+    """Return the plan FL rounds follow: every device on this host takes its turn alone.
+
+    Unlike a campaign's cells, whose sampling needs nothing from the host, a client round
+    makes this host work while the device trains: parameter files, transfers, a phone's
+    adb traffic, reading replies. That work runs on whichever cpus are free, including
+    those a neighbouring device is pinned to, and would slow it below its profile; so
+    devices on this host take turns whatever their pins (`plan_isolation` without
+    pins). Devices on other hosts train side by side.
+
+    Parameters
+    ----------
+    fleet : Fleet
+
+    Returns
+    -------
+    IsolationPlan
+    """
+    return plan_isolation(fleet.devices, {})
 
 
 def pinned_cpus(fleet: Fleet) -> dict[str, frozenset[int] | None]:
@@ -836,8 +933,10 @@ class _DeviceRun:
         cost_specs: Sequence[BenchSpec] = (),
         scratch: Path | None = None,
         say: Callable[[str], None] | None = None,
+        data: Path | None = None,
     ) -> None:
         self.cost_specs, self.scratch, self.say = list(cost_specs), scratch, say
+        self.data, self.remote_data = data, cast(str | None, None)
         self.device, self.specs, self.sets = device, specs, sets
         self.store, self.campaign_id, self.timeout = store, campaign_id, timeout
         self.connect, self.clock, self.progress, self.stop = connect, clock, progress, stop
@@ -907,6 +1006,9 @@ class _DeviceRun:
             self._prefetch(transport)
         if self.runner_remote is None:
             self.runner_remote = str(deploy_runner(transport, self.device, contract.RUNNER_PATH, timeout=self.timeout))
+        if self.data is not None and self.remote_data is None:
+            shard = deploy_files(transport, self.device, [self.data], into="data", timeout=self.timeout)
+            self.remote_data = shard.remote_paths[self.data.name]
         key = (set_dir, backend == "torch")
         if key not in self.remote_sets:
             if backend == "torch":
@@ -933,6 +1035,7 @@ class _DeviceRun:
                 self.start or self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
                 steps=spec.steps, threads=spec.threads, sample_seconds=sample_seconds_for(self.device),
                 precision=spec.precision, max_seconds=spec.max_seconds,
+                data=self.remote_data if spec.data else None,
             )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout)
             output = contract.parse_output(run.rc, run.stdout, run.stderr)
@@ -986,6 +1089,7 @@ class _DeviceRun:
                 transport, self.device, runner=runner, remote_set=remote_set, set_dir=set_dir, width=spec.width,
                 scratch=self.scratch / name, backend=spec.backend, optimizer=spec.optimizer, threads=spec.threads,
                 timeout=self.timeout, campaign_id=self.campaign_id, measured_at=self.clock(), start=self.start,
+                data=self.data if spec.data else None,
             )  # fmt: skip
         except TransportError as exc:
             status, message = exc.kind, str(exc) or type(exc).__name__
@@ -1091,6 +1195,7 @@ def run_campaign(
     announce: Callable[[str], None] | None = None,
     campaign_id: int | None = None,
     round_cost: bool = False,
+    data: Path | str | None = None,
 ) -> CampaignResult:
     """Measure ``specs`` on the fleet and store every cell as it finishes.
 
@@ -1124,13 +1229,24 @@ def run_campaign(
         After a device's cells, measure its round cost (`harness.roundcost`) for every
         configuration of ``specs`` (`round_cost_specs`), in the device's turn; with
         ``resume``, only configurations without a stored successful one.
+    data : path, optional
+        The bench data of cells planned with it (``plan_cells(data=bench_data_label(data))``):
+        an ``.npz`` shard deployed once per device; their steps, and the round-cost
+        requests, train on it instead of random inputs.
 
     Returns
     -------
     CampaignResult
+
+    Raises
+    ------
+    exporters.errors.InputError
+        Before anything is measured, when cells name bench data that ``data`` is not, or
+        the file does not fit their models (`check_bench_data`).
     """
     stop = stop or threading.Event()
     say = announce if announce is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    data = _bench_data_for(specs, data)
     done_keys = store.measured_keys() if resume else set()
     todo = [s for s in specs if s.cell_key() not in done_keys]
     skipped = [s for s in specs if s.cell_key() in done_keys]
@@ -1150,17 +1266,20 @@ def run_campaign(
             by_device.setdefault(spec.device, [])
     devices = [d for d in fleet.devices if d.name in by_device]
     plan = plan_isolation(devices, pinned_cpus(fleet))
+    cost_specs = [spec for specs_of in costs_by_device.values() for spec in specs_of]
+    sets = export_sets([*todo, *cost_specs], Path(artifacts_dir)) if todo or cost_specs else {}
+    if data is not None:  # refused before the campaign is stored
+        set_dirs = {sets[_set_key(s)] for s in [*todo, *cost_specs] if s.data}
+        check_bench_data(data, [json.loads((d / "manifest.json").read_text()) for d in sorted(set_dirs)])
     if campaign_id is None:
         models = sorted({s.model for s in specs})
         campaign_id = store.start_campaign(
             fleet=str(fleet.path), model=",".join(models) or None, versions=versions, commit=commit,
             started_at=clock(), plan=plan.to_dict(),
         )  # fmt: skip
-    cost_specs = [spec for specs_of in costs_by_device.values() for spec in specs_of]
     result = CampaignResult(campaign_id=campaign_id, skipped=skipped, plan=plan if todo or cost_specs else None)
     if not todo and not cost_specs:
         return result
-    sets = export_sets([*todo, *cost_specs], Path(artifacts_dir))
     for line in plan.describe():
         say(line)
     lock = threading.Lock()
@@ -1189,6 +1308,7 @@ def run_campaign(
             cost_specs=costs_by_device.get(name, ()),
             scratch=Path(artifacts_dir) / ".roundcost",
             say=say,
+            data=data,
         )
         thread = threading.Thread(target=worker, name=f"campaign-{name}", daemon=True)
         thread.start()
@@ -1211,6 +1331,22 @@ def run_campaign(
     if stop.is_set():
         result.interrupted = True
     return result
+
+
+def _bench_data_for(specs: Sequence[BenchSpec], data: Path | str | None) -> Path | None:
+    """Return the bench data file of ``specs`` (None: random batches), checked against their labels."""
+    from exporters.errors import InputError
+
+    labels = {s.data for s in specs if s.data}
+    if not labels:
+        return None
+    if data is None:
+        raise InputError(f"cells train on bench data {sorted(labels)[0]}; give its file (--data)")
+    path = Path(data)
+    label = bench_data_label(path)
+    if labels != {label}:
+        raise InputError(f"--data {path} is {label}; the cells were planned with {', '.join(sorted(labels))}")
+    return path
 
 
 # --------------------------------------------------------------------------- CLI
@@ -1444,7 +1580,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     ----------
     args : argparse.Namespace
         ``fleet, model, widths, batch, backend, steps, warmup, optimizer, precision, max_seconds,
-        timeout, db, artifacts, resume, no_round_cost``.
+        timeout, db, artifacts, resume, no_round_cost, data``.
 
     Returns
     -------
@@ -1471,13 +1607,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
             f"--timeout {args.timeout:g} must exceed --max-seconds {args.max_seconds:g} (the runner's start-up and "
             "deployment come on top of its sampling)"
         )
+    data_label = bench_data_label(args.data) if args.data else None
     fleet = load_fleet(args.fleet)
     plan: Sequence[str] | Mapping[str, str] = backends
 
     def cells(widths: Sequence[float]) -> list[BenchSpec]:
         return plan_cells(
             fleet, args.model, widths, batches, plan, args.steps, args.warmup, args.optimizer,
-            precision=args.precision, max_seconds=args.max_seconds,
+            precision=args.precision, max_seconds=args.max_seconds, data=data_label,
         )  # fmt: skip
 
     if backends == [AUTO]:
@@ -1490,7 +1627,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     with ProfileStore(Path(args.db)) as store:
         run = {
             "artifacts_dir": Path(args.artifacts), "timeout": args.timeout, "resume": args.resume,
-            "round_cost": not args.no_round_cost,
+            "round_cost": not args.no_round_cost, "data": args.data,
         }  # fmt: skip
         if isinstance(request, int):
             choice = choose_widths(fleet, store, request, cells=cells, **run)
@@ -1519,6 +1656,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     resume += ["--warmup", str(args.warmup), "--optimizer", args.optimizer, "--precision", f"{args.precision:g}"]
     resume += ["--max-seconds", f"{args.max_seconds:g}", "--timeout", f"{args.timeout:g}", "--db", args.db]
     resume += ["--artifacts", args.artifacts, "--resume"] + (["--no-round-cost"] if args.no_round_cost else [])
+    resume += ["--data", args.data] if args.data else []
     print(
         f"{what}{missing} of {len(specs)} cell(s) not measured; every finished cell is stored. "
         f"Measure only the missing ones with:\n  {shlex.join(resume)}",

@@ -67,6 +67,12 @@ def register(commands: Any) -> None:
         help=f"per-cell cap on warm-up and sampling; a cell still imprecise then is flagged (default "
         f"{DEFAULT_MAX_SECONDS:g})",
     )
+    profile.add_argument(
+        "--data",
+        help=".npz with x (examples shaped as the model's input) and integer labels y: the cells and round-cost "
+        "requests train on these examples, as FL clients do (`fleetbench fl data` writes one); default: random "
+        "normal inputs",
+    )
     profile.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per cell (default 300)")
     profile.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
     profile.add_argument("--artifacts", default="artifacts", help="artifact cache directory (default ./artifacts)")

@@ -131,6 +131,7 @@ def bench_argv(
     sample_seconds: float = 0.0,
     precision: float = runner.DEFAULT_PRECISION,
     max_seconds: float = runner.DEFAULT_MAX_SECONDS,
+    data: str | None = None,
 ) -> list[str]:
     """Return the command line of ``runner.py bench``.
 
@@ -153,6 +154,8 @@ def bench_argv(
         (0: exactly ``steps`` samples).
     max_seconds : float
         Cap on warm-up plus timed sampling.
+    data : str, optional
+        A deployed ``.npz`` shard whose first batch the steps train on (default: a random batch).
 
     Returns
     -------
@@ -162,7 +165,7 @@ def bench_argv(
         *_start_argv(python), runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
         "--warmup", str(warmup), "--steps", str(steps), "--threads", str(threads),
         "--sample-seconds", repr(float(sample_seconds)), "--precision", repr(float(precision)),
-        "--max-seconds", repr(float(max_seconds)),
+        "--max-seconds", repr(float(max_seconds)), *(["--data", data] if data else []),
     ]  # fmt: skip
 
 

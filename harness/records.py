@@ -66,6 +66,9 @@ class BenchSpec:
     max_seconds : float
         Cap on warm-up plus timed sampling; a cell that misses ``precision`` by then is
         flagged imprecise.
+    data : str or None
+        The bench data the steps train on, ``<file name>@<sha256 prefix>``
+        (`harness.campaign.bench_data_label`); None: a random batch.
     """
 
     device: str
@@ -80,6 +83,7 @@ class BenchSpec:
     optimizer: str = "adamw"
     precision: float = DEFAULT_PRECISION
     max_seconds: float = DEFAULT_MAX_SECONDS
+    data: str | None = None
 
     def cell_key(self) -> str:
         """Return the key that identifies this cell in the store (resume skips measured keys)."""
@@ -87,6 +91,7 @@ class BenchSpec:
         return (
             f"{self.device}|{self.model}|{widths}|b{self.batch}|{self.backend}|t{self.threads}"
             f"|w{self.warmup}|s{self.steps}|{self.optimizer}|p{self.precision:g}|c{self.max_seconds:g}"
+            + (f"|d{self.data}" if self.data else "")
         )
 
 

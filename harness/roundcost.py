@@ -396,11 +396,20 @@ def round_cost(
 # --------------------------------------------------------------------------- measurement (I/O)
 
 
-def _shard(path: Path, manifest: Mapping[str, Any], examples: int) -> Path:
-    """Write a synthetic ``.npz`` shard of ``examples`` examples shaped as the set's input (label 0)."""
+def _shard(path: Path, manifest: Mapping[str, Any], examples: int, data: Path | None = None) -> Path:
+    """Write an ``.npz`` shard of ``examples`` examples for the set's input.
+
+    From ``data`` (its examples in order, repeated as needed) when given, else synthetic:
+    standard normal inputs, label 0.
+    """
     import numpy as np
 
     spec = manifest["inputs"][0]
+    if data is not None:
+        with np.load(data, allow_pickle=False) as shard:
+            order = np.arange(examples) % len(shard["y"])
+            np.savez(path, x=shard["x"][order].astype(spec["dtype"]), y=shard["y"][order].astype(np.int64))
+        return path
     shape = (examples, *[int(d) for d in spec["shape"][1:]])
     x = np.random.default_rng(examples).standard_normal(shape).astype(spec["dtype"])
     np.savez(path, x=x, y=np.zeros(examples, dtype=np.int64))
@@ -427,6 +436,7 @@ def measure_round_cost(
     campaign_id: int | None = None,
     measured_at: float | None = None,
     start: str | RunnerStart | None = None,
+    data: Path | None = None,
 ) -> RoundCostModel:
     """Measure one device's `RoundCostModel` through its transport (see "Measurement").
 
@@ -464,6 +474,9 @@ def measure_round_cost(
     start : str or harness.contract.RunnerStart, optional
         How the device starts the runner's Python (default its ``python``; a phone on a
         runtime bundle: the bundle's loader, `harness.phone_runtime`).
+    data : pathlib.Path, optional
+        The campaign's bench data (``.npz``): the requests train on its examples, as FL
+        clients train on theirs (default: synthetic shards).
 
     Returns
     -------
@@ -488,7 +501,7 @@ def measure_round_cost(
     manifest = json.loads((set_dir / "manifest.json").read_text())
     batch = int(manifest["batch"])
     scratch.mkdir(parents=True, exist_ok=True)
-    shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch) for n in step_counts]
+    shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch, data) for n in step_counts]
     deployed = deploy_files(transport, device, shards, timeout=timeout)
     workdir = deployed.workdir
     resident = ResidentRunner.for_device(
@@ -536,7 +549,8 @@ def measure_round_cost(
             transport.get(remote, back)
             up.append({"bytes": float(size), "seconds": clock() - t0})
     return fit_round_cost(
-        train, down, up, extra={"warmup": warmup, "start": [{"seconds": s} for s in resident.start_seconds]},
+        train, down, up,
+        extra={"warmup": warmup, "start": [{"seconds": s} for s in resident.start_seconds]},
         device=device.name, model=str(manifest["model"]), width=float(width), batch=batch,
         backend=backend, optimizer=optimizer, threads=int(threads), campaign_id=campaign_id,
         measured_at=time.time() if measured_at is None else measured_at,

@@ -163,6 +163,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX round_costs_by_device ON round_costs (device, model, id);
     """,
+    # v7: the bench data a cell's steps trained on (`BenchSpec.data`; NULL: a random batch).
+    """
+    ALTER TABLE cells ADD COLUMN data TEXT;
+    """,
 )
 
 #: The schema version this code writes.
@@ -205,6 +209,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "warmup",
     "steps",
     "optimizer",
+    "data",
     "cell_key",
     "campaign_id",
     "started_at",
@@ -677,6 +682,7 @@ class ProfileStore:
             "imprecise": int(bool(measurement.imprecise)),
             "stop_reason": measurement.stop_reason,
             "isolation": _dumps(dict(measurement.isolation)),
+            "data": spec.data,
         }
         columns = ", ".join(values)
         marks = ", ".join(f":{name}" for name in values)
@@ -745,6 +751,7 @@ class ProfileStore:
             # cells stored before v5 were fixed-count measurements
             precision=0.0 if row["precision"] is None else float(row["precision"]),
             max_seconds=DEFAULT_MAX_SECONDS if row["max_seconds"] is None else float(row["max_seconds"]),
+            data=row["data"],
         )
         return Measurement(
             spec=spec,
@@ -831,6 +838,7 @@ class ProfileStore:
                 "warmup": m.spec.warmup,
                 "steps": m.spec.steps,
                 "optimizer": m.spec.optimizer,
+                "data": m.spec.data,
                 "cell_key": row["cell_key"],
                 "campaign_id": int(row["campaign_id"]),
                 "started_at": m.started_at,

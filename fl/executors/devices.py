@@ -221,10 +221,10 @@ class DevicesExecutor(ClosingExecutor):
     optimizer : str
         The optimizer graph clients train with (``"sgd"`` or ``"adamw"``); profile with the same.
     isolation : IsolationPlan, optional
-        Which devices share this host's cpus (`harness.campaign.fleet_isolation`): in a round,
-        a device starts its clients when the devices it shares cpus with have finished
-        theirs, as a campaign measures them, so each client round sees the cpu its profile
-        saw. None: every device at once (devices that are really apart).
+        Which devices must not train at the same time (`harness.campaign.round_isolation`:
+        every device on this host): in a round, a device starts its clients when the
+        devices it conflicts with have finished theirs, so each client round sees the cpu
+        its profile saw. None: every device at once (devices that are really apart).
     """
 
     name = "devices"
@@ -675,7 +675,7 @@ def device_turns(isolation: IsolationPlan | None, names: Sequence[str]) -> dict[
     Parameters
     ----------
     isolation : IsolationPlan or None
-        The fleet's plan (`harness.campaign.fleet_isolation`); None: nobody waits.
+        The fleet's plan (`harness.campaign.round_isolation`); None: nobody waits.
     names : sequence of str
         The devices with clients this round, in fleet order.
 

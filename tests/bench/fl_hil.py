@@ -3,8 +3,9 @@
 Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--examples 4000]``.
 
 1. The example emulated fleet (fast / mid / slow SSH devices and the phone) is brought up
-   and profiled at every FLuID size (``fjord-cnn``, SGD artifact sets, each device's threads),
-   with each device's round cost (`harness.roundcost`: fixed cost, transfer lines).
+   and profiled at every FLuID size (``fjord-cnn``, SGD artifact sets, each device's threads
+   and best backend, the cells training on the rounds' MNIST examples), with each device's
+   round cost (`harness.roundcost`: fixed cost, transfer lines).
 2. **No-dropout baseline**: FedAvg rounds on the devices, one client per device.
 3. **FLuID** (invariant dropout) rounds with the same clients, data and seed: the
    straggler is found from measured round times and its sub-model size is chosen from its
@@ -43,7 +44,7 @@ from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from exporters.zoo import get_model
 from fl import scheduling
-from fl.data import load_federated
+from fl.data import load_federated, write_bench_data
 from fl.executors.devices import DevicesExecutor
 from fl.roundcost import executor_configs, round_cost_from_store, round_overheads
 from fl.runlog import RunLog
@@ -76,7 +77,7 @@ def _run(
     data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
     executor = DevicesExecutor(
         model, placement, artifacts_dir=root / "artifacts", work_dir=root / f"work-{strategy}", batch=BATCH,
-        connect=connect, timeout_s=300, optimizer=OPTIMIZER, isolation=campaign.fleet_isolation(fleet),
+        connect=connect, timeout_s=300, optimizer=OPTIMIZER, isolation=campaign.round_isolation(fleet),
         backends=backends,
     )  # fmt: skip
     caps = capacities or [1.0] * len(devices)
@@ -97,7 +98,7 @@ def _run(
 def fleet_round_seconds(store: ProfileStore, run_id: int) -> dict[int, float]:
     """Per round, the slowest client's measured round (compute and transfers): the fleet's round time.
 
-    Devices that share this host's cpus take turns in a round (`harness.campaign.fleet_isolation`),
+    Devices on this host take turns in a round (`harness.campaign.round_isolation`),
     so the round's wall time adds their turns; real devices would train side by side, and
     the round would last as long as its slowest client.
     """
@@ -162,23 +163,28 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
                 f"{float(measured_full[slowest]):.2f} s full-width round = {share:.0%} (target <= 10 %)"
             )
     fleet_rounds = {name: fleet_round_seconds(store, summary.run_id) for name, summary in runs.items()}
+    walls = {
+        name: dict(zip(frame["round"].astype(int), frame["wall_seconds"].astype(float), strict=True))
+        for name, summary in runs.items()
+        for frame in [log.rounds(summary.run_id)]
+    }
     print(
         "\n== Mean round time, rounds 2.. (after the first calibration), against FedAvg at full width:\n"
         "   fleet round = the slowest client's measured round (devices side by side); wall = this host's round,\n"
-        "   where devices sharing its cpus take turns"
+        "   where the devices on this host take turns"
     )
+
+    def mean_after_first(values: dict[int, float]) -> float:
+        later = [v for r, v in values.items() if r >= 1]
+        return statistics.mean(later) if later else float("nan")
+
     for name in ("fluid", "fjord"):
-        base = [fleet_rounds["fedavg"][r] for r in sorted(fleet_rounds["fedavg"]) if r >= 1]
-        mine = [fleet_rounds[name][r] for r in sorted(fleet_rounds[name]) if r >= 1]
-        base_wall = [r.seconds for r in runs["fedavg"].history[1:]]
-        wall = [r.seconds for r in runs[name].history[1:]]
-        if base and mine and base_wall and wall:
-            b, t = statistics.mean(base), statistics.mean(mine)
-            bw, tw = statistics.mean(base_wall), statistics.mean(wall)
-            print(
-                f"  {name}: fleet round {t:.2f} s vs FedAvg {b:.2f} s: ratio {t / b:.2f} (FLuID's paper: 0.74-0.82); "
-                f"wall {tw:.2f} s vs {bw:.2f} s: ratio {tw / bw:.2f}"
-            )
+        b, t = mean_after_first(fleet_rounds["fedavg"]), mean_after_first(fleet_rounds[name])
+        bw, tw = mean_after_first(walls["fedavg"]), mean_after_first(walls[name])
+        print(
+            f"  {name}: fleet round {t:.2f} s vs FedAvg {b:.2f} s: ratio {t / b:.2f} (FLuID's paper: 0.74-0.82); "
+            f"wall {tw:.2f} s vs {bw:.2f} s: ratio {tw / bw:.2f}"
+        )
 
 
 def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace, backends: dict[str, str]) -> None:
@@ -244,11 +250,16 @@ def main(argv: list[str] | None = None) -> int:
             with ProfileStore(root / "bench.db") as store:
                 start = time.perf_counter()
                 fleet, backends = choose_backends(fleet, "auto", Progress(1, out=print))
-                specs = campaign.plan_cells(fleet, MODEL, SIZES, [BATCH], backends, 6, 20, OPTIMIZER, max_seconds=3.0)
+                bench_data = write_bench_data("mnist5k", get_model(MODEL), root / "bench-data.npz", seed=args.seed)
+                specs = campaign.plan_cells(
+                    fleet, MODEL, SIZES, [BATCH], backends, 6, 20, OPTIMIZER, max_seconds=3.0,
+                    data=campaign.bench_data_label(bench_data),
+                )  # fmt: skip
                 campaign.export_sets(specs, root / "artifacts")
                 campaign.run_campaign(
                     fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None,
                     round_cost=True, announce=lambda line: print(f"  {line}") if "round cost" in line else None,
+                    data=bench_data,
                 )  # fmt: skip
                 print(f"profiled {len(specs)} cells and the round costs in {time.perf_counter() - start:.0f} s")
                 print(f"machine load average before the FL runs: {os.getloadavg()}")

@@ -564,3 +564,69 @@ def test_a_failed_round_cost_is_stored_with_its_reason(artifacts: Path, tmp_path
     [row] = store.round_cost_rows()
     assert row["device"] == "broken" and row["status"] != "ok" and row["message"] and row["fixed_s"] is None
     assert store.round_costs() == []
+
+
+def test_cells_and_round_costs_train_on_the_bench_data_they_name(
+    artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    import numpy as np
+
+    from fleetbench.cli import main
+
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(f"devices:\n  - name: here\n    kind: local\n    workdir: {tmp_path / 'work'}\n")
+    data = tmp_path / "mnist.npz"
+    assert main(["fl", "data", "--out", str(data), "--model", MODEL, "--examples", "40"]) == 0
+    with np.load(data) as shard:
+        assert shard["x"].shape == (40, 1, 28, 28) and len(set(shard["y"][:BATCH].tolist())) > 1  # classes mixed
+    db = tmp_path / "data.db"
+    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
+    argv += ["--steps", "3", "--warmup", "1", "--precision", "0", "--db", str(db), "--artifacts", str(artifacts)]
+    assert main([*argv, "--data", str(data)]) == 0
+    label = campaign.bench_data_label(data)
+    assert label.startswith("mnist.npz@")
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+        assert list(cells["data"]) == [label] and cells["cell_key"].iloc[0].endswith(f"|d{label}")
+        assert [c.status for c in store.round_costs()] == ["ok"]
+    with sqlite3.connect(db) as conn:
+        (doc,) = conn.execute("SELECT runner FROM cells").fetchone()
+    assert json.loads(doc)["bench_data"] == "shard"
+
+    # the same cells on random inputs are other cells: --resume measures them
+    assert main([*argv, "--resume", "--no-round-cost"]) == 0
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+        assert sorted(cells["data"].fillna("random")) == sorted([label, "random"])
+        campaigns = len(store.campaigns())
+    capsys.readouterr()
+
+    # bad data is refused before a campaign is stored, naming the file and what does not fit
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, x=np.zeros((8, 3, 32, 32), np.float32), y=np.zeros(8, np.int64))
+    few = tmp_path / "few.npz"
+    np.savez(few, x=np.zeros((2, 1, 28, 28), np.float32), y=np.zeros(2, np.int64))
+    assert main([*argv, "--data", str(wrong)]) == 2
+    assert main([*argv, "--data", str(few)]) == 2
+    assert main([*argv, "--data", str(tmp_path / "absent.npz")]) == 2
+    err = capsys.readouterr().err
+    assert f"--data {wrong}: examples of shape (3, 32, 32), {MODEL} takes (1, 28, 28)" in err
+    assert f"--data {few}: 2 examples, fewer than one batch of {BATCH}" in err
+    assert "absent.npz" in err
+    with ProfileStore(db) as store:
+        assert len(store.campaigns()) == campaigns
+
+
+def test_cells_planned_with_bench_data_need_that_file(tmp_path: Path) -> None:
+    fleet = [Device("here", "local", workdir="/tmp/x")]
+    specs = plan_cells(fleet, MODEL, [0.5], [BATCH], ["ort"], STEPS, WARMUP, data="a.npz@0123456789ab")
+    assert all(s.data == "a.npz@0123456789ab" and s.cell_key().endswith("|da.npz@0123456789ab") for s in specs)
+    with pytest.raises(InputError, match="give its file"):
+        campaign._bench_data_for(specs, None)
+    other = tmp_path / "a.npz"
+    other.write_bytes(b"other bytes")
+    with pytest.raises(InputError, match=r"is a\.npz@\w{12}; the cells were planned with a\.npz@0123456789ab"):
+        campaign._bench_data_for(specs, other)
+    assert campaign._bench_data_for(plan_cells(fleet, MODEL, [0.5], [BATCH], ["ort"], STEPS, WARMUP), None) is None

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from exporters.artifacts import export_artifacts
+from exporters.artifacts import OPTIMIZER_DEFAULTS, export_artifacts
 from exporters.ort_training import OrtTrainer
 from exporters.torchscript import export_torchscript
 from exporters.zoo import get_model
@@ -575,3 +575,23 @@ def test_runner_runs_on_python38(tmp_path: Path) -> None:
     assert rc == 2 and doc["versions"]["python"].startswith("3.8")
     rc, doc, _ = run_runner("--help", python=python)
     assert rc == 0 and doc["mode"] == "help"
+
+
+def test_bench_on_data_steps_on_its_first_batch(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
+    one_batch = learnable_shard(tmp_path / "one.npz", 4)  # the set's batch: train's three steps see only it
+    lr = OPTIMIZER_DEFAULTS["sgd"]["lr"]  # bench steps at the set's own rate
+    rc, trained, _ = run_runner(*train_args(sets["cnn"], start, one_batch, tmp_path / "o.npy", epochs=3, lr=lr))
+    assert rc == 0, trained
+    rc, bench, _ = run_runner(*bench_args(sets["cnn"], warmup=0, steps=3), "--data", str(one_batch))
+    assert rc == 0 and bench["bench_data"] == "shard", bench
+    _, noise, _ = run_runner(*bench_args(sets["cnn"], warmup=0, steps=3))
+    assert noise["bench_data"] == "random"
+    np.testing.assert_allclose(bench["loss"], trained["loss"], rtol=1e-5)  # same batch, same start, same steps
+    assert not np.allclose(noise["loss"], trained["loss"], rtol=1e-3)
+
+    few = tmp_path / "few.npz"
+    np.savez(few, x=np.zeros((3, 1, 28, 28), np.float32), y=np.zeros(3, np.int64))
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"]), "--data", str(few))
+    assert rc == 2 and doc["status"] == "bad arguments" and "fewer than one batch of 4" in doc["error"]
+    rc, doc, _ = run_runner(*bench_args(sets["rnn"]), "--data", str(one_batch))
+    assert rc == 2 and "do not fit inputs" in doc["error"]
