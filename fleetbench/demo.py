@@ -47,6 +47,9 @@ from typing import Any
 
 #: Widths the demo exports, profiles and offers to tiers.
 DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
+#: FLuID's sub-model sizes: a 1/16 grid, most of them never measured (the latency model
+#: predicts their rounds), fine enough that some size lands the straggler near its target.
+DEMO_FLUID_SIZES = tuple(i / 16 for i in range(4, 17))
 
 #: Training batch of every artifact set the demo uses.
 DEMO_BATCH = 20
@@ -213,7 +216,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 progress.step(f"hardware-in-the-loop FL: FLuID straggler handling, {args.rounds} rounds")
                 fluid = run_fl_rounds(
                     "fluid", fleet, store, data, [1.0] * len(capacities), paths, args, progress,
-                    {"sizes": list(DEMO_WIDTHS)}, backends,
+                    {"sizes": list(DEMO_FLUID_SIZES)}, backends,
                 )  # fmt: skip
                 show_stragglers(store, fluid.run_id, progress)
 

@@ -25,18 +25,21 @@ Measurement (decided here)
     path the FL devices executor takes: `harness.resident.ResidentRunner.for_device`
     starts ``runner.py serve`` through the device's transport (with the cells' backend
     and threads), and `ResidentRunner.train` sends ``train`` requests at the profile's
-    widest width on synthetic shards of two step counts (`DEFAULT_STEP_COUNTS`), starting
-    from the set's initial parameters. First one warm-up request per shard (not fitted;
+    widest width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's
+    bench data when it has some, else synthetic), starting from the set's initial parameters. First one warm-up request per shard (not fitted;
     kept in the samples with the runner's start): it opens the session and puts
     the shard in the runner's file cache, as a FL client's first round does; rounds after
-    that find both. Then a line of each request's wall time seen from the host
-    (`ResidentRunner.request`'s seconds, what the executor reports as a client's compute
-    time) against its step count has the fixed cost of a resident request as intercept:
-    writing the request and reading the reply over the transport, loading the parameter
-    file, resetting the kept session to them (the session switch of a width seen before),
-    and writing the result. The slope (seconds per step at that width) is stored beside
-    it as a check on the latency model, not used for prediction: the latency model
-    predicts every architecture, the slope only one. Not in the fixed cost: the runner's
+    that find both. The fixed cost of a resident request is the median, over the fitted
+    requests, of its wall time seen from the host (`ResidentRunner.request`'s seconds,
+    what the executor reports as a client's compute time) less the time of its steps as
+    the runner timed them: writing the request and reading the reply over the transport,
+    loading the parameter file, resetting the kept session to them (the session switch
+    of a width seen before), and writing the result. (A line of wall time against step
+    count would give it as intercept, but on a throttled device the intercept inherits
+    every wobble of the step time times the longer request's steps; the line is the
+    fallback for points without step times.) The median step time at that width is
+    stored beside it as a check on the latency model, not used for prediction: the
+    latency model predicts every architecture, the step time only one. Not in the fixed cost: the runner's
     start (once per device and run) and opening a session for a width the runner has not
     held yet (once per width while at most ``--max-sessions`` widths are in use).
     The one-shot ``train`` mode (a process per client round, the devices executor's
@@ -53,6 +56,7 @@ Everything here but `measure_round_cost` is pure.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -260,8 +264,17 @@ def fit_round_cost(
     Returns
     -------
     RoundCostModel
+        ``fixed_s``: the median time of a request outside its steps when every point has
+        ``step_seconds`` (else the intercept of seconds against steps); ``step_s``: the
+        median time per step (else the slope).
     """
     fixed, step = fit_line([p["steps"] for p in train], [p["seconds"] for p in train])
+    if train and all("step_seconds" in p for p in train):
+        # The runner times its steps, so each request's time outside them is its fixed cost,
+        # observed directly; their median is far steadier than the line's intercept, which
+        # inherits every wobble of the step time (x 26 steps) on a throttled device.
+        fixed = max(0.0, statistics.median(p["seconds"] - p["step_seconds"] for p in train))
+        step = statistics.median(p["step_seconds"] / p["steps"] for p in train if p["steps"] > 0)
     down_lat, down_rate = fit_line([p["bytes"] for p in down], [p["seconds"] for p in down])
     up_lat, up_rate = fit_line([p["bytes"] for p in up], [p["seconds"] for p in up])
     samples = {"train": [dict(p) for p in train], "down": [dict(p) for p in down], "up": [dict(p) for p in up]}

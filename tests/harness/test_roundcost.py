@@ -59,6 +59,23 @@ def test_round_seconds_adds_fixed_cost_steps_and_transfers() -> None:
     assert round_seconds(None, 1e-3, 20, 5, 2000, 2000) == pytest.approx(0.1)  # latency alone
 
 
+def test_the_fixed_cost_is_the_time_outside_the_steps_when_the_runner_timed_them() -> None:
+    # a request's wall time = 0.05 s outside + its steps; the 26-step request's steps ran slow once
+    train = [
+        {"steps": 2, "seconds": 0.05 + 0.04, "step_seconds": 0.04},
+        {"steps": 26, "seconds": 0.05 + 0.80, "step_seconds": 0.80},
+        {"steps": 2, "seconds": 0.06 + 0.04, "step_seconds": 0.04},
+        {"steps": 26, "seconds": 0.05 + 0.52, "step_seconds": 0.52},
+    ]
+    transfers = [{"bytes": 1000, "seconds": 0.01}, {"bytes": 3000, "seconds": 0.02}]
+    cost = fit_round_cost(
+        train, transfers, transfers, device="d", model="m", width=1.0, batch=20, backend="ort", optimizer="sgd",
+        threads=1,
+    )  # fmt: skip
+    assert cost.fixed_s == pytest.approx(0.05)  # the line's intercept would be about 0.04 + noise
+    assert cost.step_s == pytest.approx(0.02)  # median per-step time of the requests
+
+
 def test_round_cost_uses_each_device_s_measurement_and_warns_for_the_others() -> None:
     rows = line_rows("A", 100.0, 1e-4, model="fjord-cnn") + line_rows("B", 50.0, 1e-4, model="fjord-cnn")
     flops = MODEL.arch(1.0)
