@@ -29,8 +29,9 @@ Backends: a device measured with several backends is costed with the first of
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.arch import Arch
@@ -298,6 +299,71 @@ class ClientRoundPredictor:
             return None
         nbytes = payload_bytes_of(arch) if bytes_down is None else int(bytes_down)
         return float(self.cost(client.device, arch, self.steps(client.num_examples), nbytes, nbytes))
+
+
+#: Recent rounds of a device whose measured/predicted ratios calibrate its next prediction.
+CALIBRATION_WINDOW = 3
+
+
+@dataclass
+class CalibratedPredictor:
+    """A `ClientRoundPredictor` corrected by each device's measured rounds in this run.
+
+    A profile predicts a round's shape well (how it grows with the width, the steps and the
+    payload) but not always its level: a step's time depends on the values it trains on
+    (the data, and the weights as training moves them), and a round makes its host work.
+    So the prediction of a device's next round is the profile's times the median ratio
+    measured / profile-predicted over the device's last `CALIBRATION_WINDOW` rounds
+    (1 until it has one). The profile's own prediction is kept beside it in every client
+    round's metrics (``profile_predicted_seconds``, ``calibration``). A resumed run starts
+    from the profiles again.
+
+    Attributes
+    ----------
+    base : ClientRoundPredictor
+        The profile's predictor.
+    window : int
+        Rounds per device that calibrate it.
+    ratios : dict of str to list of float
+        Per device, measured / profile-predicted of its rounds so far, oldest first.
+    """
+
+    base: ClientRoundPredictor
+    window: int = CALIBRATION_WINDOW
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> frozenset[str]:
+        """The devices ``base`` predicts."""
+        return self.base.devices
+
+    def factor(self, device: str | None) -> float:
+        """Return the calibration factor of ``device`` (1.0 before its first measured round)."""
+        recent = self.ratios.get(device or "", [])[-self.window :]
+        return float(statistics.median(recent)) if recent else 1.0
+
+    def profile(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
+        """Return the profile's prediction of ``client``'s round, uncalibrated (`ClientRoundPredictor`)."""
+        return self.base(client, arch, bytes_down)
+
+    def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
+        """Return the calibrated prediction of ``client``'s round at ``arch`` (None: not predictable)."""
+        value = self.base(client, arch, bytes_down)
+        return None if value is None else value * self.factor(client.device)
+
+    def observe(self, device: str, profile_seconds: float, measured_seconds: float) -> None:
+        """Record one measured round of ``device`` against the profile's prediction of it.
+
+        Parameters
+        ----------
+        device : str
+        profile_seconds : float
+            The uncalibrated prediction (`profile`); not positive or not finite: ignored.
+        measured_seconds : float
+            Download, compute and upload of the round as measured.
+        """
+        if profile_seconds > 0 and math.isfinite(profile_seconds) and math.isfinite(measured_seconds):
+            self.ratios.setdefault(device, []).append(float(measured_seconds) / float(profile_seconds))
 
 
 def round_seconds_by_width(cost: RoundCost, model: ZooModel, steps: Mapping[str, int]) -> Callable[[str, float], float]:

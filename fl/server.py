@@ -52,7 +52,13 @@ from fl.population import (
     payload_bytes,
 )
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
-from fl.roundcost import ClientRoundPredictor, measured_models, payload_bytes_of, round_cost_from_store
+from fl.roundcost import (
+    CalibratedPredictor,
+    ClientRoundPredictor,
+    measured_models,
+    payload_bytes_of,
+    round_cost_from_store,
+)
 from fl.runlog import ClientRound, RunLog
 from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
@@ -613,7 +619,7 @@ def run_fl(
             profiles = profiles_for(store, clients, config.model, device_configs, warn=say)
         if virtual is None:
             predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, say)
-            strategy.round_predictor = predictor
+            strategy.round_predictor = None if predictor is None else CalibratedPredictor(predictor)
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
         error: str | None = None
@@ -856,6 +862,7 @@ def _run_round(
         "mean_loss": mean_loss,
     }
     predicted = _predictions(strategy, instructions, results, by_cid)
+    results = _calibrate(strategy, instructions, results, by_cid, predicted)
     rows = _client_rows(
         strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of, predicted
     )
@@ -877,11 +884,47 @@ def _run_round(
     )
 
 
+def _calibrate(
+    strategy: Strategy,
+    instructions: Mapping[str, TrainIns],
+    results: Sequence[TrainRes],
+    by_cid: Mapping[str, ClientSpec],
+    predicted: Mapping[str, float],
+) -> list[TrainRes]:
+    """Feed the round's measured times to a `CalibratedPredictor`; return the results with both predictions.
+
+    Each result that was predicted gains ``profile_predicted_seconds`` (the profile's own
+    prediction) and ``calibration`` (the factor its logged prediction used) in its
+    metrics; then its device's ratio measured / profile-predicted is recorded for the
+    rounds to come.
+    """
+    predictor = strategy.round_predictor
+    if not isinstance(predictor, CalibratedPredictor):
+        return list(results)
+    profile = _predictions(strategy, instructions, results, by_cid, predictor.base)
+    out = []
+    for res in results:
+        device = by_cid[res.cid].device
+        if res.cid not in profile or res.cid not in predicted or device is None:
+            out.append(res)
+            continue
+        measured = res.compute_seconds + res.download_seconds + res.upload_seconds
+        metrics = {
+            **res.metrics,
+            "profile_predicted_seconds": profile[res.cid],
+            "calibration": predicted[res.cid] / profile[res.cid] if profile[res.cid] > 0 else 1.0,
+        }
+        out.append(dataclasses.replace(res, metrics=metrics))
+        predictor.observe(device, profile[res.cid], measured)
+    return out
+
+
 def _predictions(
     strategy: Strategy,
     instructions: Mapping[str, TrainIns],
     results: Sequence[TrainRes],
     by_cid: Mapping[str, ClientSpec],
+    predictor: Any = None,
 ) -> dict[str, float]:
     """Return the round-cost model's prediction of every instructed client's round (none without a predictor).
 
@@ -894,9 +937,9 @@ def _predictions(
     - a result's ``trained_width`` when it trained a narrower prefix than it was sent;
     - else its instruction's.
 
-    The payload is always what was sent.
+    The payload is always what was sent. ``predictor`` defaults to the strategy's.
     """
-    predictor = strategy.round_predictor
+    predictor = strategy.round_predictor if predictor is None else predictor
     if predictor is None:
         return {}
     trained = {r.cid: r.metrics.get("trained_width") for r in results}
@@ -922,7 +965,7 @@ def _predictions(
 
 def _call_predictor(predictor: Any, client: ClientSpec, arch: Any, sent: int) -> float | None:
     """Ask a predictor for a round whose payload is not the trained architecture's (when it can say so)."""
-    if isinstance(predictor, ClientRoundPredictor):
+    if isinstance(predictor, ClientRoundPredictor | CalibratedPredictor):
         return predictor(client, arch, bytes_down=sent)
     value = predictor(client, arch)
     return None if value is None else float(value)

@@ -26,8 +26,9 @@ Measurement (decided here)
     starts ``runner.py serve`` through the device's transport (with the cells' backend
     and threads), and `ResidentRunner.train` sends ``train`` requests at the profile's
     widest width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's
-    bench data when it has some, else synthetic), starting from the set's initial parameters. First one warm-up request per shard (not fitted;
-    kept in the samples with the runner's start): it opens the session and puts
+    bench data when it has some, else synthetic), starting from the set's initial
+    parameters. First one warm-up request per shard (not fitted; kept in the samples
+    with the runner's start): it opens the session and puts
     the shard in the runner's file cache, as a FL client's first round does; rounds after
     that find both. The fixed cost of a resident request is the median, over the fitted
     requests, of its wall time seen from the host (`ResidentRunner.request`'s seconds,

@@ -111,6 +111,13 @@ def fleet_round_seconds(store: ProfileStore, run_id: int) -> dict[int, float]:
     return {int(r): float(s) for r, s in seconds.groupby(frame["round"]).max().items()}
 
 
+def profile_prediction(metrics: Any) -> float | None:
+    """The profile's uncalibrated prediction of a client round, from its metrics (`CalibratedPredictor`)."""
+    values = json.loads(metrics) if isinstance(metrics, str) else (metrics or {})
+    value = values.get("profile_predicted_seconds")
+    return None if value is None else float(value)
+
+
 def fluid_figures(store: ProfileStore, fluid_run: int) -> None:
     """Print FLuID's straggler per round: size, measured and predicted round against the target."""
     log = RunLog(store)
@@ -152,6 +159,12 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
     everything = pd.concat(frames, ignore_index=True)
     median, worst, n = tables.prediction_errors(everything)
     print(f"  all runs: median {median:.1%}, worst {worst:.1%} over {n} client rounds (targets: 10 %, 25 %)")
+    later = everything[everything["round"] >= 1]
+    median, worst, n = tables.prediction_errors(later)
+    print(f"  rounds >= 1 (calibrated by earlier rounds): median {median:.1%}, worst {worst:.1%}")
+    profile_only = everything.assign(predicted_seconds=[profile_prediction(m) for m in everything["metrics"]])
+    median, worst, n = tables.prediction_errors(profile_only)
+    print(f"  all runs, the profiles' own predictions (uncalibrated): median {median:.1%}, worst {worst:.1%} over {n}")
 
     costs = {c.device: c for c in store.round_costs() if c.model == MODEL and c.optimizer == OPTIMIZER}
     base = tables.fl_predicted_rounds(log.client_rounds(runs["fedavg"].run_id))

@@ -147,3 +147,33 @@ def test_a_profile_of_another_configuration_is_used_with_a_warning_naming_the_di
         assert not any("optimizer" in w for w in warnings)
         with pytest.raises(InputError, match="device 'mid' has no measured profile of fjord-cnn"):
             round_cost_from_store(store, "fjord-cnn", 20, {"mid": want})
+
+
+def test_a_calibrated_prediction_follows_the_device_s_measured_rounds() -> None:
+    from fl.records import ClientSpec
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
+
+    model = get_model("fjord-cnn")
+
+    def cost(device, arch, steps, down, up):  # fixed 0.1 s + 10 ms per step at full width, scaled by width
+        return 0.1 + steps * 0.01 * arch.widths[0] / model.group_sizes[0]
+
+    base = ClientRoundPredictor(cost, batch=20, epochs=1, devices=frozenset({"pi", "phone"}))
+    predictor = CalibratedPredictor(base, window=3)
+    pi = ClientSpec("c0", capacity=1.0, num_examples=200, device="pi")  # 10 steps
+    phone = ClientSpec("c1", capacity=1.0, num_examples=200, device="phone")
+    full, half = model.arch(1.0), model.arch(0.5)
+    assert predictor(pi, full) == pytest.approx(0.2)  # nothing measured yet: the profile's
+    for measured in (0.3, 0.26, 0.5):
+        predictor.observe("pi", 0.2, measured)
+    assert predictor.factor("pi") == pytest.approx(1.5)  # median of 1.5, 1.3, 2.5
+    assert predictor(pi, full) == pytest.approx(0.3)
+    assert predictor(pi, half) == pytest.approx(1.5 * 0.15)  # the profile's shape, the device's level
+    assert predictor.profile(pi, half) == pytest.approx(0.15)
+    assert predictor(phone, full) == pytest.approx(0.2)  # another device keeps its own
+    for measured in (0.2, 0.2, 0.2):  # only the last `window` rounds count
+        predictor.observe("pi", 0.2, measured)
+    assert predictor.factor("pi") == pytest.approx(1.0)
+    predictor.observe("pi", 0.0, 0.3)  # an unusable prediction is ignored
+    assert predictor.factor("pi") == pytest.approx(1.0)
+    assert predictor(ClientSpec("c2", capacity=1.0, num_examples=200, device=None), full) is None

@@ -600,7 +600,18 @@ def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, reg
         if device == "pi4":  # measured round cost: fixed cost and both transfers on top
             nbytes = payload_bytes_of(arch)
             expected += 1.25 + 0.02 + nbytes * 1e-8 + 0.03 + nbytes * 2e-8
-        assert row.predicted_seconds == pytest.approx(expected, rel=1e-9), row.cid
+        metrics = row.metrics
+        assert metrics["profile_predicted_seconds"] == pytest.approx(expected, rel=1e-9), row.cid
+        # round 1 is calibrated by the device's measured rounds of round 0 (fl.roundcost.CalibratedPredictor)
+        earlier = rows[(rows["round"] < row.round) & (rows["device"] == device)]
+        ratios = [
+            (r.compute_seconds + r.download_seconds + r.upload_seconds)
+            / r.metrics["profile_predicted_seconds"]
+            for r in earlier.itertuples()
+        ]
+        factor = float(np.median(ratios)) if ratios else 1.0
+        assert row.predicted_seconds == pytest.approx(expected * factor, rel=1e-9), row.cid
+        assert metrics["calibration"] == pytest.approx(factor, rel=1e-9)
     assert any("'nano' has no round-cost measurement" in w for w in warnings)
 
 
