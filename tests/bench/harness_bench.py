@@ -56,14 +56,18 @@ def demo_cells(fleet: Fleet, args: argparse.Namespace) -> list[BenchSpec]:
     return campaign.plan_cells(
         fleet, args.model, parse_widths(args.widths), [DEMO_BATCH], ["ort"], args.steps, 20, "sgd",
         precision=args.precision, max_seconds=args.max_seconds,
+        data=campaign.bench_data_label(args.data) if args.data else None,
     )  # fmt: skip
 
 
-def run(fleet: Fleet, specs: Sequence[BenchSpec], store: ProfileStore, artifacts: Path) -> campaign.CampaignResult:
-    """One campaign, silent."""
+def run(
+    fleet: Fleet, specs: Sequence[BenchSpec], store: ProfileStore, artifacts: Path, data: Path | None = None
+) -> campaign.CampaignResult:
+    """One campaign, silent (its cells on ``data``, the demo's bench data)."""
     return campaign.run_campaign(
-        fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None, announce=lambda line: None
-    )
+        fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None,
+        announce=lambda line: None, data=data,
+    )  # fmt: skip
 
 
 def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
@@ -75,7 +79,7 @@ def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Name
     print("\n".join(campaign.fleet_isolation(fleet).describe()))
     before = load()
     start = time.perf_counter()
-    result = run(fleet, specs, store, artifacts)
+    result = run(fleet, specs, store, artifacts, args.data)
     seconds = time.perf_counter() - start
     imprecise = sum(m.imprecise for m in result.measurements)
     print(f"campaign of {len(specs)} cells: {seconds:.1f} s, complete={result.complete}, {imprecise} imprecise "
@@ -87,11 +91,12 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
     """Print per cell the CV of its median across ``--repeats`` campaigns, and the noisy / imprecise flags."""
     specs = demo_cells(fleet, args)
     medians: dict[str, list[float]] = {s.cell_key(): [] for s in specs}
+    flags: dict[str, list[str]] = {s.cell_key(): [] for s in specs}
     noisy = imprecise = 0
     ok = True
     before = load()
     for i in range(args.repeats):
-        result = run(fleet, specs, store, artifacts)
+        result = run(fleet, specs, store, artifacts, args.data)
         ok &= result.complete
         for m in result.measurements:
             if m.ok and m.step_seconds:
@@ -99,15 +104,18 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
                 medians[m.spec.cell_key()].append(stats.median_us)
                 noisy += stats.noisy
                 imprecise += m.imprecise
+                flags[m.spec.cell_key()].append(
+                    ("N" if stats.noisy else "") + ("I" if m.imprecise else "") or "-"
+                )
         print(f"campaign {i + 1}/{args.repeats} done ({load()})", flush=True)
-    print(f"\n{'device':<8} {'width':>6} {'medians us/img':<44} {'CV':>6}")
+    print(f"\n{'device':<8} {'width':>6} {'medians us/img':<44} {'CV':>6}  flags (N noisy, I imprecise)")
     cvs = []
     for spec in specs:
         values = medians[spec.cell_key()]
         cv = statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 else float("nan")
         cvs.append(cv)
         shown = ", ".join(f"{v:.0f}" for v in values)
-        print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}")
+        print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}  {' '.join(flags[spec.cell_key()])}")
     worst, middle = max(cvs), statistics.median(cvs)
     print(
         f"CV of a cell's median across {args.repeats} campaigns: max {worst:.1%} (target <= 5 %), "
@@ -130,7 +138,7 @@ def deploy(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
                 if device.kind == "ssh":
                     shutil.rmtree(device.workdir, ignore_errors=True)
         start = time.perf_counter()
-        result = run(fleet, specs, store, artifacts)
+        result = run(fleet, specs, store, artifacts, args.data)
         seconds = time.perf_counter() - start
         pushed = sum(d.pushed_bytes for per in result.deploys.values() for d in per)
         ok &= result.complete
@@ -175,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     int
         0 when every campaign measured every cell (and the curves rose, for ``monotone``).
     """
-    from fleetbench.demo import DEMO_MAX_SECONDS, DEMO_WIDTHS
+    from exporters.zoo import get_model
+    from fl.data import write_bench_data
+    from fleetbench.demo import DEMO_DATASET, DEMO_MAX_SECONDS, DEMO_WIDTHS
     from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -200,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             fleet = load_fleet(copy_example_fleet(root))
+            # the demo's cells train on the rounds' data
+            args.data = write_bench_data(DEMO_DATASET, get_model(args.model), root / "bench-data.npz")
             try:
                 if not emulate.up(fleet, say=lambda line: None).ok:
                     raise SystemExit("the emulated fleet did not start")

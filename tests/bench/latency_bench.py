@@ -3,7 +3,8 @@
 Run from the repository root: ``python -m tests.bench.latency_bench [--models ...] [--widths ...]``.
 It starts the example emulated fleet (`devices/fleets/emulated.yaml`) as ``harness_bench`` does,
 profiles ``fjord-cnn``, ``feddrop-vgg9`` and ``fluid-lstm`` at widths 0.25 / 0.375 / 0.5 / 0.75 / 1
-(batch 20, AdamW, +-2 % or ``--max-seconds`` per cell), then, per device and model, refits the
+(batch 20, AdamW, +-2 % or ``--max-seconds`` per cell, each model's cells training on its FL
+data: MNIST, MNIST, Shakespeare), then, per device and model, refits the
 latency model (`harness.latency`) without each width in turn and predicts it. It prints the error
 of every width on every device, the model's own uncertainty beside it, and the targets: at most
 10 % at every width (the narrowest and the widest are extrapolations). With ``--db`` it reuses a
@@ -21,12 +22,16 @@ from devices import emulate
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from exporters.arch import parse_widths
+from exporters.zoo import get_model
+from fl.data import write_bench_data
 from harness import campaign
 from harness.latency import leave_one_out_error
 from harness.store import ProfileStore
 from tests.devices.conftest import copy_example_fleet
 
 MODELS = ("fjord-cnn", "feddrop-vgg9", "fluid-lstm")
+#: The data each model's cells train on (`fl.data.write_bench_data`), as its FL rounds would.
+DATASETS = {"fjord-cnn": "mnist5k", "feddrop-vgg9": "mnist5k", "fluid-lstm": "shakespeare"}
 WIDTHS = "0.25,0.375,0.5,0.75,1"
 TARGET = 0.10
 
@@ -90,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the emulated fleet did not start")
             with ProfileStore(db) as store:
                 for model in models:
+                    data = write_bench_data(DATASETS.get(model, "synthetic"), get_model(model), root / f"{model}.npz")
                     specs = campaign.plan_cells(
-                        fleet, model, widths, [20], ["ort"], 6, 20, max_seconds=args.max_seconds
-                    )
+                        fleet, model, widths, [20], ["ort"], 6, 20, max_seconds=args.max_seconds,
+                        data=campaign.bench_data_label(data),
+                    )  # fmt: skip
                     result = campaign.run_campaign(
                         fleet, specs, store, artifacts_dir=artifacts, timeout=600, resume=True,
-                        progress=campaign.print_progress,
+                        progress=campaign.print_progress, data=data,
                     )  # fmt: skip
                     complete &= result.complete
                 cells = store.latest_cells()
