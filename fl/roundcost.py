@@ -303,6 +303,9 @@ class ClientRoundPredictor:
 
 #: Recent rounds of a device whose measured/predicted ratios calibrate its next prediction.
 CALIBRATION_WINDOW = 3
+#: Rounds of a device measured before its calibration applies (one round's noise alone
+#: would swing it: the same client round on an emulated device varies by 15 % and more).
+CALIBRATION_MIN_ROUNDS = 2
 
 
 @dataclass
@@ -313,8 +316,10 @@ class CalibratedPredictor:
     payload) but not always its level: a step's time depends on the values it trains on
     (the data, and the weights as training moves them), and a round makes its host work.
     So the prediction of a device's next round is the profile's times the median ratio
-    measured / profile-predicted over the device's last `CALIBRATION_WINDOW` rounds
-    (1 until it has one). The profile's own prediction is kept beside it in every client
+    measured / profile-predicted over the device's last `CALIBRATION_WINDOW` rounds,
+    once it has `CALIBRATION_MIN_ROUNDS` (1 before). The server records only rounds that
+    opened no session: a runner's first rounds also open its sessions, a once-per-run
+    cost the round-cost model leaves out. The profile's own prediction is kept beside it in every client
     round's metrics (``profile_predicted_seconds``, ``calibration``). A resumed run starts
     from the profiles again.
 
@@ -324,12 +329,15 @@ class CalibratedPredictor:
         The profile's predictor.
     window : int
         Rounds per device that calibrate it.
+    min_rounds : int
+        Rounds a device needs before its factor departs from 1.
     ratios : dict of str to list of float
         Per device, measured / profile-predicted of its rounds so far, oldest first.
     """
 
     base: ClientRoundPredictor
     window: int = CALIBRATION_WINDOW
+    min_rounds: int = CALIBRATION_MIN_ROUNDS
     ratios: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -338,9 +346,11 @@ class CalibratedPredictor:
         return self.base.devices
 
     def factor(self, device: str | None) -> float:
-        """Return the calibration factor of ``device`` (1.0 before its first measured round)."""
-        recent = self.ratios.get(device or "", [])[-self.window :]
-        return float(statistics.median(recent)) if recent else 1.0
+        """Return the calibration factor of ``device`` (1.0 until it has ``min_rounds`` measured rounds)."""
+        seen = self.ratios.get(device or "", [])
+        if not seen or len(seen) < self.min_rounds:
+            return 1.0
+        return float(statistics.median(seen[-self.window :]))
 
     def profile(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
         """Return the profile's prediction of ``client``'s round, uncalibrated (`ClientRoundPredictor`)."""

@@ -895,8 +895,9 @@ def _calibrate(
 
     Each result that was predicted gains ``profile_predicted_seconds`` (the profile's own
     prediction) and ``calibration`` (the factor its logged prediction used) in its
-    metrics; then its device's ratio measured / profile-predicted is recorded for the
-    rounds to come.
+    metrics; then, unless the round opened a session on the runner (a once-per-run cost the
+    profile leaves out), its device's ratio measured / profile-predicted is recorded for
+    the rounds to come.
     """
     predictor = strategy.round_predictor
     if not isinstance(predictor, CalibratedPredictor):
@@ -915,7 +916,8 @@ def _calibrate(
             "calibration": predicted[res.cid] / profile[res.cid] if profile[res.cid] > 0 else 1.0,
         }
         out.append(dataclasses.replace(res, metrics=metrics))
-        predictor.observe(device, profile[res.cid], measured)
+        if not res.metrics.get("sessions_opened"):  # a runner's first rounds also open its sessions
+            predictor.observe(device, profile[res.cid], measured)
     return out
 
 

@@ -47,9 +47,9 @@ from typing import Any
 
 #: Widths the demo exports, profiles and offers to tiers.
 DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
-#: FLuID's sub-model sizes: a 1/16 grid, most of them never measured (the latency model
+#: FLuID's sub-model sizes: a 1/32 grid, most of them never measured (the latency model
 #: predicts their rounds), fine enough that some size lands the straggler near its target.
-DEMO_FLUID_SIZES = tuple(i / 16 for i in range(4, 17))
+DEMO_FLUID_SIZES = tuple(i / 32 for i in range(8, 33))
 
 #: Training batch of every artifact set the demo uses.
 DEMO_BATCH = 20

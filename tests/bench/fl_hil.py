@@ -57,9 +57,9 @@ from reports import tables
 
 MODEL = "fjord-cnn"
 SIZES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
-#: FLuID's sub-model sizes: a 1/16 grid, most of them never measured (the latency model
-#: predicts them), fine enough that some size lands the straggler within 10 % of its target.
-FLUID_SIZES = tuple(i / 16 for i in range(4, 17))
+#: FLuID's sub-model sizes: a 1/32 grid, most of them never measured (the latency model
+#: predicts them), fine enough (fjord-cnn: about a channel) that some size lands the straggler near its target.
+FLUID_SIZES = tuple(i / 32 for i in range(8, 33))
 BATCH = 20
 OPTIMIZER = "sgd"
 

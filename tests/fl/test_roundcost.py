@@ -164,6 +164,9 @@ def test_a_calibrated_prediction_follows_the_device_s_measured_rounds() -> None:
     phone = ClientSpec("c1", capacity=1.0, num_examples=200, device="phone")
     full, half = model.arch(1.0), model.arch(0.5)
     assert predictor(pi, full) == pytest.approx(0.2)  # nothing measured yet: the profile's
+    predictor.observe("pi", 0.2, 0.4)
+    assert predictor(pi, full) == pytest.approx(0.2)  # one round is not enough to move it
+    predictor.ratios.clear()
     for measured in (0.3, 0.26, 0.5):
         predictor.observe("pi", 0.2, measured)
     assert predictor.factor("pi") == pytest.approx(1.5)  # median of 1.5, 1.3, 2.5

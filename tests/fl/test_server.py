@@ -569,7 +569,7 @@ def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, reg
     from harness.roundcost import RoundCostModel
     from tests.fl.scheduling.profiles import store_lines
 
-    cfg = config(tmp_path, rounds=2)
+    cfg = config(tmp_path, rounds=3)
     lines = {"pi4": (200.0, 1e-4), "nano": (400.0, 3e-4)}
     campaign = store_lines(cfg.db, lines, batch=10, optimizer="sgd")
     measured = RoundCostModel("pi4", "fjord-cnn", 1.0, 10, "ort", "sgd", 1, 1.25, 0.0, 1e-8, 0.02, 2e-8, 0.03)
@@ -609,7 +609,7 @@ def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, reg
             / r.metrics["profile_predicted_seconds"]
             for r in earlier.itertuples()
         ]
-        factor = float(np.median(ratios)) if ratios else 1.0
+        factor = float(np.median(ratios[-3:])) if len(ratios) >= 2 else 1.0
         assert row.predicted_seconds == pytest.approx(expected * factor, rel=1e-9), row.cid
         assert metrics["calibration"] == pytest.approx(factor, rel=1e-9)
     assert any("'nano' has no round-cost measurement" in w for w in warnings)
