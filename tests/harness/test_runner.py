@@ -595,3 +595,17 @@ def test_bench_on_data_steps_on_its_first_batch(sets: dict[str, Path], start: Pa
     assert rc == 2 and doc["status"] == "bad arguments" and "fewer than one batch of 4" in doc["error"]
     rc, doc, _ = run_runner(*bench_args(sets["rnn"]), "--data", str(one_batch))
     assert rc == 2 and "do not fit inputs" in doc["error"]
+
+
+def test_the_runner_flushes_denormals_in_its_thread(sets: dict[str, Path]) -> None:
+    # In a fresh interpreter (the flags are per thread and would leak into this one): a product
+    # below float32's smallest normal is a denormal before, zero after.
+    probe = (
+        "import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import runner; "
+        "tiny = lambda: float(np.array([1e-30], np.float32)[0] * np.array([1e-10], np.float32)[0]); "
+        "before = tiny(); ok = runner.flush_denormals(); print(before > 0, ok, tiny() == 0.0)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(RUNNER.parent)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True"], out
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"], warmup=0, steps=2))
+    assert rc == 0 and doc["flush_denormals"] is True
