@@ -284,6 +284,9 @@ def plan_cells(
 def bench_data_label(path: Path | str) -> str:
     """Return the label cells record for a bench data file: ``<file name>@<sha256 prefix>``.
 
+    The digest is of the arrays (``x`` and ``y``: dtype, shape and bytes), not of the file,
+    whose zip members carry their write time: the same examples written twice label alike.
+
     Parameters
     ----------
     path : path
@@ -296,18 +299,27 @@ def bench_data_label(path: Path | str) -> str:
     Raises
     ------
     exporters.errors.InputError
-        When the file cannot be read.
+        When the file cannot be read as such a shard.
     """
     import hashlib
+
+    import numpy as np
 
     from exporters.errors import InputError
 
     path = Path(path)
+    digest = hashlib.sha256()
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as exc:
-        raise InputError(f"--data {path}: {exc.strerror or exc}") from None
-    return f"{path.name}@{digest[:12]}"
+        with np.load(path, allow_pickle=False) as shard:
+            for name in ("x", "y"):
+                array = np.ascontiguousarray(shard[name])
+                digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+                digest.update(array.tobytes())
+    except KeyError as exc:
+        raise InputError(f"--data {path}: needs arrays x and y ({exc.args[0]} is missing)") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"--data {path}: not a readable .npz ({exc})") from None
+    return f"{path.name}@{digest.hexdigest()[:12]}"
 
 
 def check_bench_data(path: Path, manifests: Iterable[Mapping[str, Any]]) -> None:

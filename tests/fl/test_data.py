@@ -492,3 +492,19 @@ def test_unknown_dataset():
     with pytest.raises(InputError, match="'bogus'"):
         load_federated("digits", get_model("fjord-cnn"), 2, "bogus", seed=0)
     assert "digits" in data.DATASETS
+
+
+def test_bench_data_is_the_data_set_shaped_for_the_model_with_classes_mixed(tmp_path):
+    path = data.write_bench_data("mnist5k", get_model("feddrop-vgg9"), tmp_path / "d" / "vgg.npz", examples=60)
+    with np.load(path) as shard:
+        x, y = shard["x"], shard["y"]
+    assert x.shape == (60, 3, 32, 32) and x.dtype == np.float32 and y.dtype == np.int64  # padded, 3 channels
+    assert len(set(y[:20].tolist())) >= 5  # the first batch, the one a cell trains on, mixes classes
+    again = data.write_bench_data("mnist5k", get_model("feddrop-vgg9"), tmp_path / "again.npz", examples=60)
+    from harness.campaign import bench_data_label
+
+    # seeded: the same examples, so the same label (a digest of the arrays) and the same cell keys
+    assert bench_data_label(again).split("@")[1] == bench_data_label(path).split("@")[1]
+    assert not list((tmp_path / "d").glob(".*"))  # written atomically, no temporary left
+    with pytest.raises(InputError, match="token ids"):
+        data.write_bench_data("mnist5k", get_model("fluid-lstm"), tmp_path / "x.npz")

@@ -113,6 +113,10 @@ def test_isolation_plan_from_a_fleet_file(tmp_path: Path) -> None:
     # without pins every device on this host waits for the one before it
     unpinned = campaign.plan_isolation(fleet.devices[:4], {})
     assert [p.group for p in unpinned.placements] == [1, 2, 3, 4]
+    # FL rounds: every device on this host takes its turn whatever its pins; other hosts train beside
+    rounds = campaign.round_isolation(fleet)
+    assert rounds.groups == [["fast", "pi", "jetson"], ["mid"], ["slow"], ["phone"], ["here"], ["loop"]]
+    assert rounds.conflict("fast", "slow") and not rounds.conflict("fast", "pi")
 
 
 def test_pins_count_only_as_fleet_up_applied_them(tmp_path: Path) -> None:
@@ -590,7 +594,7 @@ def test_cells_and_round_costs_train_on_the_bench_data_they_name(
     with ProfileStore(db) as store:
         cells = store.latest_cells()
         assert list(cells["data"]) == [label] and cells["cell_key"].iloc[0].endswith(f"|d{label}")
-        assert [c.status for c in store.round_costs()] == ["ok"]
+        assert len(store.round_costs()) == 1  # measured on the data too
     with sqlite3.connect(db) as conn:
         (doc,) = conn.execute("SELECT runner FROM cells").fetchone()
     assert json.loads(doc)["bench_data"] == "shard"
@@ -620,13 +624,18 @@ def test_cells_and_round_costs_train_on_the_bench_data_they_name(
 
 
 def test_cells_planned_with_bench_data_need_that_file(tmp_path: Path) -> None:
+    import numpy as np
+
     fleet = [Device("here", "local", workdir="/tmp/x")]
     specs = plan_cells(fleet, MODEL, [0.5], [BATCH], ["ort"], STEPS, WARMUP, data="a.npz@0123456789ab")
     assert all(s.data == "a.npz@0123456789ab" and s.cell_key().endswith("|da.npz@0123456789ab") for s in specs)
     with pytest.raises(InputError, match="give its file"):
         campaign._bench_data_for(specs, None)
     other = tmp_path / "a.npz"
-    other.write_bytes(b"other bytes")
+    np.savez(other, x=np.zeros((4, 1, 28, 28), np.float32), y=np.zeros(4, np.int64))
     with pytest.raises(InputError, match=r"is a\.npz@\w{12}; the cells were planned with a\.npz@0123456789ab"):
         campaign._bench_data_for(specs, other)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="junk.npz: not a readable .npz"):
+        campaign.bench_data_label(tmp_path / "junk.npz")
     assert campaign._bench_data_for(plan_cells(fleet, MODEL, [0.5], [BATCH], ["ort"], STEPS, WARMUP), None) is None
