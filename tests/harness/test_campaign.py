@@ -367,7 +367,12 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     argv += ["--widths", "0.25,0.5", "--batch", str(BATCH), "--steps", str(STEPS), "--warmup", str(WARMUP)]
     argv += ["--db", str(db), "--artifacts", str(artifacts), "--timeout", str(TIMEOUT), "--precision", "0"]
     env = {**os.environ, "PYTHONPATH": str(Path(campaign.__file__).resolve().parents[1])}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A shell starting the tests in the background (``cmd &`` without job control) leaves
+    # SIGINT ignored, and a Python started with it ignored never raises KeyboardInterrupt.
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     assert proc.stderr is not None
     first = proc.stderr.readline()
     while first.startswith(("isolation plan", "  ", "fleetbench: backend of")):  # backends and the plan first
