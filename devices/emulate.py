@@ -372,26 +372,18 @@ def _aarch64_root(fleet: Fleet, device: Device, say: Printer) -> qemu.DeviceRoot
     """Check the system needs of an aarch64 device and return its root (building the tree once)."""
     from devices import rootfs
 
-    missing = rootfs.check_system(need_debootstrap=rootfs.read_stamp(rootfs.tree_path()) is None)
-    for line in missing:
-        say(f"{device.name}: {line}")
-    if missing:
-        raise EmulationError("; ".join(missing))
-    try:
-        rootfs.ensure_binfmt(say)
-        tree = rootfs.ensure_tree(say=say)
-    except rootfs.RootfsError as exc:
-        raise EmulationError(str(exc)) from None
+    tree = _aarch64_tree(device, say)
     if problem := rootfs.chroot_problem(tree):
         raise EmulationError(problem)
     return qemu.DeviceRoot(tree, fleet.state_dir / device.name / "rootfs")
 
 
 def _aarch64_tree(device: Device, say: Printer) -> Path:
-    """Check what an aarch64 phone needs and return the arm64 tree its shell runs from.
+    """Check what an aarch64 device needs and return the arm64 tree (built once).
 
-    Its shell is the tree's arm64 ``sh`` run through binfmt_misc (`devices.adb_endpoint`):
-    no chroot, so root is needed only to register the binfmt entry and build the tree once.
+    A phone's shell is the tree's arm64 ``sh`` run through binfmt_misc
+    (`devices.adb_endpoint`): no chroot, so root is needed only to register the binfmt
+    entry and build the tree once. An SSH device chroots into it (`_aarch64_root`).
     """
     from devices import rootfs
 
