@@ -546,21 +546,6 @@ def plan_isolation(devices: Sequence[Device], cpus: Mapping[str, frozenset[int] 
     return IsolationPlan(tuple(placed))
 
 
-def fleet_isolation(fleet: Fleet) -> IsolationPlan:
-    """Return the isolation plan of every device of ``fleet``, with the pins ``fleet up`` applied.
-
-    Parameters
-    ----------
-    fleet : Fleet
-
-    Returns
-    -------
-    IsolationPlan
-        `plan_isolation` over the fleet's devices and `pinned_cpus`.
-    """
-    return plan_isolation(fleet.devices, pinned_cpus(fleet))
-
-
 def round_isolation(fleet: Fleet) -> IsolationPlan:
     """Return the plan FL rounds follow: every device on this host takes its turn alone.
 

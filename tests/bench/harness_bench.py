@@ -76,7 +76,7 @@ def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Name
     start = time.perf_counter()
     campaign.export_sets(specs, artifacts)
     print(f"export (host, once): {time.perf_counter() - start:.1f} s")
-    print("\n".join(campaign.fleet_isolation(fleet).describe()))
+    print("\n".join(campaign.plan_isolation(fleet.devices, campaign.pinned_cpus(fleet)).describe()))
     before = load()
     start = time.perf_counter()
     result = run(fleet, specs, store, artifacts, args.data)
