@@ -583,8 +583,12 @@ def versions(result: dict) -> None:
 # --------------------------------------------------------------------------- runtimes
 
 
+@functools.lru_cache(maxsize=None)  # noqa: UP033 - functools.cache is Python 3.9+; the runner runs on 3.8
 def flush_denormals() -> bool:
     """Set flush-to-zero and denormals-are-zero in the calling thread's floating-point unit.
+
+    Once per process (the runner computes in one thread; ``find_library`` alone costs
+    milliseconds, too much for every request of a resident runner on a slow device).
 
     Through the C maths library's ``fegetenv`` / ``fesetenv`` (glibc's libm, the runtime
     bundles' too): on x86_64 the ``fenv_t``'s MXCSR word (byte 28) gains FTZ and DAZ
