@@ -861,8 +861,7 @@ def _run_round(
         "clients_failed": len(failures),
         "mean_loss": mean_loss,
     }
-    predicted = _predictions(strategy, instructions, results, by_cid)
-    results = _calibrate(strategy, instructions, results, by_cid, predicted)
+    predicted, results = _predict_and_calibrate(strategy, instructions, results, by_cid)
     rows = _client_rows(
         strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of, predicted
     )
@@ -884,41 +883,39 @@ def _run_round(
     )
 
 
-def _calibrate(
+def _predict_and_calibrate(
     strategy: Strategy,
     instructions: Mapping[str, TrainIns],
     results: Sequence[TrainRes],
     by_cid: Mapping[str, ClientSpec],
-    predicted: Mapping[str, float],
-) -> list[TrainRes]:
-    """Feed the round's measured times to a `CalibratedPredictor`; return the results with both predictions.
+) -> tuple[dict[str, float], list[TrainRes]]:
+    """Return the logged prediction of every instructed client's round, and the results to log.
 
-    Each result that was predicted gains ``profile_predicted_seconds`` (the profile's own
-    prediction) and ``calibration`` (the factor its logged prediction used) in its
-    metrics; then, unless the round opened a session on the runner (a once-per-run cost the
-    profile leaves out), its device's ratio measured / profile-predicted is recorded for
-    the rounds to come.
+    With a `CalibratedPredictor`, the profile's predictions are made once and each is
+    scaled by its device's factor so far; each predicted result gains
+    ``profile_predicted_seconds`` and ``calibration`` in its metrics, and then, unless
+    the round opened a session on the runner (a once-per-run cost the profile leaves
+    out), its device's ratio measured / profile-predicted is recorded for the rounds to
+    come. Otherwise `_predictions` with the strategy's predictor, results unchanged.
     """
     predictor = strategy.round_predictor
     if not isinstance(predictor, CalibratedPredictor):
-        return list(results)
+        return _predictions(strategy, instructions, results, by_cid), list(results)
     profile = _predictions(strategy, instructions, results, by_cid, predictor.base)
+    factors = {cid: predictor.factor(by_cid[cid].device) for cid in profile}
+    predicted = {cid: value * factors[cid] for cid, value in profile.items()}
     out = []
     for res in results:
         device = by_cid[res.cid].device
-        if res.cid not in profile or res.cid not in predicted or device is None:
+        if res.cid not in profile or device is None:
             out.append(res)
             continue
-        measured = res.compute_seconds + res.download_seconds + res.upload_seconds
-        metrics = {
-            **res.metrics,
-            "profile_predicted_seconds": profile[res.cid],
-            "calibration": predicted[res.cid] / profile[res.cid] if profile[res.cid] > 0 else 1.0,
-        }
+        metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
         out.append(dataclasses.replace(res, metrics=metrics))
         if not res.metrics.get("sessions_opened"):  # a runner's first rounds also open its sessions
+            measured = res.compute_seconds + res.download_seconds + res.upload_seconds
             predictor.observe(device, profile[res.cid], measured)
-    return out
+    return predicted, out
 
 
 def _predictions(
