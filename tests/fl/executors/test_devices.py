@@ -427,3 +427,24 @@ def test_devices_that_share_cpus_train_in_turns(tmp_path: Path) -> None:
             assert not failures and len(results) == 2
             first_end, second_start = spans["c0"][1], spans["c1"][0]
             assert first_end <= second_start, "two local devices share every cpu: the second waits for the first"
+
+
+def test_a_dead_device_ahead_in_the_turns_does_not_hold_up_the_round(tmp_path: Path) -> None:
+    from harness.campaign import plan_isolation
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    dead = Device(
+        "dead", "ssh", host="127.0.0.1", port=free_port(), user="nobody", workdir="/tmp/x", trust_on_first_use=True
+    )
+    local = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(0.25)
+    instructions = {c: TrainIns(c, sub, model.extract(g, sub), {"lr": 0.1}) for c in ("c0", "c1")}
+    with DevicesExecutor(
+        model, {"c0": dead, "c1": local}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20,
+        connect=lambda d: connect(d, connect_timeout=2.0), timeout_s=60, isolation=plan_isolation([dead, local], {}),
+    ) as executor:  # fmt: skip
+        assert executor.isolation is not None and executor.isolation.conflict("dead", "loc")  # loc waits for dead
+        results, failures = executor.run(instructions, {c: _shard(20, i) for i, c in enumerate(instructions)})
+    assert [r.cid for r in results] == ["c1"]
+    assert [(f.cid, f.reason) for f in failures] == [("c0", "unreachable")]
