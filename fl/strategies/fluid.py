@@ -199,7 +199,7 @@ class FLuID(Strategy):
         seconds: dict[str, float] = {}
         for res in results:
             seconds[res.cid] = self.simulated_seconds(res)
-            self.last_seconds[res.cid] = seconds[res.cid]
+            self.last_seconds[res.cid] = self.steady_seconds(res)
             self.last_fixed[res.cid] = self.fixed_seconds(res)
             self.last_rate[res.cid] = self.assigned.get(res.cid, 1.0)
         for failure in failures:
@@ -222,6 +222,16 @@ class FLuID(Strategy):
         factor = self.slowdown.get(res.cid, 1.0)
         return float(res.download_seconds + factor * res.compute_seconds + res.upload_seconds)
 
+    def steady_seconds(self, res: TrainRes) -> float:
+        """Return `simulated_seconds` less the once-per-run cost of opening the runner's sessions.
+
+        A resident runner's first rounds also open its sessions (``metrics["session_open_seconds"]``
+        from the ``devices`` executor); later rounds reuse them, so stragglers and their sizes
+        are decided on the time a round takes once the sessions are open.
+        """
+        opened = float(res.metrics.get("session_open_seconds", 0.0)) * self.slowdown.get(res.cid, 1.0)
+        return max(self.simulated_seconds(res) - opened, 0.0)
+
     def fixed_seconds(self, res: TrainRes) -> float:
         """Return the part of a result's time that does not shrink with the sub-model.
 
@@ -232,8 +242,9 @@ class FLuID(Strategy):
         """
         compute = float(res.compute_seconds)
         steps = float(res.metrics.get("step_seconds", compute))
+        opened = float(res.metrics.get("session_open_seconds", 0.0))
         factor = self.slowdown.get(res.cid, 1.0)
-        return float(res.download_seconds + res.upload_seconds + factor * max(compute - steps, 0.0))
+        return float(res.download_seconds + res.upload_seconds + factor * max(compute - steps - opened, 0.0))
 
     def calibrate(
         self, rnd: int, clients: Sequence[ClientSpec], predictors: Mapping[str, fluid.LatencyPredictor]
@@ -260,17 +271,17 @@ class FLuID(Strategy):
             if c.cid in self.last_seconds
         }
         count = fluid.straggler_count(len(full_times), self.num_stragglers, self.straggler_fraction)
-        stragglers, target = fluid.find_stragglers(full_times, count)
+        stragglers, measured_target = fluid.find_stragglers(full_times, count)
         planned = self._predicted_plan(clients, full_times, stragglers)
-        rates: dict[str, float] = {}
-        if planned is not None:
-            target, rates = planned
+        target, rates = (measured_target, {}) if planned is None else planned
         for cid in stragglers:
             if self.fixed_rate is not None:
                 rates[cid] = self.fixed_rate
             elif cid not in rates:
                 fixed = self.last_fixed.get(cid, 0.0)
-                rates[cid] = fluid.straggler_rate(full_times[cid], target, self.sizes, predictors.get(cid), fixed)
+                rates[cid] = fluid.straggler_rate(
+                    full_times[cid], measured_target, self.sizes, predictors.get(cid), fixed
+                )
         self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
         self.stragglers = [cid for cid in stragglers if cid in self.rates]
         self.target_seconds = None if math.isnan(target) else target
@@ -284,7 +295,9 @@ class FLuID(Strategy):
         The target is the predicted full-model round of the slowest non-straggler; a
         straggler's size is the largest whose predicted round meets it (fixed cost and
         transfers included). None when there is no round predictor or a client lacks a
-        prediction: the measured rules apply then.
+        prediction: the measured rules apply then. A straggler the model predicts no
+        slower than the target at full size (the measurement and the model disagree) is
+        left out of the sizes returned and sized by the measured rule.
         """
         predictor = self.round_predictor
         others = [cid for cid in full_times if cid not in stragglers]
@@ -305,7 +318,9 @@ class FLuID(Strategy):
                 value = predictor(client, self.model.arch(size))
                 return math.inf if value is None else float(value)
 
-            rates[cid] = fluid.curve_rate(round_at(1.0), target, self.sizes, round_at)
+            full_round = round_at(1.0)
+            if full_round > target:
+                rates[cid] = fluid.curve_rate(full_round, target, self.sizes, round_at)
         return target, rates
 
     # -- helpers -----------------------------------------------------------------------

@@ -314,3 +314,27 @@ def test_without_a_prediction_for_every_client_the_measured_rules_apply():
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     strategy.configure_round(1, CLIENTS, None)
     assert strategy.target_seconds == 8.0 and strategy.rates == {"c0": 0.65}  # as test_straggler_and_linear_rate
+
+
+def test_a_round_that_opened_the_runners_sessions_is_judged_without_that_cost():
+    strategy = FLuID(tiny_model(), initial())
+    ins = strategy.configure_round(0, CLIENTS, None)
+    seconds = {"c0": 9.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}
+    results = [result(ins[c.cid], seconds[c.cid]) for c in CLIENTS]
+    # c1 took 12 s, 9 of them opening its runner's sessions: 3 s once they are open, so c0 straggles
+    results[1] = TrainRes("c1", ins["c1"].submodel, results[1].parameters, 10, compute_seconds=12.0,
+                          metrics={"session_open_seconds": 9.0, "step_seconds": 2.0})  # fmt: skip
+    strategy.aggregate_round(0, results, [])
+    strategy.configure_round(1, CLIENTS, None)
+    # target c2's 8 s; c0's speed-up 9 / 8 = 1.125 -> 1/1.125 = 0.89 -> 0.85 on the paper's grid
+    assert strategy.stragglers == ["c0"] and strategy.target_seconds == 8.0
+    assert strategy.rates == {"c0": 0.85}
+
+
+def test_a_measured_straggler_the_model_puts_under_the_target_is_sized_by_its_measured_time():
+    strategy = FLuID(tiny_model(), initial())
+    # the model predicts c0 (1 s) faster than c2 (5 s); the measurement has c0 straggle (12 s against 8 s)
+    strategy.round_predictor = lambda client, arch: 1.0 if client.cid == "c0" else 1.0 + arch.widths[0]
+    play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
+    strategy.configure_round(1, CLIENTS, None)
+    assert strategy.stragglers == ["c0"] and strategy.rates == {"c0": 0.65}  # 12 s / 8 s measured, as without a model
