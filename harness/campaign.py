@@ -701,15 +701,28 @@ def sample_seconds_for(device: Device) -> float:
         stops the runner's threads, and its single steps are not bimodal).
     """
     from devices.limits import PERIOD_US
-    from devices.presets import resolve
 
-    emulation = device.emulate
-    if emulation is None:
-        return 0.0
-    share = resolve(emulation).cpu_share
+    share = quota_share(device)
     if share is None or share >= device.threads:
         return 0.0
     return PERIOD_US * 1e-6 * (1.0 - share / device.threads) / EMULATED_BLOCK_ERROR
+
+
+def quota_share(device: Device) -> float | None:
+    """Return the CPU share (cores) ``device`` is emulated with, its own or its preset's.
+
+    Parameters
+    ----------
+    device : Device
+
+    Returns
+    -------
+    float or None
+        None for a device that is not emulated or has no CPU share.
+    """
+    from devices.presets import resolve
+
+    return None if device.emulate is None else resolve(device.emulate).cpu_share
 
 
 def measurement_from_doc(
@@ -724,6 +737,7 @@ def measurement_from_doc(
     versions: Mapping[str, str],
     git_commit: str | None,
     isolation: Mapping[str, Any] | None = None,
+    share: float | None = None,
 ) -> Measurement:
     """Build the `Measurement` of one cell from the runner's document (pure).
 
@@ -743,6 +757,8 @@ def measurement_from_doc(
     git_commit : str or None
     isolation : Mapping, optional
         How the cell was isolated (`IsolationPlan.isolation`).
+    share : float, optional
+        The device's emulated CPU share (`quota_share`), for `imprecision_reason`.
 
     Returns
     -------
@@ -756,7 +772,7 @@ def measurement_from_doc(
     achieved = doc.get("precision_achieved")
     imprecise = status == "ok" and bool(doc.get("imprecise", False))
     if imprecise and not message:
-        message = imprecision_reason(spec, doc)
+        message = imprecision_reason(spec, doc, share)
     return Measurement(
         spec=spec,
         status=status,
@@ -802,20 +818,71 @@ def device_busy(doc: Mapping[str, Any]) -> str:
     return f"load average {worst:.1f} on {cpus} cpu{'s' if cpus != 1 else ''}" if worst > cpus else ""
 
 
-def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any]) -> str:
+#: A runner that had less than this fraction of the cpu it could have (one cpu, or its
+#: emulated share) while sampling was kept from running: the device was busy.
+BUSY_CPU_FRACTION = 0.9
+
+
+def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> list[str]:
+    """Say what the runner's CPU time per step shows about a cell's samples (pure).
+
+    Parameters
+    ----------
+    doc : Mapping
+        The runner's document (``step_seconds``, ``cpu_step_seconds``).
+    share : float, optional
+        The device's emulated CPU share in cores (`quota_share`), what its runner could
+        have at most; one cpu otherwise.
+
+    Returns
+    -------
+    list of str
+        ``"device busy: the runner ran 61 % of the time (at most 100 %)"`` when the CPU
+        time per wall second is below `BUSY_CPU_FRACTION` of what it could be, and ``"its
+        steps' own CPU time varied +-12.0 % (robust CV): the work cost more at
+        times"`` when that exceeds the noisy threshold; empty without CPU times (a
+        runner that does not report them) or when neither holds.
+    """
+    from harness.stats import NOISY_CV_THRESHOLD, summarize
+
+    wall = [float(v) for v in doc.get("step_seconds") or ()]
+    cpu = [float(v) for v in doc.get("cpu_step_seconds") or ()]
+    if not cpu or len(cpu) != len(wall) or not all(v > 0 for v in wall):
+        return []
+    findings = []
+    ran = sorted(c / w for c, w in zip(cpu, wall, strict=True))[len(wall) // 2]
+    could = min(share, 1.0) if share is not None and share > 0 else 1.0
+    if ran < BUSY_CPU_FRACTION * could:
+        findings.append(f"device busy: the runner ran {100 * ran:.0f} % of the time (at most {100 * could:.0f} %)")
+    varied = summarize(cpu, 1).robust_cv if all(v > 0 for v in cpu) else 0.0
+    if varied > NOISY_CV_THRESHOLD:
+        findings.append(
+            f"its steps' own CPU time varied +-{100 * varied:.1f} % (robust CV): the work cost more at times"
+        )
+    return findings
+
+
+def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any], share: float | None = None) -> str:
     """Return the stored reason of a cell that missed its precision (one line).
+
+    What kept it imprecise comes from the runner's CPU time per step
+    (`cpu_time_findings`); a runner that reports none is judged by the load average
+    (`device_busy`).
 
     Parameters
     ----------
     spec : BenchSpec
     doc : Mapping
         The runner's document.
+    share : float, optional
+        The device's emulated CPU share (`quota_share`).
 
     Returns
     -------
     str
         E.g. ``imprecise: 95 % interval of the median +-3.4 % after 812 samples in 30.0 s
-        (target +-2 %, time cap); device busy: load average 3.9 on 2 cpus``.
+        (target +-2 %, time cap); device busy: the runner ran 61 % of the time (at most
+        100 %)``.
     """
     achieved = doc.get("precision_achieved")
     samples = doc.get("samples") or len(doc.get("step_seconds") or ())
@@ -826,6 +893,8 @@ def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any]) -> str:
         f"imprecise: 95 % interval of the median {reached} after {samples} samples{took} "
         f"(target +-{100 * spec.precision:g} %, {doc.get('stop_reason') or 'stopped'})"
     )
+    if doc.get("cpu_step_seconds"):
+        return "; ".join([text, *cpu_time_findings(doc, share)])
     busy = device_busy(doc)
     return text + (f"; device busy: {busy}" if busy else "")
 
@@ -1070,6 +1139,7 @@ class _DeviceRun:
             versions=self.versions,
             git_commit=self.git_commit,
             isolation=self.plan.isolation(self.device.name, concurrent),
+            share=quota_share(self.device),
         )
 
     def _measure_round_cost(self, spec: BenchSpec) -> None:

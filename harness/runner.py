@@ -31,6 +31,10 @@ stderr while the runner works). Keys::
                        bench with --sample-seconds S > 0: one entry per sample, a block of
                        consecutive steps lasting at least S, as the block's time / its steps
     steps_per_sample   bench: how many steps each entry of step_seconds covers
+    cpu_step_seconds   bench: the process's CPU time (all its threads, time.process_time)
+                       per step of every entry of step_seconds; beside the wall time it
+                       tells a device that did not run the steps (preempted, held to a
+                       CPU quota) from steps that cost more CPU (see "cpu time" below)
     bench only (see "Sampling" below):
       precision, max_seconds, sample_seconds   the settings the run used
       warmup_steps     warm-up steps run (at most --warmup); warmup_seconds: their times
@@ -166,6 +170,14 @@ Decisions:
   across campaigns. Flushed, they held at 2.8 ms. FL training on the devices runs with
   the same setting, so profiles and rounds agree; the document says whether it took
   (``flush_denormals``).
+* cpu time: every sample also records the process's CPU time per step. On this
+  project's emulated devices (a CFS quota in a virtual machine) the CPU time of the
+  same step varied by up to half in stretches of seconds while the device was held to
+  its quota, and held within 2 % unthrottled: such a cell is imprecise because the work
+  itself cost more at times, which no sampling rule removes, while a device that did
+  not get the cpu (another process, a quota) shows wall time above CPU time. The
+  campaign says which in an imprecise cell's reason
+  (`harness.campaign.imprecision_reason`).
 * bench data is the first batch of ``--data`` (the examples FL trains on: step time
   depends on the values, e.g. a CNN's step on MNIST took 2.8 ms against 4.4 ms on
   normal noise), else one random batch built from the manifest's input shapes and dtypes
@@ -412,6 +424,7 @@ def new_bench_keys() -> dict:
         "max_seconds": None,
         "sample_seconds": None,
         "steps_per_sample": [],
+        "cpu_step_seconds": [],
         "warmup_steps": 0,
         "warmup_seconds": [],
         "warmup_settled": False,
@@ -1644,6 +1657,7 @@ def sample_steps(
     loss_of=float,
     confidence: float = CONFIDENCE,
     max_samples: int = MAX_SAMPLES,
+    cpu_clock=None,
 ) -> dict:
     """Take timed samples until the median's interval is within ``precision`` or a cap is reached.
 
@@ -1672,15 +1686,20 @@ def sample_steps(
         Turns a step's output into a float (called outside the timed region).
     confidence : float
     max_samples : int
+    cpu_clock : callable, optional
+        CPU seconds of the process (`time.process_time`); when given, each sample's CPU
+        time per step is recorded too.
 
     Returns
     -------
     dict
-        ``seconds`` (time per step of each sample), ``steps_per_sample``, ``loss``,
+        ``seconds`` (time per step of each sample), ``cpu_seconds`` (CPU time per step of
+        each sample; empty without ``cpu_clock``), ``steps_per_sample``, ``loss``,
         ``stop_reason``, ``median``, ``low``, ``high``, ``half_width`` (of the final
         samples; None where undefined), ``elapsed``.
     """
     seconds: list = []
+    cpu_seconds: list = []
     ordered: list = []
     counts: list = []
     losses: list = []
@@ -1688,6 +1707,7 @@ def sample_steps(
     next_check = min_samples
     reason = "steps"
     while True:
+        cpu_begin = cpu_clock() if cpu_clock is not None else 0.0
         count, begin = 0, clock()
         while True:
             out = step()
@@ -1695,6 +1715,8 @@ def sample_steps(
             elapsed = clock() - begin
             if elapsed >= sample_seconds:
                 break
+        if cpu_clock is not None:
+            cpu_seconds.append((cpu_clock() - cpu_begin) / count)
         value = elapsed / count
         seconds.append(value)
         bisect.insort(ordered, value)
@@ -1720,6 +1742,7 @@ def sample_steps(
     median, low, high, half = median_interval(ordered, confidence)
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "steps_per_sample": counts,
         "loss": losses,
         "stop_reason": reason,
@@ -1837,9 +1860,11 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         max_seconds=max(0.0, args.max_seconds - (clock() - start)),
         sample_seconds=args.sample_seconds,
         loss_of=backend.loss_value,
+        cpu_clock=time.process_time,
     )
     result["timed_seconds"] = clock() - start
     result["step_seconds"], result["loss"] = sampled["seconds"], sampled["loss"]
+    result["cpu_step_seconds"] = sampled["cpu_seconds"]
     result["steps_per_sample"], result["samples"] = sampled["steps_per_sample"], len(sampled["seconds"])
     if sampled["low"] is not None:
         result["median_ci_seconds"] = [sampled["low"], sampled["high"]]

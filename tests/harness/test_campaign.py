@@ -165,6 +165,32 @@ def test_imprecise_cells_say_why_and_stay_ok() -> None:
     assert not failed.imprecise and failed.message == "took too long" and failed.step_seconds == ()
 
 
+def test_an_imprecise_cells_reason_says_what_its_cpu_time_shows() -> None:
+    spec = plan_cells([Device("d", "local")], MODEL, [0.5], [BATCH], ["ort"], 6, 20, max_seconds=3.0)[0]
+    wall = [0.010] * 40
+    doc = {
+        "status": "ok", "step_seconds": wall, "cpu_step_seconds": [0.006] * 40, "precision_achieved": 0.034,
+        "imprecise": True, "stop_reason": "time cap", "samples": 40, "timed_seconds": 3.02,
+        "loadavg": {"before": [0.2], "after": [0.3]}, "cpus_available": 2,
+    }  # fmt: skip
+    head = "imprecise: 95 % interval of the median +-3.4 % after 40 samples in 3.0 s (target +-2 %, time cap)"
+    # 6 ms of CPU in 10 ms: kept from the cpu 40 % of the time, whatever the load average says
+    busy = "device busy: the runner ran 60 % of the time (at most 100 %)"
+    assert campaign.imprecision_reason(spec, doc) == f"{head}; {busy}"
+    # an emulated device held to 0.6 of a core could not run more: not busy
+    assert campaign.imprecision_reason(spec, doc, share=0.6) == head
+    assert "busy" in campaign.imprecision_reason(spec, doc, share=0.8)
+    # the steps' own CPU time in two modes, 4 and 6 ms: the work cost more at times
+    varied = {**doc, "cpu_step_seconds": [0.004, 0.006] * 20}
+    reason = campaign.imprecision_reason(spec, varied, share=0.6)
+    assert reason.startswith(f"{head}; its steps' own CPU time varied +-") and "the work cost more at times" in reason
+    steady = {**doc, "cpu_step_seconds": [0.0099, 0.0100] * 20}
+    assert campaign.imprecision_reason(spec, steady) == head
+    # without CPU times (a runner that does not report them) the load average decides, as before
+    loaded = {**doc, "cpu_step_seconds": [], "loadavg": {"before": [3.9], "after": [1.0]}}
+    assert campaign.imprecision_reason(spec, loaded) == f"{head}; device busy: load average 3.9 on 2 cpus"
+
+
 def test_width_requests() -> None:
     assert campaign.parse_width_request("0.25,0.5") == (0.25, 0.5)
     assert campaign.parse_width_request("auto:4") == 4

@@ -204,6 +204,9 @@ def test_bench_samples_until_the_median_is_precise_or_the_cap(sets: dict[str, Pa
     )
     assert rc == 0, (doc, err[-2000:])
     assert doc["precision"] == 0.05 and doc["max_seconds"] == 20.0
+    # the process's CPU time per step of every sample: positive, and at most the wall time with one thread
+    assert len(doc["cpu_step_seconds"]) == len(doc["step_seconds"])
+    assert all(0 < c <= 1.05 * w for c, w in zip(doc["cpu_step_seconds"], doc["step_seconds"], strict=True))
     half = doc["precision_achieved"]
     low, high = doc["median_ci_seconds"]
     ordered = sorted(doc["step_seconds"])
@@ -338,6 +341,19 @@ def test_fixed_count_and_blocks_of_steps() -> None:
     )
     # each sample runs whole steps until a second has passed: 4 steps of 0.3 s, recorded per step
     assert out["steps_per_sample"] == [4, 4, 4] and out["seconds"] == pytest.approx([0.3] * 3)
+
+
+def test_each_sample_records_the_cpu_time_per_step_beside_the_wall_time() -> None:
+    clock = FakeClock([0.3] * 100)
+    cpu = FakeClock([0.1, 0.2] * 50)  # CPU seconds consumed by each step: a third, then two thirds of its 0.3 s
+    out = runner_module.sample_steps(
+        lambda: (cpu.step(), clock.step())[1], clock, min_samples=3, precision=0.0, max_seconds=1e9,
+        sample_seconds=1.0, cpu_clock=cpu,
+    )  # fmt: skip
+    # 4 steps per sample: CPU 0.1 + 0.2 + 0.1 + 0.2 = 0.6 s, 0.15 s per step
+    assert out["cpu_seconds"] == pytest.approx([0.15] * 3) and out["seconds"] == pytest.approx([0.3] * 3)
+    without = runner_module.sample_steps(clock.step, clock, min_samples=2, precision=0.0, max_seconds=1)
+    assert without["cpu_seconds"] == []
 
 
 def test_coverage_at_the_stopping_sample_stays_close_to_nominal() -> None:
