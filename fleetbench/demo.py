@@ -330,7 +330,9 @@ def plan_capacities(
         capacities.append(width)
         tier = "none" if choice is None or choice.tier is None else str(choice.tier)
         predicted = (
-            "" if choice is None or choice.round_seconds is None else f", predicted round {choice.round_seconds:.2f} s"
+            ""
+            if choice is None or choice.round_seconds is None
+            else f", predicted round {choice.round_seconds:.2f} s (full width {round_seconds(device.name, 1.0):.3f} s)"
         )
         why = "no profile" if choice is None else (choice.reason or "meets the deadline")
         progress.detail(f"{device.name}: tier {tier}, width {width:g}{predicted} ({why})")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from devices import emulate
@@ -15,12 +15,12 @@ from fleetbench.cli import main
 from tests.devices.conftest import require_tool
 
 
-def _check_tier_widths(out: Path) -> None:
-    """FjORD's capacities are the tiers planned from the profiles: demo widths, monotone in speed.
+def _check_tier_widths(out: Path, printed: str) -> None:
+    """FjORD's capacities are the tiers planned from the predicted rounds: demo widths, monotone in speed.
 
-    The deadline is the median device's full-width training time, so the device that
-    profiled slowest at full width misses it and gets a narrower tier than the others
-    (two tiers), and no faster device gets a narrower tier than a slower one.
+    The deadline is the median device's predicted full-width round, so the device whose
+    full-width round is predicted slowest misses it and gets a narrower tier than the
+    others (two tiers), and no faster device gets a narrower tier than a slower one.
     """
     from fleetbench.demo import DEMO_WIDTHS
 
@@ -28,8 +28,12 @@ def _check_tier_widths(out: Path) -> None:
     run_id = db.execute("SELECT MIN(id) FROM fl_runs WHERE strategy = 'fjord'").fetchone()[0]
     capacity = dict(db.execute("SELECT device, capacity FROM fl_clients WHERE run_id = ?", (run_id,)).fetchall())
     assert set(capacity.values()) <= set(DEMO_WIDTHS)
-    cells = db.execute("SELECT device, step_seconds FROM cells WHERE width = 1.0 AND status = 'ok'").fetchall()
-    full = {device: float(np.median(json.loads(steps))) for device, steps in cells}
+    # "fast: tier 0, width 1, predicted round 0.07 s (full width 0.070 s) (meets the deadline)"
+    line = r"(\w+): tier \S+, width ([\d.]+), predicted round [\d.]+ s \(full width ([\d.]+) s\)"
+    planned = re.findall(line, printed)
+    assert {d for d, _, _ in planned} == set(capacity), printed
+    assert all(float(w) == capacity[d] for d, w, _ in planned), (planned, capacity)
+    full = {d: float(f) for d, _, f in planned}
     by_speed = sorted(capacity, key=lambda d: full[d])
     assert [capacity[d] for d in by_speed] == sorted(capacity.values(), reverse=True), (full, capacity)
     assert len(set(capacity.values())) == 2 and capacity[by_speed[-1]] < capacity[by_speed[0]], (full, capacity)
@@ -75,7 +79,7 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert rc == 0, printed
     assert f"report:  {out / 'report' / 'report.html'}" in printed and "[7/7]" in printed
     _check_outputs(out, {"fast", "mid", "slow", "phone"}, rounds=2)
-    _check_tier_widths(out)
+    _check_tier_widths(out, printed)
     # each device's predicted and measured rounds after FjORD; FLuID's calibrated straggler against its target
     assert sum("predicted/measured round s" in line for line in printed.splitlines()) == 4, printed
     db = sqlite3.connect(out / "fleetbench.db")
