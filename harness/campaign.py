@@ -82,12 +82,13 @@ cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -281,6 +282,24 @@ def plan_cells(
 # --------------------------------------------------------------------------- bench data
 
 
+@contextlib.contextmanager
+def _open_bench_data(path: Path) -> Iterator[Any]:
+    """Open a bench data file as an ``NpzFile`` holding ``x`` and ``y``; any other file is an `InputError` naming it."""
+    import numpy as np
+
+    from exporters.errors import InputError
+
+    try:
+        with np.load(path, allow_pickle=False) as shard:
+            if "x" not in shard or "y" not in shard:
+                raise InputError(f"--data {path}: needs arrays x and y, has {sorted(shard.keys())}")
+            yield shard
+    except InputError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:  # InputError is a ValueError too: raised as it is, above
+        raise InputError(f"--data {path}: not a readable .npz ({exc})") from None
+
+
 def bench_data_label(path: Path | str) -> str:
     """Return the label cells record for a bench data file: ``<file name>@<sha256 prefix>``.
 
@@ -305,20 +324,13 @@ def bench_data_label(path: Path | str) -> str:
 
     import numpy as np
 
-    from exporters.errors import InputError
-
     path = Path(path)
     digest = hashlib.sha256()
-    try:
-        with np.load(path, allow_pickle=False) as shard:
-            for name in ("x", "y"):
-                array = np.ascontiguousarray(shard[name])
-                digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
-                digest.update(array.tobytes())
-    except KeyError as exc:
-        raise InputError(f"--data {path}: needs arrays x and y ({exc.args[0]} is missing)") from None
-    except (OSError, ValueError, EOFError) as exc:
-        raise InputError(f"--data {path}: not a readable .npz ({exc})") from None
+    with _open_bench_data(path) as shard:
+        for name in ("x", "y"):
+            array = np.ascontiguousarray(shard[name])
+            digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+            digest.update(array.tobytes())
     return f"{path.name}@{digest.hexdigest()[:12]}"
 
 
@@ -339,17 +351,10 @@ def check_bench_data(path: Path, manifests: Iterable[Mapping[str, Any]]) -> None
         shape other than the model's, fewer examples than a batch, labels that are not
         integers.
     """
-    import numpy as np
-
     from exporters.errors import InputError
 
-    try:
-        with np.load(path, allow_pickle=False) as shard:
-            if "x" not in shard or "y" not in shard:
-                raise InputError(f"--data {path}: needs arrays x and y, has {sorted(shard.keys())}")
-            x_shape, y_shape, y_kind = shard["x"].shape, shard["y"].shape, shard["y"].dtype.kind
-    except (OSError, ValueError, EOFError) as exc:
-        raise InputError(f"--data {path}: not a readable .npz ({exc})") from None
+    with _open_bench_data(path) as shard:
+        x_shape, y_shape, y_kind = shard["x"].shape, shard["y"].shape, shard["y"].dtype.kind
     if y_kind not in "iu" or y_shape != x_shape[:1]:
         raise InputError(f"--data {path}: y must be one integer label per example, got {y_shape} of kind {y_kind!r}")
     for manifest in manifests:

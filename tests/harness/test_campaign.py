@@ -669,4 +669,8 @@ def test_cells_planned_with_bench_data_need_that_file(tmp_path: Path) -> None:
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="junk.npz: not a readable .npz"):
         campaign.bench_data_label(tmp_path / "junk.npz")
+    np.savez(tmp_path / "no-y.npz", x=np.zeros((4, 1, 28, 28), np.float32))
+    for read in (campaign.bench_data_label, lambda path: campaign.check_bench_data(path, [])):
+        with pytest.raises(InputError, match=r"no-y\.npz: needs arrays x and y, has \['x'\]$"):
+            read(tmp_path / "no-y.npz")
     assert campaign._bench_data_for(plan_cells(fleet, MODEL, [0.5], [BATCH], ["ort"], STEPS, WARMUP), None) is None
