@@ -352,10 +352,6 @@ class CalibratedPredictor:
             return 1.0
         return float(statistics.median(seen[-self.window :]))
 
-    def profile(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
-        """Return the profile's prediction of ``client``'s round, uncalibrated (`ClientRoundPredictor`)."""
-        return self.base(client, arch, bytes_down)
-
     def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
         """Return the calibrated prediction of ``client``'s round at ``arch`` (None: not predictable)."""
         value = self.base(client, arch, bytes_down)
@@ -368,7 +364,7 @@ class CalibratedPredictor:
         ----------
         device : str
         profile_seconds : float
-            The uncalibrated prediction (`profile`); not positive or not finite: ignored.
+            The uncalibrated prediction (``base``'s); not positive or not finite: ignored.
         measured_seconds : float
             Download, compute and upload of the round as measured.
         """

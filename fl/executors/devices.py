@@ -685,16 +685,13 @@ def device_turns(isolation: IsolationPlan | None, names: Sequence[str]) -> dict[
         ``name`` -> the devices listed before it that share its cpus (as the plan's
         ``after``); devices the plan does not know wait for no one.
     """
-    known = {p.device for p in isolation.placements} if isolation is not None else set()
-    turns: dict[str, list[str]] = {}
-    for i, name in enumerate(names):
-        before = names[:i]
-        turns[name] = (
-            [other for other in before if other in known and isolation.conflict(name, other)]
-            if isolation is not None and name in known
-            else []
-        )
-    return turns
+    if isolation is None:
+        return {name: [] for name in names}
+    known = {p.device for p in isolation.placements}
+    return {
+        name: [other for other in names[:i] if {name, other} <= known and isolation.conflict(name, other)]
+        for i, name in enumerate(names)
+    }
 
 
 def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:

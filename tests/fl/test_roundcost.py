@@ -172,7 +172,7 @@ def test_a_calibrated_prediction_follows_the_device_s_measured_rounds() -> None:
     assert predictor.factor("pi") == pytest.approx(1.5)  # median of 1.5, 1.3, 2.5
     assert predictor(pi, full) == pytest.approx(0.3)
     assert predictor(pi, half) == pytest.approx(1.5 * 0.15)  # the profile's shape, the device's level
-    assert predictor.profile(pi, half) == pytest.approx(0.15)
+    assert predictor.base(pi, half) == pytest.approx(0.15)
     assert predictor(phone, full) == pytest.approx(0.2)  # another device keeps its own
     for measured in (0.2, 0.2, 0.2):  # only the last `window` rounds count
         predictor.observe("pi", 0.2, measured)
