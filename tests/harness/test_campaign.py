@@ -474,13 +474,19 @@ def test_widths_chosen_by_the_model(fleet_file: Path, artifacts: Path, tmp_path:
     assert any("most uncertain" in line for line in said)
 
 
+def _local_fleet_file(tmp_path: Path) -> Path:
+    """A fleet file of one local device, ``here``, working in ``tmp_path/work``."""
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(f"devices:\n  - name: here\n    kind: local\n    workdir: {tmp_path / 'work'}\n")
+    return fleet_file
+
+
 def test_cli_profile_auto_widths_on_a_local_device(
     artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fleetbench.cli import main
 
-    fleet_file = tmp_path / "fleet.yaml"
-    fleet_file.write_text(f"devices:\n  - name: here\n    kind: local\n    workdir: {tmp_path / 'work'}\n")
+    fleet_file = _local_fleet_file(tmp_path)
     db = tmp_path / "auto.db"
     argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "auto:3", "--batch", str(BATCH)]
     argv += ["--steps", "3", "--warmup", "1", "--precision", "0", "--db", str(db), "--artifacts", str(artifacts)]
@@ -610,8 +616,7 @@ def test_cells_and_round_costs_train_on_the_bench_data_they_name(
 
     from fleetbench.cli import main
 
-    fleet_file = tmp_path / "fleet.yaml"
-    fleet_file.write_text(f"devices:\n  - name: here\n    kind: local\n    workdir: {tmp_path / 'work'}\n")
+    fleet_file = _local_fleet_file(tmp_path)
     data = tmp_path / "mnist.npz"
     assert main(["fl", "data", "--out", str(data), "--model", MODEL, "--examples", "40"]) == 0
     with np.load(data) as shard:

@@ -90,15 +90,20 @@ def test_straggler_and_linear_rate_from_times():
     assert all(ins[c].submodel.arch.widths == (4,) for c in ("c1", "c2", "c3"))
 
 
+def play_with_device_metrics(strategy, seconds, cid, metrics):
+    """Play round 0 with ``seconds`` per client, ``cid``'s result carrying a devices executor's ``metrics``."""
+    ins = strategy.configure_round(0, CLIENTS, None)
+    results = [result(ins[c.cid], seconds[c.cid]) for c in CLIENTS]
+    i = [c.cid for c in CLIENTS].index(cid)
+    results[i] = TrainRes(cid, ins[cid].submodel, results[i].parameters, 10, compute_seconds=seconds[cid],
+                          metrics=metrics)  # fmt: skip
+    strategy.aggregate_round(0, results, [])
+
+
 def test_a_device_clients_fixed_start_cost_does_not_scale_with_the_size():
     strategy = FLuID(tiny_model(), initial())
-    ins = strategy.configure_round(0, CLIENTS, None)
-    seconds = {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}
-    results = [result(ins[c.cid], seconds[c.cid]) for c in CLIENTS]
     # c0's runner spent 6 of its 12 s outside the training steps (start, loading)
-    results[0] = TrainRes("c0", ins["c0"].submodel, results[0].parameters, 10, compute_seconds=12.0,
-                          metrics={"step_seconds": 6.0})  # fmt: skip
-    strategy.aggregate_round(0, results, [])
+    play_with_device_metrics(strategy, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}, "c0", {"step_seconds": 6.0})
     strategy.configure_round(1, CLIENTS, None)
     # target 8 s: only the 6 s of steps scale, speed-up (12 - 6) / (8 - 6) = 3 -> 1/3 -> 0.5 (not 1/1.5 -> 0.65)
     assert strategy.rates == {"c0": 0.5}
@@ -318,13 +323,9 @@ def test_without_a_prediction_for_every_client_the_measured_rules_apply():
 
 def test_a_round_that_opened_the_runners_sessions_is_judged_without_that_cost():
     strategy = FLuID(tiny_model(), initial())
-    ins = strategy.configure_round(0, CLIENTS, None)
-    seconds = {"c0": 9.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}
-    results = [result(ins[c.cid], seconds[c.cid]) for c in CLIENTS]
     # c1 took 12 s, 9 of them opening its runner's sessions: 3 s once they are open, so c0 straggles
-    results[1] = TrainRes("c1", ins["c1"].submodel, results[1].parameters, 10, compute_seconds=12.0,
-                          metrics={"session_open_seconds": 9.0, "step_seconds": 2.0})  # fmt: skip
-    strategy.aggregate_round(0, results, [])
+    opened = {"session_open_seconds": 9.0, "step_seconds": 2.0}
+    play_with_device_metrics(strategy, {"c0": 9.0, "c1": 12.0, "c2": 8.0, "c3": 5.0}, "c1", opened)
     strategy.configure_round(1, CLIENTS, None)
     # target c2's 8 s; c0's speed-up 9 / 8 = 1.125 -> 1/1.125 = 0.89 -> 0.85 on the paper's grid
     assert strategy.stragglers == ["c0"] and strategy.target_seconds == 8.0
