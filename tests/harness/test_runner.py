@@ -204,9 +204,13 @@ def test_bench_samples_until_the_median_is_precise_or_the_cap(sets: dict[str, Pa
     )
     assert rc == 0, (doc, err[-2000:])
     assert doc["precision"] == 0.05 and doc["max_seconds"] == 20.0
-    # the process's CPU time per step of every sample: positive, and at most the wall time with one thread
-    assert len(doc["cpu_step_seconds"]) == len(doc["step_seconds"])
-    assert all(0 < c <= 1.05 * w for c, w in zip(doc["cpu_step_seconds"], doc["step_seconds"], strict=True))
+    # the process's CPU time per step of every sample: positive, and at most the wall time with one thread.
+    # The CPU clock is read just outside each sample's wall-clock window (so that reading it costs the
+    # timed steps nothing): a sample's CPU time may exceed its wall time by those reads, a few
+    # microseconds each, which on a sample of one 0.1 ms step is several per cent; 100 us per sample covers them.
+    cpu, wall, counts = doc["cpu_step_seconds"], doc["step_seconds"], doc["steps_per_sample"]
+    assert len(cpu) == len(wall) == len(counts)
+    assert all(0 < c * n <= 1.05 * w * n + 1e-4 for c, w, n in zip(cpu, wall, counts, strict=True)), (cpu, wall)
     half = doc["precision_achieved"]
     low, high = doc["median_ci_seconds"]
     ordered = sorted(doc["step_seconds"])
