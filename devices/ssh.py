@@ -41,6 +41,13 @@ from devices.fleet import Device
 from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
 _CHUNK = 1 << 16
+LOGIN_ATTEMPTS = 3
+
+
+def _closed_during_login(exc: AuthenticationFailed) -> bool:
+    # paramiko's words when the connection ends while it waits for the server's answer to an
+    # authentication request; a refusal reads "Authentication failed." or names the methods left
+    return "transport shut down or saw EOF" in str(exc)
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -146,10 +153,26 @@ class SSHTransport:
     def connect(self) -> None:
         """Open the connection now (otherwise it opens on first use).
 
+        A login that the server closes during authentication, rather than refusing it, is
+        tried again up to `LOGIN_ATTEMPTS` times in all: a loaded or briefly stopped sshd
+        does that, and a refused key is refused every time.
+
         Raises
         ------
         Unreachable, HostKeyRejected, AuthenticationFailed, TransportError
         """
+        for attempt in range(1, LOGIN_ATTEMPTS + 1):
+            try:
+                self._connect_once()
+                return
+            except AuthenticationFailed as exc:
+                if attempt == LOGIN_ATTEMPTS or not _closed_during_login(exc):
+                    if attempt > 1:
+                        raise AuthenticationFailed(f"{exc} (after {attempt} attempts)") from exc
+                    raise
+            time.sleep(0.25 * attempt)
+
+    def _connect_once(self) -> None:
         self.close()
         client = paramiko.SSHClient()
         if self.known_hosts.is_file():

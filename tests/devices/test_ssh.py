@@ -21,9 +21,9 @@ from devices.errors import (
     TransportError,
     Unreachable,
 )
-from devices.ssh import SSHTransport
+from devices.ssh import LOGIN_ATTEMPTS, SSHTransport
 from tests.devices.conftest import cmdline_running
-from tests.devices.sshd_server import Server
+from tests.devices.sshd_server import LoginCutter, Server
 
 
 def sha256(path: Path) -> str:
@@ -187,6 +187,28 @@ def test_wrong_user_key_is_authentication_failed(sshd_server: Server, tmp_path: 
         sshd_server.transport(key_file=other).run(["true"], timeout=10)
     with pytest.raises(AuthenticationFailed, match="does not exist"):
         sshd_server.transport(key_file=tmp_path / "missing").run(["true"], timeout=10)
+
+
+def test_a_login_closed_during_authentication_is_tried_again(sshd_server: Server, tmp_path: Path) -> None:
+    cutter = LoginCutter(sshd_server, cuts=LOGIN_ATTEMPTS - 1, state_dir=tmp_path)
+    try:
+        result = cutter.transport().run(["echo", "in"], timeout=10)
+        assert (result.rc, result.stdout) == (0, "in\n")
+        assert cutter.connections == LOGIN_ATTEMPTS  # the cut logins, then the one relayed to sshd
+    finally:
+        cutter.close()
+
+
+def test_a_login_closed_every_time_is_authentication_failed_after_the_attempts(
+    sshd_server: Server, tmp_path: Path
+) -> None:
+    cutter = LoginCutter(sshd_server, cuts=LOGIN_ATTEMPTS + 1, state_dir=tmp_path)
+    try:
+        with pytest.raises(AuthenticationFailed, match=f"saw EOF \\(after {LOGIN_ATTEMPTS} attempts\\)"):
+            cutter.transport().run(["true"], timeout=10)
+        assert cutter.connections == LOGIN_ATTEMPTS
+    finally:
+        cutter.close()
 
 
 def test_closed_port_is_unreachable(tmp_path: Path) -> None:
