@@ -768,10 +768,11 @@ def measurement_from_doc(
     Returns
     -------
     Measurement
-        A measured cell that missed its precision keeps status ``ok``, with
-        ``imprecise`` set and `imprecision_reason` as its message.
+        Its ``step_seconds`` are the samples that count (`counted_steps`). A measured cell
+        that missed its precision keeps status ``ok``, with ``imprecise`` set and
+        `imprecision_reason` as its message.
     """
-    steps = tuple(float(s) for s in doc.get("step_seconds") or ()) if status == "ok" else ()
+    steps = tuple(counted_steps(doc)) if status == "ok" else ()
     peak = doc.get("peak_memory_bytes")
     gflops = doc.get("matmul_gflops")
     achieved = doc.get("precision_achieved")
@@ -798,6 +799,27 @@ def measurement_from_doc(
         stop_reason=doc.get("stop_reason") if status == "ok" else None,
         isolation=dict(isolation or {}),
     )
+
+
+def counted_steps(doc: Mapping[str, Any]) -> list[float]:
+    """Return the runner's step samples that count: those it did not find disturbed (pure).
+
+    Parameters
+    ----------
+    doc : Mapping
+        The runner's document (``step_seconds``; ``disturbed``, a 0/1 flag per sample,
+        where the runner judged them).
+
+    Returns
+    -------
+    list of float
+        Every sample when the runner judged none (no flags, or not one per sample).
+    """
+    steps = [float(v) for v in doc.get("step_seconds") or ()]
+    flags = list(doc.get("disturbed") or ())
+    if len(flags) != len(steps):
+        return steps
+    return [value for value, flag in zip(steps, flags, strict=True) if not flag]
 
 
 def device_busy(doc: Mapping[str, Any]) -> str:
@@ -843,10 +865,12 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     -------
     list of str
         ``"device busy: the runner ran 61 % of the time (at most 100 %)"`` when the CPU
-        time per wall second is below `BUSY_CPU_FRACTION` of what it could be, and ``"its
-        steps' own CPU time varied +-12.0 % (robust CV): the work cost more at
-        times"`` when that exceeds the noisy threshold; empty without CPU times (a
-        runner that does not report them) or when neither holds.
+        time per wall second is below `BUSY_CPU_FRACTION` of what it could be; ``"412 of
+        655 samples disturbed: their CPU time per step rose over 10 %, the cpu was slowed
+        from outside the runner"`` when the runner flagged any; and ``"its steps' own CPU
+        time varied +-12.0 % (robust CV): the work cost more at times"`` when that of the
+        samples that count exceeds the noisy threshold. Empty without CPU times (a runner
+        that does not report them) or when none holds.
     """
     from harness.stats import NOISY_CV_THRESHOLD, summarize
 
@@ -859,6 +883,13 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     could = min(share, 1.0) if share is not None and share > 0 else 1.0
     if ran < BUSY_CPU_FRACTION * could:
         findings.append(f"device busy: the runner ran {100 * ran:.0f} % of the time (at most {100 * could:.0f} %)")
+    flags = list(doc.get("disturbed") or ())
+    if len(flags) == len(cpu) and any(flags):
+        findings.append(
+            f"{sum(1 for f in flags if f)} of {len(cpu)} samples disturbed: their CPU time per step rose "
+            "over 10 %, the cpu was slowed from outside the runner"
+        )
+        cpu = [value for value, flag in zip(cpu, flags, strict=True) if not flag]
     varied = summarize(cpu, 1).robust_cv if all(v > 0 for v in cpu) else 0.0
     if varied > NOISY_CV_THRESHOLD:
         findings.append(

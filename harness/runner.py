@@ -35,12 +35,16 @@ stderr while the runner works). Keys::
                        per step of every entry of step_seconds; beside the wall time it
                        tells a device that did not run the steps (preempted, held to a
                        CPU quota) from steps that cost more CPU (see "cpu time" below)
+    disturbed          bench: 1 for an entry of step_seconds taken while something outside
+                       the process slowed the cpu (see "Disturbed samples"), else 0; empty
+                       when not judged (threads > 1)
     bench only (see "Sampling" below):
       precision, max_seconds, sample_seconds   the settings the run used
       warmup_steps     warm-up steps run (at most --warmup); warmup_seconds: their times
       warmup_settled   whether the warm-up rule was met before its cap
       samples          entries of step_seconds
-      median_ci_seconds  [low, high]: the 95 % interval of the median sample (null below 6 samples)
+      median_ci_seconds  [low, high]: the 95 % interval of the median undisturbed sample
+                       (null below 6 samples)
       precision_achieved the interval's half-width as a fraction of the median (null below 6)
       stop_reason      "precision" | "steps" | "time cap" | "sample cap"
       imprecise        precision > 0 and the target was not reached
@@ -153,6 +157,14 @@ Sampling (bench):
   as samples arrive (every sample up to 20, then every 5 % more), so the coverage at the
   sample where it stops is somewhat below the nominal 95 %
   (``tests/harness/test_runner.py`` measures it).
+* **Disturbed samples** (one thread): a training step is the same work every time, so its
+  CPU time per step varies only when something outside the process slows the cpu (a
+  neighbour on a shared host's caches and memory, SMT siblings); a CPU quota's throttled
+  periods stop the process but cost it no CPU time. A sample whose CPU time per step is
+  more than `DISTURBANCE_LIMIT` (10 %) above the 10th percentile of the run's samples is
+  ``disturbed`` (`disturbed_samples`, judged from `DISTURBANCE_MIN_SAMPLES` samples on);
+  the median, its interval and the stopping rule use the other samples. With more than
+  one thread the CPU time also counts the pool's spinning, so nothing is judged.
 
 Decisions:
 
@@ -300,6 +312,16 @@ MAX_SAMPLES = 5000
 #: The interval test runs after every sample up to this many, then after every 5 % more.
 CHECK_EVERY_SAMPLE_UP_TO = 20
 
+#: A sample is disturbed when its CPU time per step exceeds this multiple of the run's low
+#: quantile (`DISTURBANCE_QUANTILE`) of CPU time per step.
+DISTURBANCE_LIMIT = 1.1
+
+#: The quantile of the run's CPU times per step that stands for an undisturbed step.
+DISTURBANCE_QUANTILE = 0.1
+
+#: Samples are judged disturbed only from this many on (a low quantile needs a few).
+DISTURBANCE_MIN_SAMPLES = 10
+
 #: Version of the serve protocol (the ``protocol`` of the ready line).
 PROTOCOL_VERSION = 1
 #: Open backends (sessions) a serving runner keeps, least recently used dropped first.
@@ -425,6 +447,7 @@ def new_bench_keys() -> dict:
         "sample_seconds": None,
         "steps_per_sample": [],
         "cpu_step_seconds": [],
+        "disturbed": [],
         "warmup_steps": 0,
         "warmup_seconds": [],
         "warmup_settled": False,
@@ -1646,6 +1669,32 @@ def warm_up(step, clock, max_steps: int, max_seconds: float, tolerance: float = 
     return times, False
 
 
+def disturbed_samples(
+    cpu_seconds: list, limit: float = DISTURBANCE_LIMIT, min_samples: int = DISTURBANCE_MIN_SAMPLES
+) -> list:
+    """Say which samples ran on a cpu slowed from outside: CPU time per step above ``limit`` x the low quantile.
+
+    Parameters
+    ----------
+    cpu_seconds : list of float
+        CPU time per step of each sample, in order.
+    limit : float
+        Allowed multiple of the `DISTURBANCE_QUANTILE` quantile (lower order statistic).
+    min_samples : int
+        With fewer samples, none is judged disturbed.
+
+    Returns
+    -------
+    list of bool
+        One flag per sample.
+    """
+    if len(cpu_seconds) < min_samples:
+        return [False] * len(cpu_seconds)
+    ordered = sorted(cpu_seconds)
+    low = ordered[int(DISTURBANCE_QUANTILE * (len(ordered) - 1))]
+    return [value > limit * low for value in cpu_seconds]
+
+
 def sample_steps(
     step,
     clock,
@@ -1658,6 +1707,7 @@ def sample_steps(
     confidence: float = CONFIDENCE,
     max_samples: int = MAX_SAMPLES,
     cpu_clock=None,
+    judge_disturbed: bool = False,
 ) -> dict:
     """Take timed samples until the median's interval is within ``precision`` or a cap is reached.
 
@@ -1689,15 +1739,26 @@ def sample_steps(
     cpu_clock : callable, optional
         CPU seconds of the process (`time.process_time`); when given, each sample's CPU
         time per step is recorded too.
+    judge_disturbed : bool
+        Leave `disturbed_samples` out of the median and the stopping rule (needs ``cpu_clock``).
 
     Returns
     -------
     dict
         ``seconds`` (time per step of each sample), ``cpu_seconds`` (CPU time per step of
-        each sample; empty without ``cpu_clock``), ``steps_per_sample``, ``loss``,
-        ``stop_reason``, ``median``, ``low``, ``high``, ``half_width`` (of the final
-        samples; None where undefined), ``elapsed``.
+        each sample; empty without ``cpu_clock``), ``disturbed`` (a flag per sample; empty
+        unless judged), ``steps_per_sample``, ``loss``, ``stop_reason``, ``median``,
+        ``low``, ``high``, ``half_width`` (of the final undisturbed samples; None where
+        undefined), ``elapsed``.
     """
+    judge = judge_disturbed and cpu_clock is not None
+
+    def counted() -> list:
+        if not judge:
+            return ordered
+        flags = disturbed_samples(cpu_seconds)
+        return sorted(value for value, flag in zip(seconds, flags) if not flag)  # noqa: B905 - Python 3.8
+
     seconds: list = []
     cpu_seconds: list = []
     ordered: list = []
@@ -1728,7 +1789,7 @@ def sample_steps(
                 break
             continue
         if n >= next_check:
-            half = median_interval(ordered, confidence)[3]
+            half = median_interval(counted(), confidence)[3]
             if half is not None and half <= precision:
                 reason = "precision"
                 break
@@ -1739,10 +1800,11 @@ def sample_steps(
         if n >= max_samples:
             reason = "sample cap"
             break
-    median, low, high, half = median_interval(ordered, confidence)
+    median, low, high, half = median_interval(counted(), confidence)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
+        "disturbed": disturbed_samples(cpu_seconds) if judge else [],
         "steps_per_sample": counts,
         "loss": losses,
         "stop_reason": reason,
@@ -1861,10 +1923,12 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         sample_seconds=args.sample_seconds,
         loss_of=backend.loss_value,
         cpu_clock=time.process_time,
+        judge_disturbed=args.threads == 1,
     )
     result["timed_seconds"] = clock() - start
     result["step_seconds"], result["loss"] = sampled["seconds"], sampled["loss"]
     result["cpu_step_seconds"] = sampled["cpu_seconds"]
+    result["disturbed"] = [int(flag) for flag in sampled["disturbed"]]
     result["steps_per_sample"], result["samples"] = sampled["steps_per_sample"], len(sampled["seconds"])
     if sampled["low"] is not None:
         result["median_ci_seconds"] = [sampled["low"], sampled["high"]]

@@ -191,6 +191,27 @@ def test_an_imprecise_cells_reason_says_what_its_cpu_time_shows() -> None:
     assert campaign.imprecision_reason(spec, loaded) == f"{head}; device busy: load average 3.9 on 2 cpus"
 
 
+def test_disturbed_samples_leave_the_cell_and_its_reason_counts_them() -> None:
+    spec = plan_cells([Device("d", "local")], MODEL, [0.5], [BATCH], ["ort"], 6, 20, max_seconds=3.0)[0]
+    wall = [0.010, 0.011, 0.016] * 10
+    doc = {
+        "status": "ok", "step_seconds": wall, "cpu_step_seconds": [0.010, 0.0105, 0.016] * 10,
+        "disturbed": [0, 0, 1] * 10, "precision_achieved": 0.03, "imprecise": True, "stop_reason": "time cap",
+        "samples": 30, "timed_seconds": 3.0,
+    }  # fmt: skip
+    m = campaign.measurement_from_doc(
+        spec, "ok", "", doc, facts={}, started_at=0.0, finished_at=1.0, versions={}, git_commit=None
+    )
+    assert m.step_seconds == (0.010, 0.011) * 10 and m.runner["step_seconds"] == wall
+    assert m.message.endswith(
+        "; 10 of 30 samples disturbed: their CPU time per step rose over 10 %, "
+        "the cpu was slowed from outside the runner"
+    )
+    # flags that do not match the samples one to one are not trusted: every sample counts
+    assert campaign.counted_steps({**doc, "disturbed": [1]}) == wall
+    assert campaign.counted_steps({"step_seconds": wall}) == wall
+
+
 def test_width_requests() -> None:
     assert campaign.parse_width_request("0.25,0.5") == (0.25, 0.5)
     assert campaign.parse_width_request("auto:4") == 4

@@ -211,9 +211,14 @@ def test_bench_samples_until_the_median_is_precise_or_the_cap(sets: dict[str, Pa
     cpu, wall, counts = doc["cpu_step_seconds"], doc["step_seconds"], doc["steps_per_sample"]
     assert len(cpu) == len(wall) == len(counts)
     assert all(0 < c * n <= 1.05 * w * n + 1e-4 for c, w, n in zip(cpu, wall, counts, strict=True)), (cpu, wall)
+    # one thread: samples whose CPU time per step rose over 10 % above the run's low quantile are disturbed
+    flags = doc["disturbed"]
+    assert len(flags) == len(cpu) and set(flags) <= {0, 1}
+    base = sorted(cpu)[int(0.1 * (len(cpu) - 1))] if len(cpu) >= 10 else math.inf
+    assert all(flag == (c > 1.1 * base) for c, flag in zip(cpu, flags, strict=True))
     half = doc["precision_achieved"]
     low, high = doc["median_ci_seconds"]
-    ordered = sorted(doc["step_seconds"])
+    ordered = sorted(w for w, flag in zip(wall, flags, strict=True) if not flag)
     median = float(np.median(ordered))
     assert low <= median <= high and half == pytest.approx(max(median - low, high - median) / median)
     if doc["stop_reason"] == "precision":
@@ -358,6 +363,35 @@ def test_each_sample_records_the_cpu_time_per_step_beside_the_wall_time() -> Non
     assert out["cpu_seconds"] == pytest.approx([0.15] * 3) and out["seconds"] == pytest.approx([0.3] * 3)
     without = runner_module.sample_steps(clock.step, clock, min_samples=2, precision=0.0, max_seconds=1)
     assert without["cpu_seconds"] == []
+
+
+def test_samples_whose_cpu_time_per_step_rose_are_disturbed_from_the_tenth_on() -> None:
+    cpu = [1.0] * 9 + [1.09, 1.11, 1.5]
+    assert runner_module.disturbed_samples(cpu[:9] + [1.5]) == [False] * 9 + [True]
+    assert runner_module.disturbed_samples(cpu[:8] + [1.5]) == [False] * 9  # too few to judge
+    assert runner_module.disturbed_samples(cpu) == [False] * 10 + [True, True]
+    # the base is the low quantile, not the minimum: one lucky fast sample does not condemn the rest
+    assert runner_module.disturbed_samples([0.5] + [1.0] * 19) == [False] * 20
+
+
+def test_disturbed_samples_count_neither_in_the_median_nor_in_the_stopping_rule() -> None:
+    # every third sample ran on a cpu slowed from outside: 1.6x the wall time and 1.6x the CPU time
+    slowed = [i % 3 == 2 for i in range(3000)]
+    clock = FakeClock([1.6 if s else 1.0 + 0.001 * (i % 7) for i, s in enumerate(slowed)])
+    cpu = FakeClock([1.6 if s else 1.0 for s in slowed])
+    out = runner_module.sample_steps(
+        lambda: (cpu.step(), clock.step())[1], clock, min_samples=6, precision=0.02, max_seconds=1e9,
+        cpu_clock=cpu, judge_disturbed=True,
+    )  # fmt: skip
+    n = len(out["seconds"])
+    assert out["disturbed"] == slowed[:n] and out["stop_reason"] == "precision"
+    assert 1.0 <= out["median"] <= 1.006 and out["high"] < 1.6
+    clock, cpu = FakeClock([1.6 if s else 1.0 for s in slowed]), FakeClock([1.6 if s else 1.0 for s in slowed])
+    judged_not = runner_module.sample_steps(
+        lambda: (cpu.step(), clock.step())[1], clock, min_samples=30, precision=0.0, max_seconds=1e9,
+        cpu_clock=cpu,
+    )  # fmt: skip
+    assert judged_not["disturbed"] == [] and judged_not["median"] == 1.0 and judged_not["high"] == pytest.approx(1.6)
 
 
 def test_coverage_at_the_stopping_sample_stays_close_to_nominal() -> None:
