@@ -100,7 +100,7 @@ from devices.limits import format_cpu_list, parse_cpu_list
 from devices.transport import Transport
 from harness import contract
 from harness.records import Backend, BenchSpec, Measurement
-from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
+from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, DISTURBANCE_LIMIT
 
 if TYPE_CHECKING:
     from harness.backends import BackendChoice
@@ -815,11 +815,15 @@ def counted_steps(doc: Mapping[str, Any]) -> list[float]:
     list of float
         Every sample when the runner judged none (no flags, or not one per sample).
     """
-    steps = [float(v) for v in doc.get("step_seconds") or ()]
+    return _undisturbed([float(v) for v in doc.get("step_seconds") or ()], doc)
+
+
+def _undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
+    # the runner's flags are trusted only when there is one per sample
     flags = list(doc.get("disturbed") or ())
-    if len(flags) != len(steps):
-        return steps
-    return [value for value, flag in zip(steps, flags, strict=True) if not flag]
+    if len(flags) != len(values):
+        return values
+    return [value for value, flag in zip(values, flags, strict=True) if not flag]
 
 
 def device_busy(doc: Mapping[str, Any]) -> str:
@@ -883,13 +887,13 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     could = min(share, 1.0) if share is not None and share > 0 else 1.0
     if ran < BUSY_CPU_FRACTION * could:
         findings.append(f"device busy: the runner ran {100 * ran:.0f} % of the time (at most {100 * could:.0f} %)")
-    flags = list(doc.get("disturbed") or ())
-    if len(flags) == len(cpu) and any(flags):
+    counted = _undisturbed(cpu, doc)
+    if len(counted) < len(cpu):
         findings.append(
-            f"{sum(1 for f in flags if f)} of {len(cpu)} samples disturbed: their CPU time per step rose "
-            "over 10 %, the cpu was slowed from outside the runner"
+            f"{len(cpu) - len(counted)} of {len(cpu)} samples disturbed: their CPU time per step rose "
+            f"over {100 * (DISTURBANCE_LIMIT - 1):.0f} %, the cpu was slowed from outside the runner"
         )
-        cpu = [value for value, flag in zip(cpu, flags, strict=True) if not flag]
+        cpu = counted
     varied = summarize(cpu, 1).robust_cv if all(v > 0 for v in cpu) else 0.0
     if varied > NOISY_CV_THRESHOLD:
         findings.append(

@@ -183,12 +183,11 @@ Decisions:
   the same setting, so profiles and rounds agree; the document says whether it took
   (``flush_denormals``).
 * cpu time: every sample also records the process's CPU time per step. On this
-  project's emulated devices (a CFS quota in a virtual machine) the CPU time of the
-  same step varied by up to half in stretches of seconds while the device was held to
-  its quota, and held within 2 % unthrottled: such a cell is imprecise because the work
-  itself cost more at times, which no sampling rule removes, while a device that did
-  not get the cpu (another process, a quota) shows wall time above CPU time. The
-  campaign says which in an imprecise cell's reason
+  project's virtual machine the CPU time of the same step rose by up to half in
+  stretches of 0.3 s to seconds, throttled or not (a numpy stream over 1 MB slowed the
+  same way, with nothing else running in the machine): those samples are the disturbed
+  ones above. A device that did not get the cpu (another process, a quota) shows wall
+  time above CPU time instead. The campaign says which in an imprecise cell's reason
   (`harness.campaign.imprecision_reason`).
 * bench data is the first batch of ``--data`` (the examples FL trains on: step time
   depends on the values, e.g. a CNN's step on MNIST took 2.8 ms against 4.4 ms on
@@ -1753,10 +1752,9 @@ def sample_steps(
     """
     judge = judge_disturbed and cpu_clock is not None
 
-    def counted() -> list:
+    def counted(flags: list) -> list:
         if not judge:
             return ordered
-        flags = disturbed_samples(cpu_seconds)
         return sorted(value for value, flag in zip(seconds, flags) if not flag)  # noqa: B905 - Python 3.8
 
     seconds: list = []
@@ -1789,7 +1787,7 @@ def sample_steps(
                 break
             continue
         if n >= next_check:
-            half = median_interval(counted(), confidence)[3]
+            half = median_interval(counted(disturbed_samples(cpu_seconds)), confidence)[3]
             if half is not None and half <= precision:
                 reason = "precision"
                 break
@@ -1800,11 +1798,12 @@ def sample_steps(
         if n >= max_samples:
             reason = "sample cap"
             break
-    median, low, high, half = median_interval(counted(), confidence)
+    flags = disturbed_samples(cpu_seconds) if judge else []
+    median, low, high, half = median_interval(counted(flags), confidence)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
-        "disturbed": disturbed_samples(cpu_seconds) if judge else [],
+        "disturbed": flags,
         "steps_per_sample": counts,
         "loss": losses,
         "stop_reason": reason,
