@@ -20,6 +20,7 @@ from __future__ import annotations
 import getpass
 import os
 import posixpath
+import socket
 import threading
 import time
 import uuid
@@ -42,6 +43,18 @@ from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
 _CHUNK = 1 << 16
 LOGIN_ATTEMPTS = 3
+
+
+def _no_delay(client: paramiko.SSHClient) -> None:
+    """Send the connection's small packets at once (``TCP_NODELAY``).
+
+    With Nagle's algorithm on, an SFTP download's request that follows another small write
+    waits for the server's delayed ACK: about 40 ms on Linux, on every other transfer.
+    """
+    transport = client.get_transport()
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _closed_during_login(exc: AuthenticationFailed) -> bool:
@@ -209,6 +222,7 @@ class SSHTransport:
             # socket errors and timeouts, NoValidConnectionsError, or a peer that is no SSH server
             client.close()
             raise Unreachable(f"{self.address}: {type(exc).__name__}: {exc or 'no answer'}") from exc
+        _no_delay(client)
         self._client = client
 
     def _active(self) -> paramiko.Transport | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -84,6 +85,15 @@ def test_put_get_round_trip_10mb(transport: ADBTransport, tmp_path: Path) -> Non
     with pytest.raises(TransportError, match="no such file"):
         transport.get("/data/local/tmp/fb/missing", tmp_path / "missing")
     assert not (tmp_path / "missing").exists()
+
+
+def test_connections_to_the_adb_server_send_small_packets_at_once(transport: ADBTransport) -> None:
+    # a sync request is several small writes before a read: Nagle would hold each behind a delayed ACK
+    connection = transport._client().make_connection()
+    try:
+        assert connection.conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        connection.close()
 
 
 def test_timeout_stops_the_command(transport: ADBTransport, phone: AdbEndpoint) -> None:

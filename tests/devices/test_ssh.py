@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -50,6 +51,19 @@ def test_put_get_10mb_round_trip(sshd_server: Server, tmp_path: Path) -> None:
     assert sha256(back) == sha256(src)
     with pytest.raises(FileNotFoundError):
         t.get(str(tmp_path / "absent"), tmp_path / "x")
+
+
+def test_the_connection_sends_small_packets_at_once(sshd_server: Server) -> None:
+    # Nagle's algorithm holds an SFTP request behind the server's delayed ACK (~40 ms)
+    t = sshd_server.transport()
+    t.connect()
+    assert t._client is not None
+    sock = t._client.get_transport().sock  # type: ignore[union-attr]
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    sshd_server.restart()
+    t.run(["true"], timeout=10)  # reconnects
+    sock = t._client.get_transport().sock  # type: ignore[union-attr]
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 def test_tilde_is_remote_home(sshd_server: Server, tmp_path: Path) -> None:
