@@ -63,6 +63,7 @@ from fl.runlog import ClientRound, RunLog
 from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
 from fl.strategies.base import Profiles, Strategy
+from fl.strategies.fjord import drawn_widths
 from harness.store import DEFAULT_DB, ProfileStore
 
 #: Config fields a resumed run may change (they do not affect the trained model).
@@ -929,10 +930,11 @@ def _predictions(
 
     The architecture is the one the client trains:
 
-    - FjORD per step (a ``widths`` list in its instruction): a width is drawn uniformly
-      from ``widths`` at every step, so the round is the mean of the rounds at each width
-      (the fixed cost and the payload, ``p_max``'s, are the same in each; the step time
-      averages);
+    - FjORD per step (a ``widths`` list in its instruction): a width is drawn at every
+      step from the instruction's seed (`fl.strategies.fjord.drawn_widths`), so the round
+      is the mean of the rounds at each width weighted by the steps drawn at it (the fixed
+      cost and the payload, ``p_max``'s, are the same in each; the step time averages);
+      a predictor that does not say how it counts steps gets the widths' plain mean;
     - a result's ``trained_width`` when it trained a narrower prefix than it was sent;
     - else its instruction's.
 
@@ -950,9 +952,10 @@ def _predictions(
         width = trained.get(cid)
         value: float | None
         if drawn:
-            rounds = [_call_predictor(predictor, by_cid[cid], strategy.model.arch(w), sent) for w in drawn]
-            known = [r for r in rounds if r is not None]
-            value = float(np.mean(known)) if len(known) == len(rounds) else None
+            steps = _drawn_steps(predictor, ins, by_cid[cid], drawn)
+            rounds = {w: _call_predictor(predictor, by_cid[cid], strategy.model.arch(w), sent) for w in steps}
+            known = {w: r for w, r in rounds.items() if r is not None}
+            value = sum(known[w] * n for w, n in steps.items()) / sum(steps.values()) if known == rounds else None
         elif width is not None and strategy.model.arch(float(width)).widths != arch.widths:
             value = _call_predictor(predictor, by_cid[cid], strategy.model.arch(float(width)), sent)
         else:
@@ -960,6 +963,17 @@ def _predictions(
         if value is not None:
             out[cid] = float(value)
     return out
+
+
+def _drawn_steps(predictor: Any, ins: TrainIns, client: ClientSpec, widths: Sequence[float]) -> dict[float, int]:
+    """Return how many of a FjORD client's steps its round draws at each width (1 each: unknown)."""
+    base = getattr(predictor, "base", predictor)
+    if not isinstance(base, ClientRoundPredictor) or "seed" not in ins.config:
+        return {w: 1 for w in widths}
+    draws = drawn_widths(
+        widths, int(ins.config["seed"]), client.num_examples, base.batch, base.epochs, base.whole_batches
+    )
+    return {w: draws.count(w) for w in widths if w in draws} or {w: 1 for w in widths}
 
 
 def _call_predictor(predictor: Any, client: ClientSpec, arch: Any, sent: int) -> float | None:

@@ -198,6 +198,42 @@ def _views(
     return out
 
 
+def drawn_widths(
+    widths: Sequence[float], seed: int, examples: int, batch: int, epochs: int, whole_batches: bool
+) -> list[float]:
+    """Return the width each local step of a client's round trains, in order.
+
+    `train_ordered` and the devices' runner draw one index per batch of the shuffled
+    shard from ``default_rng((seed, 1))``, the short last batch included; a device's
+    fixed-batch graph skips that batch's step but not its draw. So the server knows a
+    round's widths before it runs.
+
+    Parameters
+    ----------
+    widths : sequence of float
+        The widths the client samples from (its instruction's ``widths``).
+    seed : int
+        The instruction's ``seed``.
+    examples, batch, epochs : int
+        The client's shard size, the local batch size and the local epochs.
+    whole_batches : bool
+        Steps of whole batches only (on a device) instead of every batch (in process).
+
+    Returns
+    -------
+    list of float
+    """
+    rng = np.random.default_rng((seed, 1))
+    per_pass, whole = -(-examples // batch), examples // batch
+    out = []
+    for _ in range(epochs):
+        for b in range(per_pass):
+            pick = widths[int(rng.integers(len(widths)))]
+            if b < whole or not whole_batches:
+                out.append(float(pick))
+    return out
+
+
 def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) -> tuple[Params, dict[str, float]]:
     """Train with Ordered Dropout: a width sampled per step, SGD on its prefix sub-network.
 

@@ -634,6 +634,33 @@ def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, 
     assert pd.isna(rows.loc["c1", "predicted_seconds"])  # nothing to plan with
 
 
+def test_a_fjord_client_round_is_predicted_from_the_widths_its_seed_draws():
+    from types import SimpleNamespace
+
+    from fl.records import ClientSpec
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
+    from fl.server import _predictions
+    from fl.strategies.fjord import drawn_widths
+
+    model = get_model("fjord-cnn")
+
+    def cost(device, arch, steps, down, up):  # 1 s fixed, 10 s per step per unit of width
+        return 1.0 + steps * 10.0 * arch.widths[0] / model.group_sizes[0]
+
+    base = ClientRoundPredictor(cost, 20, 1, frozenset({"d"}), whole_batches=True)
+    client = {"a": ClientSpec("a", capacity=1.0, num_examples=90, device="d")}
+    widths = [0.25, 0.5, 0.75, 1.0]
+    for seed in (3, 4):
+        ins = {"a": TrainIns("a", model.static(1.0), {}, {"trainer": "fjord", "widths": widths, "seed": seed})}
+        drawn = drawn_widths(widths, seed, 90, 20, 1, whole_batches=True)
+        expected = 1.0 + 10.0 * sum(drawn)  # the four whole batches' steps at the widths drawn
+        for predictor in (base, CalibratedPredictor(base)):
+            strategy = SimpleNamespace(model=model, round_predictor=predictor)
+            assert _predictions(strategy, ins, [], client)["a"] == pytest.approx(expected)
+    uniform = 1.0 + 4 * 10.0 * np.mean(widths)
+    assert expected != pytest.approx(uniform)  # the draws, not the mean over widths
+
+
 def test_a_fjord_client_round_is_predicted_over_the_widths_it_draws_from():
     from types import SimpleNamespace
 

@@ -292,7 +292,7 @@ def test_a_timed_out_client_kills_the_runner_and_the_next_round_gets_a_new_one(t
 
 
 def test_fjord_samples_a_width_per_step_on_the_device_as_in_process(tmp_path: Path, one_torch_thread: None) -> None:
-    from fl.strategies.fjord import train_ordered
+    from fl.strategies.fjord import drawn_widths, train_ordered
 
     model = get_model("fjord-cnn")
     g = _global("fjord-cnn")
@@ -311,6 +311,8 @@ def test_fjord_samples_a_width_per_step_on_the_device_as_in_process(tmp_path: Pa
     assert res.metrics["steps"] == in_metrics["steps"] == 8
     per_width = {k: v for k, v in res.metrics.items() if k.startswith("steps_at_width/")}
     assert sum(per_width.values()) == 8 and len(per_width) >= 2  # more than one width within one round
+    drawn = drawn_widths([0.2, 0.4, 0.6], 7, 80, 20, 2, whole_batches=True)  # what the server predicts with
+    assert per_width == {f"steps_at_width/{w:g}": float(drawn.count(w)) for w in set(drawn)}
     assert res.metrics["width_switches"] >= 1
     for k in expected:
         np.testing.assert_allclose(res.parameters[k], expected[k], rtol=1e-4, atol=1e-5, err_msg=k)

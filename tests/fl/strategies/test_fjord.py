@@ -9,7 +9,7 @@ from exporters.zoo import get_model
 from fl.client import TRAINERS, get_trainer, train_plain
 from fl.records import ClientSpec, TrainIns, TrainRes
 from fl.strategies import strategy_class
-from fl.strategies.fjord import FjORD, p_max_for, train_ordered, width_set
+from fl.strategies.fjord import FjORD, drawn_widths, p_max_for, train_ordered, width_set
 from tests.fl.strategies.tiny import accuracy, blobs, initial_params, learn_blobs, tiny_model
 
 
@@ -112,6 +112,20 @@ def test_train_ordered_samples_widths_uniformly_and_never_above_p_max():
         train_ordered(model, _ins(model, 0.6, [0.2, 0.8]), x, y)
     with pytest.raises(InputError, match="momentum"):
         train_ordered(model, _ins(model, 0.6, [0.2], momentum=0.9), x, y)
+
+
+def test_drawn_widths_are_the_widths_train_ordered_trains_step_by_step():
+    model = tiny_model()
+    x, y = blobs(45, seed=3)  # batches of 10: four whole ones and a short one per epoch
+    widths = [0.2, 0.4, 0.6]
+    ins = _ins(model, 0.6, widths, batch_size=10, epochs=3, seed=5)
+    _, metrics = train_ordered(model, ins, x, y)
+    in_process = drawn_widths(widths, 5, 45, 10, 3, whole_batches=False)
+    assert len(in_process) == metrics["steps"] == 15
+    assert np.mean(in_process) == pytest.approx(metrics["mean_width"])
+    on_device = drawn_widths(widths, 5, 45, 10, 3, whole_batches=True)
+    assert on_device == [w for i, w in enumerate(in_process) if i % 5 != 4]  # the short batches' steps dropped
+    assert drawn_widths(widths, 6, 45, 10, 3, whole_batches=False) != in_process
 
 
 def test_train_ordered_is_deterministic_given_the_seed():
