@@ -20,6 +20,12 @@ runner's Python as the device's `harness.contract.RunnerStart` says
 Python the runtime bundle's, through the bundle's loader (pushed first when missing). It keeps the imports, the
 sessions of the widths it has seen and the shard in memory, so a round costs the
 request and its steps, not Python's start, the imports and session creation again.
+A runner's first request also pays once-per-run costs (the SFTP session's start, the
+shard's first load, opening the widths' sessions and their first, slower steps), so a
+device whose runner has not trained yet (new, or started again), or not the job's
+artifact sets (a width it has not held), first trains its client's round once and
+discards it (``warm_up``, on by default); its wall time is the metric ``setup_seconds``
+of the round that counts, and every counted round is a steady one.
 *compute* is the request's wall time seen from the host (write to reply). A request that
 times out kills the runner and the next request starts another; a runner that dies
 mid-request fails its client with the reason (SIGKILL: out of memory) and is started
@@ -65,6 +71,7 @@ are refused (the exported graphs are plain SGD).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -120,6 +127,11 @@ class _Job:
     def trainer(self) -> str:
         """The local trainer's name."""
         return str(self.ins.config.get("trainer", "plain"))
+
+
+def _sets_of(job: _Job) -> frozenset[Path]:
+    """Return the artifact sets ``job`` trains (a FjORD job: one per width)."""
+    return frozenset([job.set_dir, *(w.set_dir for w in job.widths)])
 
 
 def modelled_transfer_seconds(nbytes: int, rate_kbit: int | None, delay_ms: float | None) -> float | None:
@@ -245,8 +257,10 @@ class DevicesExecutor(ClosingExecutor):
         resident: bool = True,
         optimizer: str = "sgd",
         isolation: IsolationPlan | None = None,
+        warm_up: bool = True,
     ) -> None:
         self.model = model
+        self.warm_up = warm_up
         self.isolation = isolation
         self.backends = dict(backends or {})
         self.placement = dict(placement)
@@ -266,6 +280,8 @@ class DevicesExecutor(ClosingExecutor):
         self._residents: dict[str, Any] = {}  # device name -> harness.resident.ResidentRunner
         self._sets: dict[tuple[str, str], str] = {}
         self._files: dict[tuple[str, str], tuple[str, str]] = {}
+        # device name -> (id, starts) of its runner and the artifact sets that runner has trained
+        self._warm: dict[str, tuple[tuple[int, int], frozenset[Path]]] = {}
         self._lock = threading.Lock()
 
     def backend_of(self, device: Device) -> str:
@@ -429,6 +445,7 @@ class DevicesExecutor(ClosingExecutor):
             resident = self._residents.pop(name, None)
             self._runner.pop(name, None)
             self._starts.pop(name, None)
+            self._warm.pop(name, None)
             for key in [k for k in self._sets if k[0] == name]:
                 del self._sets[key]
             for key in [k for k in self._files if k[0] == name]:
@@ -493,6 +510,50 @@ class DevicesExecutor(ClosingExecutor):
                 )  # fmt: skip
                 self._residents[device.name] = resident
         return resident
+
+    def _is_cold(self, job: _Job) -> bool:
+        """Whether ``job`` would meet a runner that has not trained yet, or not its artifact sets."""
+        with self._lock:
+            resident = self._residents.get(job.device.name)
+            if resident is None or not resident.alive():
+                return True
+            runner, trained = self._warm.get(job.device.name, ((0, 0), frozenset()))
+            return runner != (id(resident), resident.starts) or not _sets_of(job) <= trained
+
+    def _trained(self, job: _Job) -> None:
+        """Record that the device's runner has trained ``job``'s artifact sets."""
+        with self._lock:
+            resident = self._residents.get(job.device.name)
+            if resident is None:
+                return
+            runner, trained = self._warm.get(job.device.name, ((0, 0), frozenset()))
+            if runner != (id(resident), resident.starts):
+                trained = frozenset()
+            self._warm[job.device.name] = ((id(resident), resident.starts), trained | _sets_of(job))
+
+    def _warm_then_train(self, job: _Job) -> TrainRes | ClientFailure:
+        """Train ``job``; on a cold runner, first train it once and discard that (``setup_seconds``).
+
+        A runner's first request pays what no later round does: the SFTP session's start,
+        the shard's first load, the sessions of the widths and their first steps; a width
+        the runner has not trained yet pays its session and first steps. The discarded
+        round pays them instead, so every round that counts is a steady one.
+        """
+        if not (self.warm_up and self.resident and self._is_cold(job)):
+            res = self._train(job)
+        else:
+            started = self.clock()
+            warm = self._train(job)
+            setup = self.clock() - started
+            if isinstance(warm, ClientFailure):
+                return dataclasses.replace(warm, message=f"{warm.message} (while warming up the device's runner)")
+            self._trained(job)
+            res = self._train(job)
+            if isinstance(res, TrainRes):
+                res = dataclasses.replace(res, metrics={**res.metrics, "setup_seconds": setup})
+        if isinstance(res, TrainRes):
+            self._trained(job)
+        return res
 
     def _train(self, job: _Job) -> TrainRes | ClientFailure:
         from harness import contract
@@ -647,7 +708,7 @@ class DevicesExecutor(ClosingExecutor):
             for earlier in waits[name]:
                 finished[earlier].wait()
             try:
-                return [self._train(job) for job in jobs[name]]
+                return [self._warm_then_train(job) for job in jobs[name]]
             finally:
                 finished[name].set()
 

@@ -258,9 +258,12 @@ def test_resident_runner_keeps_its_process_across_rounds_and_equals_the_one_shot
     assert not failed
     pids = []
     with _executor(tmp_path, {"c0": device}) as executor:
-        for _ in range(3):
+        for rnd in range(3):
             results, failures = executor.run(ins, shards)
             assert not failures
+            # the first round on a new runner is trained once and discarded first: no round that counts opens a session
+            assert results[0].metrics["sessions_opened"] == 0
+            assert ("setup_seconds" in results[0].metrics) == (rnd == 0)
             assert all(
                 np.array_equal(results[0].parameters[k], expected[0].parameters[k]) for k in ins["c0"].parameters
             )
@@ -270,6 +273,29 @@ def test_resident_runner_keeps_its_process_across_rounds_and_equals_the_one_shot
             assert results[0].metrics["runner_starts"] == 1
         assert len(set(pids)) == 1 and _pid_running(pids[0])
     assert not _pid_running(pids[0])  # closed with the executor
+
+
+def test_a_sub_model_the_runner_has_not_trained_is_warmed_up_once(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    shards = {"c0": _shard(40, 1)}
+
+    def at(width: float) -> dict[str, TrainIns]:
+        sub = model.static(width)
+        return {"c0": TrainIns("c0", sub, model.extract(g, sub), {"lr": 0.1, "seed": 3})}
+
+    warmed = []
+    with _executor(tmp_path, {"c0": device}) as executor:
+        for width in (0.5, 0.25, 0.5, 0.25):
+            results, failures = executor.run(at(width), shards)
+            assert not failures
+            assert results[0].metrics["sessions_opened"] == 0
+            warmed.append("setup_seconds" in results[0].metrics)
+    assert warmed == [True, True, False, False]
+    with _executor(tmp_path, {"c0": device}, warm_up=False) as executor:
+        results, _ = executor.run(at(0.5), shards)
+        assert results[0].metrics["sessions_opened"] == 1 and "setup_seconds" not in results[0].metrics
 
 
 def test_a_timed_out_client_kills_the_runner_and_the_next_round_gets_a_new_one(tmp_path: Path) -> None:
@@ -287,6 +313,7 @@ def test_a_timed_out_client_kills_the_runner_and_the_next_round_gets_a_new_one(t
         assert not _pid_running(old)
         again, failures = executor.run({"c0": TrainIns("c0", sub, params, {"lr": 0.1})}, shards, timeout_s=120)
         assert not failures and again[0].metrics["runner_starts"] == 2
+        assert again[0].metrics["setup_seconds"] > 0 and again[0].metrics["sessions_opened"] == 0  # warmed again
         assert executor.runner_of("loc").pid not in (None, old)
         assert all(np.array_equal(again[0].parameters[k], ok[0].parameters[k]) for k in params)
 
