@@ -1752,10 +1752,12 @@ def sample_steps(
     """
     judge = judge_disturbed and cpu_clock is not None
 
-    def counted(flags: list) -> list:
+    def counted() -> tuple:
+        """Return the disturbance flags (empty unless judged) and the sorted samples that count."""
         if not judge:
-            return ordered
-        return sorted(value for value, flag in zip(seconds, flags) if not flag)  # noqa: B905 - Python 3.8
+            return [], ordered
+        flags = disturbed_samples(cpu_seconds)
+        return flags, sorted(value for value, flag in zip(seconds, flags) if not flag)  # noqa: B905 - Python 3.8
 
     seconds: list = []
     cpu_seconds: list = []
@@ -1787,7 +1789,7 @@ def sample_steps(
                 break
             continue
         if n >= next_check:
-            half = median_interval(counted(disturbed_samples(cpu_seconds)), confidence)[3]
+            half = median_interval(counted()[1], confidence)[3]
             if half is not None and half <= precision:
                 reason = "precision"
                 break
@@ -1798,8 +1800,8 @@ def sample_steps(
         if n >= max_samples:
             reason = "sample cap"
             break
-    flags = disturbed_samples(cpu_seconds) if judge else []
-    median, low, high, half = median_interval(counted(flags), confidence)
+    flags, values = counted()
+    median, low, high, half = median_interval(values, confidence)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
