@@ -246,7 +246,7 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
         must fit inside the ``p_max`` sub-model; default: only ``p_max``), ``kd`` (bool),
         ``epochs``, ``batch_size``, ``lr``, ``seed``. Batches are shuffled by
         ``numpy.random.default_rng(seed)`` exactly as `fl.client.train_plain` does;
-        widths are drawn uniformly from ``default_rng((seed, 1))``, one per step.
+        widths are drawn uniformly, one per step, by `drawn_widths`.
 
     Returns
     -------
@@ -279,7 +279,8 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     kd = bool(cfg.get("kd", False))
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    width_rng = np.random.default_rng((seed, 1))
+    epochs, batch = int(cfg.get("epochs", 1)), int(cfg.get("batch_size", 20))
+    step_rates = drawn_widths(rates, seed, len(y), batch, epochs, whole_batches=False)
 
     leaves = {k: torch.tensor(np.asarray(v, dtype=np.float32), requires_grad=True) for k, v in ins.parameters.items()}
     modules: dict[tuple[int, ...], nn.Module] = {}
@@ -295,11 +296,11 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     xt, yt = to_tensors(model, x, y)
     steps = 0
     width_sum = loss_sum = correct = seen = 0.0
-    for _ in range(int(cfg.get("epochs", 1))):
+    for _ in range(epochs):
         loss_sum = correct = seen = 0.0
-        for idx in batches(len(yt), int(cfg.get("batch_size", 20)), rng):
-            pick = int(width_rng.integers(len(archs)))
-            arch = archs[pick]
+        for idx in batches(len(yt), batch, rng):
+            rate = step_rates[steps]
+            arch = archs[rates.index(rate)]
             xb, yb = xt[idx], yt[idx]
             if kd:
                 teacher = forward(outer, xb)
@@ -319,7 +320,7 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
                         leaf -= lr * leaf.grad
                         leaf.grad = None
             steps += 1
-            width_sum += rates[pick]
+            width_sum += rate
             loss_sum += loss.item() * len(idx)
             correct += float((out.argmax(1) == yb).sum())
             seen += len(idx)
