@@ -511,25 +511,27 @@ class DevicesExecutor(ClosingExecutor):
                 self._residents[device.name] = resident
         return resident
 
+    def _runner_sets(self, name: str) -> tuple[tuple[int, int] | None, frozenset[Path]]:
+        """Return ``name``'s live runner (its id and starts; None: none) and the sets it has trained (hold the lock)."""
+        resident = self._residents.get(name)
+        if resident is None or not resident.alive():
+            return None, frozenset()
+        runner = (id(resident), resident.starts)
+        warmed, trained = self._warm.get(name, (None, frozenset()))
+        return runner, trained if warmed == runner else frozenset()
+
     def _is_cold(self, job: _Job) -> bool:
         """Whether ``job`` would meet a runner that has not trained yet, or not its artifact sets."""
         with self._lock:
-            resident = self._residents.get(job.device.name)
-            if resident is None or not resident.alive():
-                return True
-            runner, trained = self._warm.get(job.device.name, ((0, 0), frozenset()))
-            return runner != (id(resident), resident.starts) or not _sets_of(job) <= trained
+            runner, trained = self._runner_sets(job.device.name)
+        return runner is None or not _sets_of(job) <= trained
 
     def _trained(self, job: _Job) -> None:
         """Record that the device's runner has trained ``job``'s artifact sets."""
         with self._lock:
-            resident = self._residents.get(job.device.name)
-            if resident is None:
-                return
-            runner, trained = self._warm.get(job.device.name, ((0, 0), frozenset()))
-            if runner != (id(resident), resident.starts):
-                trained = frozenset()
-            self._warm[job.device.name] = ((id(resident), resident.starts), trained | _sets_of(job))
+            runner, trained = self._runner_sets(job.device.name)
+            if runner is not None:
+                self._warm[job.device.name] = (runner, trained | _sets_of(job))
 
     def _warm_then_train(self, job: _Job) -> TrainRes | ClientFailure:
         """Train ``job``; on a cold runner, first train it once and discard that (``setup_seconds``).
