@@ -318,6 +318,17 @@ def test_a_timed_out_client_kills_the_runner_and_the_next_round_gets_a_new_one(t
         assert all(np.array_equal(again[0].parameters[k], ok[0].parameters[k]) for k in params)
 
 
+def test_a_warm_up_that_times_out_fails_its_client_with_the_reason(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(0.25)
+    long = {"c0": TrainIns("c0", sub, model.extract(_global("fjord-cnn"), sub), {"lr": 0.1, "epochs": 20_000})}
+    with _executor(tmp_path, {"c0": device}) as executor:
+        results, failures = executor.run(long, {"c0": _shard(40, 0)}, timeout_s=1.0)
+    assert results == [] and [f.reason for f in failures] == ["timeout"]
+    assert "while warming up the device's runner" in failures[0].message
+
+
 def test_fjord_samples_a_width_per_step_on_the_device_as_in_process(tmp_path: Path, one_torch_thread: None) -> None:
     from fl.strategies.fjord import drawn_widths, train_ordered
 
