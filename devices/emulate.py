@@ -359,6 +359,39 @@ def _spawn(argv: list[str], plan: limits.Plan, log: Path, unit: str) -> subproce
         )
 
 
+def throttled_by_share(emulation: Emulation, plan: limits.Plan) -> bool:
+    """Whether ``emulation``'s CPU share stops the device for part of every period.
+
+    Parameters
+    ----------
+    emulation : Emulation
+    plan : devices.limits.Plan
+
+    Returns
+    -------
+    bool
+        True when a share is enforced (a cgroup quota or the duty cycle) and is below
+        the cpus the device may run on (its pinned cpus, else this process's).
+    """
+    if emulation.cpu_share is None or plan.cpu == "none":
+        return False
+    return emulation.cpu_share < len(plan.cpus if plan.cpus is not None else os.sched_getaffinity(0))
+
+
+def _keep_cpus_polling(emulation: Emulation, plan: limits.Plan, unit: str) -> tuple[list[ProcessRecord], str]:
+    """For a device its share throttles, hold idle cpus out of idle states (`devices.limits.start_latency_hold`).
+
+    Returns the process to record (none when not needed or refused) and the words the
+    device's ``up`` line ends with.
+    """
+    if not throttled_by_share(emulation, plan):
+        return [], ""
+    proc, reason = limits.start_latency_hold(_child_env(unit))
+    if proc is None:
+        return [], f"; idle cpus may halt between its throttled periods, so its steps' CPU time varies more ({reason})"
+    return [processes.record("latency-hold", proc.pid)], f"; idle cpus poll while it is up (pid {proc.pid})"
+
+
 def _known_hosts_entry(host: str, port: int, host_pub: Path) -> str:
     key_type, blob = host_pub.read_text().split()[:2]
     name = host if port == 22 else f"[{host}]:{port}"
@@ -470,6 +503,8 @@ def _start_ssh(
             raise EmulationError(f"{exc}; log: {inst.log_file}") from None
         if plan.cpu == "duty-cycle" and emulation.cpu_share:
             procs.append(processes.record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
+        held, idle = _keep_cpus_polling(emulation, plan, unit)
+        procs += held
         entries = [_known_hosts_entry(host, port, inst.host_key.with_name(inst.host_key.name + ".pub"))]
         sshd.write_known_hosts(Path(known_hosts), entries)
         mount_ns = qemu.mount_namespace(proc.pid) if root is not None else None
@@ -479,7 +514,8 @@ def _start_ssh(
             limits.netns_down(netns, host_if)
         raise
     isa = f", {emulation.arch} userland {root.tree} through qemu-user" if root is not None else ""
-    say(f"{device.name}: sshd on {host}:{port} (pid {procs[0].pid}{isa}); {_limits_text(plan, shaping, emulation)}")
+    limited = _limits_text(plan, shaping, emulation) + idle
+    say(f"{device.name}: sshd on {host}:{port} (pid {procs[0].pid}{isa}); {limited}")
     return DeviceState(
         device.name,
         "ssh",
@@ -637,11 +673,14 @@ def _start_adb(
             raise EmulationError(f"{exc}; log: {directory / 'endpoint.log'}") from None
         if plan.cpu == "duty-cycle" and emulation.cpu_share:
             procs.append(processes.record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
+        held, idle = _keep_cpus_polling(emulation, plan, unit)
+        procs += held
     except BaseException:
         stop_device_processes(procs, unit, tuple(map(str, plan.cgroup_dirs)))
         raise
     isa = f", {emulation.arch} shell from {tree} through qemu-user" if tree is not None else ""
-    say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}{isa}); {_limits_text(plan, None, emulation)}")
+    limited = _limits_text(plan, None, emulation) + idle
+    say(f"{device.name}: adb endpoint on {host}:{port} (pid {proc.pid}{isa}); {limited}")
     cpuset, cpus = _pinning(plan)
     return DeviceState(
         device.name,

@@ -23,6 +23,15 @@ two fleets with a device of the same name never share them.
   started process's cpu affinity (``sched_setaffinity``), which its children inherit.
   The method is recorded (``Plan.cpuset``) so that a campaign knows which devices really
   have disjoint cpus (`harness.campaign.plan_isolation`).
+- Idle cpus (`start_latency_hold`): a quota stops a throttled device for most of every
+  period, and the cpu it ran on goes idle. A virtual machine's idle cpu halts its vCPU,
+  and the host then runs other work on that core: the device's next steps find cold
+  caches and cost it more CPU time, by an amount that changes with the host's load
+  (measured here at a share of 0.14: CPU time per step 1.20-1.63 ms with idle states,
+  1.11-1.18 ms while they were held off, 1.06 ms unthrottled). While a throttled device is up, a
+  small process (``python -m devices.limits hold-latency``) holds a 0 µs request on the
+  kernel's CPU latency QoS device (``/dev/cpu_dma_latency``; root only): idle cpus then
+  poll instead of halting. The request ends when that process exits, however it exits.
 - Network (root only): a namespace ``fb-<name>`` with a veth pair on a private /30 and
   a netem qdisc (delay, rate) on both ends.
 """
@@ -35,6 +44,7 @@ import functools
 import os
 import resource
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -42,7 +52,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 from devices import processes
 
@@ -822,6 +832,66 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(delay)
 
 
+#: The kernel's CPU latency QoS device: while a process holds it open with a request of
+#: 0 µs, idle cpus poll instead of entering idle states (see the module docstring).
+CPU_LATENCY_QOS = Path("/dev/cpu_dma_latency")
+
+
+def hold_cpu_latency(path: Path = CPU_LATENCY_QOS) -> NoReturn:
+    """Hold a 0 µs CPU latency request on ``path`` until this process is stopped.
+
+    Prints ``held`` once the request is in place (`start_latency_hold` waits for it).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The CPU latency QoS device.
+    """
+    fd = os.open(path, os.O_WRONLY)
+    os.write(fd, struct.pack("=i", 0))  # a binary s32 in microseconds; the request lives as long as fd
+    print("held", flush=True)
+    while True:
+        signal.pause()
+
+
+def start_latency_hold(env: dict[str, str], path: Path = CPU_LATENCY_QOS) -> tuple[subprocess.Popen[bytes] | None, str]:
+    """Start the process that keeps idle cpus polling (`hold_cpu_latency`), and wait until it holds.
+
+    Parameters
+    ----------
+    env : dict
+        Its environment (a device's marker, so that ``down`` finds it).
+    path : pathlib.Path
+        The CPU latency QoS device.
+
+    Returns
+    -------
+    tuple
+        ``(process, "")`` once the request is held (stop it with SIGTERM), or
+        ``(None, reason)`` when it cannot be (no such device, no permission).
+    """
+    if not path.exists():
+        return None, f"{path} does not exist"
+    if not os.access(path, os.W_OK):
+        return None, f"no permission to write {path} (root only)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devices.limits", "hold-latency", "--path", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    with proc.stdout, proc.stderr:
+        if proc.stdout.readline().strip() == b"held":
+            return proc, ""
+        proc.wait()
+        error = proc.stderr.read().decode(errors="replace").strip().splitlines()
+    return None, f"holding {path} failed: {error[-1] if error else f'exit status {proc.returncode}'}"
+
+
 def start_duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> subprocess.Popen[bytes]:
     """Start the duty-cycle supervisor of ``root`` as a separate process.
 
@@ -852,15 +922,20 @@ def start_duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m devices.limits duty --pid P --share S [--period T]``."""
+    """Entry point of ``python -m devices.limits duty --pid P --share S [--period T]`` and ``... hold-latency``."""
     parser = argparse.ArgumentParser(prog="python -m devices.limits")
     sub = parser.add_subparsers(dest="command", required=True)
     duty = sub.add_parser("duty", help="SIGSTOP/SIGCONT duty cycling of a process tree")
     duty.add_argument("--pid", type=int, required=True)
     duty.add_argument("--share", type=float, required=True)
     duty.add_argument("--period", type=float, default=DUTY_PERIOD_S)
+    hold = sub.add_parser("hold-latency", help="keep idle cpus polling until stopped")
+    hold.add_argument("--path", type=Path, default=CPU_LATENCY_QOS)
     args = parser.parse_args(argv)
-    duty_cycle(args.pid, args.share, args.period)
+    if args.command == "hold-latency":
+        hold_cpu_latency(args.path)
+    else:
+        duty_cycle(args.pid, args.share, args.period)
     return 0
 
 

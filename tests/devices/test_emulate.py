@@ -110,6 +110,12 @@ def test_up_status_ssh_down(fleet_file: Path, capsys: pytest.CaptureFixture[str]
     assert dev_state is not None
     if dev_state.cpu == "cgroup-v1":  # the session runs inside the device's cgroup
         assert f"/{limits.GROUP}/{limits.unit_name(ssh_device.name, fleet.state_dir)}" in result.stdout
+    holders = [rec for rec in dev_state.processes if rec.role == "latency-hold"]  # its 0.5 core stops it
+    if os.geteuid() == 0 and limits.CPU_LATENCY_QOS.exists():
+        assert len(holders) == 1 and processes.running(holders[0])
+        assert f"idle cpus poll while it is up (pid {holders[0].pid})" in out
+    else:
+        assert not holders and "idle cpus may halt between its throttled periods" in out
 
     # the device's CPU share (0.5) holds for a CPU-bound loop run over SSH
     with SSHTransport(ssh_device, connect_timeout=10) as transport:
@@ -297,6 +303,21 @@ def test_address_and_netns_decision() -> None:
     assert not emulate.wants_netns(shaped, pi, is_root=False)
     assert not emulate.wants_netns(shaped, phone, is_root=True)
     assert not emulate.wants_netns(Emulation(cpu_share=0.5), pi, is_root=True)
+
+
+def test_only_a_share_that_stops_the_device_keeps_idle_cpus_polling() -> None:
+    def plan(cpu: limits.CpuMethod, cpus: frozenset[int] | None) -> limits.Plan:
+        return limits.Plan(cpu, "none", 0.5, None, cpus=cpus)
+
+    one, every = frozenset({0}), None
+    assert emulate.throttled_by_share(Emulation(cpu_share=0.14), plan("cgroup-v1", one))
+    assert emulate.throttled_by_share(Emulation(cpu_share=0.5), plan("duty-cycle", one))
+    assert not emulate.throttled_by_share(Emulation(cpu_share=1.2), plan("cgroup-v2", one))  # never stopped on 1 cpu
+    assert not emulate.throttled_by_share(Emulation(cpu_share=0.14), plan("none", one))  # no limit was applied
+    assert not emulate.throttled_by_share(Emulation(), plan("cgroup-v1", one))
+    cores = len(os.sched_getaffinity(0))
+    assert emulate.throttled_by_share(Emulation(cpu_share=cores - 0.5), plan("cgroup-v1", every))
+    assert not emulate.throttled_by_share(Emulation(cpu_share=cores), plan("cgroup-v1", every))
 
 
 def test_adb_handshake_refused_port() -> None:

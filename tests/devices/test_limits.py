@@ -349,3 +349,56 @@ def test_rlimit_as_makes_over_allocation_fail() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limits.preexec(p), timeout=60
     )
     assert proc.returncode == 3 and "MemoryError" in proc.stdout
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_latency_hold_writes_a_zero_request_and_keeps_it_until_stopped(tmp_path: Path) -> None:
+    request = tmp_path / "qos"
+    request.write_bytes(b"")
+    proc, reason = limits.start_latency_hold(dict(os.environ), request)
+    assert proc is not None, reason
+    try:
+        assert request.read_bytes() == (0).to_bytes(4, sys.byteorder, signed=True)
+        time.sleep(0.2)
+        assert proc.poll() is None, "the request must stay held until the process is stopped"
+        held = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+        assert str(request) in held
+    finally:
+        _stop(proc)
+
+
+def test_latency_hold_that_cannot_hold_says_why(tmp_path: Path) -> None:
+    missing, reason = limits.start_latency_hold(dict(os.environ), tmp_path / "absent")
+    assert missing is None and reason == f"{tmp_path / 'absent'} does not exist"
+    refused, reason = limits.start_latency_hold(dict(os.environ), tmp_path)  # a directory: open() fails in the child
+    assert refused is None
+    assert reason.startswith(f"holding {tmp_path} failed: ") and "IsADirectoryError" in reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the CPU latency QoS device is root only")
+def test_latency_hold_sets_the_kernels_cpu_latency_target_to_zero() -> None:
+    if not limits.CPU_LATENCY_QOS.exists():
+        pytest.skip(f"this kernel has no {limits.CPU_LATENCY_QOS}")
+
+    def target() -> int:  # reading the device gives the aggregate of every holder's request
+        return int.from_bytes(limits.CPU_LATENCY_QOS.read_bytes()[:4], sys.byteorder, signed=True)
+
+    proc, reason = limits.start_latency_hold(dict(os.environ))
+    assert proc is not None, reason
+    try:
+        assert target() == 0
+    finally:
+        _stop(proc)
+    if not any(b"hold-latency" in _cmdline(pid) for pid in os.listdir("/proc") if pid.isdigit()):  # no other holder
+        assert target() > 0, "the request must end with its process"
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it exited meanwhile
+        return b""
