@@ -21,6 +21,8 @@ from devices.sshd import free_port
 from tests.devices.test_limits import WORKLOAD, check_share
 
 HAVE_ENDPOINT = (Path(emulate.PACKAGE_ROOT) / "devices" / "adb_endpoint.py").exists()
+#: Whether ``up`` can keep idle cpus polling for a throttled device (`devices.limits.start_latency_hold`).
+HOLDS_LATENCY = os.geteuid() == 0 and limits.CPU_LATENCY_QOS.exists()
 
 
 def _write_fleet(tmp_path: Path, with_adb: bool, extra: str = "") -> Path:
@@ -111,7 +113,7 @@ def test_up_status_ssh_down(fleet_file: Path, capsys: pytest.CaptureFixture[str]
     if dev_state.cpu == "cgroup-v1":  # the session runs inside the device's cgroup
         assert f"/{limits.GROUP}/{limits.unit_name(ssh_device.name, fleet.state_dir)}" in result.stdout
     holders = [rec for rec in dev_state.processes if rec.role == "latency-hold"]  # its 0.5 core stops it
-    if os.geteuid() == 0 and limits.CPU_LATENCY_QOS.exists():
+    if HOLDS_LATENCY:
         assert len(holders) == 1 and processes.running(holders[0])
         assert f"idle cpus poll while it is up (pid {holders[0].pid})" in out
     else:
@@ -181,7 +183,8 @@ def test_fallback_duty_cycle_and_rlimit(tmp_path: Path, sshd_path: str, monkeypa
         state = emulate.load_state(fleet.state_dir)
         dev = state.devices[0]
         assert (dev.cpu, dev.memory, dev.cgroups) == ("duty-cycle", "rlimit", ())
-        assert [r.role for r in dev.processes] == ["sshd", "duty-cycle"]
+        # the duty cycle stops the device too, so idle cpus are kept polling as under a quota
+        assert [r.role for r in dev.processes] == ["sshd", "duty-cycle"] + ["latency-hold"] * HOLDS_LATENCY
         with SSHTransport(fleet.devices[0], connect_timeout=10) as transport:
             result = transport.run(["sh", "-c", "ulimit -v"], timeout=30)
         assert result.ok and int(result.stdout) == 512 * 1024  # KiB: RLIMIT_AS reached the session
