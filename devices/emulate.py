@@ -378,18 +378,25 @@ def throttled_by_share(emulation: Emulation, plan: limits.Plan) -> bool:
     return emulation.cpu_share < len(plan.cpus if plan.cpus is not None else os.sched_getaffinity(0))
 
 
-def _keep_cpus_polling(emulation: Emulation, plan: limits.Plan, unit: str) -> tuple[list[ProcessRecord], str]:
-    """For a device its share throttles, hold idle cpus out of idle states (`devices.limits.start_latency_hold`).
+def _start_share_helpers(
+    procs: list[ProcessRecord], root: int, emulation: Emulation, plan: limits.Plan, unit: str
+) -> str:
+    """Start the processes ``emulation``'s CPU share needs beside the device's process ``root``.
 
-    Returns the process to record (none when not needed or refused) and the words the
-    device's ``up`` line ends with.
+    The duty-cycle supervisor where no cgroup enforces the share; for a device the share
+    stops for part of every period, the hold that keeps idle cpus polling
+    (`devices.limits.start_latency_hold`). Each is appended to ``procs`` as it starts, so
+    a failure after it still stops it. Returns the words the device's ``up`` line ends with.
     """
+    if plan.cpu == "duty-cycle" and emulation.cpu_share:
+        procs.append(processes.record("duty-cycle", limits.start_duty_cycle(root, emulation.cpu_share).pid))
     if not throttled_by_share(emulation, plan):
-        return [], ""
+        return ""
     proc, reason = limits.start_latency_hold(_child_env(unit))
     if proc is None:
-        return [], f"; idle cpus may halt between its throttled periods, so its steps' CPU time varies more ({reason})"
-    return [processes.record("latency-hold", proc.pid)], f"; idle cpus poll while it is up (pid {proc.pid})"
+        return f"; idle cpus may halt between its throttled periods, so its steps' CPU time varies more ({reason})"
+    procs.append(processes.record("latency-hold", proc.pid))
+    return f"; idle cpus poll while it is up (pid {proc.pid})"
 
 
 def _known_hosts_entry(host: str, port: int, host_pub: Path) -> str:
@@ -501,10 +508,7 @@ def _start_ssh(
                 _wait_port(host, port, proc, START_TIMEOUT, f"sshd of {device.name}")
         except EmulationError as exc:
             raise EmulationError(f"{exc}; log: {inst.log_file}") from None
-        if plan.cpu == "duty-cycle" and emulation.cpu_share:
-            procs.append(processes.record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
-        held, idle = _keep_cpus_polling(emulation, plan, unit)
-        procs += held
+        idle = _start_share_helpers(procs, proc.pid, emulation, plan, unit)
         entries = [_known_hosts_entry(host, port, inst.host_key.with_name(inst.host_key.name + ".pub"))]
         sshd.write_known_hosts(Path(known_hosts), entries)
         mount_ns = qemu.mount_namespace(proc.pid) if root is not None else None
@@ -671,10 +675,7 @@ def _start_adb(
             _wait_port(host, port, proc, START_TIMEOUT, f"adb endpoint of {device.name}")
         except EmulationError as exc:
             raise EmulationError(f"{exc}; log: {directory / 'endpoint.log'}") from None
-        if plan.cpu == "duty-cycle" and emulation.cpu_share:
-            procs.append(processes.record("duty-cycle", limits.start_duty_cycle(proc.pid, emulation.cpu_share).pid))
-        held, idle = _keep_cpus_polling(emulation, plan, unit)
-        procs += held
+        idle = _start_share_helpers(procs, proc.pid, emulation, plan, unit)
     except BaseException:
         stop_device_processes(procs, unit, tuple(map(str, plan.cgroup_dirs)))
         raise

@@ -52,7 +52,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from devices import processes
 
@@ -874,15 +874,7 @@ def start_latency_hold(env: dict[str, str], path: Path = CPU_LATENCY_QOS) -> tup
         return None, f"{path} does not exist"
     if not os.access(path, os.W_OK):
         return None, f"no permission to write {path} (root only)"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "devices.limits", "hold-latency", "--path", str(path)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        cwd=str(Path(__file__).resolve().parent.parent),
-        env=env,
-    )
+    proc = _start_helper(["hold-latency", "--path", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stderr is not None
     with proc.stdout, proc.stderr:
         if proc.stdout.readline().strip() == b"held":
@@ -900,24 +892,21 @@ def start_duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> 
     subprocess.Popen
         The supervisor (stop it with SIGTERM; it resumes the tree before exiting).
     """
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "devices.limits",
-            "duty",
-            "--pid",
-            str(root),
-            "--share",
-            repr(share),
-            "--period",
-            repr(period),
-        ],
-        stdin=subprocess.DEVNULL,
+    return _start_helper(
+        ["duty", "--pid", str(root), "--share", repr(share), "--period", repr(period)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+    )
+
+
+def _start_helper(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``python -m devices.limits ARGS`` from the package root, in a session of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "devices.limits", *args],
+        stdin=subprocess.DEVNULL,
         start_new_session=True,
         cwd=str(Path(__file__).resolve().parent.parent),
+        **popen,
     )
 
 
