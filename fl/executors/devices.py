@@ -533,28 +533,32 @@ class DevicesExecutor(ClosingExecutor):
             if runner is not None:
                 self._warm[job.device.name] = (runner, trained | _sets_of(job))
 
-    def _warm_then_train(self, job: _Job) -> TrainRes | ClientFailure:
-        """Train ``job``; on a cold runner, first train it once and discard that (``setup_seconds``).
+    def _warm_up(self, job: _Job) -> float | ClientFailure | None:
+        """Train ``job`` once and discard it when its runner is cold; return the setup seconds.
 
         A runner's first request pays what no later round does: the SFTP session's start,
         the shard's first load, the sessions of the widths and their first steps; a width
         the runner has not trained yet pays its session and first steps. The discarded
-        round pays them instead, so every round that counts is a steady one.
+        request pays them instead, so every round that counts is a steady one. Returns
+        None when the runner is warm (or warming up is off), the failure when the warm-up
+        failed.
         """
         if not (self.warm_up and self.resident and self._is_cold(job)):
-            res = self._train(job)
-        else:
-            started = self.clock()
-            warm = self._train(job)
-            setup = self.clock() - started
-            if isinstance(warm, ClientFailure):
-                return dataclasses.replace(warm, message=f"{warm.message} (while warming up the device's runner)")
-            self._trained(job)
-            res = self._train(job)
-            if isinstance(res, TrainRes):
-                res = dataclasses.replace(res, metrics={**res.metrics, "setup_seconds": setup})
+            return None
+        started = self.clock()
+        warm = self._train(job)
+        if isinstance(warm, ClientFailure):
+            return dataclasses.replace(warm, message=f"{warm.message} (while warming up the device's runner)")
+        self._trained(job)
+        return self.clock() - started
+
+    def _train_counted(self, job: _Job, setup: float | None) -> TrainRes | ClientFailure:
+        """Train ``job`` for the round (after `_warm_up`, whose ``setup`` seconds join its metrics)."""
+        res = self._train(job)
         if isinstance(res, TrainRes):
             self._trained(job)
+            if setup is not None:
+                res = dataclasses.replace(res, metrics={**res.metrics, "setup_seconds": setup})
         return res
 
     def _train(self, job: _Job) -> TrainRes | ClientFailure:
@@ -669,6 +673,10 @@ class DevicesExecutor(ClosingExecutor):
     ) -> tuple[list[TrainRes], list[ClientFailure]]:
         """Train every client on its device; devices in parallel.
 
+        Cold runners warm up first (`_warm_up`), all of them, and only then do the devices
+        train the round's counted requests, each after the devices it shares cpus with
+        (`device_turns`).
+
         Parameters
         ----------
         instructions : mapping of str to TrainIns
@@ -703,6 +711,12 @@ class DevicesExecutor(ClosingExecutor):
                 continue
             jobs.setdefault(job.device.name, []).append(job)
 
+        # Every cold runner warms up before any device trains its counted round: another
+        # device's warm-up (a runner starting, sessions opening) loads the host and would
+        # slow a counted round that overlapped it.
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+            warmed = pool.map(lambda name: [self._warm_up(job) for job in jobs[name]], list(jobs))
+            setups = dict(zip(jobs, warmed, strict=True))
         finished = {name: threading.Event() for name in jobs}
         waits = device_turns(self.isolation, list(jobs))
 
@@ -710,7 +724,10 @@ class DevicesExecutor(ClosingExecutor):
             for earlier in waits[name]:
                 finished[earlier].wait()
             try:
-                return [self._warm_then_train(job) for job in jobs[name]]
+                return [
+                    setup if isinstance(setup, ClientFailure) else self._train_counted(job, setup)
+                    for job, setup in zip(jobs[name], setups[name], strict=True)
+                ]
             finally:
                 finished[name].set()
 

@@ -10,6 +10,7 @@ SyncDrop are checked against the in-process trainers on the same data and seeds.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -296,6 +297,35 @@ def test_a_sub_model_the_runner_has_not_trained_is_warmed_up_once(tmp_path: Path
     with _executor(tmp_path, {"c0": device}, warm_up=False) as executor:
         results, _ = executor.run(at(0.5), shards)
         assert results[0].metrics["sessions_opened"] == 1 and "setup_seconds" not in results[0].metrics
+
+
+def test_no_counted_round_starts_before_every_cold_runner_has_warmed_up(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    sub = model.static(0.25)
+    params = model.extract(_global("fjord-cnn"), sub)
+    placement = {cid: Device(cid, "local", workdir=str(tmp_path / cid), python=PY) for cid in ("quick", "long")}
+    # "long" trains 20 epochs of its shard, so its warm-up outlasts "quick"'s warm-up and round
+    ins = {
+        "quick": TrainIns("quick", sub, params, {"lr": 0.1}),
+        "long": TrainIns("long", sub, params, {"lr": 0.1, "epochs": 20}),
+    }
+    shards = {"quick": _shard(20, 0), "long": _shard(100, 1)}
+    calls: dict[str, list[tuple[float, float]]] = {"quick": [], "long": []}
+    with _executor(tmp_path, placement) as executor:
+        train = executor._train
+
+        def timed(job):  # type: ignore[no-untyped-def]
+            begin = time.monotonic()
+            try:
+                return train(job)
+            finally:
+                calls[job.device.name].append((begin, time.monotonic()))
+
+        executor._train = timed  # type: ignore[method-assign]
+        results, failures = executor.run(ins, shards)
+    assert not failures and all("setup_seconds" in r.metrics for r in results)
+    (quick_warm, quick_round), (long_warm, long_round) = calls["quick"], calls["long"]
+    assert quick_round[0] >= long_warm[1] and long_round[0] >= quick_warm[1]
 
 
 def test_a_timed_out_client_kills_the_runner_and_the_next_round_gets_a_new_one(tmp_path: Path) -> None:
