@@ -39,8 +39,9 @@ def test_compute_time_is_steps_times_batch_times_the_fitted_latency(cells):
             latency = models[device].latency[models[device].key("fjord-cnn", 20, "ort")]
             seconds = cost(device, MODEL.arch(width), 7, 0, 0)
             assert seconds == pytest.approx(7 * 20 * latency.predict(MODEL.arch(width)).value, rel=1e-12)
-            # the stored cells lie on a line in FLOPs, which the model recovers
-            assert seconds == pytest.approx(7 * 20 * per_image_us(device, width) * 1e-6, rel=0.01)
+            # the stored cells lie on a line in FLOPs, which the model recovers (its fixed share of
+            # about 9 % at width 1 is pulled a little by the latency fit's tighter fixed-cost prior)
+            assert seconds == pytest.approx(7 * 20 * per_image_us(device, width) * 1e-6, rel=0.02)
     assert cost("fast", MODEL.arch(1.0), 0, 10**6, 10**6) == 0.0  # no link, no transfer time
     assert cost("slow", MODEL.arch(1.0), 3, 0, 0) > cost("fast", MODEL.arch(1.0), 3, 0, 0)
 

@@ -14,6 +14,7 @@ from exporters.zoo import get_model
 from harness import latency
 from harness.latency import (
     FEATURES,
+    FIXED_PRIOR_SD,
     LatencyModel,
     MemoryModel,
     arch_counts,
@@ -78,6 +79,18 @@ def test_fit_linear_never_gives_a_negative_coefficient() -> None:
     result = fit_linear(("fixed", "f"), x, y, prior_sd=1e6)
     # residuals are relative: the best constant minimises sum(((c - y) / y) ** 2)
     assert result.coef[1] == 0.0 and result.coef[0] == pytest.approx(np.sum(1 / y) / np.sum(1 / y**2), rel=1e-6)
+
+
+def test_fit_linear_puts_time_the_data_cannot_place_on_work_rather_than_on_the_fixed_cost() -> None:
+    # "f" is the same in every row, so the data cannot tell it from the constant: the
+    # tighter prior of the fixed share sends the time to f
+    x = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
+    y = np.array([1.0, 1.0, 1.0])
+    result = fit_linear(("fixed", "f"), x, y, fixed_prior_sd=FIXED_PRIOR_SD)
+    fixed_share, f_share = result.coef[0] * 1.0, result.coef[1] * 2.0
+    assert fixed_share < 0.05 and f_share > 0.9
+    even = fit_linear(("fixed", "f"), x, y)
+    assert even.coef[0] * 1.0 == pytest.approx(even.coef[1] * 2.0, rel=1e-6)
 
 
 def test_fit_linear_refuses_bad_input() -> None:
