@@ -440,7 +440,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")
     demo.add_argument("--rounds", type=positive_int, default=4, help="FL rounds (default 4)")
     demo.add_argument("--epochs", type=positive_int, default=1, help="local epochs per round (default 1)")
-    demo.add_argument("--examples", type=positive_int, default=2000, help="MNIST examples used in all (default 2000)")
+    demo.add_argument("--examples", type=positive_int, default=4000, help="MNIST examples used in all (default 4000)")
     demo.add_argument(
         "--steps", type=positive_int, default=MIN_SAMPLES, help=f"fewest timed samples per cell (default {MIN_SAMPLES})"
     )
