@@ -403,8 +403,7 @@ def fit_linear(
     y: np.ndarray,
     precision: np.ndarray | None = None,
     *,
-    prior_sd: float = PRIOR_SD,
-    fixed_prior_sd: float | None = None,
+    prior_sd: float | Sequence[float] = PRIOR_SD,
     model_error: float = MODEL_ERROR,
 ) -> LinearFit:
     """Fit ``y = x c`` with ``c >= 0`` under the share prior (see the module docstring).
@@ -420,11 +419,9 @@ def fit_linear(
     precision : numpy.ndarray, optional
         ``(n,)`` half-widths of each value's 95 % interval as fractions (NaN: unknown,
         `DEFAULT_ROW_PRECISION`).
-    prior_sd : float
-        Prior standard deviation of each feature's share of the largest row.
-    fixed_prior_sd : float, optional
-        The same for the feature named ``fixed`` (default: ``prior_sd``; a zoo model's
-        latency fit passes `FIXED_PRIOR_SD`).
+    prior_sd : float or sequence of float
+        Prior standard deviation of each feature's share of the largest row: one for all,
+        or one per feature (`latency_prior_sd`).
     model_error : float
         Relative error of the model itself.
 
@@ -453,8 +450,7 @@ def fit_linear(
     # Unknowns: shares theta_j = c_j * scale_j, so each column is in units of the largest row.
     rows = (x[:, used] / scale) / (y * sigma)[:, None]
     target = 1.0 / sigma
-    fixed_sd = prior_sd if fixed_prior_sd is None else fixed_prior_sd
-    prior = np.diag([1.0 / (fixed_sd if features[j] == "fixed" else prior_sd) for j in used])
+    prior = np.diag(1.0 / np.broadcast_to(np.asarray(prior_sd, dtype=float), (x.shape[1],))[used])
     a = np.vstack([rows, prior])
     b = np.concatenate([target, np.zeros(len(used))])
     theta = nonnegative_lstsq(a, b)
@@ -813,14 +809,31 @@ def _config(r: Mapping[str, Any]) -> ConfigKey:
     return (str(r["model"]), int(r["batch"]), str(r["backend"]))
 
 
+def latency_prior_sd(features: Sequence[str]) -> list[float]:
+    """Return the prior standard deviation of each latency feature's share (module docstring).
+
+    Parameters
+    ----------
+    features : sequence of str
+        `FEATURES` (a zoo model) or `FLOPS_FEATURES`.
+
+    Returns
+    -------
+    list of float
+        `FIXED_PRIOR_SD` for ``fixed`` among a zoo model's features, `PRIOR_SD` for the
+        rest (without the per-layer features, ``fixed`` carries all the work FLOPs miss).
+    """
+    zoo = tuple(features) == FEATURES
+    return [FIXED_PRIOR_SD if zoo and name == "fixed" else PRIOR_SD for name in features]
+
+
 def _fit_config(device: str, key: ConfigKey, rows: list[dict[str, Any]]) -> tuple[LatencyModel, MemoryModel | None]:
     model, batch, backend = key
     zoo = _is_zoo(model)
     names = FEATURES if zoo else FLOPS_FEATURES
     y = np.array([float(r["median_us"]) * 1e-6 for r in rows])
     precision = np.array([_row_precision(r) for r in rows])
-    fixed_sd = FIXED_PRIOR_SD if zoo else None
-    lat_fit = fit_linear(names, _latency_design(rows, zoo), y, precision, fixed_prior_sd=fixed_sd)
+    lat_fit = fit_linear(names, _latency_design(rows, zoo), y, precision, prior_sd=latency_prior_sd(names))
     widths = tuple(sorted({float(r["width"]) for r in rows}))
     lat = LatencyModel(device, model, batch, backend, lat_fit, widths)
     mem_rows = [
@@ -1132,6 +1145,7 @@ __all__ = [
     "fit_device",
     "fit_linear",
     "footprint_bytes",
+    "latency_prior_sd",
     "format_loo",
     "leave_one_out_error",
     "memory_features",

@@ -86,11 +86,18 @@ def test_fit_linear_puts_time_the_data_cannot_place_on_work_rather_than_on_the_f
     # tighter prior of the fixed share sends the time to f
     x = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
     y = np.array([1.0, 1.0, 1.0])
-    result = fit_linear(("fixed", "f"), x, y, fixed_prior_sd=FIXED_PRIOR_SD)
+    result = fit_linear(("fixed", "f"), x, y, prior_sd=(FIXED_PRIOR_SD, latency.PRIOR_SD))
     fixed_share, f_share = result.coef[0] * 1.0, result.coef[1] * 2.0
     assert fixed_share < 0.05 and f_share > 0.9
     even = fit_linear(("fixed", "f"), x, y)
     assert even.coef[0] * 1.0 == pytest.approx(even.coef[1] * 2.0, rel=1e-6)
+
+
+def test_only_a_zoo_models_fixed_latency_share_gets_the_tighter_prior() -> None:
+    zoo = latency.latency_prior_sd(FEATURES)
+    assert zoo[FEATURES.index("fixed")] == FIXED_PRIOR_SD
+    assert all(sd == latency.PRIOR_SD for name, sd in zip(FEATURES, zoo, strict=True) if name != "fixed")
+    assert latency.latency_prior_sd(latency.FLOPS_FEATURES) == [latency.PRIOR_SD] * len(latency.FLOPS_FEATURES)
 
 
 def test_fit_linear_refuses_bad_input() -> None:
