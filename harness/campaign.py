@@ -1184,7 +1184,7 @@ class _DeviceRun:
 
     def _measure_round_cost(self, spec: BenchSpec) -> None:
         """Measure and store the round cost of ``spec``'s configuration (`harness.roundcost`); never raises."""
-        from harness.roundcost import RoundCostError, measure_round_cost
+        from harness.roundcost import RoundCostError, measure_round_cost, payload_bytes
 
         name = self.device.name
         status, message = "runner error", ""
@@ -1192,11 +1192,14 @@ class _DeviceRun:
             set_dir = self.sets[_set_key(spec)]
             transport, runner, remote_set = self._prepare(set_dir, spec.backend)
             assert self.scratch is not None
+            # the transfers move this model's own payloads: its sets of this configuration
+            config = (spec.model, spec.batch, spec.optimizer)
+            model_sets = [d for key, d in self.sets.items() if (key[0], *key[2:]) == config]
             cost = measure_round_cost(
                 transport, self.device, runner=runner, remote_set=remote_set, set_dir=set_dir, width=spec.width,
                 scratch=self.scratch / name, backend=spec.backend, optimizer=spec.optimizer, threads=spec.threads,
                 timeout=self.timeout, campaign_id=self.campaign_id, measured_at=self.clock(), start=self.start,
-                data=self.data if spec.data else None,
+                data=self.data if spec.data else None, transfer_bytes=payload_bytes(model_sets),
             )  # fmt: skip
         except TransportError as exc:
             status, message = exc.kind, str(exc) or type(exc).__name__

@@ -15,12 +15,21 @@ by `measure_round_cost` (a step of ``fleetbench profile``, on by default) and st
 its provenance (campaign, time, backend, optimizer, threads) in the profile store.
 
 Measurement (decided here)
-    *Transfers*: files of two sizes (`DEFAULT_TRANSFER_BYTES`) are pushed and pulled
+    *Transfers*: files of two sizes are pushed and pulled
     through the device's own transport (``put`` / ``get``, the calls the FL devices
-    executor makes), ``repeats`` times each; a least-squares line of seconds against
-    bytes gives, per direction, the seconds per byte (slope) and the per-transfer latency
-    (intercept). Two sizes are the fewest that separate the two; the sizes bracket the
-    parameter payloads of the zoo's small models (tens of kB to a MB).
+    executor makes), ``repeats`` (`DEFAULT_REPEATS`) times each; the line through each
+    size's median seconds (`median_line`) gives, per direction, the seconds per byte
+    (slope) and the per-transfer latency (intercept). Two sizes are the fewest that
+    separate the two. The campaign sends the model's own payloads: the parameter files
+    of the narrowest and the widest set it profiles (`payload_bytes`), what FL rounds move;
+    a transport's time need not be a line in bytes (adb's sync protocol moves 64 KiB
+    chunks, and a file of more than one chunk waits on a delayed acknowledgement: 50 ms
+    for 16 KiB, 96 ms for 103 KiB, 105 ms for 1 MiB, on the emulated phone), so the
+    line is right where FL needs it. `DEFAULT_TRANSFER_BYTES` (bracketing the zoo's small
+    models, tens of kB to a MB) is the default elsewhere. Medians, because one transfer or request that the host delayed
+    (another lane's work, a scheduler hiccup) would otherwise set the model: with a
+    single point per size, a 70 ms hiccup in one request of a 0.2 s round made a fixed
+    cost eight times the real one.
     *Fixed cost*: what a request costs FL rounds on the **resident runner**, on the code
     path the FL devices executor takes: `harness.resident.ResidentRunner.for_device`
     starts ``runner.py serve`` through the device's transport (with the cells' backend
@@ -28,10 +37,10 @@ Measurement (decided here)
     widest width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's
     bench data when it has some, else synthetic), starting from the set's initial
     parameters. First one warm-up request per shard (not fitted; kept in the samples
-    with the runner's start): it opens the session and puts
-    the shard in the runner's file cache, as a FL client's first round does; rounds after
-    that find both. The fixed cost of a resident request is the median, over the fitted
-    requests, of its wall time seen from the host (`ResidentRunner.request`'s seconds,
+    with the runner's start): it opens the session and puts the shard in the runner's
+    file cache, as a FL client's first round does; rounds after that find both. Then
+    ``repeats`` requests per step count. The fixed cost of a resident request is the
+    median, over the fitted requests, of its wall time seen from the host (`ResidentRunner.request`'s seconds,
     what the executor reports as a client's compute time) less the time of its steps as
     the runner timed them: writing the request and reading the reply over the transport,
     loading the parameter file, resetting the kept session to them (the session switch
@@ -76,6 +85,8 @@ if TYPE_CHECKING:
 
 #: Local step counts of the two ``train`` requests whose intercept is the fixed cost.
 DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 26)
+#: Fitted requests per step count, and transfers per size and direction (their medians are fitted).
+DEFAULT_REPEATS = 3
 #: Sizes of the files pushed and pulled to fit the transfer lines (bytes).
 DEFAULT_TRANSFER_BYTES: tuple[int, int] = (16 * 1024, 1024 * 1024)
 #: Backend chosen when a device was measured with several (the one FL trains with first).
@@ -201,6 +212,61 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     return intercept, slope
 
 
+def median_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Fit `fit_line` through the median ``y`` of each distinct ``x`` (robust to a stray point per ``x``).
+
+    Parameters
+    ----------
+    x : sequence of float
+        Sizes or step counts; repeated values form one group.
+    y : sequence of float
+        Seconds, one per ``x``.
+
+    Returns
+    -------
+    (intercept, slope) : (float, float)
+        `fit_line` of the groups' medians.
+
+    Raises
+    ------
+    InputError
+        On unequal lengths, or as `fit_line` (fewer than two groups, a non-finite value).
+    """
+    if len(x) != len(y):
+        raise InputError(f"median_line: {len(x)} x values for {len(y)} y values")
+    groups: dict[float, list[float]] = {}
+    for a, b in zip(x, y, strict=True):
+        groups.setdefault(float(a), []).append(float(b))
+    xs = sorted(groups)
+    return fit_line(xs, [statistics.median(groups[a]) for a in xs])
+
+
+def payload_bytes(set_dirs: Sequence[Path]) -> tuple[int, int]:
+    """Return the transfer sizes that bracket the parameter payloads of ``set_dirs``.
+
+    Parameters
+    ----------
+    set_dirs : sequence of pathlib.Path
+        Artifact sets of one model (each holds ``initial_parameters.npy``, the file an FL
+        round sends down and gets back at that width).
+
+    Returns
+    -------
+    (int, int)
+        The smallest and largest parameter file; with one size ``S`` only, ``(S // 4, S)``
+        (a half-width sub-model has about a quarter of the parameters).
+
+    Raises
+    ------
+    InputError
+        When ``set_dirs`` is empty.
+    """
+    sizes = sorted({(Path(d) / "initial_parameters.npy").stat().st_size for d in set_dirs})
+    if not sizes:
+        raise InputError("payload_bytes: no artifact set")
+    return (sizes[0], sizes[-1]) if len(sizes) > 1 else (max(1, sizes[0] // 4), sizes[0])
+
+
 def transfer_seconds(nbytes: int, s_per_byte: float, latency_s: float) -> float:
     """Return ``latency_s + nbytes * s_per_byte``, or 0 when nothing is sent.
 
@@ -267,17 +333,17 @@ def fit_round_cost(
     RoundCostModel
         ``fixed_s``: the median time of a request outside its steps when every point has
         ``step_seconds`` (else the intercept of seconds against steps); ``step_s``: the
-        median time per step (else the slope).
+        median time per step (else the slope). Lines are `median_line`s.
     """
-    fixed, step = fit_line([p["steps"] for p in train], [p["seconds"] for p in train])
+    fixed, step = median_line([p["steps"] for p in train], [p["seconds"] for p in train])
     if train and all("step_seconds" in p for p in train):
         # The runner times its steps, so each request's time outside them is its fixed cost,
         # observed directly; their median is far steadier than the line's intercept, which
         # inherits every wobble of the step time (x 26 steps) on a throttled device.
         fixed = max(0.0, statistics.median(p["seconds"] - p["step_seconds"] for p in train))
         step = statistics.median(p["step_seconds"] / p["steps"] for p in train if p["steps"] > 0)
-    down_lat, down_rate = fit_line([p["bytes"] for p in down], [p["seconds"] for p in down])
-    up_lat, up_rate = fit_line([p["bytes"] for p in up], [p["seconds"] for p in up])
+    down_lat, down_rate = median_line([p["bytes"] for p in down], [p["seconds"] for p in down])
+    up_lat, up_rate = median_line([p["bytes"] for p in up], [p["seconds"] for p in up])
     samples = {"train": [dict(p) for p in train], "down": [dict(p) for p in down], "up": [dict(p) for p in up]}
     for key, points in (extra or {}).items():
         samples[key] = [dict(p) for p in points]
@@ -445,7 +511,7 @@ def measure_round_cost(
     timeout: float,
     step_counts: Sequence[int] = DEFAULT_STEP_COUNTS,
     transfer_bytes: Sequence[int] = DEFAULT_TRANSFER_BYTES,
-    repeats: int = 1,
+    repeats: int = DEFAULT_REPEATS,
     clock: Callable[[], float] = time.perf_counter,
     campaign_id: int | None = None,
     measured_at: float | None = None,
@@ -573,6 +639,7 @@ def measure_round_cost(
 
 __all__ = [
     "BACKEND_PREFERENCE",
+    "DEFAULT_REPEATS",
     "DEFAULT_STEP_COUNTS",
     "DEFAULT_TRANSFER_BYTES",
     "RoundCostError",
@@ -581,6 +648,8 @@ __all__ = [
     "fit_line",
     "fit_round_cost",
     "measure_round_cost",
+    "median_line",
+    "payload_bytes",
     "round_cost",
     "round_seconds",
     "transfer_seconds",

@@ -62,7 +62,13 @@ stderr while the runner works). Keys::
     throttled          bool, see `throttled`
     matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train)
     versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
-    train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out
+    train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out,
+                       loop_seconds and loop_cpu_seconds: wall and CPU time of the whole step loop
+                       (steps, batch copies, width switches); their ratio is the share of a cpu
+                       the device got. The CPU clock is read once per loop, not per step: reading
+                       it is a system call, where a CPU quota (cgroup) charges the runtime used
+                       and throttles, so a read per step would move the throttled time out of
+                       the steps' windows.
 
 Serve protocol (version `PROTOCOL_VERSION`; a native runner speaks the same)::
 
@@ -2193,6 +2199,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
     current = None if fjord is not None else 0
     result["load_seconds"] = clock() - started
     passive = _before(result)
+    loop_started, loop_cpu_started = clock(), time.process_time()
     for epoch in range(args.epochs):
         order = rng.permutation(x.shape[0])
         for b in range(per_pass):
@@ -2224,6 +2231,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
             seconds.append(elapsed)
             losses.append(backends[current].loss_value(out))
             picks.append(current)
+    result["loop_cpu_seconds"], result["loop_seconds"] = time.process_time() - loop_cpu_started, clock() - loop_started
     _after(result, passive)
     start = clock()
     switch(current, None)

@@ -646,7 +646,8 @@ class DevicesExecutor(ClosingExecutor):
             "download_bytes": float(in_bytes),
             "upload_bytes": float(out_bytes),
         }
-        for key in ("peak_memory_bytes", "request_seconds", "load_seconds", "save_seconds"):
+        for key in ("peak_memory_bytes", "request_seconds", "load_seconds", "save_seconds", "loop_seconds",
+                    "loop_cpu_seconds"):
             if isinstance(doc.get(key), (int, float)):
                 metrics[key] = float(doc[key])
         sessions = doc.get("sessions")

@@ -575,6 +575,9 @@ def test_round_cost_step_measures_each_device_through_its_transport(
     assert result.complete, result.round_cost_failures
     costs = {c.device: c for c in store.round_costs()}
     assert set(costs) == {"fast", "phone"}
+    sets = campaign.export_sets(specs, artifacts)  # found in the cache
+    payloads = {(d / "initial_parameters.npy").stat().st_size for d in sets.values()}
+    assert len(payloads) == 2
     for device in fleet.devices:
         cost = costs[device.name]
         # measured in the configuration of the cells, at their widest width, with provenance
@@ -588,7 +591,7 @@ def test_round_cost_step_measures_each_device_through_its_transport(
         )
         assert cost.campaign_id == result.campaign_id and cost.measured_at > 0
         train = cost.samples["train"]
-        assert sorted(p["steps"] for p in train) == [2, 26]
+        assert sorted(p["steps"] for p in train) == [2, 2, 2, 26, 26, 26]
         # on the resident runner, started once through the device's transport: a warm-up per shard
         # opened the session, the fitted requests reused it
         assert len(cost.samples["start"]) == 1
@@ -599,7 +602,9 @@ def test_round_cost_step_measures_each_device_through_its_transport(
         outside = [p["seconds"] - p["step_seconds"] for p in train]
         assert 0.5 * min(outside) <= cost.fixed_s <= 1.5 * max(outside) + 0.02, (cost.fixed_s, outside)
         assert cost.fixed_s < 0.25 * cost.samples["start"][0]["seconds"], (cost.fixed_s, cost.samples["start"])
-        assert {p["bytes"] for p in cost.samples["down"]} == {16 * 1024, 1024 * 1024}
+        # the transfers move the model's own payloads: the parameter files of widths 0.25 and 1
+        assert {p["bytes"] for p in cost.samples["down"]} == payloads
+        assert {p["bytes"] for p in cost.samples["up"]} == payloads
         assert all(p["seconds"] > 0 for p in cost.samples["up"])
     assert sum("round cost: fixed" in line for line in lines) == 2
 

@@ -22,6 +22,8 @@ from harness.roundcost import (
     fit_line,
     fit_round_cost,
     measure_round_cost,
+    median_line,
+    payload_bytes,
     round_cost,
     round_seconds,
 )
@@ -41,6 +43,45 @@ def test_fit_line_recovers_a_line_and_clamps_noise_below_zero() -> None:
         fit_line([2, 2], [1.0, 2.0])
     with pytest.raises(InputError, match="finite"):
         fit_line([1, 2], [1.0, float("nan")])
+
+
+def test_median_line_passes_through_each_size_s_median_so_one_stray_point_moves_nothing() -> None:
+    # three transfers per size, one of them delayed 70 ms by the host: the line ignores it
+    x = [1000, 1000, 1000, 3000, 3000, 3000]
+    y = [0.011, 0.081, 0.011, 0.013, 0.013, 0.012]
+    assert median_line(x, y) == pytest.approx((0.01, 1e-6))
+    assert fit_line(x, y)[0] > 0.02  # least squares over all points: the intercept more than doubles
+    with pytest.raises(InputError, match="two distinct x"):
+        median_line([2, 2], [1.0, 2.0])
+    with pytest.raises(InputError, match="2 x values for 1"):
+        median_line([1, 2], [1.0])
+
+
+def test_a_stray_request_or_transfer_does_not_set_the_round_cost() -> None:
+    # three requests per step count; one 26-step request spent 70 ms outside its steps (host busy)
+    train = [
+        {"steps": n, "seconds": 0.005 + extra + 0.0045 * n, "step_seconds": 0.0045 * n}
+        for n, extra in ((2, 0.0), (26, 0.07), (2, 0.0), (26, 0.0), (2, 0.001), (26, 0.0))
+    ]
+    up = [{"bytes": b, "seconds": t} for b, t in ((16384, 0.095), (16384, 0.053), (16384, 0.096))]
+    up += [{"bytes": 1048576, "seconds": t} for t in (0.106, 0.104, 0.105)]
+    cost = fit_round_cost(
+        train, up, up, device="d", model="m", width=1.0, batch=20, backend="ort", optimizer="sgd", threads=1
+    )
+    assert cost.fixed_s == pytest.approx(0.005)
+    assert cost.up_latency_s == pytest.approx(0.095 - 16384 * (0.105 - 0.095) / (1048576 - 16384))
+
+
+def test_payload_bytes_bracket_the_parameter_files_of_the_sets(tmp_path: Path) -> None:
+    sets = []
+    for name, floats in (("a", 1000), ("b", 250), ("c", 1000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "initial_parameters.npy").write_bytes(b"x" * (128 + 4 * floats))
+        sets.append(tmp_path / name)
+    assert payload_bytes(sets) == (128 + 1000, 128 + 4000)
+    assert payload_bytes(sets[:1]) == ((128 + 4000) // 4, 128 + 4000)  # one width: a quarter of it too
+    with pytest.raises(InputError, match="no artifact set"):
+        payload_bytes([])
 
 
 def test_round_seconds_adds_fixed_cost_steps_and_transfers() -> None:

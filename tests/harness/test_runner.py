@@ -419,6 +419,9 @@ def test_train_changes_parameters_and_loss_decreases(sets: dict[str, Path], star
     assert doc["mode"] == "train" and doc["epochs"] == 3 and doc["lr"] == 0.05
     assert doc["steps"] == 12 and len(doc["step_seconds"]) == 12 and len(doc["loss"]) == 12
     assert doc["examples"] == 48 and doc["out"] == str(out)
+    # the step loop's wall time holds every step; its CPU time (one thread) stays within it
+    assert sum(doc["step_seconds"]) <= doc["loop_seconds"]
+    assert 0 < doc["loop_cpu_seconds"] <= doc["loop_seconds"] + 1e-3
     before = np.load(start)
     after = np.load(out, allow_pickle=False)
     assert after.dtype == np.float32 and after.shape == before.shape == (doc["num_parameters"],)

@@ -70,6 +70,9 @@ def test_clients_train_on_a_device_and_a_dead_device_is_a_failure(tmp_path: Path
         assert all(res.parameters[k].shape == sent[k].shape for k in sent)
         assert any(not np.array_equal(res.parameters[k], sent[k]) for k in sent)
         assert res.num_examples == 40 and res.metrics["steps"] == 2
+        # the step loop: its CPU time within its wall time (one thread), which holds the steps
+        assert 0 < res.metrics["loop_cpu_seconds"] <= res.metrics["loop_seconds"] + 1e-3
+        assert res.metrics["step_seconds"] <= res.metrics["loop_seconds"]
         assert res.compute_seconds > 0 and res.download_seconds >= 0 and res.upload_seconds >= 0
         assert res.metrics["download_modelled_s"] == pytest.approx(res.metrics["download_bytes"] * 8 / 8e6)
 
