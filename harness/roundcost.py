@@ -15,46 +15,46 @@ by `measure_round_cost` (a step of ``fleetbench profile``, on by default) and st
 its provenance (campaign, time, backend, optimizer, threads) in the profile store.
 
 Measurement (decided here)
-    *Transfers*: files of two sizes are pushed and pulled
-    through the device's own transport (``put`` / ``get``, the calls the FL devices
-    executor makes), ``repeats`` (`DEFAULT_REPEATS`) times each; the line through each
-    size's median seconds (`median_line`) gives, per direction, the seconds per byte
-    (slope) and the per-transfer latency (intercept). Two sizes are the fewest that
-    separate the two. The campaign sends the model's own payloads: the parameter files
-    of the narrowest and the widest set it profiles (`payload_bytes`), what FL rounds move;
-    a transport's time need not be a line in bytes (adb's sync protocol moves 64 KiB
-    chunks, and a file of more than one chunk waits on a delayed acknowledgement: 50 ms
-    for 16 KiB, 96 ms for 103 KiB, 105 ms for 1 MiB, on the emulated phone), so the
-    line is right where FL needs it. `DEFAULT_TRANSFER_BYTES` (bracketing the zoo's small
-    models, tens of kB to a MB) is the default elsewhere. Medians, because one transfer or request that the host delayed
-    (another lane's work, a scheduler hiccup) would otherwise set the model: with a
-    single point per size, a 70 ms hiccup in one request of a 0.2 s round made a fixed
-    cost eight times the real one.
+    *Transfers*: files of two sizes are pushed and pulled through the device's own
+    transport (``put`` / ``get``, the calls the FL devices executor makes), ``repeats``
+    (`DEFAULT_REPEATS`) times each; the line through each size's median seconds
+    (`median_line`) gives, per direction, the seconds per byte (slope) and the
+    per-transfer latency (intercept). Two sizes are the fewest that separate the two.
+    The campaign sends the model's own payloads, the parameter files of the narrowest
+    and the widest set it profiles (`payload_bytes`), which is what FL rounds move: a
+    transport's time need not be a line in bytes (adb's sync protocol moves 64 KiB
+    chunks, and a file of more than one chunk waits on a delayed acknowledgement; on the
+    emulated phone a pull took 54 ms for 16 KiB, 96 ms for 103 KiB, 104 ms for 1 MiB),
+    so the line is right where FL needs it. `DEFAULT_TRANSFER_BYTES` (bracketing the
+    zoo's small models, tens of kB to a MB) is the default elsewhere. Medians, because
+    one transfer or request that the host delayed (another lane's work, a scheduler
+    hiccup) would otherwise set the model: with a single point per size, a 70 ms hiccup
+    in one request of a 0.2 s round made a fixed cost eight times the real one.
     *Fixed cost*: what a request costs FL rounds on the **resident runner**, on the code
-    path the FL devices executor takes: `harness.resident.ResidentRunner.for_device`
-    starts ``runner.py serve`` through the device's transport (with the cells' backend
-    and threads), and `ResidentRunner.train` sends ``train`` requests at the profile's
-    widest width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's
-    bench data when it has some, else synthetic), starting from the set's initial
-    parameters. First one warm-up request per shard (not fitted; kept in the samples
-    with the runner's start): it opens the session and puts the shard in the runner's
-    file cache, as a FL client's first round does; rounds after that find both. Then
-    ``repeats`` requests per step count. The fixed cost of a resident request is the
-    median, over the fitted requests, of its wall time seen from the host (`ResidentRunner.request`'s seconds,
-    what the executor reports as a client's compute time) less the time of its steps as
-    the runner timed them: writing the request and reading the reply over the transport,
-    loading the parameter file, resetting the kept session to them (the session switch
-    of a width seen before), and writing the result. (A line of wall time against step
-    count would give it as intercept, but on a throttled device the intercept inherits
-    every wobble of the step time times the longer request's steps; the line is the
-    fallback for points without step times.) The median step time at that width is
-    stored beside it as a check on the latency model, not used for prediction: the
-    latency model predicts every architecture, the step time only one. Not in the fixed cost: the runner's
-    start (once per device and run) and opening a session for a width the runner has not
-    held yet (once per width while at most ``--max-sessions`` widths are in use).
-    The one-shot ``train`` mode (a process per client round, the devices executor's
-    ``resident=False``, kept for comparison) is not measured: no prediction uses it.
-    Negative intercepts or slopes (noise around zero) are clamped to 0.
+    path the FL devices executor takes: `harness.resident.ResidentRunner.for_device` starts
+    ``runner.py serve`` through the device's transport (with the cells' backend and
+    threads), and `ResidentRunner.train` sends ``train`` requests at the profile's widest
+    width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's bench data
+    when it has some, else synthetic), starting from the set's initial parameters. First one
+    warm-up request per shard (not fitted; kept in the samples with the runner's start): it
+    opens the session and puts the shard in the runner's file cache, as a FL client's first
+    round does; rounds after that find both. Then ``repeats`` requests per step count. The
+    fixed cost of a resident request is the median, over the fitted requests, of its wall
+    time seen from the host (`ResidentRunner.request`'s seconds, what the executor reports
+    as a client's compute time) less the time of its steps as the runner timed them: writing
+    the request and reading the reply over the transport, loading the parameter file,
+    resetting the kept session to them (the session switch of a width seen before), and
+    writing the result. (A line of wall time against step count would give it as intercept,
+    but on a throttled device the intercept inherits every wobble of the step time times the
+    longer request's steps; the line is the fallback for points without step times.) The
+    median step time at that width is stored beside it as a check on the latency model, not
+    used for prediction: the latency model predicts every architecture, the step time only
+    one. Not in the fixed cost: the runner's start (once per device and run) and opening a
+    session for a width the runner has not held yet (once per width while at most
+    ``--max-sessions`` widths are in use). The one-shot ``train`` mode (a process per client
+    round, the devices executor's ``resident=False``, kept for comparison) is not measured:
+    no prediction uses it. Negative intercepts or slopes (noise around zero) are clamped to
+    0.
 
 Fallback
     `round_cost` costs a device without a round-cost measurement from its latency model
