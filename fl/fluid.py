@@ -16,24 +16,28 @@ Straggler calibration (Algorithm 1, lines 18-21)
 
     * linear rule (Appendix A.3, no measured curve): the available size closest
       to ``1 / speed-up``;
-    * measured curve: the largest available size whose predicted time
-      ``T_full * lat(r) / lat(1)`` is at most the target; the smallest available
-      size when none is.
+    * measured curve: the available size whose predicted time
+      ``T_full * lat(r) / lat(1)`` is closest to the target, the same rule in time
+      (under the linear model the size closest to ``1 / speed-up`` is the one whose
+      time is closest to the target). It may lie above the target, by at most half
+      the step between two sizes' times: picking the largest size that meets the
+      target instead kept the straggler up to a whole step under its target, every
+      round, and FLuID asks for its time at the target.
 
     Both rules give the full model (1.0) when no speed-up is needed.
     **Decision (ties):** two sizes equally close to ``1 / speed-up`` (within
     `SIZE_TOL`, so that a tie is a tie whatever the floating-point rounding of
     ``1 / speed-up``) resolve to the *smaller* one: under the linear rule it is the
-    one predicted to meet the target, and the larger misses it by as much, so the
-    linear rule puts meeting the target first as the curve rule does. A predicted
-    time within a relative `SIZE_TOL` of the target meets it.
+    one predicted to meet the target, and the larger misses it by as much; the curve
+    rule breaks its ties (two times equally far from the target) the same way. A
+    predicted time within a relative `SIZE_TOL` of the target meets it.
     **Decision (one implementation):** this is the project's only straggler
     sizing; an earlier FLOPs-interpolated copy in the scheduling module was used by
     nothing and was removed. The curve is interpolated in *width*, not FLOPs,
     because the profiles a strategy receives may lack FLOPs (and its model may
     not be a zoo model whose FLOPs can be counted); between two measured widths the
     chord of the convex latency curve over-estimates the time, which errs toward
-    the smaller, target-meeting size.
+    the smaller size.
     **Decision (the latency model where a width was not measured):** FLuID's sizes (0.95,
     0.85, ...) are rarely the measured widths. `profile_predictor` therefore asks the
     device's fitted latency model (`harness.latency`: per-layer features of the size's
@@ -320,7 +324,7 @@ def curve_rate(
     predict: LatencyPredictor,
     fixed: float = 0.0,
 ) -> float:
-    """Return the largest size whose predicted time meets the target, from a measured curve.
+    """Return the size whose predicted time is closest to the target, from a measured curve.
 
     Parameters
     ----------
@@ -338,8 +342,10 @@ def curve_rate(
     Returns
     -------
     float
-        The largest candidate ``s`` whose `predicted_seconds` is at most ``target_seconds``
-        (within a relative `SIZE_TOL`); the smallest available size when none meets it.
+        1.0 when ``full_seconds`` meets the target (within a relative `SIZE_TOL`);
+        otherwise the candidate whose `predicted_seconds` is closest to
+        ``target_seconds``. Candidates whose distances differ by at most a relative
+        `SIZE_TOL` of the target tie, and the smaller wins (it meets the target).
 
     Raises
     ------
@@ -349,10 +355,11 @@ def curve_rate(
     available = _check_sizes(sizes)
     full = _check_seconds(full_seconds, "full_seconds")
     target = _check_seconds(target_seconds, "target_seconds")
-    for s in sorted({*available, 1.0}, reverse=True):
-        if predicted_seconds(full, s, predict, fixed) <= target * (1.0 + SIZE_TOL):
-            return s
-    return available[0]
+    if full <= target * (1.0 + SIZE_TOL):
+        return 1.0
+    distance = {s: abs(predicted_seconds(full, s, predict, fixed) - target) for s in {*available, 1.0}}
+    nearest = min(distance.values())
+    return min(s for s, d in distance.items() if d <= nearest + SIZE_TOL * target)
 
 
 def variable_speedup(full_seconds: float, target_seconds: float, fixed: float = 0.0) -> float:

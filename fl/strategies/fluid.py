@@ -10,7 +10,7 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
     device's measured curve), so that a different client that became slowest
     takes over as straggler and every straggler's size is recomputed. A
     straggler's size comes from its device's latency-vs-width profile for this
-    model when ``profiles`` has one (largest size meeting the target time), else
+    model when ``profiles`` has one (the size whose predicted time is closest to the target), else
     from the linear rule (size closest to 1 / speed-up, ties to the smaller size):
     `fl.fluid.straggler_rate`, the project's one straggler sizing. Stragglers train
     sub-models of the chosen dropout (``invariant``: invariant neurons first,
@@ -28,7 +28,7 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
 round-cost model of `fl.roundcost`: fixed cost, steps at the sub-model's architecture and
 transfers of its payload): the stragglers are still the clients with the slowest measured
 times, but the target is the *predicted* full-model round of the slowest non-straggler, and a
-straggler's size is the largest whose predicted round meets that target
+straggler's size is the one whose predicted round is closest to that target
 (`fl.fluid.curve_rate` on the predicted round as a function of the size). **Decision:**
 target and size come from one model, so its bias toward one device cancels between them,
 and a fixed cost no size can remove is seen before the round (the smallest size is then
@@ -293,7 +293,7 @@ class FLuID(Strategy):
         """Return the target and the stragglers' sizes planned on the predicted round, or None.
 
         The target is the predicted full-model round of the slowest non-straggler; a
-        straggler's size is the largest whose predicted round meets it (fixed cost and
+        straggler's size is the one whose predicted round is closest to it (fixed cost and
         transfers included). None when there is no round predictor or a client lacks a
         prediction: the measured rules apply then. A straggler the model predicts no
         slower than the target at full size (the measurement and the model disagree) is

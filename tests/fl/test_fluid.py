@@ -76,11 +76,14 @@ CONVEX = ((0.25, 0.5, 0.75, 1.0), (300.0, 700.0, 1300.0, 2000.0))
 OVERHEAD = ((0.25, 0.5, 0.75, 1.0), (1000.0, 1200.0, 1400.0, 1600.0))
 
 
-def test_curve_rate_picks_largest_size_meeting_target():
+def test_curve_rate_picks_the_size_whose_time_is_closest_to_the_target():
     predict = fluid.curve_predictor(*CONVEX)
-    # full 10 s, target 7 s: predicted 10 * lat(s) / 2000:
-    # 0.95 -> lat 1300 + 0.8 * 700 = 1860 -> 9.3 s; 0.85 -> 1580 -> 7.9 s; 0.75 -> 6.5 s <= 7
+    # full 10 s, predicted 10 * lat(s) / 2000:
+    # 0.95 -> lat 1300 + 0.8 * 700 = 1860 -> 9.3 s; 0.85 -> 1580 -> 7.9 s; 0.75 -> 6.5 s
+    # target 7 s: 6.5 s is 0.5 s under it, 7.9 s 0.9 s over
     assert fluid.curve_rate(10.0, 7.0, fluid.PAPER_SIZES, predict) == 0.75
+    # target 7.5 s: 7.9 s is 0.4 s over it, 6.5 s 1 s under: the closer time, above the target
+    assert fluid.curve_rate(10.0, 7.5, fluid.PAPER_SIZES, predict) == 0.85
     assert fluid.curve_rate(10.0, 11.0, fluid.PAPER_SIZES, predict) == 1.0
     assert fluid.curve_rate(10.0, 1.0, fluid.PAPER_SIZES, predict) == 0.5  # nothing meets it: smallest
 
@@ -89,8 +92,8 @@ def test_curve_rate_differs_from_linear_rule_when_time_is_not_proportional():
     predict = fluid.curve_predictor(*OVERHEAD)
     # full 10 s, target 9.2 s. Linear: 1/speed-up = 0.92 -> 0.95.
     assert fluid.linear_rate(10.0 / 9.2) == 0.95
-    # Curve: 0.95 -> 1560/1600 -> 9.75 s; 0.85 -> 1480/1600 -> 9.25 s; 0.75 -> 1400/1600 -> 8.75 s
-    assert fluid.curve_rate(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.75
+    # Curve: 0.95 -> 1560/1600 -> 9.75 s; 0.85 -> 1480/1600 -> 9.25 s (0.05 s over); 0.75 -> 8.75 s
+    assert fluid.curve_rate(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.85
 
 
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
@@ -99,7 +102,7 @@ MEASURED = ((0.25, 0.5, 1.0), (500.0, 600.0, 800.0))  # 0.75 interpolates to 700
 
 def test_curve_rule_interpolates_between_measured_widths_and_differs_from_linear():
     predict = fluid.curve_predictor(*MEASURED)
-    # full model 10 s, target 8 s: 0.75 -> 10 * 700 / 800 = 8.75 s misses, 0.5 -> 7.5 s meets
+    # full model 10 s, target 8 s: 0.75 -> 10 * 700 / 800 = 8.75 s (0.75 s over), 0.5 -> 7.5 s (0.5 s under)
     assert fluid.predicted_seconds(10.0, 0.75, predict) == pytest.approx(8.75)
     assert fluid.predicted_seconds(10.0, 0.5, predict) == pytest.approx(7.5)
     assert fluid.curve_rate(10.0, 8.0, WIDTHS, predict) == 0.5
@@ -158,9 +161,9 @@ def test_any_latency_model_serves_as_the_curve():
     def line(width: float) -> float:
         return 400.0 + 1e-4 * 4e6 * width**2
 
-    # full model 10 s, target 7.5 s: 0.5 -> 10 * 500 / 800 = 6.25 s; 0.75 -> 10 * 625 / 800 = 7.81 s
-    assert fluid.curve_rate(10.0, 7.5, WIDTHS, line) == 0.5
-    assert fluid.curve_rate(10.0, 7.9, WIDTHS, line) == 0.75
+    # full model 10 s: 0.5 -> 10 * 500 / 800 = 6.25 s; 0.75 -> 10 * 625 / 800 = 7.8125 s
+    assert fluid.curve_rate(10.0, 7.0, WIDTHS, line) == 0.5  # 0.75 s under against 0.8125 s over
+    assert fluid.curve_rate(10.0, 7.5, WIDTHS, line) == 0.75  # 0.3125 s over against 1.25 s under
 
 
 def test_straggler_sizing_rejects_bad_inputs():
@@ -355,11 +358,12 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
     assert fluid.variable_speedup(28.0, 10.0) == pytest.approx(2.8)
     assert fluid.variable_speedup(28.0, 3.0, 4.0) == math.inf  # the fixed part alone exceeds the target
     assert fluid.variable_speedup(28.0, 4.0, 4.0) == math.inf  # ... or equals it
-    # straggler_rate passes the fixed part to either rule. Target 18 s: on the curve 0.75 predicts
-    # 19 s with the 4 s fixed (17.5 s without); linear: speed-up 24 / 14 -> 1 / 1.71 = 0.583 -> 0.5,
-    # without the split 28 / 18 -> 0.643 -> 0.75
-    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], curve, fixed=4.0) == 0.5
-    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], curve) == 0.75
+    # straggler_rate passes the fixed part to either rule. On the curve, target 13.5 s: with the
+    # 4 s fixed 0.5 predicts 10 s and 0.75 19 s (0.5 is closer), without it 7 s and 17.5 s (0.75 is);
+    # linear, target 18 s: speed-up 24 / 14 -> 1 / 1.71 = 0.583 -> 0.5, without the split 28 / 18 ->
+    # 0.643 -> 0.75
+    assert fluid.straggler_rate(28.0, 13.5, [0.5, 0.75], curve, fixed=4.0) == 0.5
+    assert fluid.straggler_rate(28.0, 13.5, [0.5, 0.75], curve) == 0.75
     assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], fixed=4.0) == 0.5
     assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75]) == 0.75
     assert fluid.linear_rate(math.inf, [0.5, 0.75]) == 0.5

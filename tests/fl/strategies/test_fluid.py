@@ -185,8 +185,9 @@ def test_rate_from_device_profile_curve():
         {"model": "tiny", "width": w, "batch": 20, "backend": "ort", "status": "ok", "median_us": lat}
         for w, lat in zip((0.25, 0.5, 0.75, 1.0), (1000.0, 1200.0, 1400.0, 1600.0), strict=True)
     ]
-    # curve: 0.85 -> 10 * 1480 / 1600 = 9.25 s > 9.2; 0.75 -> 8.75 s (the linear rule would give 0.95)
-    assert _calibrated_rates({"pi": rows}) == {"c0": 0.75}
+    # curve: 0.85 -> 10 * 1480 / 1600 = 9.25 s, 0.05 s over 9.2; 0.75 -> 8.75 s, 0.45 s under
+    # (the linear rule would give 0.95)
+    assert _calibrated_rates({"pi": rows}) == {"c0": 0.85}
     # without profiles, with use_profiles off, or with another device's profile only: the linear rule
     assert _calibrated_rates(None) == {"c0": 0.95}
     assert _calibrated_rates({"pi": rows}, use_profiles="false") == {"c0": 0.95}
@@ -302,15 +303,18 @@ def test_target_and_size_come_from_the_predicted_round_when_there_is_a_predictor
     # 3 + 2 * ceil(4 s); 0.5 -> 2 neurons -> 7 s, 0.65 -> 3 -> 9 s: none meets 5 s, so the smallest size
     assert strategy.target_seconds == 5.0
     assert strategy.rates == {"c0": 0.5}
-    # with a smaller fixed cost the largest size meeting the target is taken: 0.5 + 2 * 2 = 4.5 <= 5 < 0.5 + 2 * 3
+    # with a smaller fixed cost the size whose predicted round is closest to the target is taken:
+    # 0.5 -> 0.5 + 2 * 2 = 4.5 s (0.5 s under 5 s), 0.65 -> 0.5 + 2 * 3 = 6.5 s (1.5 s over)
     fixed["c0"] = 0.5
     strategy.last_calibration = None
     strategy.configure_round(2, CLIENTS, None)
     assert strategy.rates == {"c0": 0.5} and strategy.target_seconds == 5.0
-    fixed["c0"], per_neuron["c0"] = 0.5, 1.4  # 0.75 -> 3 neurons: 4.7 s meets 5 s, 1.0 -> 6.1 s does not
+    # 1.6 s per neuron: 0.5 -> 3.7 s (1.3 s under), 0.65 and 0.75 -> 3 neurons, 5.3 s (0.3 s over):
+    # the closer round, above the target; 0.65 and 0.75 tie and the smaller wins
+    fixed["c0"], per_neuron["c0"] = 0.5, 1.6
     strategy.last_calibration = None
     strategy.configure_round(3, CLIENTS, None)
-    assert strategy.rates == {"c0": 0.75}
+    assert strategy.rates == {"c0": 0.65}
 
 
 def test_without_a_prediction_for_every_client_the_measured_rules_apply():
