@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -370,6 +370,52 @@ class CalibratedPredictor:
         """
         if profile_seconds > 0 and math.isfinite(profile_seconds) and math.isfinite(measured_seconds):
             self.ratios.setdefault(device, []).append(float(measured_seconds) / float(profile_seconds))
+
+
+#: A client round whose step loop cost more than this much more CPU per step than the
+#: cheapest comparable round nearby ran while something outside its device slowed the cpu
+#: (the runner's ``DISTURBANCE_LIMIT`` for a bench run's samples).
+HOST_DISTURBANCE_LIMIT = 0.10
+#: Rounds on either side of a round among which the cheapest sets its reference.
+HOST_DISTURBANCE_SPAN = 4
+
+
+def host_disturbed(
+    cpu_per_step: Sequence[float | None], limit: float = HOST_DISTURBANCE_LIMIT, span: int = HOST_DISTURBANCE_SPAN
+) -> list[bool]:
+    """Flag the rounds whose CPU time per step says the host slowed the device's cpu (pure).
+
+    A training step at one configuration is the same work every round, and a CPU quota
+    stops a process without charging it CPU time, so a round's CPU time per step rises
+    only when something outside the device slows the cpu it runs on (a neighbour on the
+    host's caches and memory bandwidth, an SMT sibling): on this project's 2-core VM,
+    windows of 0.3 to 1 s in which a step costs 10 to 90 % more CPU, on either core. Such
+    a round is slower than any round-cost model predicts, and it says so.
+
+    Parameters
+    ----------
+    cpu_per_step : sequence of float or None
+        One device's rounds at one configuration (width, architecture), in round order:
+        the step loop's CPU seconds per step (``loop_cpu_seconds / steps``); None where
+        not measured.
+    limit : float
+        Relative excess over the reference that flags a round.
+    span : int
+        The reference of round ``i`` is the lowest value among rounds ``i - span`` to
+        ``i + span``; a round is never its own only reference (a lone round is not flagged).
+
+    Returns
+    -------
+    list of bool
+        One flag per round; False where the value is None.
+    """
+    values = list(cpu_per_step)
+    flags = []
+    for i, value in enumerate(values):
+        near = [v for j, v in enumerate(values[max(0, i - span) : i + span + 1], start=max(0, i - span)) if j != i]
+        known = [v for v in near if v is not None and v > 0]
+        flags.append(value is not None and bool(known) and value > (1.0 + limit) * min([value, *known]))
+    return flags
 
 
 def round_seconds_by_width(cost: RoundCost, model: ZooModel, steps: Mapping[str, int]) -> Callable[[str, float], float]:

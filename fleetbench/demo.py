@@ -340,7 +340,8 @@ def plan_capacities(
 
 
 def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
-    """Print each device's predicted and measured client rounds of a run, and the error."""
+    """Print each device's predicted and measured client rounds and the error (``*``: the host disturbed it)."""
+    from fl.roundcost import HOST_DISTURBANCE_LIMIT
     from fl.runlog import RunLog
     from reports import tables
 
@@ -352,13 +353,22 @@ def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
     rounds = tables.fl_predicted_rounds(client_rounds)
     for row in table.itertuples(index=False):
         mine = rounds[rounds.device == row.device]
-        pairs = " ".join(f"{p:.2f}/{m:.2f}" for p, m in zip(mine.predicted_s, mine.total_s, strict=True))
+        marks = ["*" if d else "" for d in mine.disturbed]
+        pairs = " ".join(f"{p:.2f}/{m:.2f}{k}" for p, m, k in zip(mine.predicted_s, mine.total_s, marks, strict=True))
         progress.detail(
             f"{row.device}: predicted/measured round s {pairs}; error median {row.median_error:.0%}, "
             f"worst {row.worst_error:.0%}"
         )
     median, worst, n = tables.prediction_errors(client_rounds)
     progress.detail(f"all {n} client rounds: |predicted - measured| / measured median {median:.0%}, worst {worst:.0%}")
+    disturbed = int(rounds["disturbed"].sum())
+    if disturbed:
+        median, worst, n = tables.prediction_errors(client_rounds, skip_disturbed=True)
+        progress.detail(
+            f"* {disturbed} round(s) the host disturbed (CPU per step more than "
+            f"{HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width); "
+            f"the other {n}: median {median:.0%}, worst {worst:.0%}"
+        )
 
 
 def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
@@ -372,9 +382,11 @@ def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
         progress.detail("no straggler was calibrated (FLuID needs a round of measured times first)")
         return
     for row in table.itertuples(index=False):
+        disturbed = " (the host disturbed this round: more CPU per step than at that size in other rounds)"
         progress.detail(
             f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), size {row.size:g}, round "
             f"{row.seconds:.2f} s against target {row.target_s:.2f} s = {row.over_target:.2f} x target"
+            + (disturbed if row.disturbed else "")
         )
 
 

@@ -752,6 +752,45 @@ def fl_timeline_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
 
 
+def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
+    """Flag the client rounds the host disturbed: CPU per step above the device's comparable rounds.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows; ``metrics`` (dicts or JSON) with ``loop_cpu_seconds`` and
+        ``steps`` (the devices executor's resident runner).
+
+    Returns
+    -------
+    pandas.Series of bool
+        Indexed as ``client_rounds``: `fl.roundcost.host_disturbed` over each run's rounds of
+        one device at one configuration (width and architecture). Not flagged: rounds without
+        the loop's CPU time, and FjORD rounds that drew more than one width (their CPU per
+        step moves with the draw).
+    """
+    from fl.roundcost import host_disturbed
+
+    flags = pd.Series(False, index=client_rounds.index, dtype=bool)
+    if client_rounds.empty or "metrics" not in client_rounds:
+        return flags
+    series: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
+    for index, row in client_rounds.iterrows():
+        metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
+        cpu, steps = _number(metrics.get("loop_cpu_seconds")), _number(metrics.get("steps"))
+        drawn = [k for k, v in metrics.items() if k.startswith("steps_at_width/") and _number(v) > 0]
+        per_step = cpu / steps if math.isfinite(cpu) and steps > 0 and len(drawn) <= 1 else None
+        arch_widths = row.get("arch_widths", ())
+        arch = tuple(json.loads(arch_widths)) if isinstance(arch_widths, str) else tuple(arch_widths or ())
+        key = (row["run_id"], row["device"], float(row["width"]), arch)
+        series.setdefault(key, []).append((row["round"], index, per_step))
+    for rounds in series.values():
+        rounds.sort(key=lambda item: item[0])
+        for (_, index, _), flag in zip(rounds, host_disturbed([v for _, _, v in rounds]), strict=True):
+            flags[index] = flag
+    return flags
+
+
 def fl_virtual_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
     """Place each client's virtual round of a population run on the run's virtual time line.
 
@@ -820,14 +859,15 @@ def fl_predicted_rounds(client_rounds: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        `fl_timeline_table` columns plus ``predicted_s`` and ``error`` (``|predicted_s -
-        total_s| / total_s``).
+        `fl_timeline_table` columns plus ``predicted_s``, ``error`` (``|predicted_s -
+        total_s| / total_s``) and ``disturbed`` (`host_disturbed_rounds`).
     """
     if client_rounds.empty or "predicted_seconds" not in client_rounds:
-        return pd.DataFrame(columns=["run_id", "device", "predicted_s", "total_s", "error"])
+        return pd.DataFrame(columns=["run_id", "device", "predicted_s", "total_s", "disturbed", "error"])
     frame = fl_timeline_table(client_rounds)
     ordered = client_rounds.sort_values(["run_id", "round", "cid"])
     frame["predicted_s"] = _floats(ordered["predicted_seconds"]).to_numpy()
+    frame["disturbed"] = host_disturbed_rounds(client_rounds).loc[ordered.index].to_numpy()
     frame = frame[(frame["status"] == "ok") & frame["predicted_s"].notna() & (frame["total_s"] > 0)]
     return frame.assign(error=(frame["predicted_s"] - frame["total_s"]).abs() / frame["total_s"])
 
@@ -843,11 +883,13 @@ def fl_prediction_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        ``run_id, device, rounds, predicted_s, measured_s, median_error, worst_error``: medians
-        over the device's successful rounds with a prediction; the errors are ``|predicted -
-        measured| / measured`` (median and largest). Empty when no round has a prediction.
+        ``run_id, device, rounds, predicted_s, measured_s, median_error, worst_error,
+        disturbed``: medians over the device's successful rounds with a prediction; the
+        errors are ``|predicted - measured| / measured`` (median and largest); ``disturbed``
+        counts the rounds the host disturbed (`host_disturbed_rounds`). Empty when no round
+        has a prediction.
     """
-    columns = ["run_id", "device", "rounds", "predicted_s", "measured_s", "median_error", "worst_error"]
+    columns = ["run_id", "device", "rounds", "predicted_s", "measured_s", "median_error", "worst_error", "disturbed"]
     frame = fl_predicted_rounds(client_rounds)
     if frame.empty:
         return pd.DataFrame(columns=columns)
@@ -862,18 +904,21 @@ def fl_prediction_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
                 "measured_s": float(group["total_s"].median()),
                 "median_error": float(group["error"].median()),
                 "worst_error": float(group["error"].max()),
+                "disturbed": int(group["disturbed"].sum()),
             }
         )
     return pd.DataFrame(rows, columns=columns)
 
 
-def prediction_errors(client_rounds: pd.DataFrame) -> tuple[float, float, int]:
+def prediction_errors(client_rounds: pd.DataFrame, *, skip_disturbed: bool = False) -> tuple[float, float, int]:
     """Return the median and worst ``|predicted - measured| / measured`` over every predicted client round.
 
     Parameters
     ----------
     client_rounds : pandas.DataFrame
         ``fl_client_rounds`` rows.
+    skip_disturbed : bool
+        Leave out the rounds the host disturbed (`host_disturbed_rounds`).
 
     Returns
     -------
@@ -881,6 +926,8 @@ def prediction_errors(client_rounds: pd.DataFrame) -> tuple[float, float, int]:
         NaN and 0 rounds when none was predicted.
     """
     frame = fl_predicted_rounds(client_rounds)
+    if skip_disturbed and not frame.empty:
+        frame = frame[~frame["disturbed"].astype(bool)]
     if frame.empty:
         return math.nan, math.nan, 0
     return float(frame["error"].median()), float(frame["error"].max()), len(frame)
@@ -899,16 +946,20 @@ def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.
     Returns
     -------
     pandas.DataFrame
-        ``run_id, round, cid, device, size, seconds, predicted_s, target_s, over_target`` for
-        every straggler of a round with a target.
+        ``run_id, round, cid, device, size, seconds, predicted_s, target_s, over_target,
+        disturbed`` for every straggler of a round with a target (``disturbed``: the host
+        disturbed its round, `host_disturbed_rounds`).
     """
-    columns = ["run_id", "round", "cid", "device", "size", "seconds", "predicted_s", "target_s", "over_target"]
+    columns = [
+        "run_id", "round", "cid", "device", "size", "seconds", "predicted_s", "target_s", "over_target", "disturbed"
+    ]  # fmt: skip
     if rounds.empty or client_rounds.empty:
         return pd.DataFrame(columns=columns)
     timeline = fl_timeline_table(client_rounds)
     ordered = client_rounds.sort_values(["run_id", "round", "cid"])
     predicted = ordered["predicted_seconds"] if "predicted_seconds" in ordered else pd.Series([math.nan] * len(ordered))
     timeline["predicted_s"] = _floats(predicted).to_numpy()
+    timeline["disturbed"] = host_disturbed_rounds(client_rounds).loc[ordered.index].to_numpy()
     rows = []
     for _, r in rounds.iterrows():
         metrics = r["metrics"] if isinstance(r["metrics"], Mapping) else json.loads(r["metrics"] or "{}")
@@ -922,6 +973,7 @@ def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.
                     "run_id": r["run_id"], "round": r["round"], "cid": s["cid"], "device": s["device"],
                     "size": s["width"], "seconds": s["total_s"], "predicted_s": s["predicted_s"], "target_s": target,
                     "over_target": s["total_s"] / target if target > 0 else math.nan,
+                    "disturbed": bool(s["disturbed"]),
                 }
             )  # fmt: skip
     return pd.DataFrame(rows, columns=columns)

@@ -46,7 +46,7 @@ from exporters.zoo import get_model
 from fl import scheduling
 from fl.data import load_federated, write_bench_data
 from fl.executors.devices import DevicesExecutor
-from fl.roundcost import executor_configs, round_cost_from_store, round_overheads
+from fl.roundcost import HOST_DISTURBANCE_LIMIT, executor_configs, round_cost_from_store, round_overheads
 from fl.runlog import RunLog
 from fl.scheduling.configs import ProfileConfig
 from fl.server import RunConfig, run_fl
@@ -125,15 +125,22 @@ def fluid_figures(store: ProfileStore, fluid_run: int) -> None:
     print("\n== FLuID calibration (target: the slowest non-straggler's predicted full-width round)")
     print(
         f"{'round':>5} {'straggler':>9} {'device':>7} {'size':>5} {'time s':>7} {'pred s':>7} {'target s':>8} "
-        f"{'ratio':>6}"
+        f"{'ratio':>6} host"
     )
     for r in table.itertuples(index=False):
         print(
             f"{int(r.round):>5} {r.cid:>9} {r.device:>7} {r.size:>5.3g} {r.seconds:>7.2f} {r.predicted_s:>7.2f} "
-            f"{r.target_s:>8.2f} {r.over_target:>6.2f}"
+            f"{r.target_s:>8.2f} {r.over_target:>6.2f} {'disturbed' if r.disturbed else ''}"
         )
     if table.empty:
         print("  no straggler was calibrated")
+    else:
+        later = table[table["round"] >= 2]  # from the second calibrated round on
+        kept = later[~later["disturbed"].astype(bool)]
+        for name, part in (("every round", later), ("rounds the host did not disturb", kept)):
+            ratios = ", ".join(f"{v:.2f}" for v in part["over_target"])
+            inside = int(((part["over_target"] >= 0.9) & (part["over_target"] <= 1.1)).sum())
+            print(f"  from the second calibrated round, {name}: {ratios} ({inside} of {len(part)} in [0.9, 1.1])")
 
 
 def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) -> None:
@@ -159,6 +166,14 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
     everything = pd.concat(frames, ignore_index=True)
     median, worst, n = tables.prediction_errors(everything)
     print(f"  all runs: median {median:.1%}, worst {worst:.1%} over {n} client rounds (targets: 10 %, 25 %)")
+    predicted = tables.fl_predicted_rounds(everything)
+    disturbed = predicted[predicted["disturbed"].astype(bool)]
+    median, worst, n = tables.prediction_errors(everything, skip_disturbed=True)
+    print(
+        f"  all runs, the {n} rounds the host did not disturb: median {median:.1%}, worst {worst:.1%}; "
+        f"{len(disturbed)} disturbed (CPU per step > {HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds "
+        "at that width): " + ", ".join(f"{r.device} r{int(r['round'])} {r.error:.0%}" for _, r in disturbed.iterrows())
+    )
     later = everything[everything["round"] >= 1]
     median, worst, n = tables.prediction_errors(later)
     print(f"  rounds >= 1 (calibrated by earlier rounds): median {median:.1%}, worst {worst:.1%}")

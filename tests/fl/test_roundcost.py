@@ -181,3 +181,18 @@ def test_a_calibrated_prediction_follows_the_device_s_measured_rounds() -> None:
     predictor.observe("pi", 0.0, 0.3)  # an unusable prediction is ignored
     assert predictor.factor("pi") == pytest.approx(1.0)
     assert predictor(ClientSpec("c2", capacity=1.0, num_examples=200, device=None), full) is None
+
+
+def test_host_disturbed_flags_a_round_above_its_cheapest_neighbour() -> None:
+    from fl.roundcost import host_disturbed
+
+    # 12 ms per step among rounds of 10 ms: 20 % above the cheapest neighbour
+    assert host_disturbed([0.012, 0.010, 0.0105, 0.010]) == [True, False, False, False]
+    # exactly at the limit is not above it; a lone round has no reference; unmeasured rounds are skipped
+    assert host_disturbed([0.011, 0.010], limit=0.10) == [False, False]
+    assert host_disturbed([0.5]) == [False]
+    assert host_disturbed([None, 0.010, None, 0.013]) == [False, False, False, True]
+    # the reference is the cheapest round within `span` rounds: a level that moved for good ages out
+    levels = [0.010, 0.010, 0.012, 0.012, 0.012, 0.012]
+    assert host_disturbed(levels, span=2) == [False, False, True, True, False, False]
+    assert host_disturbed(levels, span=5) == [False, False, True, True, True, True]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -359,3 +360,41 @@ def test_predicted_against_measured_client_rounds_per_device() -> None:
     [straggler] = fl_straggler_table(rounds, client_rounds).to_dict("records")
     assert (straggler["device"], straggler["size"], straggler["seconds"]) == ("pi3", 0.5, 10.0)
     assert straggler["over_target"] == pytest.approx(10.0 / 8.0) and straggler["predicted_s"] == 5.0
+
+
+def test_client_rounds_with_more_cpu_per_step_than_their_neighbours_are_flagged_as_host_disturbed() -> None:
+    def row(rnd: int, device: str, cpu: float, predicted: float, **kw: object) -> dict:
+        metrics = {"loop_cpu_seconds": cpu, "steps": 40, **kw.get("metrics", {})}  # type: ignore[dict-item]
+        return {
+            "run_id": 1, "round": rnd, "cid": device, "device": device, "width": kw.get("width", 1.0), "tier": 0,
+            "straggler": kw.get("straggler", 0), "status": "ok", "download_seconds": 0.0, "compute_seconds": 1.0,
+            "upload_seconds": 0.0, "wait_seconds": None, "predicted_seconds": predicted, "arch_widths": [],
+            "metrics": json.dumps(metrics),
+        }  # fmt: skip
+
+    mixed = {"steps_at_width/0.25": 20, "steps_at_width/1.0": 20}
+    client_rounds = pd.DataFrame(
+        [
+            row(0, "pi3", 0.52, 0.7, straggler=1),  # 13 ms per step against 10 ms in rounds 1 and 2: disturbed
+            row(1, "pi3", 0.40, 1.0, straggler=1),
+            row(2, "pi3", 0.43, 1.0, straggler=1),  # 7.5 % above: within the 10 % limit
+            row(3, "pi3", 0.10, 1.0, width=0.25),  # another width: compared with nothing, not flagged
+            row(0, "pi4", 0.30, 1.0),
+            row(1, "pi4", 0.60, 1.0, metrics=mixed),  # FjORD rounds that drew two widths are not judged
+            row(2, "pi4", 0.30, 1.0, metrics={"steps_at_width/1.0": 40}),
+        ]
+    )
+    flags = tables.host_disturbed_rounds(client_rounds)
+    assert list(flags) == [True, False, False, False, False, False, False]
+
+    # the disturbed round's 30 % error is left out on request; the others are exact
+    assert tables.prediction_errors(client_rounds) == (0.0, pytest.approx(0.3), 7)
+    assert tables.prediction_errors(client_rounds, skip_disturbed=True) == (0.0, 0.0, 6)
+    table = tables.fl_prediction_table(client_rounds).set_index("device")
+    assert table.loc["pi3", "disturbed"] == 1 and table.loc["pi4", "disturbed"] == 0
+
+    rounds = pd.DataFrame([{"run_id": 1, "round": r, "metrics": '{"target_seconds": 1.0}'} for r in (0, 1)])
+    stragglers = tables.fl_straggler_table(rounds, client_rounds)
+    assert list(stragglers["disturbed"]) == [True, False]
+    # without the runner's loop metrics nothing is judged
+    assert not tables.host_disturbed_rounds(client_rounds.drop(columns="metrics")).any()
