@@ -412,8 +412,9 @@ def host_disturbed(
     values = list(cpu_per_step)
     flags = []
     for i, value in enumerate(values):
-        near = [v for j, v in enumerate(values[max(0, i - span) : i + span + 1], start=max(0, i - span)) if j != i]
-        known = [v for v in near if v is not None and v > 0]
+        first = max(0, i - span)
+        near = enumerate(values[first : i + span + 1], start=first)
+        known = [v for j, v in near if j != i and v is not None and v > 0]
         flags.append(value is not None and bool(known) and value > (1.0 + limit) * min([value, *known]))
     return flags
 

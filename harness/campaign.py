@@ -1194,7 +1194,7 @@ class _DeviceRun:
             assert self.scratch is not None
             # the transfers move this model's own payloads: its sets of this configuration
             config = (spec.model, spec.batch, spec.optimizer)
-            model_sets = [d for key, d in self.sets.items() if (key[0], *key[2:]) == config]
+            model_sets = [d for (model, _, batch, opt), d in self.sets.items() if (model, batch, opt) == config]
             cost = measure_round_cost(
                 transport, self.device, runner=runner, remote_set=remote_set, set_dir=set_dir, width=spec.width,
                 scratch=self.scratch / name, backend=spec.backend, optimizer=spec.optimizer, threads=spec.threads,

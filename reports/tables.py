@@ -791,6 +791,16 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
     return flags
 
 
+def _timeline_with_predictions(client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """`fl_timeline_table` plus ``predicted_s`` (NaN where none) and ``disturbed`` (`host_disturbed_rounds`)."""
+    timeline = fl_timeline_table(client_rounds)
+    ordered = client_rounds.sort_values(["run_id", "round", "cid"])  # fl_timeline_table's order
+    predicted = ordered["predicted_seconds"] if "predicted_seconds" in ordered else pd.Series([math.nan] * len(ordered))
+    timeline["predicted_s"] = _floats(predicted).to_numpy()
+    timeline["disturbed"] = host_disturbed_rounds(client_rounds).loc[ordered.index].to_numpy()
+    return timeline
+
+
 def fl_virtual_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
     """Place each client's virtual round of a population run on the run's virtual time line.
 
@@ -864,10 +874,7 @@ def fl_predicted_rounds(client_rounds: pd.DataFrame) -> pd.DataFrame:
     """
     if client_rounds.empty or "predicted_seconds" not in client_rounds:
         return pd.DataFrame(columns=["run_id", "device", "predicted_s", "total_s", "disturbed", "error"])
-    frame = fl_timeline_table(client_rounds)
-    ordered = client_rounds.sort_values(["run_id", "round", "cid"])
-    frame["predicted_s"] = _floats(ordered["predicted_seconds"]).to_numpy()
-    frame["disturbed"] = host_disturbed_rounds(client_rounds).loc[ordered.index].to_numpy()
+    frame = _timeline_with_predictions(client_rounds)
     frame = frame[(frame["status"] == "ok") & frame["predicted_s"].notna() & (frame["total_s"] > 0)]
     return frame.assign(error=(frame["predicted_s"] - frame["total_s"]).abs() / frame["total_s"])
 
@@ -955,11 +962,7 @@ def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.
     ]  # fmt: skip
     if rounds.empty or client_rounds.empty:
         return pd.DataFrame(columns=columns)
-    timeline = fl_timeline_table(client_rounds)
-    ordered = client_rounds.sort_values(["run_id", "round", "cid"])
-    predicted = ordered["predicted_seconds"] if "predicted_seconds" in ordered else pd.Series([math.nan] * len(ordered))
-    timeline["predicted_s"] = _floats(predicted).to_numpy()
-    timeline["disturbed"] = host_disturbed_rounds(client_rounds).loc[ordered.index].to_numpy()
+    timeline = _timeline_with_predictions(client_rounds)
     rows = []
     for _, r in rounds.iterrows():
         metrics = r["metrics"] if isinstance(r["metrics"], Mapping) else json.loads(r["metrics"] or "{}")
