@@ -188,7 +188,7 @@ def run_demo(args: argparse.Namespace) -> int:
             result = campaign.run_campaign(
                 fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
                 progress=lambda event: progress.detail(campaign.format_event(event)), announce=progress.detail,
-                round_cost=True, data=bench_data,
+                round_cost=True, data=bench_data, passes=args.passes,
             )  # fmt: skip
             ok = sum(m.ok for m in result.measurements)
             imprecise = sum(m.imprecise for m in result.measurements)
@@ -446,6 +446,7 @@ def run_fl_rounds(
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``fleetbench`` parser."""
     from exporters.cli import non_negative_int, positive_float, positive_int
+    from harness.cli import add_passes_argument
     from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
 
     demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
@@ -464,6 +465,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-seconds", type=positive_float, default=DEMO_MAX_SECONDS,
         help=f"per-cell cap on warm-up and sampling (default {DEMO_MAX_SECONDS:g})",
     )  # fmt: skip
+    add_passes_argument(demo)
     demo.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per device command (default 120)")
     demo.add_argument("--seed", type=non_negative_int, default=0)
     demo.add_argument(

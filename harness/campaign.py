@@ -17,7 +17,10 @@ A campaign is thin orchestration over the other harness pieces:
    ``runner.py bench`` under the per-cell timeout (the runner samples until the median
    is precise or its cap, see `harness.runner`), parse its JSON document and store the
    `Measurement` at once (one transaction per cell, so an interrupted campaign loses no
-   finished cell).
+   finished cell). With ``passes`` above 1 (the default, `DEFAULT_PASSES`) that run is
+   the cell's first pass, on its share of the cap; the device's resident runner then
+   takes the later passes of every cell in turn, and a cell is stored after its last
+   (`merge_passes`, `_DeviceRun`).
 
 Isolation (decided here)
     Devices that run on this host (``local`` devices, emulated devices, and devices
@@ -156,7 +159,9 @@ class CampaignResult:
     deploys : dict
         Device name -> list of ``harness.deploy.DeployResult`` (one per artifact set).
     runner_invocations : int
-        Runner commands actually started on devices.
+        ``runner.py bench`` processes actually started on devices (one per cell: its first pass).
+    resident_requests : int
+        Bench requests sent to resident runners (the cells' later passes).
     interrupted : bool
         True when the stop event was set before every cell ran.
     plan : IsolationPlan or None
@@ -172,6 +177,7 @@ class CampaignResult:
     skipped: list[BenchSpec] = field(default_factory=list)
     deploys: dict[str, list[Any]] = field(default_factory=dict)
     runner_invocations: int = 0
+    resident_requests: int = 0
     interrupted: bool = False
     plan: IsolationPlan | None = None
     round_costs: dict[str, list[Any]] = field(default_factory=dict)
@@ -826,6 +832,83 @@ def _undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
     return [value for value, flag in zip(values, flags, strict=True) if not flag]
 
 
+#: Passes a cell's samples are spread over by default (`run_campaign`): its first in a
+#: process of its own, the rest as requests to the device's resident runner, each pass
+#: of every cell after the previous pass of all the device's cells.
+DEFAULT_PASSES = 4
+
+
+def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[str, Any]:
+    """Merge the runner documents of one cell's passes into the cell's document (pure).
+
+    The samples of every pass are pooled; where every pass judged its samples
+    (``disturbed``, one flag per sample), the pool is judged again as one
+    (`harness.runner.disturbed_samples`), so a pass the host slowed as a whole stands out
+    against the others. The median and its interval are those of the pooled samples that
+    count.
+
+    Parameters
+    ----------
+    docs : sequence of Mapping
+        The passes' documents, first pass first (each with status ``ok``). The first
+        pass ran in a process of its own: its peak memory, warm-up and matmul rate are
+        the cell's.
+    precision : float
+        The cell's target half-width (0: a fixed count, never imprecise).
+
+    Returns
+    -------
+    dict
+        The first pass's document with the pooled ``step_seconds``, ``cpu_step_seconds``,
+        ``disturbed``, ``steps_per_sample``, ``loss``, ``samples``, ``timed_seconds``,
+        ``median_ci_seconds``, ``precision_achieved``, ``imprecise`` and ``stop_reason``
+        (``"precision"`` when the pool reaches it, else ``"time cap"`` when a pass hit its
+        cap, else ``"passes differ"``); ``throttled`` when any pass was; the last pass's
+        load average after; and ``passes`` and ``pass_medians`` (the median of each
+        pass's samples that count, seconds per step).
+    """
+    from harness.runner import disturbed_samples, median_interval
+
+    if not docs:
+        raise ValueError("merge_passes needs at least one pass")
+    first = docs[0]
+    seconds = [float(v) for doc in docs for v in doc.get("step_seconds") or ()]
+    cpu = [float(v) for doc in docs for v in doc.get("cpu_step_seconds") or ()]
+    judged = all(len(doc.get("disturbed") or ()) == len(doc.get("step_seconds") or ()) for doc in docs)
+    flags = disturbed_samples(cpu) if judged and len(cpu) == len(seconds) else []
+    merged: dict[str, Any] = dict(first)
+    merged.update(
+        step_seconds=seconds,
+        cpu_step_seconds=cpu if len(cpu) == len(seconds) else [],
+        disturbed=[int(flag) for flag in flags],
+        steps_per_sample=[n for doc in docs for n in doc.get("steps_per_sample") or ()],
+        loss=[v for doc in docs for v in doc.get("loss") or ()],
+        samples=len(seconds),
+        timed_seconds=sum(float(doc.get("timed_seconds") or 0.0) for doc in docs),
+        throttled=any(bool(doc.get("throttled")) for doc in docs),
+        passes=len(docs),
+        pass_medians=[median_interval(sorted(c))[0] if (c := counted_steps(doc)) else None for doc in docs],
+    )
+    loads = [doc.get("loadavg") or {} for doc in docs]
+    merged["loadavg"] = {**loads[0], "after": loads[-1].get("after")}
+    counted = sorted(counted_steps(merged))
+    _, low, high, half = median_interval(counted) if counted else (None, None, None, None)
+    merged.pop("median_ci_seconds", None)
+    if low is not None:
+        merged["median_ci_seconds"] = [low, high]
+    merged["precision_achieved"] = half
+    merged["imprecise"] = precision > 0 and (half is None or half > precision)
+    if precision <= 0:
+        merged["stop_reason"] = "steps"
+    elif not merged["imprecise"]:
+        merged["stop_reason"] = "precision"
+    elif any(doc.get("stop_reason") in ("time cap", "sample cap") for doc in docs):
+        merged["stop_reason"] = "time cap"
+    else:
+        merged["stop_reason"] = "passes differ"
+    return merged
+
+
 def device_busy(doc: Mapping[str, Any]) -> str:
     """Say whether the runner saw a busy device: a load average above the cpus it may use.
 
@@ -1013,8 +1096,31 @@ class _Activity:
             return self.seen.pop(name, set())
 
 
+@dataclass
+class _Cell:
+    """One cell on its way through its passes: the documents of the passes measured so far."""
+
+    spec: BenchSpec
+    started: float
+    passes: int
+    status: str = "runner error"
+    message: str = ""
+    docs: list[dict[str, Any]] = field(default_factory=list)
+    concurrent: set[str] = field(default_factory=set)
+    pass_failure: str = ""
+    finished: bool = False
+
+
 class _DeviceRun:
-    """The cells of one device, run one at a time in this device's thread."""
+    """The cells of one device, run one at a time in this device's thread.
+
+    With ``passes`` above 1, each cell's time cap is split over that many passes: every
+    cell's first pass runs ``runner.py bench`` in a process of its own (as with one pass),
+    then pass 2 of every cell, pass 3 of every cell, ... run as requests to the device's
+    resident runner (`harness.resident.ResidentRunner`), and each cell is stored after
+    its last pass (`merge_passes`). Spread over the device's turn, a cell's samples do not
+    all fall in one window in which the host slows the device.
+    """
 
     def __init__(
         self,
@@ -1040,7 +1146,13 @@ class _DeviceRun:
         scratch: Path | None = None,
         say: Callable[[str], None] | None = None,
         data: Path | None = None,
+        passes: int = 1,
     ) -> None:
+        from harness.resident import ResidentRunner
+
+        self.passes = max(1, int(passes))
+        self.residents: dict[tuple[str, int], ResidentRunner] = {}
+        self.workdir: str | None = None
         self.cost_specs, self.scratch, self.say = list(cost_specs), scratch, say
         self.data, self.remote_data = data, cast(str | None, None)
         self.device, self.specs, self.sets = device, specs, sets
@@ -1062,6 +1174,9 @@ class _DeviceRun:
         return self.transport
 
     def _drop_transport(self) -> None:
+        residents, self.residents = list(self.residents.values()), {}
+        for resident in residents:
+            resident.close()
         if self.transport is not None:
             try:
                 self.transport.close()
@@ -1087,6 +1202,7 @@ class _DeviceRun:
             self.result.deploys.setdefault(self.device.name, []).extend(deployed)
         for set_dir, result in zip(wanted, deployed, strict=True):
             self.remote_sets[(set_dir, False)] = str(result.remote_dir)
+            self.workdir = self.workdir or result.workdir
 
     def _prepare(self, set_dir: Path, backend: str) -> tuple[Transport, str, str]:
         """Connect, snapshot facts, deploy runner and set (each once per device).
@@ -1126,38 +1242,98 @@ class _DeviceRun:
             with self.lock:
                 self.result.deploys.setdefault(self.device.name, []).append(deployed)
             self.remote_sets[key] = str(deployed.remote_dir)
+            self.workdir = self.workdir or deployed.workdir
         return transport, self.runner_remote, self.remote_sets[key]
 
-    def _measure(self, spec: BenchSpec) -> Measurement:
-        started = self.clock()
+    def _passes_of(self, spec: BenchSpec) -> int:
+        # a fixed count of samples (precision 0) is one run's count: it is not split
+        return self.passes if spec.precision > 0 else 1
+
+    def _pass_options(self, spec: BenchSpec, passes: int) -> dict[str, Any]:
+        """Return the `harness.contract.bench_options` of one of ``spec``'s ``passes`` passes (its share of the cap)."""
+        return {
+            "backend": spec.backend, "warmup": spec.warmup, "steps": -(-spec.steps // passes), "threads": spec.threads,
+            "sample_seconds": sample_seconds_for(self.device), "precision": spec.precision,
+            "max_seconds": spec.max_seconds / passes,
+        }  # fmt: skip
+
+    def _first_pass(self, spec: BenchSpec) -> _Cell:
+        """Run ``spec``'s first pass as ``runner.py bench`` in a process of its own."""
+        cell = _Cell(spec, self.clock(), self._passes_of(spec))
         self.activity.cell_started(self.device.name)
-        status, message, doc = "runner error", "", cast(dict[str, Any], {})
         try:
             set_dir = self.sets[_set_key(spec)]
             transport, runner, remote_set = self._prepare(set_dir, spec.backend)
             with self.lock:
                 self.result.runner_invocations += 1
             argv = contract.bench_argv(
-                self.start or self.device.python, runner, remote_set, backend=spec.backend, warmup=spec.warmup,
-                steps=spec.steps, threads=spec.threads, sample_seconds=sample_seconds_for(self.device),
-                precision=spec.precision, max_seconds=spec.max_seconds,
+                self.start or self.device.python, runner, remote_set, **self._pass_options(spec, cell.passes),
                 data=self.remote_data if spec.data else None,
             )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout)
             output = contract.parse_output(run.rc, run.stdout, run.stderr)
-            status, message, doc = output.status, output.message, output.document
-            if doc:
+            cell.status, cell.message = output.status, output.message
+            if output.document:
                 # The analytic counts travel with the cell, so stored rows carry train FLOPs.
                 manifest = json.loads((set_dir / "manifest.json").read_text())
-                doc = {**doc, "counts": manifest.get("counts", {})}
+                cell.docs.append({**output.document, "counts": manifest.get("counts", {})})
         except TransportError as exc:
-            status, message = exc.kind, str(exc) or type(exc).__name__
+            cell.status, cell.message = exc.kind, str(exc) or type(exc).__name__
             self._drop_transport()
         except Exception as exc:  # noqa: BLE001 - one broken cell is a record, never a crashed campaign
-            status, message = "runner error", f"{type(exc).__name__}: {exc}"
+            cell.status, cell.message = "runner error", f"{type(exc).__name__}: {exc}"
             self._drop_transport()
-        concurrent = self.activity.cell_finished(self.device.name)
-        return self._build(spec, status, message, doc, started, concurrent)
+        cell.concurrent |= self.activity.cell_finished(self.device.name)
+        return cell
+
+    def _later_pass(self, cell: _Cell, number: int) -> tuple[str, str] | None:
+        """Run pass ``number`` of ``cell`` on the device's resident runner; the failure when the device is gone."""
+        from harness.resident import ResidentRunner
+
+        spec, name = cell.spec, self.device.name
+        self.activity.cell_started(name)
+        down = None
+        try:
+            transport, runner, remote_set = self._prepare(self.sets[_set_key(spec)], spec.backend)
+            key = (spec.backend, spec.threads)
+            if key not in self.residents:
+                assert self.workdir is not None  # set by the deployment `_prepare` made
+                self.residents[key] = ResidentRunner.for_device(
+                    transport, self.start or self.device.python, runner, backend=spec.backend, threads=spec.threads,
+                    workdir=self.workdir, start_timeout=self.timeout,
+                )  # fmt: skip
+            with self.lock:
+                self.result.resident_requests += 1
+            output = self.residents[key].bench(
+                remote_set, timeout=self.timeout, data=self.remote_data if spec.data else None,
+                request_id=f"{spec.cell_key()}#{number}", matmul_seconds=0.0, **self._pass_options(spec, cell.passes),
+            )  # fmt: skip
+            if output.ok:
+                cell.docs.append(dict(output.document))
+            else:
+                cell.pass_failure = f"pass {number} of {cell.passes} failed: {output.status}: {output.message}"
+        except TransportError as exc:
+            kind = exc.kind
+            cell.pass_failure = f"pass {number} of {cell.passes} failed: {kind}: {str(exc) or type(exc).__name__}"
+            self._drop_transport()
+            if kind in DEVICE_DOWN_KINDS:
+                down = (kind, str(exc) or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - one broken pass is a record, never a crashed campaign
+            cell.pass_failure = f"pass {number} of {cell.passes} failed: runner error: {type(exc).__name__}: {exc}"
+            self._drop_transport()
+        cell.concurrent |= self.activity.cell_finished(name)
+        return down
+
+    def _finish(self, cell: _Cell) -> Measurement:
+        """Return the cell's `Measurement`, its passes merged (`merge_passes`) where it has more than one."""
+        doc = cell.docs[0] if len(cell.docs) == 1 else {}
+        if len(cell.docs) > 1:
+            doc = merge_passes(cell.docs, cell.spec.precision)
+        measurement = self._build(cell.spec, cell.status, cell.message, doc, cell.started, cell.concurrent)
+        if cell.pass_failure:
+            message = "; ".join(part for part in (measurement.message, cell.pass_failure) if part)
+            measurement = replace(measurement, message=message)
+        return measurement
 
     def _build(
         self,
@@ -1246,40 +1422,63 @@ class _DeviceRun:
                     return False
         return not self.stop.is_set()
 
+    def _stopped(self) -> bool:
+        if self.stop.is_set():
+            with self.lock:
+                self.result.interrupted = True
+            return True
+        return False
+
+    def _record(self, measurement: Measurement, done: int) -> None:
+        self.store.record(self.campaign_id, measurement)
+        with self.lock:
+            self.result.measurements.append(measurement)
+        try:
+            self.progress(CellEvent(self.device.name, done, len(self.specs), measurement))
+        except Exception as exc:  # noqa: BLE001 - a broken display must not stop the measurements
+            print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
+
     def __call__(self) -> None:
-        down: Measurement | None = None
+        down: tuple[str, str] | None = None
         name = self.device.name
+        done = 0
         try:
             if not self._wait_turn():
                 with self.lock:
                     self.result.interrupted = True
                 return
             self.activity.device_started(name)
-            for done, spec in enumerate(self.specs, 1):
-                if self.stop.is_set():
-                    with self.lock:
-                        self.result.interrupted = True
+            pending: list[_Cell] = []
+            for spec in self.specs:
+                if self._stopped():
                     return
                 if down is not None:
-                    now = self.clock()
-                    measurement = self._build(
-                        spec, down.status, f"not tried: device failed earlier ({down.message})", {}, now
-                    )
+                    cell = _Cell(spec, self.clock(), 1, down[0], f"not tried: device failed earlier ({down[1]})")
                 else:
-                    measurement = self._measure(spec)
-                    if measurement.status in DEVICE_DOWN_KINDS:
-                        down = measurement
-                self.store.record(self.campaign_id, measurement)
-                with self.lock:
-                    self.result.measurements.append(measurement)
-                try:
-                    self.progress(CellEvent(self.device.name, done, len(self.specs), measurement))
-                except Exception as exc:  # noqa: BLE001 - a broken display must not stop the measurements
-                    print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
+                    cell = self._first_pass(spec)
+                    if cell.status in DEVICE_DOWN_KINDS:
+                        down = (cell.status, cell.message)
+                    if cell.docs and cell.status == "ok" and cell.passes > 1:
+                        pending.append(cell)  # stored after its last pass
+                        continue
+                done += 1
+                self._record(self._finish(cell), done)
+            for number in range(2, self.passes + 1):
+                for cell in pending:
+                    if cell.finished:
+                        continue
+                    if self._stopped():
+                        return  # cells short of their passes are not stored: a resume measures them again
+                    if down is not None and not cell.pass_failure:
+                        cell.pass_failure = f"passes {number}-{cell.passes} not measured: the device failed ({down[0]})"
+                    if not cell.pass_failure:
+                        down = self._later_pass(cell, number) or down
+                    if number == cell.passes or cell.pass_failure:
+                        cell.finished = True
+                        done += 1
+                        self._record(self._finish(cell), done)
             for spec in self.cost_specs:
-                if self.stop.is_set():
-                    with self.lock:
-                        self.result.interrupted = True
+                if self._stopped():
                     return
                 if down is not None:
                     continue  # the device is gone; its cells say why
@@ -1306,6 +1505,7 @@ def run_campaign(
     campaign_id: int | None = None,
     round_cost: bool = False,
     data: Path | str | None = None,
+    passes: int = DEFAULT_PASSES,
 ) -> CampaignResult:
     """Measure ``specs`` on the fleet and store every cell as it finishes.
 
@@ -1343,6 +1543,9 @@ def run_campaign(
         The bench data of cells planned with it (``plan_cells(data=bench_data_label(data))``):
         an ``.npz`` shard deployed once per device; their steps, and the round-cost
         requests, train on it instead of random inputs.
+    passes : int
+        Passes each cell's time cap is split over (`_DeviceRun`; 1: one run per cell,
+        in a process of its own). Cells of a fixed sample count (precision 0) take one.
 
     Returns
     -------
@@ -1419,6 +1622,7 @@ def run_campaign(
             scratch=Path(artifacts_dir) / ".roundcost",
             say=say,
             data=data,
+            passes=passes,
         )
         thread = threading.Thread(target=worker, name=f"campaign-{name}", daemon=True)
         thread.start()
@@ -1737,7 +1941,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     with ProfileStore(Path(args.db)) as store:
         run = {
             "artifacts_dir": Path(args.artifacts), "timeout": args.timeout, "resume": args.resume,
-            "round_cost": not args.no_round_cost, "data": args.data,
+            "round_cost": not args.no_round_cost, "data": args.data, "passes": args.passes,
         }  # fmt: skip
         if isinstance(request, int):
             choice = choose_widths(fleet, store, request, cells=cells, **run)
@@ -1764,7 +1968,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     resume = ["fleetbench", "profile", "--fleet", args.fleet, "--model", args.model, "--widths", args.widths]
     resume += ["--batch", args.batch, "--backend", args.backend, "--steps", str(args.steps)]
     resume += ["--warmup", str(args.warmup), "--optimizer", args.optimizer, "--precision", f"{args.precision:g}"]
-    resume += ["--max-seconds", f"{args.max_seconds:g}", "--timeout", f"{args.timeout:g}", "--db", args.db]
+    resume += ["--max-seconds", f"{args.max_seconds:g}", "--passes", str(args.passes)]
+    resume += ["--timeout", f"{args.timeout:g}", "--db", args.db]
     resume += ["--artifacts", args.artifacts, "--resume"] + (["--no-round-cost"] if args.no_round_cost else [])
     resume += ["--data", args.data] if args.data else []
     print(

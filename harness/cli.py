@@ -12,6 +12,25 @@ from typing import Any
 from exporters.cli import positive_float, positive_int
 
 
+def add_passes_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--passes`` (`harness.campaign.run_campaign`'s ``passes``) to a command that runs a campaign.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+    """
+    from harness.campaign import DEFAULT_PASSES
+
+    parser.add_argument(
+        "--passes",
+        type=positive_int,
+        default=DEFAULT_PASSES,
+        help=f"passes each cell's time is split over, interleaved with the device's other cells so that a "
+        f"moment the host slows the device does not move the whole cell (default {DEFAULT_PASSES}; 1: one run "
+        "per cell)",
+    )
+
+
 def register(commands: Any) -> None:
     """Add ``profile`` and ``profiles export``; extend ``fleet`` with ``provision`` and ``up --match``.
 
@@ -67,6 +86,7 @@ def register(commands: Any) -> None:
         help=f"per-cell cap on warm-up and sampling; a cell still imprecise then is flagged (default "
         f"{DEFAULT_MAX_SECONDS:g})",
     )
+    add_passes_argument(profile)
     profile.add_argument(
         "--data",
         help=".npz with x (examples shaped as the model's input) and integer labels y: the cells and round-cost "

@@ -11,9 +11,10 @@ module is everything the host needs to drive it, used alike by profiling campaig
   that runtime offers;
 * `bench_argv` and `train_argv`: the command line of each mode (the Python given as a
   path or as a `RunnerStart`);
-* `serve_argv`, `train_request` and `parse_reply`: the resident runner (``runner.py
-  serve``, protocol in `harness.runner`'s docstring): its command line (the Python
-  again a path or a `RunnerStart`), one train request, one reply line in and a
+* `serve_argv`, `bench_request`, `train_request` and `parse_reply`: the resident runner
+  (``runner.py serve``, protocol in `harness.runner`'s docstring): its command line (the
+  Python again a path or a `RunnerStart`), one bench or train request (a bench request
+  carries the same options as `bench_argv`, `bench_options`), one reply line in and a
   `RunnerOutput` out;
 * `RUNNER_EXIT_CODES` and `parse_output`: exit status and JSON document in, one
   status, a one-line message and the document out (`parse_reply` and a runner that
@@ -119,9 +120,7 @@ class RunnerOutput:
         return self.status == "ok"
 
 
-def bench_argv(
-    python: str | RunnerStart,
-    runner_path: str,
+def bench_options(
     artifacts: str,
     *,
     backend: str,
@@ -132,15 +131,12 @@ def bench_argv(
     precision: float = runner.DEFAULT_PRECISION,
     max_seconds: float = runner.DEFAULT_MAX_SECONDS,
     data: str | None = None,
-) -> list[str]:
-    """Return the command line of ``runner.py bench``.
+    matmul_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Return the options of one ``bench`` run, by name (what `bench_argv` and `bench_request` send).
 
     Parameters
     ----------
-    python : str or RunnerStart
-        The device's Python interpreter, or how the device starts one.
-    runner_path : str
-        Where the runner is deployed on the device.
     artifacts : str
         The deployed artifact set's directory on the device.
     backend : str
@@ -156,17 +152,68 @@ def bench_argv(
         Cap on warm-up plus timed sampling.
     data : str, optional
         A deployed ``.npz`` shard whose first batch the steps train on (default: a random batch).
+    matmul_seconds : float, optional
+        Length of the runner's matmul probe (0: none; the runner's default when None).
+
+    Returns
+    -------
+    dict
+        Option names with ``_`` for ``-``; ``data`` and ``matmul_seconds`` only when given.
+    """
+    options: dict[str, Any] = {
+        "artifacts": artifacts, "backend": backend, "warmup": int(warmup), "steps": int(steps),
+        "threads": int(threads), "sample_seconds": float(sample_seconds), "precision": float(precision),
+        "max_seconds": float(max_seconds),
+    }  # fmt: skip
+    if data:
+        options["data"] = data
+    if matmul_seconds is not None:
+        options["matmul_seconds"] = float(matmul_seconds)
+    return options
+
+
+def bench_argv(python: str | RunnerStart, runner_path: str, artifacts: str, **options: Any) -> list[str]:
+    """Return the command line of ``runner.py bench``.
+
+    Parameters
+    ----------
+    python : str or RunnerStart
+        The device's Python interpreter, or how the device starts one.
+    runner_path : str
+        Where the runner is deployed on the device.
+    artifacts : str
+        The deployed artifact set's directory on the device.
+    **options
+        The keywords of `bench_options`.
 
     Returns
     -------
     list of str
     """
-    return [
-        *_start_argv(python), runner_path, "bench", "--artifacts", artifacts, "--backend", backend,
-        "--warmup", str(warmup), "--steps", str(steps), "--threads", str(threads),
-        "--sample-seconds", repr(float(sample_seconds)), "--precision", repr(float(precision)),
-        "--max-seconds", repr(float(max_seconds)), *(["--data", data] if data else []),
-    ]  # fmt: skip
+    argv = [*_start_argv(python), runner_path, "bench"]
+    for key, value in bench_options(artifacts, **options).items():
+        argv += ["--" + key.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
+    return argv
+
+
+def bench_request(artifacts: str, *, request_id: Any = None, **options: Any) -> dict[str, Any]:
+    """Return one ``bench`` request of the serve protocol (the options of `bench_argv`).
+
+    Parameters
+    ----------
+    artifacts : str
+        The deployed artifact set's directory on the device.
+    request_id : JSON value, optional
+        Echoed as the reply's ``id``.
+    **options
+        The keywords of `bench_options`.
+
+    Returns
+    -------
+    dict
+        JSON-ready; one line of it is one request.
+    """
+    return {"id": request_id, "mode": "bench", **bench_options(artifacts, **options)}
 
 
 def train_argv(

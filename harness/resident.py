@@ -40,7 +40,15 @@ from typing import Any
 
 from devices.errors import CommandTimeout, ProcessEnded
 from devices.transport import Process, Transport
-from harness.contract import RunnerOutput, RunnerStart, ended_output, parse_reply, serve_argv, train_request
+from harness.contract import (
+    RunnerOutput,
+    RunnerStart,
+    bench_request,
+    ended_output,
+    parse_reply,
+    serve_argv,
+    train_request,
+)
 
 
 def relative_paths(workdir: str | None, **paths: str) -> dict[str, str]:
@@ -270,6 +278,34 @@ class ResidentRunner:
             rel["artifacts"], params=rel["params"], data=rel["data"], out=rel["out"], fjord=fjord, **options
         )
         return self.request(doc, timeout)
+
+    def bench(self, artifacts: str, *, timeout: float, data: str | None = None, **options: Any) -> RunnerOutput:
+        """Send one ``bench`` request (`harness.contract.bench_request`) and wait for its reply.
+
+        Device paths under the runner's ``cwd`` are sent relative to it, as by `train`.
+
+        Parameters
+        ----------
+        artifacts : str
+            The deployed artifact set on the device.
+        timeout : float
+            As for `request`.
+        data : str, optional
+            A deployed bench-data shard on the device.
+        **options
+            The other keywords of `harness.contract.bench_options` and ``request_id``.
+
+        Returns
+        -------
+        RunnerOutput
+
+        Raises
+        ------
+        CommandTimeout, TransportError
+            As for `request`.
+        """
+        rel = relative_paths(self.cwd, artifacts=artifacts, **({"data": data} if data else {}))
+        return self.request(bench_request(rel["artifacts"], data=rel.get("data"), **options), timeout)[0]
 
     def _reply(self, timeout: float) -> RunnerOutput:
         assert self.process is not None

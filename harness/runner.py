@@ -60,7 +60,8 @@ stderr while the runner works). Keys::
     cpu_freq_khz       {"before": [kHz per cpu], "after": [...]} (scaling_cur_freq)
     thermal_c          {"before": {zone type: Celsius}, "after": {...}}
     throttled          bool, see `throttled`
-    matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train)
+    matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train
+                       and with --matmul-seconds 0)
     versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
     train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out,
                        loop_seconds and loop_cpu_seconds: wall and CPU time of the whole step loop
@@ -205,7 +206,8 @@ Decisions:
   sequential execution. numpy's BLAS gets T threads too (``OMP_NUM_THREADS``,
   ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` set before numpy is imported,
   unless the caller set them); torch gets ``set_num_threads(T)``.
-* the matmul probe (256 x 256 float32, repeated for about 0.2 s) runs after the
+* the matmul probe (256 x 256 float32, repeated for about ``--matmul-seconds``, 0.2 s
+  by default; 0 skips it, as a campaign's later passes of a cell do) runs after the
   timed steps and the "after" readings: BLAS threads spin for a while after a matmul
   and slowed the first steps by up to 45 % (fjord-cnn, 4 ms steps) when it ran first.
 * train: the shard is an ``.npz`` with ``x`` (inputs) and ``y`` (int64 labels);
@@ -331,6 +333,9 @@ DISTURBANCE_MIN_SAMPLES = 10
 PROTOCOL_VERSION = 1
 #: Open backends (sessions) a serving runner keeps, least recently used dropped first.
 DEFAULT_MAX_SESSIONS = 8
+
+#: Seconds of the bench's matmul probe (`matmul_gflops`) by default.
+MATMUL_SECONDS = 0.2
 #: Keys of a serve request that are not command-line options of its mode.
 SERVE_KEYS = ("id", "mode", "params_inline", "return_params", "fjord", "syncdrop")
 
@@ -390,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, help="cap on warm-up plus timed sampling"
     )
     bench.add_argument("--data", help=".npz shard with x and y: time steps on its first batch (default random)")
+    bench.add_argument(
+        "--matmul-seconds", type=float, default=MATMUL_SECONDS, help="length of the matmul probe (0: none)"
+    )
     train = sub.add_parser("train", parents=[common], help="train on a local shard")
     train.add_argument("--params", help="flat float32 .npy in manifest order")
     train.add_argument("--data", required=True, help=".npz shard with x and y")
@@ -715,7 +723,7 @@ def is_oom(exc: BaseException) -> bool:
     return any(m in text for m in OOM_MESSAGES)
 
 
-def matmul_gflops(np, seconds: float = 0.2, n: int = 256) -> float:
+def matmul_gflops(np, seconds: float = MATMUL_SECONDS, n: int = 256) -> float:
     """Measure numpy's achievable float32 matmul rate.
 
     Parameters
@@ -1902,6 +1910,8 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         raise bad(f"--precision must be a fraction in [0, 1), got {args.precision!r}")
     if not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         raise bad(f"--max-seconds must be a positive number, got {args.max_seconds!r}")
+    if not (math.isfinite(args.matmul_seconds) and args.matmul_seconds >= 0):
+        raise bad(f"--matmul-seconds must be a number of at least 0, got {args.matmul_seconds!r}")
     manifest = load_manifest(args.artifacts, args.backend)
     result["batch"] = int(manifest["batch"])
     np = import_numpy(args.threads)
@@ -1947,7 +1957,8 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
     _after(result, passive)
     # After the timed steps: BLAS worker threads keep spinning for a while after a matmul
     # and would compete with the runtime's threads for the first steps.
-    result["matmul_gflops"] = matmul_gflops(np)
+    if args.matmul_seconds > 0:
+        result["matmul_gflops"] = matmul_gflops(np, seconds=args.matmul_seconds)
 
 
 def _load_params(np, path: str, size: int):

@@ -212,6 +212,55 @@ def test_disturbed_samples_leave_the_cell_and_its_reason_counts_them() -> None:
     assert campaign.counted_steps({"step_seconds": wall}) == wall
 
 
+def _pass(wall: list[float], *, flags: bool = True, **extra: object) -> dict[str, object]:
+    """A pass's runner document: CPU time equal to wall time, judged (one flag per sample, none set) when ``flags``."""
+    doc = {
+        "status": "ok", "step_seconds": wall, "cpu_step_seconds": wall, "steps_per_sample": [1] * len(wall),
+        "loss": [2.0] * len(wall), "samples": len(wall), "timed_seconds": 0.5, "stop_reason": "precision",
+        "disturbed": [0] * len(wall) if flags else [],
+    }  # fmt: skip
+    return {**doc, **extra}
+
+
+def test_passes_pool_their_samples_and_a_pass_the_host_slowed_as_a_whole_is_left_out() -> None:
+    first = _pass([0.010] * 4, peak_memory_bytes=80_000_000, matmul_gflops=12.0, warmup_steps=7,
+                  loadavg={"before": [0.1], "after": [0.2]})  # fmt: skip
+    second = _pass([0.0104] * 4, peak_memory_bytes=95_000_000, warmup_steps=2,
+                   loadavg={"before": [0.3], "after": [0.4]})  # fmt: skip
+    slowed = _pass([0.015] * 4, throttled=True, stop_reason="time cap", loadavg={"before": [0.5], "after": [0.9]})
+    merged = campaign.merge_passes([first, second, slowed], precision=0.02)
+    # 12 samples pooled; the low quantile is 0.010 and 0.015 > 1.1 x 0.010: the third pass is disturbed,
+    # which it could not see alone (its 4 samples agree)
+    assert merged["step_seconds"] == [0.010] * 4 + [0.0104] * 4 + [0.015] * 4 and merged["samples"] == 12
+    assert merged["disturbed"] == [0] * 8 + [1] * 4
+    assert campaign.counted_steps(merged) == [0.010] * 4 + [0.0104] * 4
+    # the median of the 8 that count is (0.010 + 0.0104) / 2; pooling without judging would give 0.0104
+    low, high = merged["median_ci_seconds"]
+    assert low == 0.010 and high == 0.0104 and merged["precision_achieved"] == pytest.approx(0.0002 / 0.0102)
+    assert merged["imprecise"] is False and merged["stop_reason"] == "precision"
+    assert merged["passes"] == 3 and merged["pass_medians"] == [0.010, 0.0104, 0.015]
+    assert merged["timed_seconds"] == pytest.approx(1.5) and merged["steps_per_sample"] == [1] * 12
+    # the first pass ran in a process of its own: its memory, warm-up and matmul rate are the cell's
+    assert (merged["peak_memory_bytes"], merged["matmul_gflops"], merged["warmup_steps"]) == (80_000_000, 12.0, 7)
+    assert merged["throttled"] is True and merged["loadavg"] == {"before": [0.1], "after": [0.9]}
+
+
+def test_passes_that_disagree_leave_the_cell_imprecise_and_say_so() -> None:
+    # multi-thread runs are not judged (no flags): every sample counts
+    low, high = _pass([0.010] * 6, flags=False), _pass([0.013] * 6, flags=False)
+    merged = campaign.merge_passes([low, high], precision=0.02)
+    assert merged["disturbed"] == [] and campaign.counted_steps(merged) == [0.010] * 6 + [0.013] * 6
+    # the 95 % interval of 12 samples spans both passes: median 0.0115, +-0.0015
+    assert merged["precision_achieved"] == pytest.approx(0.0015 / 0.0115) and merged["imprecise"] is True
+    assert merged["stop_reason"] == "passes differ"
+    capped = campaign.merge_passes([low, {**high, "stop_reason": "time cap"}], precision=0.02)
+    assert capped["stop_reason"] == "time cap"
+    counted = campaign.merge_passes([low, high], precision=0.0)
+    assert counted["imprecise"] is False and counted["stop_reason"] == "steps"
+    with pytest.raises(ValueError, match="at least one pass"):
+        campaign.merge_passes([], precision=0.02)
+
+
 def test_width_requests() -> None:
     assert campaign.parse_width_request("0.25,0.5") == (0.25, 0.5)
     assert campaign.parse_width_request("auto:4") == 4
@@ -448,10 +497,16 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
         fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), announce=lines.append
     )
     assert result.complete and result.plan == plan and lines == plan.describe()
+    # each cell: its first pass a process of its own, the other passes requests to the resident runner
+    passes = campaign.DEFAULT_PASSES
+    assert result.runner_invocations == len(specs) and result.resident_requests == (passes - 1) * len(specs)
     windows = {m.spec.device: [] for m in result.measurements}  # type: dict[str, list[tuple[float, float]]]
     for m in result.measurements:
         windows[m.spec.device].append((m.started_at, m.finished_at))
-        assert m.stop_reason in ("precision", "time cap")
+        assert m.runner["passes"] == passes and len(m.runner["pass_medians"]) == passes
+        assert m.runner["samples"] == len(m.runner["step_seconds"]) == len(m.runner["steps_per_sample"])
+        assert m.runner["samples"] >= passes * -(-6 // passes) and m.matmul_gflops is not None
+        assert m.stop_reason in ("precision", "time cap", "passes differ")
         assert m.imprecise == (m.precision_achieved is None or m.precision_achieved > 0.02)
         assert m.message.startswith("imprecise: ") if m.imprecise else m.message == ""
         assert set(m.isolation) == {"alone", "concurrent_with", "cpus", "reason"}
@@ -468,6 +523,37 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
     assert cells["precision_achieved"].notna().any() and cells["isolation_reason"].str.len().gt(0).all()
     stored_plan = store.campaigns()["plan"].iloc[-1]
     assert json.loads(stored_plan) == plan.to_dict()
+
+
+def test_a_pass_whose_runner_dies_keeps_the_cells_earlier_passes_and_the_device_goes_on(
+    fleet_file: Path, artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.resident import ResidentRunner
+
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:2], [BATCH], ["ort"], 4, WARMUP, max_seconds=1.0)
+    fatal = f"{specs[0].cell_key()}#3"
+    real_bench = ResidentRunner.bench
+
+    def bench_after_a_kill(self: ResidentRunner, artifacts: str, **options: object) -> contract.RunnerOutput:
+        if options["request_id"] == fatal:  # the serving runner dies as this request reaches it
+            assert self.pid is not None
+            os.kill(self.pid, signal.SIGKILL)
+        return real_bench(self, artifacts, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ResidentRunner, "bench", bench_after_a_kill)
+    store = _store(tmp_path / "fleetbench.db")
+    result = campaign.run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), passes=4
+    )
+    hit, other = sorted(result.measurements, key=lambda m: m.spec.width)
+    # the cell keeps the two passes it has, and says what became of the others
+    assert hit.ok and hit.runner["passes"] == 2 and "pass 3 of 4 failed: " in hit.message, hit.message
+    assert other.ok and other.runner["passes"] == 4 and "failed" not in other.message, other.message
+    assert result.resident_requests == 2 + 3 and result.runner_invocations == 2
+    stored = store.latest_cells().set_index("width")
+    assert "pass 3 of 4 failed" in stored.loc[0.25, "message"] and stored.loc[0.5, "status"] == "ok"
 
 
 def test_widths_chosen_by_the_model(fleet_file: Path, artifacts: Path, tmp_path: Path) -> None:
