@@ -7,10 +7,12 @@ server, starts it, and measures the demo's cells (``fjord-cnn`` at widths 0.25 /
 batch 20, SGD, +-2 % or 2 s per cell: `fleetbench.demo`) the way ``fleetbench demo`` does:
 
 - ``wall``: the wall time of one campaign of the demo's cells (artifacts exported beforehand
-  and timed apart; devices' caches cold), with its isolation plan;
+  and timed apart; devices' caches cold), with its isolation plan, per ``--passes`` value;
 - ``repeat``: ``--repeats`` campaigns (5) of the same cells; per cell the coefficient of
   variation of its median across campaigns (targets: at most 5 % on every cell, median over
   the cells at most 3 %), and how many cells were flagged noisy (target: none) or imprecise;
+  ``--passes 1,4`` alternates campaigns of one and four passes per cell (ABBA order) and
+  prints both, measured side by side;
 - ``deploy``: a campaign with fresh device work directories (everything pushed) and one
   with warm caches (0 bytes pushed);
 - ``monotone``: ``fleetbench demo --local`` (three local devices, measured one at a time),
@@ -61,78 +63,92 @@ def demo_cells(fleet: Fleet, args: argparse.Namespace) -> list[BenchSpec]:
 
 
 def run(
-    fleet: Fleet, specs: Sequence[BenchSpec], store: ProfileStore, artifacts: Path, data: Path | None = None
+    fleet: Fleet,
+    specs: Sequence[BenchSpec],
+    store: ProfileStore,
+    artifacts: Path,
+    data: Path | None = None,
+    passes: int = campaign.DEFAULT_PASSES,
 ) -> campaign.CampaignResult:
-    """One campaign, silent (its cells on ``data``, the demo's bench data)."""
+    """One campaign, silent (its cells on ``data``, the demo's bench data, split over ``passes``)."""
     return campaign.run_campaign(
         fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None,
-        announce=lambda line: None, data=data,
+        announce=lambda line: None, data=data, passes=passes,
     )  # fmt: skip
 
 
 def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
-    """Print the wall time of one campaign of the demo's cells."""
+    """Print the wall time of one campaign of the demo's cells per ``--passes`` value, one after the other."""
     specs = demo_cells(fleet, args)
     start = time.perf_counter()
     campaign.export_sets(specs, artifacts)
     print(f"export (host, once): {time.perf_counter() - start:.1f} s")
     print("\n".join(campaign.plan_isolation(fleet.devices, campaign.pinned_cpus(fleet)).describe()))
-    before = load()
-    start = time.perf_counter()
-    result = run(fleet, specs, store, artifacts, args.data)
-    seconds = time.perf_counter() - start
-    imprecise = sum(m.imprecise for m in result.measurements)
-    print(f"campaign of {len(specs)} cells: {seconds:.1f} s, complete={result.complete}, {imprecise} imprecise "
-          f"({before} before, {load()} after)")  # fmt: skip
-    return result.complete
+    ok = True
+    for passes in args.passes:
+        before = load()
+        start = time.perf_counter()
+        result = run(fleet, specs, store, artifacts, args.data, passes)
+        seconds = time.perf_counter() - start
+        imprecise = sum(m.imprecise for m in result.measurements)
+        print(f"campaign of {len(specs)} cells, {passes} pass(es) per cell: {seconds:.1f} s, "
+              f"complete={result.complete}, {imprecise} imprecise ({before} before, {load()} after)")  # fmt: skip
+        ok &= result.complete
+    return ok
 
 
 def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
     """Print per cell the CV of its median across ``--repeats`` campaigns, and the noisy / imprecise flags.
 
-    Side by side, from the same campaigns: the CV of the median of every sample the runner
-    took, disturbed ones included (what the cells gave before disturbed samples were left out).
+    With several ``--passes`` values, each repeat runs one campaign per value, in ABBA
+    order (A B, then B A, ...) so that a drift of the host falls on both alike; each value
+    gets its own table. Side by side, from the same campaigns: the CV of the median of every
+    sample the runner took, disturbed ones included.
     """
     specs = demo_cells(fleet, args)
-    medians: dict[str, list[float]] = {s.cell_key(): [] for s in specs}
-    every: dict[str, list[float]] = {s.cell_key(): [] for s in specs}
-    flags: dict[str, list[str]] = {s.cell_key(): [] for s in specs}
-    noisy = imprecise = 0
+    keys = [(p, s.cell_key()) for p in args.passes for s in specs]
+    medians: dict[tuple[int, str], list[float]] = {k: [] for k in keys}
+    every: dict[tuple[int, str], list[float]] = {k: [] for k in keys}
+    flags: dict[tuple[int, str], list[str]] = {k: [] for k in keys}
+    noisy = dict.fromkeys(args.passes, 0)
+    imprecise = dict.fromkeys(args.passes, 0)
     ok = True
     before = load()
     for i in range(args.repeats):
-        result = run(fleet, specs, store, artifacts, args.data)
-        ok &= result.complete
-        for m in result.measurements:
-            if m.ok and m.step_seconds:
-                stats = summarize(m.step_seconds, m.spec.batch)
-                medians[m.spec.cell_key()].append(stats.median_us)
-                every[m.spec.cell_key()].append(summarize(m.runner["step_seconds"], m.spec.batch).median_us)
-                noisy += stats.noisy
-                imprecise += m.imprecise
-                flags[m.spec.cell_key()].append(
-                    ("N" if stats.noisy else "") + ("I" if m.imprecise else "") or "-"
-                )
-        print(f"campaign {i + 1}/{args.repeats} done ({load()})", flush=True)
-    print(f"\n{'device':<8} {'width':>6} {'medians us/img':<44} {'CV':>6}  flags (N noisy, I imprecise)")
-    cvs, every_cvs = [], []
-    for spec in specs:
-        values = medians[spec.cell_key()]
-        cv = _cv(values)
-        cvs.append(cv)
-        every_cvs.append(_cv(every[spec.cell_key()]))
-        shown = ", ".join(f"{v:.0f}" for v in values)
-        print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}  {' '.join(flags[spec.cell_key()])}")
-    worst, middle = max(cvs), statistics.median(cvs)
-    print(
-        f"CV of a cell's median across {args.repeats} campaigns: max {worst:.1%} (target <= 5 %), "
-        f"median {middle:.1%} (target <= 3 %); noisy flags {noisy} (target 0), imprecise {imprecise} "
-        f"of {len(specs) * args.repeats} cells ({before} before, {load()} after)"
-    )
-    print(
-        f"the same campaigns, every sample counted (disturbed ones too): CV max {max(every_cvs):.1%}, "
-        f"median {statistics.median(every_cvs):.1%}"
-    )
+        for passes in args.passes if i % 2 == 0 else args.passes[::-1]:
+            result = run(fleet, specs, store, artifacts, args.data, passes)
+            ok &= result.complete
+            for m in result.measurements:
+                if m.ok and m.step_seconds:
+                    key = (passes, m.spec.cell_key())
+                    stats = summarize(m.step_seconds, m.spec.batch)
+                    medians[key].append(stats.median_us)
+                    every[key].append(summarize(m.runner["step_seconds"], m.spec.batch).median_us)
+                    noisy[passes] += stats.noisy
+                    imprecise[passes] += m.imprecise
+                    flags[key].append(("N" if stats.noisy else "") + ("I" if m.imprecise else "") or "-")
+        print(f"repeat {i + 1}/{args.repeats} done ({load()})", flush=True)
+    for passes in args.passes:
+        print(f"\n{passes} pass(es) per cell")
+        print(f"{'device':<8} {'width':>6} {'medians us/img':<44} {'CV':>6}  flags (N noisy, I imprecise)")
+        cvs, every_cvs = [], []
+        for spec in specs:
+            key = (passes, spec.cell_key())
+            cv = _cv(medians[key])
+            cvs.append(cv)
+            every_cvs.append(_cv(every[key]))
+            shown = ", ".join(f"{v:.0f}" for v in medians[key])
+            print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}  {' '.join(flags[key])}")
+        print(
+            f"{passes} pass(es): CV of a cell's median across {args.repeats} campaigns: max {max(cvs):.1%} "
+            f"(target <= 5 %), median {statistics.median(cvs):.1%} (target <= 3 %); noisy flags {noisy[passes]} "
+            f"(target 0), imprecise {imprecise[passes]} of {len(specs) * args.repeats} cells"
+        )
+        print(
+            f"{passes} pass(es), every sample counted (disturbed ones too): CV max {max(every_cvs):.1%}, "
+            f"median {statistics.median(every_cvs):.1%}"
+        )
+    print(f"({before} before, {load()} after)")
     return ok
 
 
@@ -211,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", type=float, default=DEFAULT_PRECISION)
     parser.add_argument("--max-seconds", type=float, default=DEMO_MAX_SECONDS)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--passes", default=str(campaign.DEFAULT_PASSES),
+        help="passes per cell, comma-separated to compare values side by side (e.g. 1,4)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    args.passes = [int(p) for p in args.passes.split(",") if p.strip()]
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:
