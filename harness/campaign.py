@@ -843,8 +843,9 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
 
     The samples of every pass are pooled; where every pass judged its samples
     (``disturbed``, one flag per sample), the pool is judged again as one
-    (`harness.runner.disturbed_samples`), so a pass the host slowed as a whole stands out
-    against the others. The median and its interval are those of the pooled samples that
+    (`harness.runner.disturbed_samples`, from `harness.runner.MIN_SAMPLES` samples on), so
+    a pass the host slowed as a whole, or a first pass still cold, stands out against the
+    others. The median and its interval are those of the pooled samples that
     count.
 
     Parameters
@@ -867,7 +868,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         load average after; and ``passes`` and ``pass_medians`` (the median of each
         pass's samples that count, seconds per step).
     """
-    from harness.runner import disturbed_samples, median_interval
+    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval
 
     if not docs:
         raise ValueError("merge_passes needs at least one pass")
@@ -875,7 +876,10 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
     seconds = [float(v) for doc in docs for v in doc.get("step_seconds") or ()]
     cpu = [float(v) for doc in docs for v in doc.get("cpu_step_seconds") or ()]
     judged = all(len(doc.get("disturbed") or ()) == len(doc.get("step_seconds") or ()) for doc in docs)
-    flags = disturbed_samples(cpu) if judged and len(cpu) == len(seconds) else []
+    # A pool's samples come from stretches of time apart, so it is judged from `MIN_SAMPLES` on
+    # (a single run from `DISTURBANCE_MIN_SAMPLES`): a device held to a small CPU share takes
+    # few, long samples.
+    flags = disturbed_samples(cpu, min_samples=MIN_SAMPLES) if judged and len(cpu) == len(seconds) else []
     merged: dict[str, Any] = dict(first)
     merged.update(
         step_seconds=seconds,
@@ -972,9 +976,12 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
         findings.append(f"device busy: the runner ran {100 * ran:.0f} % of the time (at most {100 * could:.0f} %)")
     counted = _undisturbed(cpu, doc)
     if len(counted) < len(cpu):
+        why = "the cpu was slowed from outside the runner"
+        if int(doc.get("passes") or 1) > 1:
+            why = f"over the cell's {doc['passes']} passes: a pass the host slowed, or the first pass still cold"
         findings.append(
             f"{len(cpu) - len(counted)} of {len(cpu)} samples disturbed: their CPU time per step rose "
-            f"over {100 * (DISTURBANCE_LIMIT - 1):.0f} %, the cpu was slowed from outside the runner"
+            f"over {100 * (DISTURBANCE_LIMIT - 1):.0f} %, {why}"
         )
         cpu = counted
     varied = summarize(cpu, 1).robust_cv if all(v > 0 for v in cpu) else 0.0

@@ -207,6 +207,9 @@ def test_disturbed_samples_leave_the_cell_and_its_reason_counts_them() -> None:
         "; 10 of 30 samples disturbed: their CPU time per step rose over 10 %, "
         "the cpu was slowed from outside the runner"
     )
+    pooled = campaign.imprecision_reason(spec, {**doc, "passes": 4})
+    assert pooled.endswith("; 10 of 30 samples disturbed: their CPU time per step rose over 10 %, over the cell's "
+                           "4 passes: a pass the host slowed, or the first pass still cold")  # fmt: skip
     # flags that do not match the samples one to one are not trusted: every sample counts
     assert campaign.counted_steps({**doc, "disturbed": [1]}) == wall
     assert campaign.counted_steps({"step_seconds": wall}) == wall
@@ -243,6 +246,15 @@ def test_passes_pool_their_samples_and_a_pass_the_host_slowed_as_a_whole_is_left
     # the first pass ran in a process of its own: its memory, warm-up and matmul rate are the cell's
     assert (merged["peak_memory_bytes"], merged["matmul_gflops"], merged["warmup_steps"]) == (80_000_000, 12.0, 7)
     assert merged["throttled"] is True and merged["loadavg"] == {"before": [0.1], "after": [0.9]}
+
+
+def test_a_pool_of_few_long_samples_is_judged_from_six_on() -> None:
+    # a device held to a small CPU share: 2 samples per pass; a single run is judged from 10 samples
+    steady, slowed = _pass([0.010, 0.0101]), _pass([0.014, 0.014])
+    merged = campaign.merge_passes([steady, steady, slowed], precision=0.02)
+    assert merged["disturbed"] == [0, 0, 0, 0, 1, 1] and campaign.counted_steps(merged) == [0.010, 0.0101] * 2
+    too_few = campaign.merge_passes([steady, slowed], precision=0.02)
+    assert too_few["disturbed"] == [0, 0, 0, 0] and len(campaign.counted_steps(too_few)) == 4
 
 
 def test_passes_that_disagree_leave_the_cell_imprecise_and_say_so() -> None:
