@@ -868,7 +868,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         load average after; and ``passes`` and ``pass_medians`` (the median of each
         pass's samples that count, seconds per step).
     """
-    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval
+    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval, median_of_sorted
 
     if not docs:
         raise ValueError("merge_passes needs at least one pass")
@@ -891,7 +891,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         timed_seconds=sum(float(doc.get("timed_seconds") or 0.0) for doc in docs),
         throttled=any(bool(doc.get("throttled")) for doc in docs),
         passes=len(docs),
-        pass_medians=[median_interval(sorted(c))[0] if (c := counted_steps(doc)) else None for doc in docs],
+        pass_medians=[median_of_sorted(sorted(c)) if (c := counted_steps(doc)) else None for doc in docs],
     )
     loads = [doc.get("loadavg") or {} for doc in docs]
     merged["loadavg"] = {**loads[0], "after": loads[-1].get("after")}
@@ -1299,7 +1299,7 @@ class _DeviceRun:
 
         spec, name = cell.spec, self.device.name
         self.activity.cell_started(name)
-        down = None
+        down, reason = None, ""
         try:
             transport, runner, remote_set = self._prepare(self.sets[_set_key(spec)], spec.backend)
             key = (spec.backend, spec.threads)
@@ -1318,24 +1318,24 @@ class _DeviceRun:
             if output.ok:
                 cell.docs.append(dict(output.document))
             else:
-                cell.pass_failure = f"pass {number} of {cell.passes} failed: {output.status}: {output.message}"
+                reason = f"{output.status}: {output.message}"
         except TransportError as exc:
-            kind = exc.kind
-            cell.pass_failure = f"pass {number} of {cell.passes} failed: {kind}: {str(exc) or type(exc).__name__}"
+            detail = str(exc) or type(exc).__name__
+            reason = f"{exc.kind}: {detail}"
             self._drop_transport()
-            if kind in DEVICE_DOWN_KINDS:
-                down = (kind, str(exc) or type(exc).__name__)
+            if exc.kind in DEVICE_DOWN_KINDS:
+                down = (exc.kind, detail)
         except Exception as exc:  # noqa: BLE001 - one broken pass is a record, never a crashed campaign
-            cell.pass_failure = f"pass {number} of {cell.passes} failed: runner error: {type(exc).__name__}: {exc}"
+            reason = f"runner error: {type(exc).__name__}: {exc}"
             self._drop_transport()
+        if reason:
+            cell.pass_failure = f"pass {number} of {cell.passes} failed: {reason}"
         cell.concurrent |= self.activity.cell_finished(name)
         return down
 
     def _finish(self, cell: _Cell) -> Measurement:
         """Return the cell's `Measurement`, its passes merged (`merge_passes`) where it has more than one."""
-        doc = cell.docs[0] if len(cell.docs) == 1 else {}
-        if len(cell.docs) > 1:
-            doc = merge_passes(cell.docs, cell.spec.precision)
+        doc = merge_passes(cell.docs, cell.spec.precision) if len(cell.docs) > 1 else (cell.docs or [{}])[0]
         measurement = self._build(cell.spec, cell.status, cell.message, doc, cell.started, cell.concurrent)
         if cell.pass_failure:
             message = "; ".join(part for part in (measurement.message, cell.pass_failure) if part)
@@ -1421,15 +1421,16 @@ class _DeviceRun:
                 print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
 
     def _wait_turn(self) -> bool:
-        """Wait until every earlier device sharing this one's cpus has finished; False when stopped."""
+        """Wait until every earlier device sharing this one's cpus has finished; False when stopped (`_stopped`)."""
         for other in self.plan.placement(self.device.name).after:
             event = self.finished.get(other)
             while event is not None and not event.wait(0.2):
-                if self.stop.is_set():
+                if self._stopped():
                     return False
-        return not self.stop.is_set()
+        return not self._stopped()
 
     def _stopped(self) -> bool:
+        """Whether the stop event is set; marks the campaign interrupted when it is."""
         if self.stop.is_set():
             with self.lock:
                 self.result.interrupted = True
@@ -1451,8 +1452,6 @@ class _DeviceRun:
         done = 0
         try:
             if not self._wait_turn():
-                with self.lock:
-                    self.result.interrupted = True
                 return
             self.activity.device_started(name)
             pending: list[_Cell] = []

@@ -333,7 +333,6 @@ DISTURBANCE_MIN_SAMPLES = 10
 PROTOCOL_VERSION = 1
 #: Open backends (sessions) a serving runner keeps, least recently used dropped first.
 DEFAULT_MAX_SESSIONS = 8
-
 #: Seconds of the bench's matmul probe (`matmul_gflops`) by default.
 MATMUL_SECONDS = 0.2
 #: Keys of a serve request that are not command-line options of its mode.
