@@ -231,7 +231,13 @@ def test_bench_samples_until_the_median_is_precise_or_the_cap(sets: dict[str, Pa
     )
     assert rc == 0 and doc["stop_reason"] == "time cap" and doc["imprecise"]
     assert doc["samples"] < 6 and doc["precision_achieved"] is None and doc["median_ci_seconds"] is None
-    for flag, value in (("--precision", "1.5"), ("--max-seconds", "0"), ("--precision", "nan")):
+    # the matmul probe runs by default and is skipped at 0 s (a campaign's later passes)
+    assert doc["matmul_gflops"] > 0
+    rc, doc, _ = run_runner(*bench_args(sets["cnn"], warmup=0, steps=2, precision=0.0), "--matmul-seconds", "0")
+    assert rc == 0 and doc["matmul_gflops"] is None and doc["samples"] == 2
+    for flag, value in (
+        ("--precision", "1.5"), ("--max-seconds", "0"), ("--precision", "nan"), ("--matmul-seconds", "-1"),
+    ):  # fmt: skip
         rc, doc, _ = run_runner(*bench_args(sets["cnn"]), flag, value)
         assert rc == 2 and flag in doc["error"], doc
 
