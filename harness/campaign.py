@@ -1437,6 +1437,15 @@ class _DeviceRun:
             return True
         return False
 
+    def _tell_pass(self, number: int, pending: Sequence[_Cell]) -> None:
+        """Say that pass ``number`` of the cells still to finish is done (progress between stored cells)."""
+        waiting = sum(not cell.finished for cell in pending)
+        if waiting:
+            self._tell(
+                f"{self.device.name}: pass {number} of {self.passes} done for {waiting} cell(s); "
+                "each is stored after its last pass"
+            )
+
     def _record(self, measurement: Measurement, done: int) -> None:
         self.store.record(self.campaign_id, measurement)
         with self.lock:
@@ -1469,6 +1478,7 @@ class _DeviceRun:
                         continue
                 done += 1
                 self._record(self._finish(cell), done)
+            self._tell_pass(1, pending)
             for number in range(2, self.passes + 1):
                 for cell in pending:
                     if cell.finished:
@@ -1483,6 +1493,7 @@ class _DeviceRun:
                         cell.finished = True
                         done += 1
                         self._record(self._finish(cell), done)
+                self._tell_pass(number, pending)
             for spec in self.cost_specs:
                 if self._stopped():
                     return

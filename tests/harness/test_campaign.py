@@ -508,9 +508,15 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
     result = campaign.run_campaign(
         fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=_Counting(), announce=lines.append
     )
-    assert result.complete and result.plan == plan and lines == plan.describe()
     # each cell: its first pass a process of its own, the other passes requests to the resident runner
     passes = campaign.DEFAULT_PASSES
+    described = plan.describe()
+    assert result.complete and result.plan == plan and lines[: len(described)] == described
+    # between the stored cells, each device says when a pass of its cells is done
+    assert sorted(lines[len(described) :]) == sorted(
+        f"{device.name}: pass {number} of {passes} done for 2 cell(s); each is stored after its last pass"
+        for device in fleet.devices for number in range(1, passes)
+    )  # fmt: skip
     assert result.runner_invocations == len(specs) and result.resident_requests == (passes - 1) * len(specs)
     windows = {m.spec.device: [] for m in result.measurements}  # type: dict[str, list[tuple[float, float]]]
     for m in result.measurements:
