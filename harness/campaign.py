@@ -20,7 +20,8 @@ A campaign is thin orchestration over the other harness pieces:
    finished cell). With ``passes`` above 1 (the default, `DEFAULT_PASSES`) that run is
    the cell's first pass, on its share of the cap; the device's resident runner then
    takes the later passes of every cell in turn, and a cell is stored after its last
-   (`merge_passes`, `_DeviceRun`).
+   (`merge_passes`, `_DeviceRun`). Devices that share cpus take turns pass by pass
+   (`may_take_turn`), so a cell's passes lie apart in time.
 
 Isolation (decided here)
     Devices that run on this host (``local`` devices, emulated devices, and devices
@@ -28,11 +29,16 @@ Isolation (decided here)
     are pinned to disjoint cpus (``emulate: {cpus: ...}`` applied by ``fleet up``, read
     back from the fleet's state so that a pin the machine did not permit does not count);
     an unpinned one conflicts with every other device on this host. Devices elsewhere
-    (real SSH / ADB boards) conflict with nothing. In fleet order, each device waits for
-    every earlier device it conflicts with to finish all its cells, and starts at once
-    otherwise: conflicting devices are never measured at the same time, and the others
-    are. The plan's *groups* (printed, stored with the campaign) are the waves this
-    gives: group 1 starts at once, a device of group k waits for one of group k - 1.
+    (real SSH / ADB boards) conflict with nothing. Conflicting devices are never measured
+    at the same time, and the others are. They take *turns*, one pass of their cells at a
+    time (`may_take_turn`): in fleet order, each device waits for every earlier device
+    it conflicts with to finish pass k before it runs its own pass k, so with four devices
+    on this host's cpus the order is pass 1 of each, then pass 2 of each, and so on. A
+    stretch in which the host slows its cpus (neighbours on a virtual machine's host, for
+    seconds at a time) then falls on one pass of a cell, which the pooled judgement of the
+    passes can leave out (`merge_passes`), instead of on all of them. The plan's *groups*
+    (printed, stored with the campaign) are the waves of one pass: group 1 starts at once,
+    a device of group k follows one of group k - 1.
     Every cell records how it was measured (`Measurement.isolation`): alone, or beside
     which devices (those busy at any moment of its run), and why that was allowed.
     The host's own work for a campaign (SSH, deployment pushes) is not pinned; it is
@@ -87,6 +93,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import shlex
 import sys
 import threading
@@ -412,9 +419,10 @@ class Placement:
     cpus : frozenset of int or None
         The cpus it is pinned to; None: every cpu of this machine (or not on it).
     after : tuple of str
-        Earlier devices it shares cpus with: it starts when they have finished.
+        Earlier devices it shares cpus with: each pass of its cells waits for theirs
+        (`may_take_turn`).
     group : int
-        1-based wave of the plan.
+        1-based wave of the plan within one pass.
     """
 
     device: str
@@ -499,7 +507,10 @@ class IsolationPlan:
     def describe(self) -> list[str]:
         """Return the plan as printed lines: one per device, then the groups."""
         width = max((len(p.device) for p in self.placements), default=0)
-        lines = ["isolation plan (devices that share this host's cpus are measured one at a time):"]
+        lines = [
+            "isolation plan (devices that share this host's cpus are measured one at a time, "
+            "taking turns pass by pass):"
+        ]
         for p in self.placements:
             when = "starts at once" if not p.after else f"after {', '.join(p.after)} (shares cpus)"
             lines.append(f"  {p.device:<{width}}  {p.where():<22}  group {p.group}: {when}")
@@ -529,6 +540,64 @@ def _conflict(a: Placement, b: Placement) -> bool:
     if a.cpus is None or b.cpus is None:
         return True
     return bool(a.cpus & b.cpus)
+
+
+def may_take_turn(plan: IsolationPlan, done: Mapping[str, float], device: str, turn: int) -> bool:
+    """Whether ``device`` may run turn ``turn`` of its work now (pure).
+
+    A device's turn k is pass k of its cells (turn 1: every cell's first pass). It waits
+    until every *earlier* device of the plan it shares cpus with has finished its turn k,
+    and every *later* one its turn k - 1, so devices that share cpus alternate, one pass
+    at a time, in fleet order, and never two of them run at once. Devices it does not
+    conflict with are not waited for.
+
+    Parameters
+    ----------
+    plan : IsolationPlan
+        The campaign's plan (fleet order, conflicts).
+    done : mapping of str to float
+        The last turn each device has finished (0: none; ``inf``: it has no more work).
+        A device absent from it has no more work.
+    device : str
+        The device that wants its turn.
+    turn : int
+        1-based.
+
+    Returns
+    -------
+    bool
+    """
+    names = [p.device for p in plan.placements]
+    mine = names.index(device)
+    for index, other in enumerate(names):
+        if index != mine and plan.conflict(device, other):
+            if done.get(other, math.inf) < (turn if index < mine else turn - 1):
+                return False
+    return True
+
+
+class _Turns:
+    """The turn each device of a campaign has finished; a device waits for its next one (`may_take_turn`)."""
+
+    def __init__(self, plan: IsolationPlan, devices: Iterable[str]) -> None:
+        self.plan = plan
+        self.done: dict[str, float] = {name: 0 for name in devices}
+        self.changed = threading.Condition()
+
+    def finish(self, device: str, turn: float) -> None:
+        """Record that ``device`` finished turn ``turn`` (``inf``: all its work) and wake the others."""
+        with self.changed:
+            self.done[device] = max(self.done[device], turn)
+            self.changed.notify_all()
+
+    def wait(self, device: str, turn: int, stopped: Callable[[], bool]) -> bool:
+        """Block until ``device`` may run ``turn``; False when ``stopped()`` says the campaign stops."""
+        with self.changed:
+            while not may_take_turn(self.plan, self.done, device, turn):
+                self.changed.wait(0.2)
+                if stopped():
+                    return False
+        return not stopped()
 
 
 def plan_isolation(devices: Sequence[Device], cpus: Mapping[str, frozenset[int] | None]) -> IsolationPlan:
@@ -1125,8 +1194,11 @@ class _DeviceRun:
     cell's first pass runs ``runner.py bench`` in a process of its own (as with one pass),
     then pass 2 of every cell, pass 3 of every cell, ... run as requests to the device's
     resident runner (`harness.resident.ResidentRunner`), and each cell is stored after
-    its last pass (`merge_passes`). Spread over the device's turn, a cell's samples do not
-    all fall in one window in which the host slows the device.
+    its last pass (`merge_passes`). With ``interleave`` each pass is a turn of its own
+    (`may_take_turn`): devices that share cpus run their pass k one after another before
+    any runs pass k + 1, so a cell's passes lie a whole round of turns apart and do not all
+    fall in one window in which the host slows the device. Without it the device takes
+    all its passes in one turn. Its round costs run in its last turn.
     """
 
     def __init__(
@@ -1148,16 +1220,17 @@ class _DeviceRun:
         lock: threading.Lock,
         plan: IsolationPlan,
         activity: _Activity,
-        finished: Mapping[str, threading.Event],
+        turns: _Turns,
         cost_specs: Sequence[BenchSpec] = (),
         scratch: Path | None = None,
         say: Callable[[str], None] | None = None,
         data: Path | None = None,
         passes: int = 1,
+        interleave: bool = True,
     ) -> None:
         from harness.resident import ResidentRunner
 
-        self.passes = max(1, int(passes))
+        self.passes, self.interleave = max(1, int(passes)), interleave
         self.residents: dict[tuple[str, int], ResidentRunner] = {}
         self.workdir: str | None = None
         self.cost_specs, self.scratch, self.say = list(cost_specs), scratch, say
@@ -1167,7 +1240,7 @@ class _DeviceRun:
         self.connect, self.clock, self.progress, self.stop = connect, clock, progress, stop
         self.versions, self.git_commit = versions, git_commit
         self.result, self.lock = result, lock
-        self.plan, self.activity, self.finished = plan, activity, finished
+        self.plan, self.activity, self.turns = plan, activity, turns
         self.transport: Transport | None = None
         self.prefetched = False
         self.facts: dict[str, Any] | None = None
@@ -1420,14 +1493,20 @@ class _DeviceRun:
             except Exception as exc:  # noqa: BLE001 - a broken display must not stop the measurements
                 print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
 
-    def _wait_turn(self) -> bool:
-        """Wait until every earlier device sharing this one's cpus has finished; False when stopped (`_stopped`)."""
-        for other in self.plan.placement(self.device.name).after:
-            event = self.finished.get(other)
-            while event is not None and not event.wait(0.2):
-                if self._stopped():
-                    return False
-        return not self._stopped()
+    def _take_turn(self, turn: int) -> bool:
+        """Wait for turn ``turn`` (`may_take_turn`) and mark the device busy; False when stopped (`_stopped`)."""
+        if not self.turns.wait(self.device.name, turn, self._stopped):
+            return False
+        self.activity.device_started(self.device.name)
+        return True
+
+    def _next_turn(self, turn: int) -> bool:
+        """End the device's turn ``turn - 1`` and take turn ``turn`` (with ``interleave``); False when stopped."""
+        if not self.interleave:
+            return not self._stopped()
+        self.activity.device_finished(self.device.name)
+        self.turns.finish(self.device.name, turn - 1)
+        return self._take_turn(turn)
 
     def _stopped(self) -> bool:
         """Whether the stop event is set; marks the campaign interrupted when it is."""
@@ -1460,9 +1539,8 @@ class _DeviceRun:
         name = self.device.name
         done = 0
         try:
-            if not self._wait_turn():
+            if not self._take_turn(1):
                 return
-            self.activity.device_started(name)
             pending: list[_Cell] = []
             for spec in self.specs:
                 if self._stopped():
@@ -1480,6 +1558,10 @@ class _DeviceRun:
                 self._record(self._finish(cell), done)
             self._tell_pass(1, pending)
             for number in range(2, self.passes + 1):
+                if all(cell.finished for cell in pending):
+                    break
+                if down is None and not self._next_turn(number):
+                    return  # cells short of their passes are not stored: a resume measures them again
                 for cell in pending:
                     if cell.finished:
                         continue
@@ -1503,7 +1585,7 @@ class _DeviceRun:
         finally:
             self._drop_transport()
             self.activity.device_finished(name)
-            self.finished[name].set()
+            self.turns.finish(name, math.inf)
 
 
 def run_campaign(
@@ -1523,6 +1605,7 @@ def run_campaign(
     round_cost: bool = False,
     data: Path | str | None = None,
     passes: int = DEFAULT_PASSES,
+    interleave: bool = True,
 ) -> CampaignResult:
     """Measure ``specs`` on the fleet and store every cell as it finishes.
 
@@ -1563,6 +1646,10 @@ def run_campaign(
     passes : int
         Passes each cell's time cap is split over (`_DeviceRun`; 1: one run per cell,
         in a process of its own). Cells of a fixed sample count (precision 0) take one.
+    interleave : bool
+        Devices that share cpus take turns pass by pass (`may_take_turn`; the default), so
+        that a stretch in which the host is slow falls on one pass of a cell, not on all;
+        False: each device runs all its passes in one turn.
 
     Returns
     -------
@@ -1614,7 +1701,7 @@ def run_campaign(
         say(line)
     lock = threading.Lock()
     activity = _Activity()
-    finished = {name: threading.Event() for name in by_device}
+    turns = _Turns(plan, by_device)
     threads = []
     for name, cells in by_device.items():
         worker = _DeviceRun(
@@ -1634,12 +1721,13 @@ def run_campaign(
             lock=lock,
             plan=plan,
             activity=activity,
-            finished=finished,
+            turns=turns,
             cost_specs=costs_by_device.get(name, ()),
             scratch=Path(artifacts_dir) / ".roundcost",
             say=say,
             data=data,
             passes=passes,
+            interleave=interleave,
         )
         thread = threading.Thread(target=worker, name=f"campaign-{name}", daemon=True)
         thread.start()

@@ -12,7 +12,8 @@ batch 20, SGD, +-2 % or 2 s per cell: `fleetbench.demo`) the way ``fleetbench de
   variation of its median across campaigns (targets: at most 5 % on every cell, median over
   the cells at most 3 %), and how many cells were flagged noisy (target: none) or imprecise;
   ``--passes 1,4`` alternates campaigns of one and four passes per cell (ABBA order) and
-  prints both, measured side by side;
+  prints both, measured side by side; ``--passes 4,4:one-turn`` compares devices taking
+  turns pass by pass (the default) with each device running all its passes in one turn;
 - ``deploy``: a campaign with fresh device work directories (everything pushed) and one
   with warm caches (0 bytes pushed);
 - ``monotone``: ``fleetbench demo --local`` (three local devices, measured one at a time),
@@ -68,12 +69,19 @@ def run(
     store: ProfileStore,
     artifacts: Path,
     data: Path | None = None,
-    passes: int = campaign.DEFAULT_PASSES,
+    variant: str = str(campaign.DEFAULT_PASSES),
 ) -> campaign.CampaignResult:
-    """One campaign, silent (its cells on ``data``, the demo's bench data, split over ``passes``)."""
+    """One campaign, silent (its cells on ``data``, the demo's bench data, measured as ``variant`` says).
+
+    ``variant`` is a ``--passes`` item: ``K`` passes per cell, devices taking turns pass by
+    pass, or ``K:one-turn``, each device running all its passes in one turn.
+    """
+    count, _, turns = variant.partition(":")
+    if turns not in ("", "one-turn"):
+        raise SystemExit(f"--passes item {variant!r}: K or K:one-turn")
     return campaign.run_campaign(
         fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None,
-        announce=lambda line: None, data=data, passes=passes,
+        announce=lambda line: None, data=data, passes=int(count), interleave=turns != "one-turn",
     )  # fmt: skip
 
 
@@ -91,7 +99,7 @@ def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Name
         result = run(fleet, specs, store, artifacts, args.data, passes)
         seconds = time.perf_counter() - start
         imprecise = sum(m.imprecise for m in result.measurements)
-        print(f"campaign of {len(specs)} cells, {passes} pass(es) per cell: {seconds:.1f} s, "
+        print(f"campaign of {len(specs)} cells, passes {passes}: {seconds:.1f} s, "
               f"complete={result.complete}, {imprecise} imprecise ({before} before, {load()} after)")  # fmt: skip
         ok &= result.complete
     return ok
@@ -107,9 +115,9 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
     """
     specs = demo_cells(fleet, args)
     keys = [(p, s.cell_key()) for p in args.passes for s in specs]
-    medians: dict[tuple[int, str], list[float]] = {k: [] for k in keys}
-    every: dict[tuple[int, str], list[float]] = {k: [] for k in keys}
-    flags: dict[tuple[int, str], list[str]] = {k: [] for k in keys}
+    medians: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+    every: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+    flags: dict[tuple[str, str], list[str]] = {k: [] for k in keys}
     noisy = dict.fromkeys(args.passes, 0)
     imprecise = dict.fromkeys(args.passes, 0)
     ok = True
@@ -129,7 +137,7 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
                     flags[key].append(("N" if stats.noisy else "") + ("I" if m.imprecise else "") or "-")
         print(f"repeat {i + 1}/{args.repeats} done ({load()})", flush=True)
     for passes in args.passes:
-        print(f"\n{passes} pass(es) per cell")
+        print(f"\npasses {passes}")
         print(f"{'device':<8} {'width':>6} {'medians us/img':<44} {'CV':>6}  flags (N noisy, I imprecise)")
         cvs, every_cvs = [], []
         for spec in specs:
@@ -140,12 +148,12 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
             shown = ", ".join(f"{v:.0f}" for v in medians[key])
             print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}  {' '.join(flags[key])}")
         print(
-            f"{passes} pass(es): CV of a cell's median across {args.repeats} campaigns: max {max(cvs):.1%} "
+            f"passes {passes}: CV of a cell's median across {args.repeats} campaigns: max {max(cvs):.1%} "
             f"(target <= 5 %), median {statistics.median(cvs):.1%} (target <= 3 %); noisy flags {noisy[passes]} "
             f"(target 0), imprecise {imprecise[passes]} of {len(specs) * args.repeats} cells"
         )
         print(
-            f"{passes} pass(es), every sample counted (disturbed ones too): CV max {max(every_cvs):.1%}, "
+            f"passes {passes}, every sample counted (disturbed ones too): CV max {max(every_cvs):.1%}, "
             f"median {statistics.median(every_cvs):.1%}"
         )
     print(f"({before} before, {load()} after)")
@@ -229,10 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--passes", default=str(campaign.DEFAULT_PASSES),
-        help="passes per cell, comma-separated to compare values side by side (e.g. 1,4)",
+        help="passes per cell, comma-separated to compare values side by side (e.g. 1,4); "
+        "K:one-turn: each device runs all its passes in one turn instead of taking turns pass by pass",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    args.passes = [int(p) for p in args.passes.split(",") if p.strip()]
+    args.passes = [p.strip() for p in args.passes.split(",") if p.strip()]
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,6 +119,36 @@ def test_isolation_plan_from_a_fleet_file(tmp_path: Path) -> None:
     rounds = campaign.round_isolation(fleet)
     assert rounds.groups == [["fast", "pi", "jetson"], ["mid"], ["slow"], ["phone"], ["here"], ["loop"]]
     assert rounds.conflict("fast", "slow") and not rounds.conflict("fast", "pi")
+
+
+def test_devices_sharing_cpus_take_turns_pass_by_pass(tmp_path: Path) -> None:
+    fleet = _fleet(PLANNED, tmp_path)
+    pins = {d.name: parse_cpu_list(d.emulate.cpus) for d in fleet.devices if d.emulate and d.emulate.cpus}
+    plan = campaign.plan_isolation(fleet.devices, pins)
+    names = [d.name for d in fleet.devices]
+    may = campaign.may_take_turn
+    nothing = dict.fromkeys(names, 0.0)
+    # turn 1: each waits for the earlier devices it shares cpus with, not for later ones
+    assert [may(plan, nothing, n, 1) for n in names] == [True, False, True, False, False, True, True, False]
+    assert may(plan, {**nothing, "fast": 1}, "mid", 1) and not may(plan, {**nothing, "fast": 1}, "fast", 2)
+    # fast's second pass waits for the first pass of every later device on cpu 0 (mid, phone, here, loop)
+    firsts = {**nothing, "fast": 1, "mid": 1, "phone": 1, "here": 1}
+    assert not may(plan, firsts, "fast", 2) and may(plan, {**firsts, "loop": 1}, "fast", 2)
+    assert not may(plan, {**firsts, "loop": 1}, "mid", 2)  # mid's pass 2 follows fast's
+    # a device with no more work (inf, or absent) is not waited for
+    assert may(plan, {**firsts, "loop": math.inf}, "fast", 2)
+    assert may(plan, {n: 1.0 for n in names if n != "loop"}, "fast", 2)
+    # played out on four devices that share every cpu: pass 1 of each, then pass 2 of each, ...
+    shared = campaign.plan_isolation(fleet.devices[:4], {})
+    done = dict.fromkeys(["fast", "mid", "slow", "phone"], 0.0)
+    order = []
+    while min(done.values()) < 3:
+        ready = [n for n in done if done[n] < 3 and may(shared, done, n, int(done[n]) + 1)]
+        assert len(ready) == 1, (done, ready)  # never two at once
+        done[ready[0]] += 1
+        order.append(f"{ready[0]}{int(done[ready[0]])}")
+    assert order == ["fast1", "mid1", "slow1", "phone1", "fast2", "mid2", "slow2", "phone2",
+                     "fast3", "mid3", "slow3", "phone3"]  # fmt: skip
 
 
 def test_pins_count_only_as_fleet_up_applied_them(tmp_path: Path) -> None:
@@ -497,8 +529,24 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
 
 
 def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isolation(
-    fleet_file: Path, artifacts: Path, tmp_path: Path
+    fleet_file: Path, artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import time
+
+    windows: dict[str, list[tuple[float, float]]] = {}  # every pass of every cell, per device
+
+    def timed(method: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, *args: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return method(self, *args)
+            finally:
+                windows.setdefault(self.device.name, []).append((started, time.monotonic()))
+
+        return run
+
+    monkeypatch.setattr(campaign._DeviceRun, "_first_pass", timed(campaign._DeviceRun._first_pass))
+    monkeypatch.setattr(campaign._DeviceRun, "_later_pass", timed(campaign._DeviceRun._later_pass))
     fleet = _load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
     plan = campaign.plan_isolation(fleet.devices, campaign.pinned_cpus(fleet))
@@ -513,14 +561,21 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
     described = plan.describe()
     assert result.complete and result.plan == plan and lines[: len(described)] == described
     # between the stored cells, each device says when a pass of its cells is done
-    assert sorted(lines[len(described) :]) == sorted(
+    told = lines[len(described) :]
+    assert sorted(told) == sorted(
         f"{device.name}: pass {number} of {passes} done for 2 cell(s); each is stored after its last pass"
         for device in fleet.devices for number in range(1, passes)
     )  # fmt: skip
+    # devices that share cpus take turns pass by pass: a's pass k, b's pass k, a's pass k + 1
+    at = {(line.split(":")[0], int(line.split()[2])): i for i, line in enumerate(told)}
+    names = [d.name for d in fleet.devices]
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if plan.conflict(a, b):
+                for number in range(1, passes - 1):
+                    assert at[a, number] < at[b, number] < at[a, number + 1], (a, b, told)
     assert result.runner_invocations == len(specs) and result.resident_requests == (passes - 1) * len(specs)
-    windows = {m.spec.device: [] for m in result.measurements}  # type: dict[str, list[tuple[float, float]]]
     for m in result.measurements:
-        windows[m.spec.device].append((m.started_at, m.finished_at))
         assert m.runner["passes"] == passes and len(m.runner["pass_medians"]) == passes
         assert m.runner["samples"] == len(m.runner["step_seconds"]) == len(m.runner["steps_per_sample"])
         assert m.runner["samples"] >= passes * -(-6 // passes) and m.matmul_gflops is not None
@@ -529,18 +584,37 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
         assert m.message.startswith("imprecise: ") if m.imprecise else m.message == ""
         assert set(m.isolation) == {"alone", "concurrent_with", "cpus", "reason"}
         assert not any(plan.conflict(m.spec.device, other) for other in m.isolation["concurrent_with"]), m.isolation
-    # the schedule itself: devices that share cpus ran one after the other
+    # the schedule itself: no pass of a device ran while a pass of one sharing its cpus did
+    assert sum(len(w) for w in windows.values()) == passes * len(specs)
     for a in windows:
         for b in windows:
             if plan.conflict(a, b):
-                a_end, b_start = max(e for _, e in windows[a]), min(s for s, _ in windows[b])
-                b_end, a_start = max(e for _, e in windows[b]), min(s for s, _ in windows[a])
-                assert a_end <= b_start or b_end <= a_start, (a, b, windows[a], windows[b])
+                for a_start, a_end in windows[a]:
+                    assert all(a_end <= b_start or b_end <= a_start for b_start, b_end in windows[b]), (a, b)
     cells = store.latest_cells()
     assert cells["precision"].eq(0.02).all() and cells["max_seconds"].eq(3.0).all()
     assert cells["precision_achieved"].notna().any() and cells["isolation_reason"].str.len().gt(0).all()
     stored_plan = store.campaigns()["plan"].iloc[-1]
     assert json.loads(stored_plan) == plan.to_dict()
+
+
+def test_without_interleaving_each_device_takes_all_its_passes_in_one_turn(
+    fleet_file: Path, artifacts: Path, tmp_path: Path
+) -> None:
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    two = fleet.devices[:2]
+    assert campaign.plan_isolation(two, campaign.pinned_cpus(fleet)).conflict(two[0].name, two[1].name)
+    specs = plan_cells(two, MODEL, WIDTHS[:1], [BATCH], ["ort"], 4, WARMUP, precision=0.02, max_seconds=0.6)
+    lines: list[str] = []
+    result = campaign.run_campaign(
+        fleet, specs, _store(tmp_path / "fleetbench.db"), artifacts_dir=artifacts, timeout=TIMEOUT,
+        progress=_Counting(), announce=lines.append, passes=3, interleave=False,
+    )  # fmt: skip
+    assert result.complete and all(m.runner["passes"] == 3 for m in result.measurements)
+    a, b = (d.name for d in two)
+    told = [line.split(" done")[0] for line in lines if " done for " in line]
+    assert told == [f"{a}: pass 1 of 3", f"{a}: pass 2 of 3", f"{b}: pass 1 of 3", f"{b}: pass 2 of 3"]
 
 
 def test_a_pass_whose_runner_dies_keeps_the_cells_earlier_passes_and_the_device_goes_on(
@@ -626,7 +700,9 @@ def test_cli_profile_auto_widths_on_a_local_device(
 
 
 def test_profile_measures_each_device_with_its_best_backend_and_skips_one_without(
-    plain_python: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811 - the imported fixture
+    plain_python: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],  # noqa: F811 - the imported fixture
 ) -> None:
     from fleetbench.cli import main
 
