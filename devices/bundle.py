@@ -103,6 +103,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.files import atomic_write
+
 Printer = Callable[[str], None]
 
 
@@ -544,10 +546,7 @@ def _build(abi: Abi, build: Path, downloads: Path, say: Printer) -> None:
         "checked": found is not None, "parts": [{"name": p.name, "sha256": p.sha256, "size": p.size} for p in written],
         "seconds": round(time.monotonic() - started, 1), "built_at": time.time(),
     }  # fmt: skip
-    fd, tmp = tempfile.mkstemp(prefix=".bundle.json.tmp-", dir=build)
-    with os.fdopen(fd, "w") as out:
-        json.dump(stamp, out, indent=2)
-    os.replace(tmp, build / "bundle.json")
+    atomic_write(build / "bundle.json", json.dumps(stamp, indent=2))
     say(f"bundle {abi.name}: built in {time.monotonic() - started:.0f} s")
 
 

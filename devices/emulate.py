@@ -63,7 +63,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +71,7 @@ from pathlib import Path
 
 from devices import limits, presets, processes, qemu
 from devices.errors import EmulationError
+from devices.files import atomic_write
 from devices.fleet import Device, Emulation, Fleet
 from devices.processes import ProcessRecord
 
@@ -247,15 +247,7 @@ def save_state(state_dir: Path, state: FleetState) -> None:
     if not state.devices and state.adb_server is None:
         path.unlink(missing_ok=True)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(state_to_json(state))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, state_to_json(state))
 
 
 # ---------------------------------------------------------------------------- helpers

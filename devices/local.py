@@ -8,37 +8,16 @@ started) through `devices.processes.stop`, which waits until it has gone.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from devices import processes
 from devices.errors import CommandTimeout, TransportError
+from devices.files import atomic_copy
 from devices.transport import RunResult, StreamingProcess
-
-
-def atomic_copy(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file and `os.replace`.
-
-    Parameters
-    ----------
-    source, target : pathlib.Path
-        Target's parent directories are created; a reader never sees a half-written target.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-            shutil.copyfileobj(src, out, 1 << 20)
-        shutil.copymode(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class LocalTransport:

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.files import atomic_write
 from devices.qemu import TREE_ENV, enter_argv
 
 #: Debian suite and architecture of the tree.
@@ -533,11 +534,7 @@ def ensure_tree(directory: Path | None = None, say: Printer = print, mirror: str
                 "seconds": {**seconds, "total": round(time.monotonic() - started, 1)},
                 "built_at": time.time(),
             }
-            fd, tmp = tempfile.mkstemp(prefix=f".{STAMP}.tmp-", dir=build)
-            with os.fdopen(fd, "w") as out:
-                json.dump(record, out, indent=2)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, build / STAMP)
+            atomic_write(build / STAMP, json.dumps(record, indent=2), mode=0o644)
             old = None
             if tree.exists():
                 old = parent / f".{TREE_NAME}.old-{os.getpid()}"

@@ -18,7 +18,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from devices import processes
 from devices.errors import SshdError
+from devices.files import atomic_write
 from devices.processes import ProcessRecord
 
 #: Only address instances listen on.
@@ -336,12 +336,4 @@ def write_known_hosts(path: Path, lines: list[str]) -> None:
                 if any(host in replaced for host in fields[0].split(",")):
                     continue
             kept.append(line)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write("".join(f"{line}\n" for line in kept + new))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, "".join(f"{line}\n" for line in kept + new))

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from devices.files import atomic_open
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 
@@ -1052,21 +1053,11 @@ def write_bench_data(
     InputError
         For an unknown data set, or one ``model`` cannot read.
     """
-    import os
-    import tempfile
-
     if examples < 1:
         raise InputError(f"examples {examples} must be positive")
     shaped = for_model(load_dataset(name, model, seed=seed, max_examples=examples), model)
     shaped = shaped.subset(np.random.default_rng(seed).permutation(len(shaped))[:examples])  # classes mixed per batch
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, x=np.ascontiguousarray(shaped.x), y=shaped.y.astype(np.int64))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, binary=True) as handle:
+        np.savez(handle, x=np.ascontiguousarray(shaped.x), y=shaped.y.astype(np.int64))
     return path

@@ -51,6 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from devices.files import atomic_path
 from exporters.errors import InputError
 from harness.records import BenchSpec, Measurement
 from harness.roundcost import RoundCostModel
@@ -1025,17 +1026,6 @@ class ProfileStore:
         return pd.DataFrame.from_records(rows, columns=columns)
 
 
-def _write_atomically(out: Path, write: Any) -> None:
-    """Write through a temporary file next to ``out`` and rename it into place."""
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """Run ``fleetbench profiles export``: one row per cell (its latest attempt).
 
@@ -1076,9 +1066,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         frame.to_csv(sys.stdout, index=False)
         sys.stdout.flush()
     elif fmt == "csv":
-        _write_atomically(out, lambda path: frame.to_csv(path, index=False))
+        with atomic_path(out) as path:
+            frame.to_csv(path, index=False)
     else:
-        _write_atomically(out, lambda path: frame.to_parquet(path, index=False, engine="pyarrow"))
+        with atomic_path(out) as path:
+            frame.to_parquet(path, index=False, engine="pyarrow")
     if out is not None:
         print(f"wrote {len(frame)} cells from {db} to {out} ({fmt})", file=sys.stderr)
     return 0

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import matplotlib
+
+from devices.files import atomic_write
 
 matplotlib.use("Agg")
 
@@ -482,22 +483,6 @@ def fl_tier_figure(timeline: pd.DataFrame) -> Figure:
     return fig
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file renamed over it (no half-written file).
-
-    Parameters
-    ----------
-    path : Path
-        Target file; its directory must exist.
-    data : bytes
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 @_styled

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from devices.files import atomic_write
 from harness.store import ProfileStore, StoreError
 from reports import plots, tables
 from reports.html import EmbeddedFigure, Page, Section, TableBlock, render_page
@@ -675,7 +676,7 @@ def write_report(
     for d in drafts:
         figures = tuple(EmbeddedFigure(f.name, f.caption, plots.save_figure(f.figure, out, f.name)) for f in d.figures)
         for block in d.tables:
-            plots.atomic_write(out / f"{block.name}.csv", block.frame.to_csv(index=False).encode("utf-8"))
+            atomic_write(out / f"{block.name}.csv", block.frame.to_csv(index=False))
         sections.append(Section(d.key, d.title, d.paragraphs, figures, d.tables, d.notes))
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     cells = src.cells
@@ -692,7 +693,7 @@ def write_report(
     )
     page = Page("fleetbench report: training cost of sub-models per device", facts, tuple(sections))
     path = out / REPORT_FILE
-    plots.atomic_write(path, render_page(page).encode("utf-8"))
+    atomic_write(path, render_page(page))
     return path, headline
 
 
