@@ -10,7 +10,8 @@ batch 20, SGD, +-2 % or 2 s per cell: `fleetbench.demo`) the way ``fleetbench de
   and timed apart; devices' caches cold), with its isolation plan, per ``--passes`` value;
 - ``repeat``: ``--repeats`` campaigns (5) of the same cells; per cell the coefficient of
   variation of its median across campaigns (targets: at most 5 % on every cell, median over
-  the cells at most 3 %), and how many cells were flagged noisy (target: none) or imprecise;
+  the cells at most 3 %), how many cells were flagged noisy (target: none) or imprecise, and
+  the campaigns' wall times;
   ``--passes 1,4`` alternates campaigns of one and four passes per cell (ABBA order) and
   prints both, measured side by side; ``--passes 4,4:one-turn`` compares devices taking
   turns pass by pass (the default) with each device running all its passes in one turn;
@@ -120,11 +121,14 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
     flags: dict[tuple[str, str], list[str]] = {k: [] for k in keys}
     noisy = dict.fromkeys(args.passes, 0)
     imprecise = dict.fromkeys(args.passes, 0)
+    walls: dict[str, list[float]] = {p: [] for p in args.passes}
     ok = True
     before = load()
     for i in range(args.repeats):
         for passes in args.passes if i % 2 == 0 else args.passes[::-1]:
+            start = time.perf_counter()
             result = run(fleet, specs, store, artifacts, args.data, passes)
+            walls[passes].append(time.perf_counter() - start)
             ok &= result.complete
             for m in result.measurements:
                 if m.ok and m.step_seconds:
@@ -150,7 +154,8 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
         print(
             f"passes {passes}: CV of a cell's median across {args.repeats} campaigns: max {max(cvs):.1%} "
             f"(target <= 5 %), median {statistics.median(cvs):.1%} (target <= 3 %); noisy flags {noisy[passes]} "
-            f"(target 0), imprecise {imprecise[passes]} of {len(specs) * args.repeats} cells"
+            f"(target 0), imprecise {imprecise[passes]} of {len(specs) * args.repeats} cells; campaign wall time "
+            f"median {statistics.median(walls[passes]):.1f} s ({', '.join(f'{w:.1f}' for w in walls[passes])})"
         )
         print(
             f"passes {passes}, every sample counted (disturbed ones too): CV max {max(every_cvs):.1%}, "
