@@ -63,6 +63,7 @@ import adbutils
 from adbutils.errors import AdbError, AdbTimeout
 
 from devices.errors import CommandTimeout, ConnectionLost, TransportError, Unreachable
+from devices.files import atomic_path
 from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
 if TYPE_CHECKING:
@@ -380,24 +381,18 @@ class ADBTransport:
         CommandTimeout, Unreachable, TransportError
         """
         device = self.device()
-        local = Path(local)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        part = local.with_name(local.name + ".part")
         try:
-            info = device.sync.stat(remote)
-            if info.mtime is None:  # STAT answers all zeros for a missing file
-                raise TransportError(f"pull {self.serial}:{remote}: no such file")
-            got = device.sync.pull_file(remote, part)
+            with atomic_path(local) as part:
+                info = device.sync.stat(remote)
+                if info.mtime is None:  # STAT answers all zeros for a missing file
+                    raise TransportError(f"pull {self.serial}:{remote}: no such file")
+                got = device.sync.pull_file(remote, part)
+                if got & 0xFFFFFFFF != info.size:
+                    raise TransportError(f"pull {self.serial}:{remote}: {got} of {info.size} bytes arrived")
         except (TimeoutError, AdbTimeout) as exc:
-            part.unlink(missing_ok=True)
             raise CommandTimeout(f"pull {self.serial}:{remote}: {exc}") from None
         except (AdbError, OSError) as exc:
-            part.unlink(missing_ok=True)
             raise TransportError(f"pull {self.serial}:{remote}: {exc}") from None
-        if got & 0xFFFFFFFF != info.size:
-            part.unlink(missing_ok=True)
-            raise TransportError(f"pull {self.serial}:{remote}: {got} of {info.size} bytes arrived")
-        part.replace(local)
 
     def close(self) -> None:
         """Forget the device handle (adb keeps no per-transport state here; idempotent)."""

@@ -1,7 +1,8 @@
 """Atomic file writes: a reader sees the old file or the whole new one, never half of it.
 
 Every file fleetbench writes for others to read (fleet state, ``known_hosts``, bundle
-stamps, bench data, reports, exports) goes through `atomic_path`: the content is written
+stamps, bench data, reports, exports, files fetched from devices over SSH, ADB or a local
+copy) goes through `atomic_path`: the content is written
 to a temporary file in the target's directory (same file system, so the rename is
 atomic), then `os.replace` puts it in place; on any failure the temporary file is
 removed and the target is untouched. The exporters and the on-device runner keep their

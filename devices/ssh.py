@@ -38,6 +38,7 @@ from devices.errors import (
     TransportError,
     Unreachable,
 )
+from devices.files import atomic_path
 from devices.fleet import Device
 from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
@@ -451,29 +452,24 @@ class SSHTransport:
             raise CommandTimeout(f"{self.address}: put {remote!r}: no data for {self.io_timeout:g} s") from exc
 
     def get(self, remote: str, local: Path) -> None:
-        """Download ``remote`` to ``local`` atomically (temporary file, then `os.replace`).
+        """Download ``remote`` to ``local`` atomically (`devices.files.atomic_path`).
 
         Raises
         ------
         FileNotFoundError
             If ``remote`` does not exist.
         """
-        local = Path(local)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
-
-        def download() -> None:
-            sftp = self._sftp_client()
-            sftp.get(self._remote_path(sftp, remote), str(tmp))
-
         try:
-            self._with_reconnect(f"get {remote!r}", download)
-            os.replace(tmp, local)
+            with atomic_path(local) as tmp:
+
+                def download() -> None:
+                    sftp = self._sftp_client()
+                    sftp.get(self._remote_path(sftp, remote), str(tmp))
+
+                self._with_reconnect(f"get {remote!r}", download)
         except TimeoutError as exc:
             self.close()
             raise CommandTimeout(f"{self.address}: get {remote!r}: no data for {self.io_timeout:g} s") from exc
-        finally:
-            tmp.unlink(missing_ok=True)
 
 
 def _drain(recv: Any, sink: list[bytes]) -> None:

@@ -48,9 +48,10 @@ def test_put_get_10mb_round_trip(sshd_server: Server, tmp_path: Path) -> None:
     assert [p.name for p in Path(remote).parent.iterdir()] == ["dst.bin"]  # no temporary left
     back = tmp_path / "back" / "back.bin"
     t.get(remote, back)
-    assert sha256(back) == sha256(src)
+    assert sha256(back) == sha256(src) and [p.name for p in back.parent.iterdir()] == ["back.bin"]
     with pytest.raises(FileNotFoundError):
         t.get(str(tmp_path / "absent"), tmp_path / "x")
+    assert not list(tmp_path.glob("*x*"))  # neither the file nor a temporary beside it
 
 
 def test_the_connection_sends_small_packets_at_once(sshd_server: Server) -> None:
