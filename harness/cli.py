@@ -25,9 +25,9 @@ def add_passes_argument(parser: argparse.ArgumentParser) -> None:
         "--passes",
         type=positive_int,
         default=DEFAULT_PASSES,
-        help=f"passes each cell's time is split over, interleaved with the device's other cells so that a "
-        f"moment the host slows the device does not move the whole cell (default {DEFAULT_PASSES}; 1: one run "
-        "per cell)",
+        help=f"passes each cell's time is split over, interleaved with the device's other cells and taken in "
+        f"turns with the devices that share its cpus, so that a moment the host slows the device does not move "
+        f"the whole cell (default {DEFAULT_PASSES}; 1: one run per cell)",
     )
 
 
