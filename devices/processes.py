@@ -42,7 +42,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,3 +327,68 @@ def stop(
         if not exited(pid, started):
             send(pid, started, signal.SIGKILL)
     return _wait(targets, exited, kill_wait)
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when this process is asked to end (`terminate_as_interrupt`).
+
+    A subclass of KeyboardInterrupt, so every path that already cleans up after Ctrl-C
+    (stopping an emulated fleet, storing what a campaign measured, printing how to
+    resume) does the same after ``kill`` or a closed terminal.
+
+    Parameters
+    ----------
+    signum : int
+        The signal received.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: Signals `terminate_as_interrupt` turns into `Terminated`: ``kill``'s default and a closed terminal.
+TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt(signals: Iterable[int] = TERMINATING_SIGNALS) -> Iterator[None]:
+    """Turn ``signals`` into `Terminated` in the main thread while the block runs.
+
+    Python's default for SIGTERM and SIGHUP is to die at once, without ``finally``
+    blocks: processes this one started (an emulated fleet, resident runners) would be
+    left running. Inside the block the first such signal raises `Terminated` where the
+    main thread is; later ones are ignored, so the cleanup it starts runs to its end (a
+    Python handler, not ``SIG_IGN``: ignored signals would be inherited by the processes
+    the cleanup starts). The previous handlers come back after the block. Outside the main
+    thread, where no handler can be set, the block runs unchanged.
+
+    Parameters
+    ----------
+    signals : iterable of int
+        Default `TERMINATING_SIGNALS`.
+
+    Yields
+    ------
+    None
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    chosen = tuple(signals)
+    raised = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in chosen}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -17,7 +17,11 @@ Error boundary (`main`). Every command runs inside it:
 * anything else is a bug: one line naming the exception and the log file that holds
   its traceback (`crash_log_dir`), exit status 1; ``--debug`` (or
   ``FLEETBENCH_DEBUG=1``) prints the traceback instead;
-* Ctrl-C is ``fleetbench: interrupted`` and 130; a closed pipe (``| head``) ends quietly.
+* Ctrl-C is ``fleetbench: interrupted`` and 130; SIGTERM (``kill``) and SIGHUP (a closed
+  terminal) take the same path (`devices.processes.terminate_as_interrupt`), so what a
+  command started (an emulated fleet, resident runners) is stopped and what it measured
+  is stored, then ``fleetbench: terminated (SIGTERM)`` and 128 + the signal's number;
+  a closed pipe (``| head``) ends quietly.
 
 Commands check their arguments before any side effect, so a refused command has
 created, started and written nothing.
@@ -29,6 +33,7 @@ import argparse
 import errno
 import importlib
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -38,6 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from devices.errors import EmulationError, FleetFileError, SshdError, TransportError
+from devices.processes import Terminated, terminate_as_interrupt
 from exporters.errors import InputError
 from harness.store import StoreUnavailable
 
@@ -202,16 +208,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        The command's status; 2 for bad input, 1 for a failure, 130 after Ctrl-C.
+        The command's status; 2 for bad input, 1 for a failure, 130 after Ctrl-C, 143
+        after SIGTERM, 129 after SIGHUP.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("FLEETBENCH_DEBUG", "") not in ("", "0")
     try:
-        args = build_parser().parse_args(argv)
-        return resolve_handler(args.handler)(args)
+        with terminate_as_interrupt():
+            args = build_parser().parse_args(argv)
+            return resolve_handler(args.handler)(args)
     except INPUT_ERRORS as exc:
         _say(f"error: {describe(exc)}", exc, debug)
         return EXIT_USAGE
+    except Terminated as exc:
+        print(f"fleetbench: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("fleetbench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

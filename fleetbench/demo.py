@@ -131,7 +131,11 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
         path.write_text(local_fleet_text(out / "fleet"))
         return load_fleet(path), False
     fleet = load_fleet(emulate.write_example_fleet(out / "fleet", free_port))
-    result = emulate.up(fleet, say=progress.detail)
+    try:
+        result = emulate.up(fleet, say=progress.detail)
+    except BaseException:  # Ctrl-C or SIGTERM during the start: stop what did start
+        emulate.down(fleet, say=lambda line: None)
+        raise
     if result.failed:
         for name, reason in result.failed.items():
             progress.detail(f"{name} did not start: {reason}")

@@ -316,4 +316,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from devices.processes import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # kill: stop the fleet it started, as Ctrl-C does
+        raise SystemExit(main())

@@ -294,7 +294,12 @@ def measure(config: str, settings: Settings) -> Outcome:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    stdout, stderr = proc.communicate()
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:  # Ctrl-C or kill: the child's Ray instance goes too
+        done.set()
+        processes.stop([], also=lambda: processes.marked(MARK_ENV, mark))
+        raise
     outcome.wall_s = time.perf_counter() - start
     done.set()
     sampler.join()
@@ -440,4 +445,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from devices.processes import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # kill: stop the fleet it started, as Ctrl-C does
+        sys.exit(main())

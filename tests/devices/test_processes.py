@@ -161,3 +161,44 @@ def test_the_phone_endpoint_stops_on_sigterm(tmp_path: Path) -> None:
     assert processes.stop([rec], grace=5.0) == []
     assert time.monotonic() - start < 2.5
     assert not pidfile.exists()  # removed on the way out: it was not SIGKILLed
+
+
+def test_terminate_as_interrupt_raises_once_and_restores_the_handlers() -> None:
+    import pytest
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    seen: list[int] = []
+    with pytest.raises(processes.Terminated) as caught, processes.terminate_as_interrupt():
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # the handler runs at the next bytecode; never reached
+        except processes.Terminated as first:
+            seen.append(first.signum)
+            # cleanup in progress: further signals are ignored, not raised into it
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            seen.append(-1)
+            raise
+    assert seen == [signal.SIGHUP, -1]
+    assert isinstance(caught.value, KeyboardInterrupt) and str(caught.value) == "SIGHUP"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+
+
+def test_a_killed_python_runs_its_finally_blocks_inside_terminate_as_interrupt(tmp_path: Path) -> None:
+    flag = tmp_path / "cleaned"
+    script = (
+        "import pathlib, sys, time\n"
+        "from devices.processes import terminate_as_interrupt\n"
+        "with terminate_as_interrupt():\n"
+        "    try:\n"
+        "        print('ready', flush=True); time.sleep(30)\n"
+        "    finally:\n"
+        f"        pathlib.Path({str(flag)!r}).write_text('yes')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(processes.__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert flag.read_text() == "yes"
+    assert b"Terminated: SIGTERM" in err and proc.returncode == 1

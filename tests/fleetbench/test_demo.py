@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from devices import emulate
+from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from fleetbench.cli import main
 from tests.devices.conftest import require_tool
@@ -122,3 +123,42 @@ def test_refused_demo_creates_and_starts_nothing(
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_a_killed_demo_stops_its_fleet_and_exits_143(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from devices import processes
+
+    require_tool("sshd")
+    require_tool("adb")
+    out = tmp_path / "demo"
+    env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = str(Path(emulate.__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetbench", "demo", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # the fleet is up once the profiling step starts
+        seen.append(line)
+        if line.startswith("[2/7]"):
+            break
+    state = emulate.load_state(out / "fleet" / "state")
+    started = [rec for dev in state.devices for rec in dev.processes]
+    assert len(state.devices) == 4 and started, "".join(seen)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.strip().splitlines()[-1] == "fleetbench: terminated (SIGTERM)" and "Traceback" not in err
+        assert "stopping the emulated fleet" in rest
+        assert not any(processes.running(rec) for rec in started)
+        assert emulate.load_state(out / "fleet" / "state").devices == ()
+    finally:  # a failure here leaves no fleet behind
+        proc.kill()
+        emulate.down(load_fleet(out / "fleet" / "fleet.yaml"), say=lambda line: None)

@@ -700,9 +700,9 @@ def test_cli_profile_auto_widths_on_a_local_device(
 
 
 def test_profile_measures_each_device_with_its_best_backend_and_skips_one_without(
-    plain_python: str,
+    plain_python: str,  # noqa: F811 - the imported fixture
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],  # noqa: F811 - the imported fixture
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from fleetbench.cli import main
 
