@@ -419,6 +419,38 @@ def host_disturbed(
     return flags
 
 
+def cpu_starved(
+    cpu_share: Sequence[float | None], limit: float = HOST_DISTURBANCE_LIMIT, span: int = HOST_DISTURBANCE_SPAN
+) -> list[bool]:
+    """Flag the rounds whose step loop got less of a cpu than the device's other rounds (pure).
+
+    A round's CPU share is its step loop's CPU seconds per wall second
+    (``loop_cpu_seconds / loop_seconds``). It is the device's CPU quota (or one cpu per
+    thread) whatever the width: on the example emulated fleet it stayed within 3 % of a
+    device's quota over a run's rounds. A round that got clearly less waited for its cpu
+    while something else held it (another process on the device's cpus, the hypervisor),
+    which neither adds CPU time per step (`host_disturbed` does not see it) nor any
+    round-cost model predicts.
+
+    Parameters
+    ----------
+    cpu_share : sequence of float or None
+        One device's rounds in one run, in round order, any width; None where not measured.
+    limit : float
+        Relative excess of wall seconds per CPU second over the nearby rounds' lowest that
+        flags a round: a share below ``1 / (1 + limit)`` of the highest nearby.
+    span : int
+        As `host_disturbed`.
+
+    Returns
+    -------
+    list of bool
+        One flag per round; False where the share is None or not positive.
+    """
+    inverse = [1.0 / v if v is not None and v > 0 else None for v in cpu_share]
+    return host_disturbed(inverse, limit, span)
+
+
 def round_seconds_by_width(cost: RoundCost, model: ZooModel, steps: Mapping[str, int]) -> Callable[[str, float], float]:
     """Return ``(device, width) -> predicted round seconds`` for planners that think in uniform widths.
 

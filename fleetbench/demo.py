@@ -370,7 +370,8 @@ def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
         median, worst, n = tables.prediction_errors(client_rounds, skip_disturbed=True)
         progress.detail(
             f"* {disturbed} round(s) the host disturbed (CPU per step more than "
-            f"{HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width); "
+            f"{HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width, or "
+            f"{HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds); "
             f"the other {n}: median {median:.0%}, worst {worst:.0%}"
         )
 
@@ -386,7 +387,10 @@ def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
         progress.detail("no straggler was calibrated (FLuID needs a round of measured times first)")
         return
     for row in table.itertuples(index=False):
-        disturbed = " (the host disturbed this round: more CPU per step than at that size in other rounds)"
+        disturbed = (
+            " (the host disturbed this round: more CPU per step than at that size in other rounds, or less of"
+            " the cpu than in the device's other rounds)"
+        )
         progress.detail(
             f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), size {row.size:g}, round "
             f"{row.seconds:.2f} s against target {row.target_s:.2f} s = {row.over_target:.2f} x target"

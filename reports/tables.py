@@ -753,41 +753,48 @@ def fl_timeline_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
-    """Flag the client rounds the host disturbed: CPU per step above the device's comparable rounds.
+    """Flag the client rounds the host disturbed: more CPU per step, or less of the cpu, than nearby rounds.
 
     Parameters
     ----------
     client_rounds : pandas.DataFrame
-        ``fl_client_rounds`` rows; ``metrics`` (dicts or JSON) with ``loop_cpu_seconds`` and
-        ``steps`` (the devices executor's resident runner).
+        ``fl_client_rounds`` rows; ``metrics`` (dicts or JSON) with ``loop_cpu_seconds``,
+        ``loop_seconds`` and ``steps`` (the devices executor's resident runner).
 
     Returns
     -------
     pandas.Series of bool
-        Indexed as ``client_rounds``: `fl.roundcost.host_disturbed` over each run's rounds of
-        one device at one configuration (width and architecture). Not flagged: rounds without
-        the loop's CPU time, and FjORD rounds that drew more than one width (their CPU per
-        step moves with the draw).
+        Indexed as ``client_rounds``. A round is flagged by `fl.roundcost.host_disturbed`
+        over each run's rounds of one device at one configuration (width and architecture;
+        not FjORD rounds that drew more than one width, whose CPU per step moves with the
+        draw), or by `fl.roundcost.cpu_starved` over each run's rounds of one device at any
+        width. Rounds without the loop's times are not flagged.
     """
-    from fl.roundcost import host_disturbed
+    from fl.roundcost import cpu_starved, host_disturbed
 
     flags = pd.Series(False, index=client_rounds.index, dtype=bool)
     if client_rounds.empty or "metrics" not in client_rounds:
         return flags
-    series: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
+    per_config: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
+    per_device: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
     for index, row in client_rounds.iterrows():
         metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
         cpu, steps = _number(metrics.get("loop_cpu_seconds")), _number(metrics.get("steps"))
+        wall = _number(metrics.get("loop_seconds"))
         drawn = [k for k, v in metrics.items() if k.startswith("steps_at_width/") and _number(v) > 0]
         per_step = cpu / steps if math.isfinite(cpu) and steps > 0 and len(drawn) <= 1 else None
+        share = cpu / wall if math.isfinite(cpu) and math.isfinite(wall) and wall > 0 else None
         arch_widths = row.get("arch_widths", ())
         arch = tuple(json.loads(arch_widths)) if isinstance(arch_widths, str) else tuple(arch_widths or ())
-        key = (row["run_id"], row["device"], float(row["width"]), arch)
-        series.setdefault(key, []).append((row["round"], index, per_step))
-    for rounds in series.values():
-        rounds.sort(key=lambda item: item[0])
-        for (_, index, _), flag in zip(rounds, host_disturbed([v for _, _, v in rounds]), strict=True):
-            flags[index] = flag
+        per_config.setdefault((row["run_id"], row["device"], float(row["width"]), arch), []).append(
+            (row["round"], index, per_step)
+        )
+        per_device.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, share))
+    for groups, rule in ((per_config, host_disturbed), (per_device, cpu_starved)):
+        for rounds in groups.values():
+            rounds.sort(key=lambda item: item[0])
+            for (_, index, _), flag in zip(rounds, rule([v for _, _, v in rounds]), strict=True):
+                flags[index] = flags[index] or flag
     return flags
 
 

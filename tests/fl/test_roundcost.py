@@ -196,3 +196,16 @@ def test_host_disturbed_flags_a_round_above_its_cheapest_neighbour() -> None:
     levels = [0.010, 0.010, 0.012, 0.012, 0.012, 0.012]
     assert host_disturbed(levels, span=2) == [False, False, True, True, False, False]
     assert host_disturbed(levels, span=5) == [False, False, True, True, True, True]
+
+
+def test_cpu_starved_flags_a_round_that_got_less_of_the_cpu_than_its_neighbours() -> None:
+    from fl.roundcost import cpu_starved
+
+    # a 0.14-core device: 0.10 of a cpu is 40 % more wall time per CPU second than 0.14
+    assert cpu_starved([0.14, 0.10, 0.138, 0.14]) == [False, True, False, False]
+    # 0.14 / 1.1 = 0.1273: just above is within the limit, below is flagged
+    assert cpu_starved([0.14, 0.128]) == [False, False]
+    assert cpu_starved([0.14, 0.126]) == [False, True]
+    # a round above its neighbours is never starved; unmeasured or empty loops are skipped
+    assert cpu_starved([0.14, 0.20, 0.14]) == [True, False, True]
+    assert cpu_starved([None, 0.0, 0.14]) == [False, False, False]

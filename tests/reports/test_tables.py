@@ -398,3 +398,23 @@ def test_client_rounds_with_more_cpu_per_step_than_their_neighbours_are_flagged_
     assert list(stragglers["disturbed"]) == [True, False]
     # without the runner's loop metrics nothing is judged
     assert not tables.host_disturbed_rounds(client_rounds.drop(columns="metrics")).any()
+
+
+def test_a_round_that_got_less_of_the_cpu_is_host_disturbed_at_any_width() -> None:
+    def row(rnd: int, width: float, cpu: float, wall: float) -> dict:
+        metrics = {"loop_cpu_seconds": cpu, "loop_seconds": wall, "steps": 40}
+        return {
+            "run_id": 1, "round": rnd, "cid": "c2", "device": "slow", "width": width, "arch_widths": [],
+            "metrics": json.dumps(metrics),
+        }  # fmt: skip
+
+    client_rounds = pd.DataFrame(
+        [
+            row(0, 1.0, 0.140, 1.00),  # a share of 0.14 of a cpu
+            row(1, 0.5, 0.070, 0.51),
+            row(2, 0.5, 0.070, 0.50),
+            # the only round at 0.75 (no CPU-per-step reference), at 0.083 of a cpu: it waited
+            row(3, 0.75, 0.105, 1.26),
+        ]
+    )
+    assert list(tables.host_disturbed_rounds(client_rounds)) == [False, False, False, True]
