@@ -617,8 +617,9 @@ def test_without_interleaving_each_device_takes_all_its_passes_in_one_turn(
     assert told == [f"{a}: pass 1 of 3", f"{a}: pass 2 of 3", f"{b}: pass 1 of 3", f"{b}: pass 2 of 3"]
 
 
+@pytest.mark.parametrize("fault", ["killed", "timed out"])
 def test_a_pass_whose_runner_dies_keeps_the_cells_earlier_passes_and_the_device_goes_on(
-    fleet_file: Path, artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fleet_file: Path, artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     from harness.resident import ResidentRunner
 
@@ -629,9 +630,11 @@ def test_a_pass_whose_runner_dies_keeps_the_cells_earlier_passes_and_the_device_
     real_bench = ResidentRunner.bench
 
     def bench_after_a_kill(self: ResidentRunner, artifacts: str, **options: object) -> contract.RunnerOutput:
-        if options["request_id"] == fatal:  # the serving runner dies as this request reaches it
+        if options["request_id"] == fatal and fault == "killed":  # the serving runner dies as this request reaches it
             assert self.pid is not None
             os.kill(self.pid, signal.SIGKILL)
+        elif options["request_id"] == fatal:  # the pass outlasts its time-out: the runner is killed from here
+            options["timeout"] = 0.05
         return real_bench(self, artifacts, **options)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ResidentRunner, "bench", bench_after_a_kill)
@@ -642,6 +645,7 @@ def test_a_pass_whose_runner_dies_keeps_the_cells_earlier_passes_and_the_device_
     hit, other = sorted(result.measurements, key=lambda m: m.spec.width)
     # the cell keeps the two passes it has, and says what became of the others
     assert hit.ok and hit.runner["passes"] == 2 and "pass 3 of 4 failed: " in hit.message, hit.message
+    assert ("timeout" in hit.message) == (fault == "timed out"), hit.message
     assert other.ok and other.runner["passes"] == 4 and "failed" not in other.message, other.message
     assert result.resident_requests == 2 + 3 and result.runner_invocations == 2
     stored = store.latest_cells().set_index("width")
