@@ -504,6 +504,7 @@ def _fl(src: Sources) -> list[Draft]:
     virtual = tables.fl_virtual_table(src.fl_rounds, src.fl_client_rounds)
     predictions = tables.fl_prediction_table(src.fl_client_rounds)
     straggler_rounds = tables.fl_straggler_table(src.fl_rounds, src.fl_client_rounds)
+    feddrop = tables.fl_feddrop_time_table(src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
@@ -572,6 +573,18 @@ def _fl(src: Sources) -> list[Draft]:
                     st,
                 )
             )
+        fd = feddrop[feddrop["run_id"] == rid] if not feddrop.empty else feddrop
+        if not fd.empty:
+            extra.append(_feddrop_note(fd))
+            blocks.append(
+                TableBlock(
+                    f"fl_run{rid}_feddrop",
+                    "FedDrop on the devices, per device (medians over its rounds): expected and sampled training "
+                    "FLOPs as fractions of the dense model's, the measured client round, the profile's prediction "
+                    "of the dense round, their ratio, and the seconds spent drawing masks.",
+                    fd,
+                )
+            )
         rounds = src.fl_rounds[src.fl_rounds["run_id"] == rid]
         text = (
             f"Run {rid}: strategy {run['strategy']}, model {run['model']}, data set {run['dataset']}, executor "
@@ -585,6 +598,24 @@ def _fl(src: Sources) -> list[Draft]:
             )
         )
     return drafts
+
+
+def _feddrop_note(feddrop: pd.DataFrame) -> str:
+    """Say plainly what SyncDrop's masks do to a device's time (`tables.fl_feddrop_time_table` rows)."""
+    flops = float(feddrop["expected_flops"].median())
+    ratio = feddrop["time_ratio"].dropna()
+    measured = (
+        f"the measured rounds took {float(ratio.median()):.2f}x the profile's dense prediction (median over "
+        f"devices, {float(ratio.min()):.2f}x to {float(ratio.max()):.2f}x)"
+        if not ratio.empty
+        else "no dense prediction was logged to compare the measured rounds with"
+    )
+    return (
+        f"FedDrop's masks leave {flops:.0%} of the dense model's training FLOPs in expectation (median over "
+        f"devices), and {measured}. The masks multiply the outputs of dense kernels: a dropped neuron is "
+        "still computed, so masks save no time without sparse kernels, and none of this project's runner "
+        "backends has them. The FLOPs are what FedDrop's budgets bound; the time is what the device spends."
+    )
 
 
 def _provenance(campaigns: pd.DataFrame) -> Draft:

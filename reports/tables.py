@@ -924,6 +924,61 @@ def fl_prediction_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def fl_feddrop_time_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """FedDrop rounds on the devices: measured time beside the FLOPs the masks leave, per run and device.
+
+    Parameters
+    ----------
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows; the SyncDrop rounds are those whose ``metrics`` hold
+        ``dense_train_flops`` and ``expected_train_flops`` (`fl.executors.devices.syncdrop_metrics`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, device, rounds, expected_flops, sampled_flops, measured_s, dense_s,
+        time_ratio, mask_s``, medians over the device's successful SyncDrop rounds:
+        ``expected_flops`` and ``sampled_flops`` are the training FLOPs per example with the
+        keep probabilities and with the drawn masks, as fractions of the dense model's;
+        ``measured_s`` the client round (download, compute, upload); ``dense_s`` the
+        profile's prediction of that round for the dense model (``profile_predicted_seconds``,
+        else ``predicted_seconds``; NaN without one); ``time_ratio`` the median of
+        ``measured / dense`` per round; ``mask_s`` the runner's time drawing masks. Empty
+        when no round trained with SyncDrop masks.
+    """
+    columns = ["run_id", "device", "rounds", "expected_flops", "sampled_flops", "measured_s", "dense_s",
+               "time_ratio", "mask_s"]  # fmt: skip
+    if client_rounds.empty or "metrics" not in client_rounds:
+        return pd.DataFrame(columns=columns)
+    ok = client_rounds[client_rounds["status"] == "ok"] if "status" in client_rounds else client_rounds
+    per_round = []
+    for _, row in ok.iterrows():
+        metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
+        dense = _number(metrics.get("dense_train_flops"))
+        if not (dense > 0) or "expected_train_flops" not in metrics:
+            continue
+        predicted = _number(metrics.get("profile_predicted_seconds", row.get("predicted_seconds")))
+        parts = (_number(row.get(f"{part}_seconds")) for part in ("download", "compute", "upload"))
+        measured = sum(v for v in parts if math.isfinite(v))
+        per_round.append(
+            {
+                "run_id": row["run_id"], "device": row["device"],
+                "expected_flops": _number(metrics["expected_train_flops"]) / dense,
+                "sampled_flops": _number(metrics.get("sampled_train_flops")) / dense,
+                "measured_s": measured, "dense_s": predicted,
+                "time_ratio": measured / predicted if predicted > 0 else math.nan,
+                "mask_s": _number(metrics.get("mask_seconds")),
+            }
+        )  # fmt: skip
+    if not per_round:
+        return pd.DataFrame(columns=columns)
+    frame = pd.DataFrame(per_round)
+    grouped = frame.groupby(["run_id", "device"], sort=True)
+    out = grouped.median(numeric_only=True).reset_index()
+    out.insert(2, "rounds", grouped.size().to_numpy())
+    return out[columns]
+
+
 def prediction_errors(client_rounds: pd.DataFrame, *, skip_disturbed: bool = False) -> tuple[float, float, int]:
     """Return the median and worst ``|predicted - measured| / measured`` over every predicted client round.
 

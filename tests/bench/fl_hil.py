@@ -19,9 +19,12 @@ Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--exa
    full-width round; FLuID's and FjORD's mean round time against FedAvg at full width.
 6. **FedDrop budgets**: each device's FLOPs budget ratio from its measured latency-vs-FLOPs
    fit and a per-round time budget less its predicted fixed cost and transfers
-   (`fl.scheduling.budgets_for_fleet`, `fl.roundcost.round_overheads`), then FedDrop rounds
-   in process with those per-client budgets; printed: each client's expected training-FLOPs
-   ratio against its budget (SyncDrop masks do not run on the devices' ORT graphs).
+   (`fl.scheduling.budgets_for_fleet`, `fl.roundcost.round_overheads`), then two FedDrop
+   rounds on the devices with those per-client budgets (SyncDrop masks as inputs of masked
+   artifact sets); printed: each client's expected training-FLOPs ratio against its budget,
+   and each device's measured round against the profile's dense prediction and its FedAvg
+   rounds at full width (`reports.tables.fl_feddrop_time_table`): masks multiply dense
+   kernels, so the time stays the dense model's.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def _run(
     args: argparse.Namespace,
     capacities: list[float] | None = None,
     backends: dict[str, str] | None = None,
+    rounds: int | None = None,
     **options: Any,
 ) -> Any:
     model = get_model(MODEL)
@@ -85,7 +89,7 @@ def _run(
     )  # fmt: skip
     caps = capacities or [1.0] * len(devices)
     config = RunConfig(
-        strategy=strategy, model=MODEL, dataset="mnist5k", clients=len(devices), rounds=args.rounds,
+        strategy=strategy, model=MODEL, dataset="mnist5k", clients=len(devices), rounds=rounds or args.rounds,
         seed=args.seed, epochs=args.epochs, batch_size=BATCH, lr=0.05, executor="devices", db=str(store.path),
         options=options, capacities="explicit:" + ",".join(f"{c:g}" for c in caps), optimizer=OPTIMIZER,
     )  # fmt: skip
@@ -218,8 +222,15 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
         )
 
 
-def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace, backends: dict[str, str]) -> None:
-    """Per-device FLOPs budgets from the profiles; FedDrop rounds in process kept within them."""
+def feddrop_budgets(
+    store: ProfileStore, fleet: Any, root: Path, args: argparse.Namespace, backends: dict[str, str], fedavg: Any
+) -> None:
+    """Per-device FLOPs budgets from the profiles; FedDrop rounds on the devices kept within them.
+
+    The rounds train with SyncDrop masks on the devices (the masked artifact sets); printed per
+    device: the FLOPs ratio against the budget, and the measured round against the profile's
+    dense prediction and against the device's FedAvg rounds at full width (``fedavg``).
+    """
     model = get_model(MODEL)
     devices = [d.name for d in fleet.devices]
     data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
@@ -237,18 +248,17 @@ def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace, b
     budgets = {f"c{i}": min(1.0, max(0.1, ratios[d].ratio or 0.1)) for i, d in enumerate(devices)}
     print(
         f"\n== FedDrop FLOPs budgets on the predicted round (round budget {budget_s:.2f} s, fixed cost and "
-        "transfers included)"
+        "transfers included), SyncDrop masks on the devices"
     )
     for i, d in enumerate(devices):
         r = ratios[d]
         print(f"  {d:>6} (c{i}): budget ratio {budgets[f'c{i}']:.3f} (fit gives {r.ratio})")
-    config = RunConfig(
-        strategy="feddrop", model=MODEL, dataset="mnist5k", clients=len(devices), rounds=2, seed=args.seed,
-        epochs=1, batch_size=BATCH, lr=0.05, db=str(store.path),
-        options={"budgets": budgets, "convention": "training", "iterations": 2000},
+    summary = _run(
+        "feddrop", fleet, store, root, args, backends=backends, rounds=2, budgets=budgets, convention="training",
+        iterations=2000,
     )  # fmt: skip
-    summary = run_fl(config, store=store, data=data, progress=lambda line: print(f"  feddrop: {line}"))
-    rounds = RunLog(store).rounds(summary.run_id).to_dict("records")
+    log = RunLog(store)
+    rounds = log.rounds(summary.run_id).to_dict("records")
     print(f"{'round':>5} {'client':>6} {'device':>7} {'FLOPs ratio':>11} {'budget':>7} {'within':>6}")
     for r in rounds:
         metrics = json.loads(r["metrics"]) if isinstance(r["metrics"], str) else r["metrics"]
@@ -260,6 +270,20 @@ def feddrop_budgets(store: ProfileStore, fleet: Any, args: argparse.Namespace, b
             within = ratio <= budget + 1e-9
             print(f"{int(r['round']):>5} {'c' + str(i):>6} {d:>7} {ratio:>11.3f} {budget:>7.3f} {within!s:>6}")
         print(f"      max budget excess {metrics.get('max_budget_excess')}")
+    table = tables.fl_feddrop_time_table(log.client_rounds(summary.run_id))
+    base = tables.fl_timeline_table(log.client_rounds(fedavg.run_id))
+    base = base[base["status"] == "ok"].groupby("device")["total_s"].median()
+    print(
+        "\n== FedDrop on the devices: time against FLOPs (medians over the rounds; masks multiply dense kernels)\n"
+        f"{'device':>7} {'exp FLOPs':>9} {'sampled':>7} {'round s':>7} {'dense pred s':>12} {'ratio':>6} "
+        f"{'FedAvg s':>8} {'vs FedAvg':>9}"
+    )
+    for r in table.itertuples(index=False):
+        fedavg_s = float(base.get(r.device, float("nan")))
+        print(
+            f"{r.device:>7} {r.expected_flops:>9.2f} {r.sampled_flops:>7.2f} {r.measured_s:>7.2f} {r.dense_s:>12.2f} "
+            f"{r.time_ratio:>6.2f} {fedavg_s:>8.2f} {r.measured_s / fedavg_s:>9.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 fluid_figures(store, runs["fluid"].run_id)
                 round_cost_figures(store, fleet, runs)
                 print(f"machine load average after the FL runs: {os.getloadavg()}")
-                feddrop_budgets(store, fleet, args, backends)
+                feddrop_budgets(store, fleet, root, args, backends, runs["fedavg"])
         finally:
             emulate.down(fleet, say=lambda line: None)
             if args.keep is not None and (root / "bench.db").exists():

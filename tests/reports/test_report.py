@@ -232,3 +232,39 @@ def test_a_population_run_shows_its_virtual_clock(tmp_path: Path, clients: int) 
         assert "fl_run1_timeline" not in stems and "clients: more than 40" in text
     else:
         assert "fl_run1_timeline" in stems
+
+
+def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks_save_none(tmp_path: Path) -> None:
+    import html
+    import json
+
+    from fl.runlog import FL_MIGRATIONS
+
+    db = build_store(tmp_path / "s.db", fl=False)
+    with ProfileStore(db) as store:
+        store.ensure_schema("fl", FL_MIGRATIONS)
+        with store.transaction() as conn:
+            run_id = conn.execute(
+                "INSERT INTO fl_runs (started_at, finished_at, strategy, model, dataset, executor, seed, rounds, "
+                "status) VALUES (1, 2, 'feddrop', 'fjord-cnn', 'mnist5k', 'devices', 0, 1, 'finished')"
+            ).lastrowid
+            conn.execute(
+                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, evaluation) "
+                "VALUES (?, 0, 1, 2, 1.0, ?)",
+                (run_id, json.dumps({"1.0": {"loss": 1.0, "accuracy": 0.5}})),
+            )
+            for device, expected, measured in (("pi4", 0.5, 1.05), ("jetson", 0.4, 0.95)):
+                metrics = {"dense_train_flops": 1e6, "expected_train_flops": expected * 1e6,
+                           "sampled_train_flops": expected * 1e6, "profile_predicted_seconds": 1.0}  # fmt: skip
+                conn.execute(
+                    "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, tier, straggler, status, "
+                    "compute_seconds, download_seconds, upload_seconds, metrics) "
+                    "VALUES (?, 0, ?, ?, 1.0, 0, 0, 'ok', ?, 0, 0, ?)",
+                    (run_id, device, device, measured, json.dumps(metrics)),
+                )
+    path, _ = write_report(load_sources(db), tmp_path / "out", now=NOW)
+    text = html.unescape(path.read_text())
+    assert "masks save no time without sparse kernels" in text
+    assert "leave 45% of the dense model's training FLOPs" in text and "took 1.00x the profile's dense" in text
+    shown = {r["device"]: r for r in table_dicts(read_page(path.read_text()), f"fl_run{run_id}_feddrop")}
+    assert set(shown) == {"pi4", "jetson"}

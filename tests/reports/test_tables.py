@@ -418,3 +418,35 @@ def test_a_round_that_got_less_of_the_cpu_is_host_disturbed_at_any_width() -> No
         ]
     )
     assert list(tables.host_disturbed_rounds(client_rounds)) == [False, False, False, True]
+
+
+def test_feddrop_time_table_puts_measured_time_beside_the_flops_the_masks_leave() -> None:
+    def row(rnd: int, device: str, compute: float, expected: float, sampled: float, dense_s: float) -> dict:
+        metrics = {
+            "dense_train_flops": 2.0e6, "expected_train_flops": expected * 2.0e6,
+            "sampled_train_flops": sampled * 2.0e6, "profile_predicted_seconds": dense_s, "mask_seconds": 0.01,
+        }  # fmt: skip
+        return {
+            "run_id": 3, "round": rnd, "cid": device, "device": device, "status": "ok", "compute_seconds": compute,
+            "download_seconds": 0.1, "upload_seconds": 0.1, "predicted_seconds": 99.0, "metrics": json.dumps(metrics),
+        }  # fmt: skip
+
+    plain = {**row(0, "pi4", 1.0, 1, 1, 1.0), "metrics": json.dumps({"steps": 40})}  # a round without masks
+    client_rounds = pd.DataFrame(
+        [
+            row(0, "pi4", 0.8, 0.5, 0.45, 1.0),  # 1.0 s measured against 1.0 s dense: no saving at half the FLOPs
+            row(1, "pi4", 1.0, 0.5, 0.55, 1.0),  # 1.2 s
+            row(0, "pi3", 1.8, 0.25, 0.3, 2.0),  # 2.0 s against 2.0 s
+            {**row(1, "pi3", 9.0, 0.25, 0.3, 2.0), "status": "timeout"},  # failed: left out
+            plain,
+        ]
+    )
+    table = tables.fl_feddrop_time_table(client_rounds).set_index("device")
+    assert list(table.index) == ["pi3", "pi4"]
+    pi4, pi3 = table.loc["pi4"], table.loc["pi3"]
+    assert pi4["rounds"] == 2 and pi3["rounds"] == 1
+    assert pi4["expected_flops"] == pytest.approx(0.5) and pi4["sampled_flops"] == pytest.approx(0.5)
+    assert pi4["measured_s"] == pytest.approx(1.1) and pi4["dense_s"] == pytest.approx(1.0)
+    assert pi4["time_ratio"] == pytest.approx(1.1) and pi4["mask_s"] == pytest.approx(0.01)
+    assert pi3["expected_flops"] == pytest.approx(0.25) and pi3["time_ratio"] == pytest.approx(1.0)
+    assert tables.fl_feddrop_time_table(pd.DataFrame([plain])).empty
