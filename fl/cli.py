@@ -150,7 +150,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         choices=("auto", "ort", "onnx", "torch"),
         default="auto",
         help="runner backend on the --fleet devices (default auto: each device's best available, ort > onnx > torch; "
-        "a phone on its runtime bundle: onnx)",
+        "a phone on its runtime bundle: onnx; --strategy feddrop: onnx, whose step model takes the masks)",
     )
     run.add_argument(
         "--optimizer",
@@ -478,13 +478,14 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
 
     from devices.connect import connect
     from exporters.zoo import get_model
-    from fl.executors.devices import DevicesExecutor
+    from fl.executors.devices import DevicesExecutor, backend_for_strategy
     from fl.roundcost import executor_configs
     from fl.server import run_fl
     from harness.campaign import round_isolation
 
     config = dataclasses.replace(config, executor="devices")
-    placement, backends = fleet_placement(fleet, args.backend, config.clients)
+    backend = backend_for_strategy(config.strategy, args.backend)
+    placement, backends = fleet_placement(fleet, backend, config.clients)
     with (
         tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work,
         DevicesExecutor(

@@ -183,6 +183,45 @@ def prefix_positions(
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+#: Strategies whose local trainer feeds masks to the step graph (SyncDrop): their inputs exist
+#: only in the portable step model (`exporters.step_model`), which the ``onnx`` backend runs.
+MASKED_STRATEGIES = frozenset({"feddrop"})
+#: The runner backend that takes mask inputs.
+MASK_BACKEND = "onnx"
+
+
+def backend_for_strategy(strategy: str, requested: str) -> str:
+    """Return the ``--backend`` a strategy's rounds run with on devices (pure).
+
+    Parameters
+    ----------
+    strategy : str
+        The FL strategy.
+    requested : str
+        ``--backend``: ``auto``, ``ort``, ``onnx`` or ``torch``.
+
+    Returns
+    -------
+    str
+        ``requested``, or `MASK_BACKEND` for a strategy in `MASKED_STRATEGIES` when
+        ``requested`` is ``auto`` (ORT's training graphs and the PyTorch twin have no mask
+        inputs; onnxruntime-training includes the plain onnxruntime that runs the step model).
+
+    Raises
+    ------
+    InputError
+        When a masked strategy is asked to run on another backend.
+    """
+    if strategy not in MASKED_STRATEGIES or requested == MASK_BACKEND:
+        return requested
+    if requested == "auto":
+        return MASK_BACKEND
+    raise InputError(
+        f"--strategy {strategy} on devices trains with SyncDrop masks, which enter only the {MASK_BACKEND} "
+        f"backend's step model; --backend {requested} has no mask inputs (use --backend {MASK_BACKEND} or auto)"
+    )
+
+
 def maskable_groups(model: ZooModel) -> list[str]:
     """Return the groups a masked step model can drop (those not produced by an LSTM).
 
@@ -426,6 +465,11 @@ class DevicesExecutor(ClosingExecutor):
             "groups": [[g, [float(v) for v in k]] for g, k in zip(model.group_names, keep, strict=True)],
         }
         device = self.placement[ins.cid]
+        if self.backend_of(device) != MASK_BACKEND:
+            raise InputError(
+                f"syncdrop on device {device.name}: masks enter only the {MASK_BACKEND} backend's step model, and "
+                f"{device.name} trains with {self.backend_of(device)} (`backend_for_strategy`)"
+            )
         return _Job(ins, device, result.directory, result.manifest, dict(ins.parameters), shard, syncdrop=syncdrop)
 
     # -- device side ---------------------------------------------------------------------

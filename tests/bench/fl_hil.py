@@ -19,12 +19,13 @@ Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--exa
    full-width round; FLuID's and FjORD's mean round time against FedAvg at full width.
 6. **FedDrop budgets**: each device's FLOPs budget ratio from its measured latency-vs-FLOPs
    fit and a per-round time budget less its predicted fixed cost and transfers
-   (`fl.scheduling.budgets_for_fleet`, `fl.roundcost.round_overheads`), then two FedDrop
+   (`fl.scheduling.budgets_for_fleet`, `fl.roundcost.round_overheads`), then three FedDrop
    rounds on the devices with those per-client budgets (SyncDrop masks as inputs of masked
-   artifact sets); printed: each client's expected training-FLOPs ratio against its budget,
-   and each device's measured round against the profile's dense prediction and its FedAvg
-   rounds at full width (`reports.tables.fl_feddrop_time_table`): masks multiply dense
-   kernels, so the time stays the dense model's.
+   step models, onnx backend), and three with budget 1 (every mask kept) as the dense
+   reference on the same graph; printed: each client's expected training-FLOPs ratio against
+   its budget, and each device's measured round against the all-kept one and the profile's
+   dense prediction (`reports.tables.fl_feddrop_time_table`): masks multiply dense kernels,
+   so the time stays the dense model's.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from devices.sshd import free_port
 from exporters.zoo import get_model
 from fl import scheduling
 from fl.data import load_federated, write_bench_data
-from fl.executors.devices import DevicesExecutor
+from fl.executors.devices import MASK_BACKEND, DevicesExecutor
 from fl.roundcost import HOST_DISTURBANCE_LIMIT, executor_configs, round_cost_from_store, round_overheads
 from fl.runlog import RunLog
 from fl.scheduling.configs import ProfileConfig
@@ -223,13 +224,13 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
 
 
 def feddrop_budgets(
-    store: ProfileStore, fleet: Any, root: Path, args: argparse.Namespace, backends: dict[str, str], fedavg: Any
+    store: ProfileStore, fleet: Any, root: Path, args: argparse.Namespace, backends: dict[str, str]
 ) -> None:
     """Per-device FLOPs budgets from the profiles; FedDrop rounds on the devices kept within them.
 
-    The rounds train with SyncDrop masks on the devices (the masked artifact sets); printed per
-    device: the FLOPs ratio against the budget, and the measured round against the profile's
-    dense prediction and against the device's FedAvg rounds at full width (``fedavg``).
+    The rounds train with SyncDrop masks on the devices (the masked artifact sets, onnx
+    backend); printed per device: the FLOPs ratio against the budget, and the measured round
+    against the same graph with every mask kept (budget 1) and the profile's dense prediction.
     """
     model = get_model(MODEL)
     devices = [d.name for d in fleet.devices]
@@ -253,9 +254,14 @@ def feddrop_budgets(
     for i, d in enumerate(devices):
         r = ratios[d]
         print(f"  {d:>6} (c{i}): budget ratio {budgets[f'c{i}']:.3f} (fit gives {r.ratio})")
+    onnx = {d: MASK_BACKEND for d in devices}  # masks enter the step model only (`backend_for_strategy`)
     summary = _run(
-        "feddrop", fleet, store, root, args, backends=backends, rounds=2, budgets=budgets, convention="training",
+        "feddrop", fleet, store, root, args, backends=onnx, rounds=3, budgets=budgets, convention="training",
         iterations=2000,
+    )  # fmt: skip
+    dense = _run(
+        "feddrop", fleet, store, root, args, backends=onnx, rounds=3, budgets={c: 1.0 for c in budgets},
+        convention="training", iterations=2000,
     )  # fmt: skip
     log = RunLog(store)
     rounds = log.rounds(summary.run_id).to_dict("records")
@@ -271,19 +277,25 @@ def feddrop_budgets(
             print(f"{int(r['round']):>5} {'c' + str(i):>6} {d:>7} {ratio:>11.3f} {budget:>7.3f} {within!s:>6}")
         print(f"      max budget excess {metrics.get('max_budget_excess')}")
     table = tables.fl_feddrop_time_table(log.client_rounds(summary.run_id))
-    base = tables.fl_timeline_table(log.client_rounds(fedavg.run_id))
-    base = base[base["status"] == "ok"].groupby("device")["total_s"].median()
+    kept = tables.fl_feddrop_time_table(log.client_rounds(dense.run_id)).set_index("device")
     print(
-        "\n== FedDrop on the devices: time against FLOPs (medians over the rounds; masks multiply dense kernels)\n"
-        f"{'device':>7} {'exp FLOPs':>9} {'sampled':>7} {'round s':>7} {'dense pred s':>12} {'ratio':>6} "
-        f"{'FedAvg s':>8} {'vs FedAvg':>9}"
+        "\n== FedDrop on the devices (onnx step model with masks): time against FLOPs, medians over 3 rounds;\n"
+        "   'all kept' is the same run with budget 1 (every mask 1), the dense reference on the same graph"
+    )
+    print(
+        f"{'device':>7} {'exp FLOPs':>9} {'sampled':>7} {'round s':>7} {'all kept s':>10} {'time ratio':>10} "
+        f"{'dense pred s':>12}"
     )
     for r in table.itertuples(index=False):
-        fedavg_s = float(base.get(r.device, float("nan")))
+        full = float(kept["measured_s"].get(r.device, float("nan")))
         print(
-            f"{r.device:>7} {r.expected_flops:>9.2f} {r.sampled_flops:>7.2f} {r.measured_s:>7.2f} {r.dense_s:>12.2f} "
-            f"{r.time_ratio:>6.2f} {fedavg_s:>8.2f} {r.measured_s / fedavg_s:>9.2f}"
+            f"{r.device:>7} {r.expected_flops:>9.2f} {r.sampled_flops:>7.2f} {r.measured_s:>7.2f} {full:>10.2f} "
+            f"{r.measured_s / full:>10.2f} {r.dense_s:>12.2f}"
         )
+    failed = log.client_rounds(summary.run_id)
+    failed = failed[failed["status"] != "ok"]
+    for row in failed.itertuples(index=False):
+        print(f"  failed: {row.device} round {row.round}: {row.status}: {row.message}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 fluid_figures(store, runs["fluid"].run_id)
                 round_cost_figures(store, fleet, runs)
                 print(f"machine load average after the FL runs: {os.getloadavg()}")
-                feddrop_budgets(store, fleet, root, args, backends, runs["fedavg"])
+                feddrop_budgets(store, fleet, root, args, backends)
         finally:
             emulate.down(fleet, say=lambda line: None)
             if args.keep is not None and (root / "bench.db").exists():

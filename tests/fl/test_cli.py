@@ -330,3 +330,15 @@ def test_no_device_with_a_backend_is_refused_before_the_run_is_logged(tmp_path, 
     rc, out, err = run(capsys, "run", "--fleet", str(fleet), *SMALL[:4], "--db", str(db))
     assert rc == 2 and "no device of" in err and "nopy: no usable backend" in err
     assert not db.exists()
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+def test_feddrop_on_a_fleet_with_a_backend_without_mask_inputs_is_refused(tmp_path, capsys, backend):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"devices:\n  - name: a\n    kind: local\n    workdir: {tmp_path / 'a'}\n")
+    db = tmp_path / "fl.db"
+    argv = ["run", "--fleet", str(fleet), "--strategy", "feddrop", "--backend", backend, "--db", str(db)]
+    rc, out, err = run(capsys, *argv, "--artifacts", str(tmp_path / "artifacts"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--backend {backend} has no mask inputs (use --backend onnx or auto)" in err
+    assert not db.exists() and not (tmp_path / "a").exists()

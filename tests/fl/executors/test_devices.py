@@ -22,6 +22,7 @@ from devices.connect import connect
 from devices.fleet import Device, Emulation
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
+from exporters.errors import InputError
 from exporters.zoo import get_model
 from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions
 from fl.records import ClientFailure, TrainIns
@@ -521,3 +522,28 @@ def test_a_dead_device_ahead_in_the_turns_does_not_hold_up_the_round(tmp_path: P
         results, failures = executor.run(instructions, {c: _shard(20, i) for i, c in enumerate(instructions)})
     assert [r.cid for r in results] == ["c1"]
     assert [(f.cid, f.reason) for f in failures] == [("c0", "unreachable")]
+
+
+def test_backend_for_strategy_sends_masked_strategies_to_the_onnx_step_model() -> None:
+    from fl.executors.devices import backend_for_strategy
+
+    assert backend_for_strategy("feddrop", "auto") == "onnx"
+    assert backend_for_strategy("feddrop", "onnx") == "onnx"
+    assert backend_for_strategy("fjord", "auto") == "auto" and backend_for_strategy("fedavg", "ort") == "ort"
+    for other in ("ort", "torch"):
+        with pytest.raises(InputError, match=f"--backend {other} has no mask inputs"):
+            backend_for_strategy("feddrop", other)
+
+
+def test_syncdrop_on_a_device_that_trains_with_ort_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(1.0)
+    keep = {group: [0.5] * size for group, size in model.groups}
+    cfg = {"trainer": "syncdrop", "keep": keep, "sync_seed": 1, "epochs": 1, "lr": 0.05, "batch_size": 20}
+    ins = TrainIns("c0", sub, model.extract(_global("fjord-cnn"), sub), cfg)
+    with _executor(tmp_path, {"c0": device}, backends={"loc": "ort"}) as executor:
+        results, failures = executor.run({"c0": ins}, {"c0": _shard(40, 1)})
+    assert not results and [(f.cid, f.reason) for f in failures] == [("c0", "refused")]
+    assert "masks enter only the onnx backend's step model, and loc trains with ort" in failures[0].message
+    assert not (tmp_path / "device").exists()  # nothing was sent to the device
