@@ -616,10 +616,11 @@ def run_fl(
             )
             first = 0
         say = progress if progress is not None else (lambda line: None)
+        warn = say_once(say)  # the profile lookups repeat per client and per model: one line per fallback
         if profiles is None:
-            profiles = profiles_for(store, clients, config.model, device_configs, warn=say)
+            profiles = profiles_for(store, clients, config.model, device_configs, warn=warn)
         if virtual is None:
-            predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, say)
+            predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, warn)
             strategy.round_predictor = None if predictor is None else CalibratedPredictor(predictor)
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
@@ -882,6 +883,29 @@ def _run_round(
     return RoundSummary(
         rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures), virtual_seconds
     )
+
+
+def say_once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """Return a printer that passes each distinct line to ``say`` once.
+
+    Parameters
+    ----------
+    say : callable
+        Receives lines.
+
+    Returns
+    -------
+    callable
+        ``line -> None``; a line seen before is dropped.
+    """
+    seen: set[str] = set()
+
+    def once(line: str) -> None:
+        if line not in seen:
+            seen.add(line)
+            say(line)
+
+    return once
 
 
 def _predict_and_calibrate(

@@ -683,3 +683,16 @@ def test_a_fjord_client_round_is_predicted_over_the_widths_it_draws_from():
     predicted = _predictions(strategy, instructions, [], clients)
     assert predicted["a"] == pytest.approx(1.0 + (2.5 + 5.0 + 7.5) / 3)  # not the p_max round, 8.5
     assert predicted["b"] == pytest.approx(8.5)
+
+
+def test_say_once_passes_each_distinct_line_once() -> None:
+    from fl.server import say_once
+
+    lines: list[str] = []
+    warn = say_once(lines.append)
+    for line in ("device 'a': nearest profile", "device 'b': nearest profile", "device 'a': nearest profile"):
+        warn(line)
+    assert lines == ["device 'a': nearest profile", "device 'b': nearest profile"]
+    other: list[str] = []
+    say_once(other.append)("device 'a': nearest profile")  # each printer remembers its own lines
+    assert other == ["device 'a': nearest profile"]
