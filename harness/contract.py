@@ -151,7 +151,8 @@ def bench_options(
     max_seconds : float
         Cap on warm-up plus timed sampling.
     data : str, optional
-        A deployed ``.npz`` shard whose first batch the steps train on (default: a random batch).
+        A deployed ``.npz`` shard whose batches the steps train on, in ``train``'s order
+        (default: a random batch).
     matmul_seconds : float, optional
         Length of the runner's matmul probe (0: none; the runner's default when None).
 
