@@ -1888,6 +1888,31 @@ def _after(result: dict, passive: dict) -> None:
     result["throttled"] = throttled(result["cpu_freq_khz"]["before"], freq, temps, passive)
 
 
+class BatchFeed:
+    """A shard and the input buffers a backend binds once, filled with each step's batch.
+
+    ``train`` and ``bench`` step through it alike, so a profile times the step a round runs.
+
+    Parameters
+    ----------
+    np : module
+    x, y : numpy.ndarray
+        The shard's inputs and int64 labels.
+    batch : int
+        The artifact set's batch.
+    """
+
+    def __init__(self, np, x, y, batch: int) -> None:
+        self.np, self.x, self.y, self.batch = np, x, y, batch
+        self.xb = np.empty((batch,) + x.shape[1:], dtype=x.dtype)
+        self.yb = np.empty((batch,), dtype=np.int64)
+
+    def load(self, index) -> None:
+        """Copy the examples at ``index`` (``batch`` positions) into the bound buffers."""
+        self.np.take(self.x, index, axis=0, out=self.xb)
+        self.np.take(self.y, index, axis=0, out=self.yb)
+
+
 def epoch_orders(np, n: int, seed: int) -> Iterator:
     """Yield the order of a shard's ``n`` examples for each epoch, as ``train`` visits them.
 
@@ -1963,21 +1988,20 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
     manifest = load_manifest(args.artifacts, args.backend)
     result["batch"] = int(manifest["batch"])
     np = import_numpy(args.threads)
-    backend = open_backend(args, manifest)
-    step = backend.step
+    feed = None
     if args.data:
         batch = int(manifest["batch"])
-        x, y = _cached(args, "shard", args.data, lambda: _load_shard(np, args.data, manifest))
-        _check_shard(args.data, (x, y), batch, manifest)
-        xb = np.empty((batch,) + x.shape[1:], dtype=x.dtype)
-        yb = np.empty((batch,), dtype=np.int64)
-        backend.bind(xb, yb)
-        batches = shard_batches(np, x.shape[0], batch, args.seed)
+        shard = _cached(args, "shard", args.data, lambda: _load_shard(np, args.data, manifest))
+        x, y = _check_shard(args.data, shard, batch, manifest)
+        feed = BatchFeed(np, x, y, batch)
+    backend = open_backend(args, manifest)
+    step = backend.step
+    if feed is not None:
+        backend.bind(feed.xb, feed.yb)
+        batches = shard_batches(np, feed.x.shape[0], feed.batch, args.seed)
 
         def step():  # train's step: the next batch of the epoch's order into the bound buffers, then the step
-            index = next(batches)
-            np.take(x, index, axis=0, out=xb)
-            np.take(y, index, axis=0, out=yb)
+            feed.load(next(batches))
             return backend.step()
 
     else:
@@ -2241,8 +2265,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
         plan = _syncdrop_plan(np, syncdrop, backends[0].mask_names)
         if not backends[0].mask_names:
             raise bad(f"syncdrop needs a step model with mask inputs (onnx backend); {args.artifacts} has none")
-    xb = np.empty((batch,) + x.shape[1:], dtype=x.dtype)
-    yb = np.empty((batch,), dtype=np.int64)
+    feed = BatchFeed(np, x, y, batch)
     bound: set = set()
 
     def switch(leave, enter) -> None:
@@ -2256,7 +2279,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
         if enter is not None:
             backends[enter].set_flat(np, outer if index[enter] is None else outer[index[enter]])
             if enter not in bound:
-                backends[enter].bind(xb, yb)
+                backends[enter].bind(feed.xb, feed.yb)
                 bound.add(enter)
 
     switch(None, 0 if fjord is None else None)
@@ -2292,10 +2315,8 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
                 means = _apply_masks(np, backends[0], plan, step_index)
                 mask_seconds += clock() - start
                 mask_means.append(means)
-            index_b = order[b * batch : (b + 1) * batch]
             start = clock()
-            np.take(x, index_b, axis=0, out=xb)
-            np.take(y, index_b, axis=0, out=yb)
+            feed.load(order[b * batch : (b + 1) * batch])
             out = backends[current].step()
             elapsed = clock() - start
             seconds.append(elapsed)
