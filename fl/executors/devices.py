@@ -456,6 +456,12 @@ class DevicesExecutor(ClosingExecutor):
         for group, values in zip(model.group_names, keep, strict=True):
             if group not in groups and np.any(values < 1.0):
                 raise InputError(f"syncdrop on devices: group {group!r} (an LSTM's units) cannot be masked")
+        device = self.placement[ins.cid]
+        if self.backend_of(device) != MASK_BACKEND:  # before the masked set is exported for nothing
+            raise InputError(
+                f"syncdrop on device {device.name}: masks enter only the {MASK_BACKEND} backend's step model, and "
+                f"{device.name} trains with {self.backend_of(device)} (`backend_for_strategy`)"
+            )
         result = export_masked_artifacts(
             model, ins.submodel.arch, batch=self.batch, optimizer="sgd", out_dir=self.artifacts_dir, mask_groups=groups
         )
@@ -464,12 +470,6 @@ class DevicesExecutor(ClosingExecutor):
             "scale": bool(cfg.get("scale", True)),
             "groups": [[g, [float(v) for v in k]] for g, k in zip(model.group_names, keep, strict=True)],
         }
-        device = self.placement[ins.cid]
-        if self.backend_of(device) != MASK_BACKEND:
-            raise InputError(
-                f"syncdrop on device {device.name}: masks enter only the {MASK_BACKEND} backend's step model, and "
-                f"{device.name} trains with {self.backend_of(device)} (`backend_for_strategy`)"
-            )
         return _Job(ins, device, result.directory, result.manifest, dict(ins.parameters), shard, syncdrop=syncdrop)
 
     # -- device side ---------------------------------------------------------------------
