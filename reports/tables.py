@@ -950,22 +950,21 @@ def fl_feddrop_time_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
                "time_ratio", "mask_s"]  # fmt: skip
     if client_rounds.empty or "metrics" not in client_rounds:
         return pd.DataFrame(columns=columns)
-    ok = client_rounds[client_rounds["status"] == "ok"] if "status" in client_rounds else client_rounds
+    timeline = fl_timeline_table(client_rounds)
+    ordered = client_rounds.sort_values(["run_id", "round", "cid"])  # fl_timeline_table's order
     per_round = []
-    for _, row in ok.iterrows():
+    for (_, row), status, measured in zip(ordered.iterrows(), timeline["status"], timeline["total_s"], strict=True):
         metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
         dense = _number(metrics.get("dense_train_flops"))
-        if not (dense > 0) or "expected_train_flops" not in metrics:
+        if status != "ok" or not (dense > 0) or "expected_train_flops" not in metrics:
             continue
         predicted = _number(metrics.get("profile_predicted_seconds", row.get("predicted_seconds")))
-        parts = (_number(row.get(f"{part}_seconds")) for part in ("download", "compute", "upload"))
-        measured = sum(v for v in parts if math.isfinite(v))
         per_round.append(
             {
                 "run_id": row["run_id"], "device": row["device"],
                 "expected_flops": _number(metrics["expected_train_flops"]) / dense,
                 "sampled_flops": _number(metrics.get("sampled_train_flops")) / dense,
-                "measured_s": measured, "dense_s": predicted,
+                "measured_s": float(measured), "dense_s": predicted,
                 "time_ratio": measured / predicted if predicted > 0 else math.nan,
                 "mask_s": _number(metrics.get("mask_seconds")),
             }

@@ -427,8 +427,9 @@ def test_feddrop_time_table_puts_measured_time_beside_the_flops_the_masks_leave(
             "sampled_train_flops": sampled * 2.0e6, "profile_predicted_seconds": dense_s, "mask_seconds": 0.01,
         }  # fmt: skip
         return {
-            "run_id": 3, "round": rnd, "cid": device, "device": device, "status": "ok", "compute_seconds": compute,
-            "download_seconds": 0.1, "upload_seconds": 0.1, "predicted_seconds": 99.0, "metrics": json.dumps(metrics),
+            "run_id": 3, "round": rnd, "cid": device, "device": device, "width": 1.0, "tier": 0, "straggler": 0,
+            "status": "ok", "compute_seconds": compute, "download_seconds": 0.1, "upload_seconds": 0.1,
+            "wait_seconds": None, "predicted_seconds": 99.0, "metrics": json.dumps(metrics),
         }  # fmt: skip
 
     plain = {**row(0, "pi4", 1.0, 1, 1, 1.0), "metrics": json.dumps({"steps": 40})}  # a round without masks
