@@ -483,8 +483,6 @@ def fl_tier_figure(timeline: pd.DataFrame) -> Figure:
     return fig
 
 
-
-
 @_styled
 def render_png(fig: Figure) -> bytes:
     """Return the figure as PNG bytes.
