@@ -308,6 +308,50 @@ CALIBRATION_WINDOW = 3
 CALIBRATION_MIN_ROUNDS = 2
 
 
+def cpu_reference_from_rows(rows: Any, model: str, batch: int) -> Callable[[str, Arch], float | None]:
+    """Return ``(device, arch) -> CPU seconds per step`` that the profile predicts for training ``arch``.
+
+    The profile's cells carry the CPU time per image of their undisturbed samples
+    (``cpu_median_us``, `harness.store.cell_cpu_seconds`); the device's latency model
+    (`harness.latency.fit`) is fitted on those instead of the wall times, in the
+    configuration a round is costed with (`harness.roundcost.config_key`). A round's own
+    CPU time per step set against it shows whether the host slowed the round's cpu, for a
+    width the device has trained only once too (`CalibratedPredictor`).
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame, rows or ``{device: rows}``
+        Profile rows (the run's matched profiles).
+    model : str
+    batch : int
+        The run's local batch size.
+
+    Returns
+    -------
+    callable
+        None for a device without CPU times in its profile, or without a profile of ``model``.
+    """
+    from harness.latency import finite_positive, fit
+    from harness.roundcost import config_key
+
+    chosen = select(profile_rows(rows), model=model)
+    cpu_rows = [{**r, "median_us": r["cpu_median_us"]} for r in chosen if finite_positive(r.get("cpu_median_us"))]
+    models = fit(cpu_rows) if cpu_rows else {}
+    cache: dict[tuple[str, tuple[int, ...]], float | None] = {}
+
+    def reference(device: str, arch: Arch) -> float | None:
+        key = (device, arch.widths)
+        if key not in cache:
+            try:
+                fitted = models[device]
+                cache[key] = fitted.latency[config_key(fitted, model, batch, None)].predict(arch).value * batch
+            except (KeyError, InputError):
+                cache[key] = None
+        return cache[key]
+
+    return reference
+
+
 @dataclass
 class CalibratedPredictor:
     """A `ClientRoundPredictor` corrected by each device's measured rounds in this run.
@@ -323,6 +367,14 @@ class CalibratedPredictor:
     round's metrics (``profile_predicted_seconds``, ``calibration``). A resumed run starts
     from the profiles again.
 
+    **Rounds the host slowed** do not calibrate: with ``cpu_reference``, a round whose step
+    loop cost more than `HOST_DISTURBANCE_LIMIT` more CPU per step than the profile predicts
+    for its architecture ran on a cpu slowed from outside the device (as `host_disturbed`
+    judges rounds against each other, which needs rounds at the same width on both sides);
+    its ratio would carry that stretch into the next rounds' predictions. Only when a
+    device's last `CALIBRATION_WINDOW` rounds were all slowed do they calibrate: a slowdown
+    that lasts is the level the next round will see.
+
     Attributes
     ----------
     base : ClientRoundPredictor
@@ -331,14 +383,19 @@ class CalibratedPredictor:
         Rounds per device that calibrate it.
     min_rounds : int
         Rounds a device needs before its factor departs from 1.
-    ratios : dict of str to list of float
-        Per device, measured / profile-predicted of its rounds so far, oldest first.
+    cpu_reference : callable, optional
+        ``(device, arch) -> CPU seconds per step`` (`cpu_reference_from_rows`); without it no
+        round is judged.
+    rounds : dict of str to list of (float, bool)
+        Per device, each of its rounds so far, oldest first: measured / profile-predicted,
+        and whether the host slowed it.
     """
 
     base: ClientRoundPredictor
     window: int = CALIBRATION_WINDOW
     min_rounds: int = CALIBRATION_MIN_ROUNDS
-    ratios: dict[str, list[float]] = field(default_factory=dict)
+    cpu_reference: Callable[[str, Arch], float | None] | None = None
+    rounds: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
 
     @property
     def devices(self) -> frozenset[str]:
@@ -346,18 +403,40 @@ class CalibratedPredictor:
         return self.base.devices
 
     def factor(self, device: str | None) -> float:
-        """Return the calibration factor of ``device`` (1.0 until it has ``min_rounds`` measured rounds)."""
-        seen = self.ratios.get(device or "", [])
-        if not seen or len(seen) < self.min_rounds:
+        """Return the calibration factor of ``device`` (1.0 until it has ``min_rounds`` calibrating rounds)."""
+        seen = self.rounds.get(device or "", [])
+        if len(seen) >= self.window and all(slowed for _, slowed in seen[-self.window :]):
+            counted = [ratio for ratio, _ in seen[-self.window :]]
+        else:
+            counted = [ratio for ratio, slowed in seen if not slowed][-self.window :]
+        if len(counted) < self.min_rounds:
             return 1.0
-        return float(statistics.median(seen[-self.window :]))
+        return float(statistics.median(counted))
 
     def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
         """Return the calibrated prediction of ``client``'s round at ``arch`` (None: not predictable)."""
         value = self.base(client, arch, bytes_down)
         return None if value is None else value * self.factor(client.device)
 
-    def observe(self, device: str, profile_seconds: float, measured_seconds: float) -> None:
+    def cpu_slowdown(self, device: str, arch: Arch | None, cpu_per_step: float | None) -> float | None:
+        """Return a round's CPU seconds per step over the profile's for ``arch`` (None: not judged).
+
+        Parameters
+        ----------
+        device : str
+        arch : Arch or None
+            The architecture every step trained (None: several, FjORD's draws).
+        cpu_per_step : float or None
+            The round's step loop CPU seconds per step.
+        """
+        if self.cpu_reference is None or arch is None or cpu_per_step is None or not math.isfinite(cpu_per_step):
+            return None
+        reference = self.cpu_reference(device, arch)
+        return None if reference is None or reference <= 0 else float(cpu_per_step) / reference
+
+    def observe(
+        self, device: str, profile_seconds: float, measured_seconds: float, slowdown: float | None = None
+    ) -> None:
         """Record one measured round of ``device`` against the profile's prediction of it.
 
         Parameters
@@ -367,9 +446,13 @@ class CalibratedPredictor:
             The uncalibrated prediction (``base``'s); not positive or not finite: ignored.
         measured_seconds : float
             Download, compute and upload of the round as measured.
+        slowdown : float, optional
+            `cpu_slowdown` of the round; above ``1 + HOST_DISTURBANCE_LIMIT`` the round
+            was slowed by the host.
         """
         if profile_seconds > 0 and math.isfinite(profile_seconds) and math.isfinite(measured_seconds):
-            self.ratios.setdefault(device, []).append(float(measured_seconds) / float(profile_seconds))
+            slowed = slowdown is not None and slowdown > 1.0 + HOST_DISTURBANCE_LIMIT
+            self.rounds.setdefault(device, []).append((float(measured_seconds) / float(profile_seconds), slowed))
 
 
 #: A client round whose step loop cost more than this much more CPU per step than the

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from exporters.arch import Arch
 from exporters.errors import InputError
 from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
@@ -55,6 +56,7 @@ from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
 from fl.roundcost import (
     CalibratedPredictor,
     ClientRoundPredictor,
+    cpu_reference_from_rows,
     measured_models,
     payload_bytes_of,
     round_cost_from_store,
@@ -621,7 +623,13 @@ def run_fl(
             profiles = profiles_for(store, clients, config.model, device_configs, warn=warn)
         if virtual is None:
             predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, warn)
-            strategy.round_predictor = None if predictor is None else CalibratedPredictor(predictor)
+            strategy.round_predictor = (
+                None
+                if predictor is None
+                else CalibratedPredictor(
+                    predictor, cpu_reference=cpu_reference_from_rows(profiles, config.model, config.batch_size)
+                )
+            )
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
         error: str | None = None
@@ -936,11 +944,38 @@ def _predict_and_calibrate(
             out.append(res)
             continue
         metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
+        arch = _trained_arch(strategy, instructions[res.cid], res)
+        slowdown = predictor.cpu_slowdown(device, arch, _cpu_per_step(res.metrics))
+        if slowdown is not None:
+            metrics["cpu_vs_profile"] = slowdown
         out.append(dataclasses.replace(res, metrics=metrics))
         if not res.metrics.get("sessions_opened"):  # a runner's first rounds also open its sessions
             measured = res.compute_seconds + res.download_seconds + res.upload_seconds
-            predictor.observe(device, profile[res.cid], measured)
+            predictor.observe(device, profile[res.cid], measured, slowdown)
     return predicted, out
+
+
+def _trained_arch(strategy: Strategy, ins: TrainIns, res: TrainRes | None) -> Arch | None:
+    """Return the architecture every step of a client's round trained (None: several).
+
+    The result's ``trained_width`` where it trained a narrower prefix than it was sent, else
+    its instruction's; None for FjORD per step (a ``widths`` list: the steps drew several).
+    """
+    if ins.config.get("widths"):
+        return None
+    width = None if res is None else res.metrics.get("trained_width")
+    arch = ins.submodel.arch
+    if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
+        return strategy.model.arch(float(width))
+    return arch
+
+
+def _cpu_per_step(metrics: Mapping[str, Any]) -> float | None:
+    """Return the step loop's CPU seconds per step of a resident runner's round (None where not measured)."""
+    cpu, steps = metrics.get("loop_cpu_seconds"), metrics.get("steps")
+    if not isinstance(cpu, (int, float)) or not isinstance(steps, (int, float)) or steps <= 0:
+        return None
+    return float(cpu) / float(steps)
 
 
 def _predictions(
@@ -967,23 +1002,22 @@ def _predictions(
     predictor = strategy.round_predictor if predictor is None else predictor
     if predictor is None:
         return {}
-    trained = {r.cid: r.metrics.get("trained_width") for r in results}
+    by_result = {r.cid: r for r in results}
     out: dict[str, float] = {}
     for cid, ins in instructions.items():
-        arch = ins.submodel.arch
-        sent = payload_bytes_of(arch)
+        sent = payload_bytes_of(ins.submodel.arch)
         drawn = [float(w) for w in ins.config.get("widths", ())]
-        width = trained.get(cid)
+        trained = _trained_arch(strategy, ins, by_result.get(cid))
         value: float | None
         if drawn:
             steps = _drawn_steps(predictor, ins, by_cid[cid], drawn)
             rounds = {w: _call_predictor(predictor, by_cid[cid], strategy.model.arch(w), sent) for w in steps}
             known = {w: r for w, r in rounds.items() if r is not None}
             value = sum(known[w] * n for w, n in steps.items()) / sum(steps.values()) if known == rounds else None
-        elif width is not None and strategy.model.arch(float(width)).widths != arch.widths:
-            value = _call_predictor(predictor, by_cid[cid], strategy.model.arch(float(width)), sent)
+        elif trained is not None and trained.widths != ins.submodel.arch.widths:
+            value = _call_predictor(predictor, by_cid[cid], trained, sent)
         else:
-            value = predictor(by_cid[cid], arch)
+            value = predictor(by_cid[cid], ins.submodel.arch)
         if value is not None:
             out[cid] = float(value)
     return out

@@ -182,6 +182,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "backend",
     "status",
     "median_us",
+    "cpu_median_us",
     "p95_us",
     "p5_us",
     "iqr_us",
@@ -230,6 +231,37 @@ _DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
 }
 
 _STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv")
+
+
+def cell_cpu_seconds(measurement: Measurement) -> list[float]:
+    """Return a measured cell's CPU seconds per step, of the samples that count.
+
+    Parameters
+    ----------
+    measurement : Measurement
+        A cell whose runner document may carry ``cpu_step_seconds`` (one per sample) and
+        ``disturbed`` (the runner's or the pooled passes' flags, one per sample).
+
+    Returns
+    -------
+    list of float
+        The undisturbed samples' CPU seconds per step, as `Measurement.step_seconds` keeps
+        their wall seconds; empty for a failed cell or a runner without CPU times.
+    """
+    from harness.campaign import counted_steps
+
+    runner = measurement.runner
+    cpu = runner.get("cpu_step_seconds") or ()
+    if measurement.status != "ok" or len(cpu) != len(runner.get("step_seconds") or ()):
+        return []
+    return counted_steps({**runner, "step_seconds": cpu})
+
+
+def _cpu_median_us(measurement: Measurement) -> float:
+    from harness.runner import median_of_sorted
+
+    cpu = sorted(cell_cpu_seconds(measurement))
+    return median_of_sorted(cpu) / measurement.spec.batch * 1e6 if cpu else math.nan
 
 
 class StoreError(InputError):
@@ -805,6 +837,8 @@ class ProfileStore:
             Columns `CELL_COLUMNS`, in store order. Latency statistics are per image in
             microseconds, derived from the raw samples by `harness.stats.summarize`
             (NaN, and ``noisy`` / ``n`` missing, for a cell without samples).
+            ``cpu_median_us`` is the median CPU time per image of the samples that count
+            (`cell_cpu_seconds`; NaN where the runner measured none).
             ``train_flops`` is per example from the runner document when it carries
             the manifest counts, else NaN. ``emulated_isa`` comes from the facts
             snapshot (`Measurement.emulated_isa`). ``arch_widths`` is comma-separated,
@@ -861,6 +895,7 @@ class ProfileStore:
             else:
                 record.update({name: math.nan for name in _STAT_COLUMNS})
                 record.update({"n": None, "noisy": None})
+            record["cpu_median_us"] = _cpu_median_us(m)
             records.append(record)
         frame = pd.DataFrame.from_records(records, columns=list(CELL_COLUMNS))
         return frame.astype(
@@ -885,6 +920,7 @@ class ProfileStore:
                 "train_flops": "float64",
                 "started_at": "float64",
                 "finished_at": "float64",
+                "cpu_median_us": "float64",
                 **{name: "float64" for name in _STAT_COLUMNS},
             }
         )

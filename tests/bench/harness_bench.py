@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -171,8 +172,6 @@ def _cv(values: Sequence[float]) -> float:
 
 def deploy(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
     """Print a campaign with cold device caches and one with warm caches: bytes pushed and wall time."""
-    import shutil
-
     specs = demo_cells(fleet, args)
     campaign.export_sets(specs, artifacts)
     ok = True
@@ -245,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         help="passes per cell, comma-separated to compare values side by side (e.g. 1,4); "
         "K:one-turn: each device runs all its passes in one turn instead of taking turns pass by pass",
     )  # fmt: skip
+    parser.add_argument("--keep", type=Path, help="copy the bench's store (every campaign's samples) here at the end")
     args = parser.parse_args(argv)
     args.passes = [p.strip() for p in args.passes.split(",") if p.strip()]
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                         ok &= fleet_parts[part](fleet, store, root / "artifacts", args)
             finally:
                 emulate.down(fleet, say=lambda line: None)
+                if args.keep is not None and (root / "bench.db").exists():
+                    shutil.copyfile(root / "bench.db", args.keep)
+                    print(f"store kept at {args.keep}")
     if "monotone" in parts:
         print("\n== monotone")
         ok &= monotone(args)

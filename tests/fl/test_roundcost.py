@@ -167,7 +167,7 @@ def test_a_calibrated_prediction_follows_the_device_s_measured_rounds() -> None:
     assert predictor(pi, full) == pytest.approx(0.2)  # nothing measured yet: the profile's
     predictor.observe("pi", 0.2, 0.4)
     assert predictor(pi, full) == pytest.approx(0.2)  # one round is not enough to move it
-    predictor.ratios.clear()
+    predictor.rounds.clear()
     for measured in (0.3, 0.26, 0.5):
         predictor.observe("pi", 0.2, measured)
     assert predictor.factor("pi") == pytest.approx(1.5)  # median of 1.5, 1.3, 2.5
@@ -209,3 +209,51 @@ def test_cpu_starved_flags_a_round_that_got_less_of_the_cpu_than_its_neighbours(
     # a round above its neighbours is never starved; unmeasured or empty loops are skipped
     assert cpu_starved([0.14, 0.20, 0.14]) == [True, False, True]
     assert cpu_starved([None, 0.0, 0.14]) == [False, False, False]
+
+
+def test_the_cpu_reference_is_the_profile_s_cpu_time_per_step_at_any_architecture(cells) -> None:
+    import numpy as np
+
+    from fl.roundcost import cpu_reference_from_rows
+
+    rows = cells.copy()
+    rows["cpu_median_us"] = np.where(rows["device"] == "fast", rows["median_us"] * 0.5, np.nan)  # slow: none
+    reference = cpu_reference_from_rows(rows, "fjord-cnn", 20)
+    for width in (0.25, 0.375, 1.0):  # 0.375 was never measured: the fitted line in FLOPs
+        expected = 20 * 0.5 * per_image_us("fast", width) * 1e-6
+        assert reference("fast", MODEL.arch(width)) == pytest.approx(expected, rel=0.02)
+    assert reference("slow", MODEL.arch(1.0)) is None  # no CPU times in its profile
+    assert reference("nano", MODEL.arch(1.0)) is None  # no profile
+    assert cpu_reference_from_rows(cells, "fjord-cnn", 20)("fast", MODEL.arch(1.0)) is None  # no column
+
+
+def test_rounds_the_host_slowed_do_not_calibrate_unless_the_slowdown_lasts() -> None:
+    from fl.records import ClientSpec
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
+
+    def cost(device, arch, steps, down, up):
+        return 0.2
+
+    def reference(device, arch):  # 2 ms of CPU per step at any width
+        return 0.002 if device == "pi" else None
+
+    predictor = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"pi"})), cpu_reference=reference)
+    full = MODEL.arch(1.0)
+    pi = ClientSpec("c0", capacity=1.0, num_examples=200, device="pi")
+    assert predictor.cpu_slowdown("pi", full, 0.0025) == pytest.approx(1.25)
+    assert predictor.cpu_slowdown("pi", None, 0.0025) is None  # several widths drawn: not judged
+    assert predictor.cpu_slowdown("pi", full, None) is None
+    assert predictor.cpu_slowdown("phone", full, 0.0025) is None  # no reference
+    predictor.observe("pi", 0.2, 0.5, slowdown=1.25)  # 25 % more CPU per step: slowed
+    predictor.observe("pi", 0.2, 0.3, slowdown=1.10)  # at the limit: not slowed
+    assert predictor.factor("pi") == pytest.approx(1.0)  # one calibrating round is not enough
+    predictor.observe("pi", 0.2, 0.26, slowdown=None)  # not judged: counts
+    assert predictor.factor("pi") == pytest.approx(1.4)  # median of 1.5 and 1.3; the slowed 2.5 left out
+    assert predictor(pi, full) == pytest.approx(0.28)
+    for measured in (0.4, 0.44, 0.48):  # three slowed rounds in a row: a level that lasts
+        predictor.observe("pi", 0.2, measured, slowdown=1.3)
+    assert predictor.factor("pi") == pytest.approx(2.2)
+    predictor.observe("pi", 0.2, 0.2, slowdown=1.0)
+    assert predictor.factor("pi") == pytest.approx(1.3)  # the clean rounds again: 1.5, 1.3, 1.0
+    unjudging = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"pi"})))
+    assert unjudging.cpu_slowdown("pi", full, 0.0025) is None  # no reference: nothing is judged

@@ -696,3 +696,44 @@ def test_say_once_passes_each_distinct_line_once() -> None:
     other: list[str] = []
     say_once(other.append)("device 'a': nearest profile")  # each printer remembers its own lines
     assert other == ["device 'a': nearest profile"]
+
+
+def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_not_calibrate():
+    from types import SimpleNamespace
+
+    from fl.records import ClientSpec, TrainRes
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
+    from fl.server import _predict_and_calibrate
+
+    model = get_model("fjord-cnn")
+
+    def cost(device, arch, steps, down, up):  # 0.1 s per step at any width
+        return 0.1 * steps
+
+    def reference(device, arch):  # the profile's CPU per step: 10 ms per unit of width
+        return 0.01 * arch.widths[0] / model.group_sizes[0]
+
+    predictor = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"d"})), cpu_reference=reference)
+    strategy = SimpleNamespace(model=model, round_predictor=predictor)
+    clients = {c: ClientSpec(c, capacity=1.0, num_examples=40, device="d") for c in ("a", "b")}  # 2 steps
+    sub = model.static(0.5)
+    instructions = {
+        "a": TrainIns("a", sub, {}, {}),
+        "b": TrainIns("b", model.static(1.0), {}, {"trainer": "fjord", "widths": [0.5, 1.0], "seed": 1}),
+    }
+
+    def result(cid, seconds, cpu, **metrics):
+        loop = {"loop_cpu_seconds": cpu, "steps": 2, **metrics}
+        return TrainRes(cid, sub, [], 40, compute_seconds=seconds, metrics=loop)
+
+    for seconds, cpu in ((0.3, 0.0125), (0.24, 0.0105), (0.22, 0.010)):  # 2 steps at 5 ms: 1.25, 1.05, 1.0
+        _, logged = _predict_and_calibrate(strategy, instructions, [result("a", seconds, cpu)], clients)
+        assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(cpu / 2 / 0.005)
+    assert [slowed for _, slowed in predictor.rounds["d"]] == [True, False, False]
+    assert predictor.factor("d") == pytest.approx((1.2 + 1.1) / 2)  # the slowed round's 1.5 left out
+    # a width trained narrower than sent is judged at the width it trained
+    _, logged = _predict_and_calibrate(strategy, instructions, [result("a", 0.2, 0.005, trained_width=0.25)], clients)
+    assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(1.0)
+    # FjORD per step trains several widths: not judged, and it calibrates
+    _, logged = _predict_and_calibrate(strategy, instructions, [result("b", 0.2, 0.5)], clients)
+    assert "cpu_vs_profile" not in logged[0].metrics and predictor.rounds["d"][-1][1] is False

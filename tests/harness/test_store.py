@@ -211,6 +211,24 @@ def test_latest_cells_columns_and_values(db: Path) -> None:
     assert math.isnan(bare["train_flops"])
 
 
+def test_cpu_median_us_is_the_median_cpu_time_per_image_of_the_samples_that_count(db: Path) -> None:
+    wall = [0.020, 0.021, 0.022, 0.030]
+    judged = {"step_seconds": wall, "cpu_step_seconds": [0.008, 0.016, 0.010, 0.012], "disturbed": [0, 1, 0, 0]}
+    unjudged = {"step_seconds": wall, "cpu_step_seconds": [0.008, 0.016, 0.010, 0.012]}  # no flags: all count
+    with ProfileStore(db) as store:
+        cid = store.start_campaign()
+        store.record(cid, measurement(spec("a", batch=4), steps=(0.020, 0.022, 0.030), runner=judged))
+        store.record(cid, measurement(spec("b", batch=4), runner=unjudged))
+        store.record(cid, measurement(spec("c", batch=4), runner={"step_seconds": wall}))  # no CPU times
+        store.record(cid, measurement(spec("d", batch=4), runner={**judged, "cpu_step_seconds": [0.01]}))
+        store.record(cid, failed(spec("e", batch=4)))
+        table = store.latest_cells().set_index("device")
+    assert table.loc["a", "cpu_median_us"] == pytest.approx(0.010 / 4 * 1e6)  # 0.016 was flagged
+    assert table.loc["b", "cpu_median_us"] == pytest.approx(0.011 / 4 * 1e6)  # (0.010 + 0.012) / 2
+    for device in ("c", "d", "e"):  # none, not one per sample, or not measured
+        assert math.isnan(table.loc[device, "cpu_median_us"]), device
+
+
 def test_emulated_isa_travels_from_the_facts_snapshot_to_the_cells(db: Path) -> None:
     qemu = {"arch": "aarch64", "cores": 2, "emulated_isa": True}
     with ProfileStore(db) as store:
