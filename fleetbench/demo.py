@@ -370,8 +370,8 @@ def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
         median, worst, n = tables.prediction_errors(client_rounds, skip_disturbed=True)
         progress.detail(
             f"* {disturbed} round(s) the host disturbed (CPU per step more than "
-            f"{HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width, or "
-            f"{HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds); "
+            f"{HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width or above its "
+            f"profile's, or {HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds); "
             f"the other {n}: median {median:.0%}, worst {worst:.0%}"
         )
 

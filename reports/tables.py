@@ -768,9 +768,12 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         over each run's rounds of one device at one configuration (width and architecture;
         not FjORD rounds that drew more than one width, whose CPU per step moves with the
         draw), or by `fl.roundcost.cpu_starved` over each run's rounds of one device at any
-        width. Rounds without the loop's times are not flagged.
+        width, or when its CPU per step exceeds the profile's at its architecture by more
+        than `fl.roundcost.HOST_DISTURBANCE_LIMIT` (``cpu_vs_profile``, logged by the server
+        for the rounds it judged; this one needs no other round). Rounds without the loop's
+        times are not flagged.
     """
-    from fl.roundcost import cpu_starved, host_disturbed
+    from fl.roundcost import HOST_DISTURBANCE_LIMIT, cpu_starved, host_disturbed
 
     flags = pd.Series(False, index=client_rounds.index, dtype=bool)
     if client_rounds.empty or "metrics" not in client_rounds:
@@ -779,6 +782,7 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
     per_device: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
     for index, row in client_rounds.iterrows():
         metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
+        flags[index] = _number(metrics.get("cpu_vs_profile")) > 1.0 + HOST_DISTURBANCE_LIMIT
         cpu, steps = _number(metrics.get("loop_cpu_seconds")), _number(metrics.get("steps"))
         wall = _number(metrics.get("loop_seconds"))
         drawn = [k for k, v in metrics.items() if k.startswith("steps_at_width/") and _number(v) > 0]

@@ -177,7 +177,7 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
     print(
         f"  all runs, the {n} rounds the host did not disturb: median {median:.1%}, worst {worst:.1%}; "
         f"{len(disturbed)} disturbed (CPU per step > {HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds "
-        "at that width, or a share of the cpu that much below its other rounds'): "
+        "at that width or above its profile's, or a share of the cpu that much below its other rounds'): "
         + ", ".join(f"{r.device} r{int(r['round'])} {r.error:.0%}" for _, r in disturbed.iterrows())
     )
     later = everything[everything["round"] >= 1]

@@ -420,6 +420,23 @@ def test_a_round_that_got_less_of_the_cpu_is_host_disturbed_at_any_width() -> No
     assert list(tables.host_disturbed_rounds(client_rounds)) == [False, False, False, True]
 
 
+def test_a_round_above_its_profile_s_cpu_per_step_is_host_disturbed_alone() -> None:
+    def row(rnd: int, width: float, vs_profile: float | None) -> dict:
+        metrics = {"loop_cpu_seconds": 0.1, "loop_seconds": 0.7, "steps": 40}
+        if vs_profile is not None:
+            metrics["cpu_vs_profile"] = vs_profile
+        return {
+            "run_id": 1, "round": rnd, "cid": "c2", "device": "slow", "width": width, "arch_widths": [],
+            "metrics": json.dumps(metrics),
+        }  # fmt: skip
+
+    # two rounds at one size, both slowed alike: their neighbours cannot tell, the profile can
+    client_rounds = pd.DataFrame([row(0, 1.0, 1.02), row(1, 0.4, 1.27), row(2, 0.4, 1.18), row(3, 0.4, 1.10)])
+    assert list(tables.host_disturbed_rounds(client_rounds)) == [False, True, True, False]  # 1.10: at the limit
+    unjudged = pd.DataFrame([row(0, 1.0, None), row(1, 0.4, None)])
+    assert not tables.host_disturbed_rounds(unjudged).any()
+
+
 def test_feddrop_time_table_puts_measured_time_beside_the_flops_the_masks_leave() -> None:
     def row(rnd: int, device: str, compute: float, expected: float, sampled: float, dense_s: float) -> dict:
         metrics = {
