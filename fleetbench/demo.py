@@ -388,8 +388,8 @@ def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
         return
     for row in table.itertuples(index=False):
         disturbed = (
-            " (the host disturbed this round: more CPU per step than at that size in other rounds, or less of"
-            " the cpu than in the device's other rounds)"
+            " (the host disturbed this round: more CPU per step than at that size in other rounds or than its"
+            " profile's, or less of the cpu than in the device's other rounds)"
         )
         progress.detail(
             f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), size {row.size:g}, round "
