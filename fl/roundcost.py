@@ -451,8 +451,8 @@ class CalibratedPredictor:
             was slowed by the host.
         """
         if profile_seconds > 0 and math.isfinite(profile_seconds) and math.isfinite(measured_seconds):
-            slowed = slowdown is not None and slowdown > 1.0 + HOST_DISTURBANCE_LIMIT
-            self.rounds.setdefault(device, []).append((float(measured_seconds) / float(profile_seconds), slowed))
+            ratio = float(measured_seconds) / float(profile_seconds)
+            self.rounds.setdefault(device, []).append((ratio, slowed_by_host(slowdown)))
 
 
 #: A client round whose step loop cost more than this much more CPU per step than the
@@ -461,6 +461,42 @@ class CalibratedPredictor:
 HOST_DISTURBANCE_LIMIT = 0.10
 #: Rounds on either side of a round among which the cheapest sets its reference.
 HOST_DISTURBANCE_SPAN = 4
+
+
+def slowed_by_host(cpu_vs_profile: float | None) -> bool:
+    """Say whether a round's CPU per step over its profile's says the host slowed its cpu (pure).
+
+    Parameters
+    ----------
+    cpu_vs_profile : float or None
+        `CalibratedPredictor.cpu_slowdown` of the round (None or NaN: not judged).
+
+    Returns
+    -------
+    bool
+        True above ``1 + HOST_DISTURBANCE_LIMIT``.
+    """
+    return cpu_vs_profile is not None and cpu_vs_profile > 1.0 + HOST_DISTURBANCE_LIMIT
+
+
+def loop_cpu_per_step(metrics: Mapping[str, Any]) -> float | None:
+    """Return the step loop's CPU seconds per step of a resident runner's round (pure).
+
+    Parameters
+    ----------
+    metrics : Mapping
+        A client round's metrics (``loop_cpu_seconds``, ``steps``).
+
+    Returns
+    -------
+    float or None
+        None where either is missing, not a finite number, or the round took no step.
+    """
+    try:
+        cpu, steps = float(metrics["loop_cpu_seconds"]), float(metrics["steps"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return cpu / steps if math.isfinite(cpu) and steps > 0 else None
 
 
 def host_disturbed(

@@ -57,6 +57,7 @@ from fl.roundcost import (
     CalibratedPredictor,
     ClientRoundPredictor,
     cpu_reference_from_rows,
+    loop_cpu_per_step,
     measured_models,
     payload_bytes_of,
     round_cost_from_store,
@@ -945,7 +946,7 @@ def _predict_and_calibrate(
             continue
         metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
         arch = _trained_arch(strategy, instructions[res.cid], res)
-        slowdown = predictor.cpu_slowdown(device, arch, _cpu_per_step(res.metrics))
+        slowdown = predictor.cpu_slowdown(device, arch, loop_cpu_per_step(res.metrics))
         if slowdown is not None:
             metrics["cpu_vs_profile"] = slowdown
         out.append(dataclasses.replace(res, metrics=metrics))
@@ -968,14 +969,6 @@ def _trained_arch(strategy: Strategy, ins: TrainIns, res: TrainRes | None) -> Ar
     if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
         return strategy.model.arch(float(width))
     return arch
-
-
-def _cpu_per_step(metrics: Mapping[str, Any]) -> float | None:
-    """Return the step loop's CPU seconds per step of a resident runner's round (None where not measured)."""
-    cpu, steps = metrics.get("loop_cpu_seconds"), metrics.get("steps")
-    if not isinstance(cpu, (int, float)) or not isinstance(steps, (int, float)) or steps <= 0:
-        return None
-    return float(cpu) / float(steps)
 
 
 def _predictions(

@@ -890,11 +890,24 @@ def counted_steps(doc: Mapping[str, Any]) -> list[float]:
     list of float
         Every sample when the runner judged none (no flags, or not one per sample).
     """
-    return _undisturbed([float(v) for v in doc.get("step_seconds") or ()], doc)
+    return undisturbed([float(v) for v in doc.get("step_seconds") or ()], doc)
 
 
-def _undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
-    # the runner's flags are trusted only when there is one per sample
+def undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
+    """Return the entries of ``values`` (one per runner sample) that the runner did not flag disturbed (pure).
+
+    Parameters
+    ----------
+    values : list of float
+        One value per sample of ``doc`` (its wall or its CPU seconds per step).
+    doc : Mapping
+        The runner's document (``disturbed``, a 0/1 flag per sample).
+
+    Returns
+    -------
+    list of float
+        Every value when the flags are not one per value: they are trusted only then.
+    """
     flags = list(doc.get("disturbed") or ())
     if len(flags) != len(values):
         return values
@@ -1043,7 +1056,7 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     could = min(share, 1.0) if share is not None and share > 0 else 1.0
     if ran < BUSY_CPU_FRACTION * could:
         findings.append(f"device busy: the runner ran {100 * ran:.0f} % of the time (at most {100 * could:.0f} %)")
-    counted = _undisturbed(cpu, doc)
+    counted = undisturbed(cpu, doc)
     if len(counted) < len(cpu):
         why = "the cpu was slowed from outside the runner"
         if int(doc.get("passes") or 1) > 1:

@@ -248,13 +248,13 @@ def cell_cpu_seconds(measurement: Measurement) -> list[float]:
         The undisturbed samples' CPU seconds per step, as `Measurement.step_seconds` keeps
         their wall seconds; empty for a failed cell or a runner without CPU times.
     """
-    from harness.campaign import counted_steps
+    from harness.campaign import undisturbed
 
     runner = measurement.runner
-    cpu = runner.get("cpu_step_seconds") or ()
+    cpu = [float(v) for v in runner.get("cpu_step_seconds") or ()]
     if measurement.status != "ok" or len(cpu) != len(runner.get("step_seconds") or ()):
         return []
-    return counted_steps({**runner, "step_seconds": cpu})
+    return undisturbed(cpu, runner)
 
 
 def _cpu_median_us(measurement: Measurement) -> float:

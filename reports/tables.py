@@ -773,7 +773,7 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         for the rounds it judged; this one needs no other round). Rounds without the loop's
         times are not flagged.
     """
-    from fl.roundcost import HOST_DISTURBANCE_LIMIT, cpu_starved, host_disturbed
+    from fl.roundcost import cpu_starved, host_disturbed, loop_cpu_per_step, slowed_by_host
 
     flags = pd.Series(False, index=client_rounds.index, dtype=bool)
     if client_rounds.empty or "metrics" not in client_rounds:
@@ -782,11 +782,10 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
     per_device: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
     for index, row in client_rounds.iterrows():
         metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
-        flags[index] = _number(metrics.get("cpu_vs_profile")) > 1.0 + HOST_DISTURBANCE_LIMIT
-        cpu, steps = _number(metrics.get("loop_cpu_seconds")), _number(metrics.get("steps"))
-        wall = _number(metrics.get("loop_seconds"))
+        flags[index] = slowed_by_host(_number(metrics.get("cpu_vs_profile")))
+        cpu, wall = _number(metrics.get("loop_cpu_seconds")), _number(metrics.get("loop_seconds"))
         drawn = [k for k, v in metrics.items() if k.startswith("steps_at_width/") and _number(v) > 0]
-        per_step = cpu / steps if math.isfinite(cpu) and steps > 0 and len(drawn) <= 1 else None
+        per_step = loop_cpu_per_step(metrics) if len(drawn) <= 1 else None
         share = cpu / wall if math.isfinite(cpu) and math.isfinite(wall) and wall > 0 else None
         arch_widths = row.get("arch_widths", ())
         arch = tuple(json.loads(arch_widths)) if isinstance(arch_widths, str) else tuple(arch_widths or ())
