@@ -159,9 +159,10 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``device, model, batch, backend, width, n, median_us, precision, imprecise,
-        p5_us, p95_us, iqr_us, cv, robust_cv, noisy, throttled, peak_memory_mib,
-        train_mflops, isa`` (``precision``: half-width of the median's 95 % interval as a
-        fraction of it; ``isa`` is ``"emulated ISA"`` on a cell timed under qemu-user,
+        p5_us, p95_us, iqr_us, cv, robust_cv, robust_cv_low, noisy, throttled,
+        peak_memory_mib, train_mflops, isa`` (``precision``: half-width of the median's 95 %
+        interval as a fraction of it; ``robust_cv_low``: the lower end of the robust CV's 95 %
+        interval, which ``noisy`` compares with 5 %; ``isa`` is ``"emulated ISA"`` on a cell timed under qemu-user,
         else empty).
     """
     columns = [
@@ -176,6 +177,7 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
         "iqr_us",
         "cv",
         "robust_cv",
+        "robust_cv_low",
         "noisy",
         "throttled",
         "peak_memory_mib",
@@ -185,12 +187,13 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     ok = with_flops(ok_cells(cells))
     if ok.empty:
         return pd.DataFrame(columns=columns)
-    picked = ["n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "robust_cv", "noisy", "throttled"]
+    picked = ["n", "median_us", "p5_us", "p95_us", "iqr_us", "cv", "robust_cv", "robust_cv_low", "noisy", "throttled"]
     out = ok[[*CONFIG, "width", *[c for c in picked if c in ok.columns]]].copy()
     out["precision"] = _floats(_column(ok, "precision_achieved", math.nan))
     out["imprecise"] = _column(ok, "imprecise", False).fillna(False).astype(bool)
-    if "robust_cv" not in out.columns:
-        out["robust_cv"] = math.nan
+    for spread in ("robust_cv", "robust_cv_low"):
+        if spread not in out.columns:
+            out[spread] = math.nan
     out["peak_memory_mib"] = _floats(ok["peak_memory_bytes"]) / _MIB
     out["train_mflops"] = ok["train_flops"] / 1e6
     out["isa"] = [EMULATED_ISA if e else "" for e in is_emulated(ok)]
@@ -770,7 +773,8 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         draw), or by `fl.roundcost.cpu_starved` over each run's rounds of one device at any
         width, or when its CPU per step exceeds the profile's at its architecture by more
         than `fl.roundcost.HOST_DISTURBANCE_LIMIT` (``cpu_vs_profile``, logged by the server
-        for the rounds it judged; this one needs no other round). Rounds without the loop's
+        for the rounds it judged, FjORD's draws at their steps' mix; this one needs no other
+        round). Rounds without the loop's
         times are not flagged.
     """
     from fl.roundcost import cpu_starved, host_disturbed, loop_cpu_per_step, slowed_by_host
