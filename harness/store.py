@@ -191,6 +191,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "cv",
     "noisy",
     "robust_cv",
+    "robust_cv_low",
     "n",
     "precision",
     "precision_achieved",
@@ -230,7 +231,7 @@ _DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "numpy": ("numpy",),
 }
 
-_STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv")
+_STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "robust_cv_low")
 
 
 def cell_cpu_seconds(measurement: Measurement) -> list[float]:
@@ -836,7 +837,9 @@ class ProfileStore:
         pandas.DataFrame
             Columns `CELL_COLUMNS`, in store order. Latency statistics are per image in
             microseconds, derived from the raw samples by `harness.stats.summarize`
-            (NaN, and ``noisy`` / ``n`` missing, for a cell without samples).
+            (NaN, and ``noisy`` / ``n`` missing, for a cell without samples);
+            ``robust_cv_low`` is the lower end of the robust CV's 95 % interval (NaN below
+            6 samples) and ``noisy`` says whether it exceeds 5 %.
             ``cpu_median_us`` is the median CPU time per image of the samples that count
             (`cell_cpu_seconds`; NaN where the runner measured none).
             ``train_flops`` is per example from the runner document when it carries

@@ -209,8 +209,9 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
     noisy = latency[latency["noisy"].fillna(False).astype(bool)]
     if len(noisy):
         notes.append(
-            f"{len(noisy)} of {len(latency)} cells are noisy (robust coefficient of variation, 1.4826 MAD / median, "
-            "above 5 %): the bulk of their steps is spread; prefer re-measuring on an idle device."
+            f"{len(noisy)} of {len(latency)} cells are noisy (the 95 % interval of their robust coefficient of "
+            "variation, 1.4826 MAD / median, lies above 5 %): the bulk of their steps is spread; prefer "
+            "re-measuring on an idle device."
         )
     scale = "logarithmic" if log_scale else "linear"
     marked = [
@@ -234,7 +235,8 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
             TableBlock(
                 "latency",
                 "Every measured cell; precision = half-width of the median's 95 % interval / median; cv = stdev / "
-                "mean of the samples, robust_cv = 1.4826 MAD / median (noisy above 5 %).",
+                "mean of the samples, robust_cv = 1.4826 MAD / median, robust_cv_low the lower end of its 95 % "
+                "interval (noisy: robust_cv_low above 5 %).",
                 latency,
             ),
         ),

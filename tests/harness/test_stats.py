@@ -47,7 +47,7 @@ def test_hand_computed_cell() -> None:
     assert s.stdev_us == pytest.approx(stdev_ms * 1e3)
     assert s.cv == pytest.approx(stdev_ms / mean_ms)
     assert s.cv > 1.0
-    assert s.noisy is True
+    assert s.robust_cv_low is None and s.noisy is False  # five samples: no interval, no flag
 
 
 def test_constant_series_has_zero_spread_and_is_not_noisy() -> None:
@@ -67,24 +67,38 @@ def test_single_sample() -> None:
     assert s.stdev_s == 0.0 and s.cv == 0.0 and not s.noisy
 
 
-def test_noisy_flag_is_strictly_above_threshold() -> None:
-    # two samples 1 -/+ d: mean 1, sample stdev d * sqrt(2)
-    d = 0.04 / math.sqrt(2)
-    quiet = summarize([1 - d, 1 + d], batch=1)
-    assert quiet.cv == pytest.approx(0.04)
-    assert not quiet.noisy
-    d = 0.06 / math.sqrt(2)
-    loud = summarize([1 - d, 1 + d], batch=1)
-    assert loud.cv == pytest.approx(0.06)
-    assert loud.noisy
+def test_noisy_flag_is_the_lower_end_of_the_robust_cv_interval_strictly_above_threshold() -> None:
+    # ten samples, half at 1 - a, half at 1 + a: median 1, every deviation a, so the MAD and
+    # the lower end of its interval (the 2nd smallest deviation of 10) are both a
+    def halves(a: float) -> CellStats:
+        return summarize([1 - a] * 5 + [1 + a] * 5, batch=1)
+
+    quiet, loud = halves(0.049 / 1.4826), halves(0.051 / 1.4826)
+    assert quiet.robust_cv_low == pytest.approx(0.049) and not quiet.noisy
+    assert loud.robust_cv_low == pytest.approx(0.051) and loud.noisy
+
+
+def test_few_samples_need_most_of_them_spread_to_be_noisy() -> None:
+    # two steps at the median and eight 10 % off it: the point estimate is 14.8 %, but with 10
+    # samples the interval of the MAD reaches down to the 2nd smallest deviation, 0
+    few = summarize([1.0] * 2 + [0.9] * 4 + [1.1] * 4, batch=1)
+    assert few.robust_cv == pytest.approx(0.14826)
+    assert few.robust_cv_low == pytest.approx(0.0, abs=1e-12) and not few.noisy
+    # the same two at the median among 20: the lower end is the 6th smallest deviation, 10 %
+    more = summarize([1.0] * 2 + [0.9] * 9 + [1.1] * 9, batch=1)
+    assert more.robust_cv_low == pytest.approx(0.14826) and more.noisy
+    # two samples: no interval, however far apart
+    assert summarize([0.5, 1.5], batch=1).robust_cv_low is None and not summarize([0.5, 1.5], batch=1).noisy
 
 
 def test_as_dict_keys_and_values() -> None:
     s = summarize([0.001, 0.002, 0.003], batch=2)
     row = s.as_dict()
     assert set(row) == {
-        "n", "median_us", "p5_us", "p95_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "noisy"
+        "n", "median_us", "p5_us", "p95_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "robust_cv_low",
+        "noisy",
     }  # fmt: skip
+    assert math.isnan(row["robust_cv_low"])  # three samples: no interval
     assert row["median_us"] == pytest.approx(1000.0)
     assert row["n"] == 3
 

@@ -195,8 +195,8 @@ def test_latest_cells_columns_and_values(db: Path) -> None:
     assert ok["median_us"] == pytest.approx(3000.0)  # 0.012 s / 4 images
     assert ok["p95_us"] == pytest.approx((0.016 + 0.8 * (0.4 - 0.016)) / 4 * 1e6)
     assert ok["iqr_us"] == pytest.approx((0.016 - 0.008) / 4 * 1e6)
-    assert bool(ok["noisy"]) is True
-    assert ok["n"] == 5
+    assert bool(ok["noisy"]) is False and math.isnan(ok["robust_cv_low"])  # five samples: no interval, no flag
+    assert ok["robust_cv"] > 0.05 and ok["n"] == 5
     assert ok["peak_memory_bytes"] == 123_456_789
     assert ok["train_flops"] == 4_000_000
     assert ok["matmul_gflops"] == 12.5
