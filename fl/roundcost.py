@@ -418,29 +418,21 @@ class CalibratedPredictor:
         value = self.base(client, arch, bytes_down)
         return None if value is None else value * self.factor(client.device)
 
-    def cpu_slowdown(
-        self, device: str, trained: Mapping[Arch, float] | None, cpu_per_step: float | None
-    ) -> float | None:
-        """Return a round's CPU seconds per step over the profile's for what it trained (None: not judged).
+    def cpu_slowdown(self, device: str, arch: Arch | None, cpu_per_step: float | None) -> float | None:
+        """Return a round's CPU seconds per step over the profile's for ``arch`` (None: not judged).
 
         Parameters
         ----------
         device : str
-        trained : Mapping of Arch to float, optional
-            The steps the round trained at each architecture (one entry for a round at one
-            architecture; FjORD's per-step draws give several, and the reference is the
-            profile's CPU per step averaged over them, weighted by their steps).
+        arch : Arch or None
+            The architecture every step trained (None: several, FjORD's draws).
         cpu_per_step : float or None
             The round's step loop CPU seconds per step.
         """
-        if self.cpu_reference is None or not trained or cpu_per_step is None or not math.isfinite(cpu_per_step):
+        if self.cpu_reference is None or arch is None or cpu_per_step is None or not math.isfinite(cpu_per_step):
             return None
-        references = [(self.cpu_reference(device, arch), float(steps)) for arch, steps in trained.items()]
-        total = sum(steps for _, steps in references)
-        if total <= 0 or any(value is None or value <= 0 for value, _ in references):
-            return None
-        reference = sum(float(value) * steps for value, steps in references if value is not None) / total
-        return float(cpu_per_step) / reference
+        reference = self.cpu_reference(device, arch)
+        return None if reference is None or reference <= 0 else float(cpu_per_step) / reference
 
     def observe(
         self, device: str, profile_seconds: float, measured_seconds: float, slowdown: float | None = None

@@ -945,8 +945,8 @@ def _predict_and_calibrate(
             out.append(res)
             continue
         metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
-        trained = _trained_steps(strategy, instructions[res.cid], res)
-        slowdown = predictor.cpu_slowdown(device, trained, loop_cpu_per_step(res.metrics))
+        arch = _trained_arch(strategy, instructions[res.cid], res)
+        slowdown = predictor.cpu_slowdown(device, arch, loop_cpu_per_step(res.metrics))
         if slowdown is not None:
             metrics["cpu_vs_profile"] = slowdown
         out.append(dataclasses.replace(res, metrics=metrics))
@@ -969,23 +969,6 @@ def _trained_arch(strategy: Strategy, ins: TrainIns, res: TrainRes | None) -> Ar
     if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
         return strategy.model.arch(float(width))
     return arch
-
-
-def _trained_steps(strategy: Strategy, ins: TrainIns, res: TrainRes) -> dict[Arch, float]:
-    """Return the steps a client's round trained at each architecture (empty: not known).
-
-    One architecture (`_trained_arch`) takes every step; FjORD per step counts its draws in
-    the result's ``steps_at_width/<w>`` metrics (`fl.executors.devices`).
-    """
-    arch = _trained_arch(strategy, ins, res)
-    if arch is not None:
-        return {arch: 1.0}
-    drawn: dict[Arch, float] = {}
-    for key, steps in res.metrics.items():
-        if key.startswith("steps_at_width/") and isinstance(steps, int | float) and steps > 0:
-            width = strategy.model.arch(float(key.split("/", 1)[1]))
-            drawn[width] = drawn.get(width, 0.0) + float(steps)
-    return drawn
 
 
 def _predictions(

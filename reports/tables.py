@@ -162,8 +162,8 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
         p5_us, p95_us, iqr_us, cv, robust_cv, robust_cv_low, noisy, throttled,
         peak_memory_mib, train_mflops, isa`` (``precision``: half-width of the median's 95 %
         interval as a fraction of it; ``robust_cv_low``: the lower end of the robust CV's 95 %
-        interval, which ``noisy`` compares with 5 %; ``isa`` is ``"emulated ISA"`` on a cell timed under qemu-user,
-        else empty).
+        interval, which ``noisy`` compares with 5 %; ``isa`` is ``"emulated ISA"`` on a cell
+        timed under qemu-user, else empty).
     """
     columns = [
         *CONFIG,
@@ -773,8 +773,7 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         draw), or by `fl.roundcost.cpu_starved` over each run's rounds of one device at any
         width, or when its CPU per step exceeds the profile's at its architecture by more
         than `fl.roundcost.HOST_DISTURBANCE_LIMIT` (``cpu_vs_profile``, logged by the server
-        for the rounds it judged, FjORD's draws at their steps' mix; this one needs no other
-        round). Rounds without the loop's
+        for the rounds it judged; this one needs no other round). Rounds without the loop's
         times are not flagged.
     """
     from fl.roundcost import cpu_starved, host_disturbed, loop_cpu_per_step, slowed_by_host

@@ -240,10 +240,10 @@ def test_rounds_the_host_slowed_do_not_calibrate_unless_the_slowdown_lasts() -> 
     predictor = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"pi"})), cpu_reference=reference)
     full = MODEL.arch(1.0)
     pi = ClientSpec("c0", capacity=1.0, num_examples=200, device="pi")
-    assert predictor.cpu_slowdown("pi", {full: 1}, 0.0025) == pytest.approx(1.25)
-    assert predictor.cpu_slowdown("pi", {}, 0.0025) is None  # what it trained is not known: not judged
-    assert predictor.cpu_slowdown("pi", {full: 1}, None) is None
-    assert predictor.cpu_slowdown("phone", {full: 1}, 0.0025) is None  # no reference
+    assert predictor.cpu_slowdown("pi", full, 0.0025) == pytest.approx(1.25)
+    assert predictor.cpu_slowdown("pi", None, 0.0025) is None  # several widths drawn: not judged
+    assert predictor.cpu_slowdown("pi", full, None) is None
+    assert predictor.cpu_slowdown("phone", full, 0.0025) is None  # no reference
     predictor.observe("pi", 0.2, 0.5, slowdown=1.25)  # 25 % more CPU per step: slowed
     predictor.observe("pi", 0.2, 0.3, slowdown=1.10)  # at the limit: not slowed
     assert predictor.factor("pi") == pytest.approx(1.0)  # one calibrating round is not enough
@@ -256,4 +256,4 @@ def test_rounds_the_host_slowed_do_not_calibrate_unless_the_slowdown_lasts() -> 
     predictor.observe("pi", 0.2, 0.2, slowdown=1.0)
     assert predictor.factor("pi") == pytest.approx(1.3)  # the clean rounds again: 1.5, 1.3, 1.0
     unjudging = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"pi"})))
-    assert unjudging.cpu_slowdown("pi", {full: 1}, 0.0025) is None  # no reference: nothing is judged
+    assert unjudging.cpu_slowdown("pi", full, 0.0025) is None  # no reference: nothing is judged

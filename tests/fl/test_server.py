@@ -734,13 +734,6 @@ def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_no
     # a width trained narrower than sent is judged at the width it trained
     _, logged = _predict_and_calibrate(strategy, instructions, [result("a", 0.2, 0.005, trained_width=0.25)], clients)
     assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(1.0)
-    # FjORD per step: judged against the profile's CPU per step at each width drawn, weighted by
-    # its steps (one at 0.5, one at 1: 7.5 ms a step)
-    drawn = {"steps_at_width/0.5": 1.0, "steps_at_width/1": 1.0}
-    _, logged = _predict_and_calibrate(strategy, instructions, [result("b", 0.2, 0.015, **drawn)], clients)
-    assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(1.0) and predictor.rounds["d"][-1][1] is False
-    _, logged = _predict_and_calibrate(strategy, instructions, [result("b", 0.2, 0.02, **drawn)], clients)
-    assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(0.01 / 0.0075) and predictor.rounds["d"][-1][1] is True
-    # draws not logged: not judged, and it calibrates
+    # FjORD per step trains several widths: not judged, and it calibrates
     _, logged = _predict_and_calibrate(strategy, instructions, [result("b", 0.2, 0.5)], clients)
     assert "cpu_vs_profile" not in logged[0].metrics and predictor.rounds["d"][-1][1] is False
