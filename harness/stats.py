@@ -172,9 +172,14 @@ class CellStats:
         return self.stdev_s / self.mean_s if self.mean_s > 0 else math.inf
 
     @cached_property
+    def _deviations(self) -> list[float]:
+        """Absolute deviations of per-image seconds from their median, sorted."""
+        return sorted(float(v) for v in np.abs(self.per_image_seconds - self.median_s))
+
+    @cached_property
     def mad_s(self) -> float:
         """Median absolute deviation of per-image seconds from their median."""
-        return float(np.median(np.abs(self.per_image_seconds - self.median_s)))
+        return float(np.median(self._deviations))
 
     @cached_property
     def robust_cv(self) -> float:
@@ -191,8 +196,7 @@ class CellStats:
         """
         if self.median_s <= 0:
             return None
-        deviations = sorted(float(v) for v in np.abs(self.per_image_seconds - self.median_s))
-        _, low, _, _ = median_interval(deviations, CONFIDENCE)
+        _, low, _, _ = median_interval(self._deviations, CONFIDENCE)
         return None if low is None else MAD_TO_SD * low / self.median_s
 
     @property
