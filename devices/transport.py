@@ -52,6 +52,8 @@ STDERR_KEEP = 64 * 1024
 READ_CHUNK = 1 << 16
 #: Seconds `Process.close` waits for the process to end by itself before killing it.
 CLOSE_GRACE_S = 2.0
+#: Seconds an ended process's stderr gets to be drained before the error quotes it.
+STDERR_DRAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -372,6 +374,9 @@ class StreamingProcess:
 
     def _ended(self, what: str) -> TransportError:
         rc = self._wait_returncode()
+        for reader in self._readers[1:]:
+            # stdout and stderr arrive apart: the last words may still be on their way
+            reader.join(timeout=STDERR_DRAIN_S)
         tail = self.stderr_tail(1000)
         status = "exit status unknown" if rc is None else f"exit status {rc}"
         message = f"{self.description}: {what}; the process ended ({status})" + (f"; stderr: {tail}" if tail else "")

@@ -7,7 +7,7 @@ file both ways intact, and stop a command at its timeout. Streamed processes
 (``start``) must: exchange lines in order and byte-exact (also a 1 MB line), keep stderr
 out of stdout, pass the environment, leave the process running on a read timeout, end
 it at ``close`` (gone from the device afterwards), and report a process killed mid-way
-with its exit status and stderr.
+with its exit status and stderr (also stderr that arrives after stdout ended).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from devices.adb_endpoint import AdbEndpoint
 from devices.errors import CommandTimeout, ProcessEnded
 from devices.local import LocalTransport
-from devices.transport import Process, Transport
+from devices.transport import Process, StreamingProcess, Transport
 
 HOSTILE = [
     "two words",
@@ -215,3 +215,35 @@ def test_a_process_killed_midway_is_ended_with_its_status_and_stderr(device: Dev
         assert not proc.alive()
     finally:
         proc.close()
+
+
+class _LateStderrProcess(StreamingProcess):
+    """Stdout ends at once; stderr's last words arrive a moment later (as over an SSH channel)."""
+
+    def __init__(self, stderr_delay: float) -> None:
+        out = iter([b"hello\n", b""])
+        err = iter([b"last words", b""])
+
+        def recv_err(_size: int) -> bytes:
+            time.sleep(stderr_delay)
+            return next(err)
+
+        super().__init__("late-stderr", lambda _data: None, lambda _size: next(out), recv_err)
+
+    def _alive(self) -> bool:
+        return False
+
+    def _returncode(self) -> int | None:
+        return -9
+
+    def _terminate(self, grace: float) -> None:
+        pass
+
+
+def test_an_ended_process_quotes_stderr_that_arrives_after_its_output_ended() -> None:
+    proc = _LateStderrProcess(stderr_delay=0.3)
+    assert proc.read_line(5) == "hello"
+    with pytest.raises(ProcessEnded) as ended:
+        proc.read_line(5)
+    assert ended.value.stderr == "last words" and "stderr: last words" in str(ended.value)
+    proc.close()
