@@ -371,9 +371,10 @@ class CalibratedPredictor:
     loop cost more than `HOST_DISTURBANCE_LIMIT` more CPU per step than the profile predicts
     for its architecture ran on a cpu slowed from outside the device (as `host_disturbed`
     judges rounds against each other, which needs rounds at the same width on both sides);
-    its ratio would carry that stretch into the next rounds' predictions. Only when a
-    device's last `CALIBRATION_WINDOW` rounds were all slowed do they calibrate: a slowdown
-    that lasts is the level the next round will see.
+    its ratio would carry that stretch into the next rounds' predictions. Nor do rounds
+    whose transfers stalled against the device's earlier rounds (`transfer_stalled`, with
+    no later rounds to see yet). Only when a device's last `CALIBRATION_WINDOW` rounds were
+    all slowed do they calibrate: a slowdown that lasts is the level the next round will see.
 
     Attributes
     ----------
@@ -388,7 +389,9 @@ class CalibratedPredictor:
         round is judged.
     rounds : dict of str to list of (float, bool)
         Per device, each of its rounds so far, oldest first: measured / profile-predicted,
-        and whether the host slowed it.
+        and whether the host slowed it (or its transfers stalled).
+    transfers : dict of str to list of (float, float) or None
+        Per device, each observed round's transfer seconds and bytes, oldest first.
     """
 
     base: ClientRoundPredictor
@@ -396,6 +399,7 @@ class CalibratedPredictor:
     min_rounds: int = CALIBRATION_MIN_ROUNDS
     cpu_reference: Callable[[str, Arch], float | None] | None = None
     rounds: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
+    transfers: dict[str, list[tuple[float, float] | None]] = field(default_factory=dict)
 
     @property
     def devices(self) -> frozenset[str]:
@@ -435,7 +439,12 @@ class CalibratedPredictor:
         return None if reference is None or reference <= 0 else float(cpu_per_step) / reference
 
     def observe(
-        self, device: str, profile_seconds: float, measured_seconds: float, slowdown: float | None = None
+        self,
+        device: str,
+        profile_seconds: float,
+        measured_seconds: float,
+        slowdown: float | None = None,
+        transfer: tuple[float, float] | None = None,
     ) -> None:
         """Record one measured round of ``device`` against the profile's prediction of it.
 
@@ -449,10 +458,16 @@ class CalibratedPredictor:
         slowdown : float, optional
             `cpu_slowdown` of the round; above ``1 + HOST_DISTURBANCE_LIMIT`` the round
             was slowed by the host.
+        transfer : (float, float), optional
+            The round's transfer seconds (download plus upload) and bytes (both ways),
+            judged by `transfer_stalled` against the device's earlier rounds.
         """
         if profile_seconds > 0 and math.isfinite(profile_seconds) and math.isfinite(measured_seconds):
             ratio = float(measured_seconds) / float(profile_seconds)
-            self.rounds.setdefault(device, []).append((ratio, slowed_by_host(slowdown)))
+            earlier = self.transfers.setdefault(device, [])
+            earlier.append(transfer)
+            stalled = transfer_stalled(earlier, [None] * (len(earlier) - 1) + [float(measured_seconds)])[-1]
+            self.rounds.setdefault(device, []).append((ratio, slowed_by_host(slowdown) or stalled))
 
 
 #: A client round whose step loop cost more than this much more CPU per step than the
@@ -461,6 +476,13 @@ class CalibratedPredictor:
 HOST_DISTURBANCE_LIMIT = 0.10
 #: Rounds on either side of a round among which the cheapest sets its reference.
 HOST_DISTURBANCE_SPAN = 4
+#: What a round flagged disturbed met (`host_disturbed`, `cpu_starved`, `slowed_by_host`,
+#: `transfer_stalled`), in words for the demo and the benchmark.
+DISTURBANCE_RULES = (
+    f"CPU per step more than {HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width or "
+    f"above its profile's, {HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds, "
+    f"or transfers slower than its other rounds' by more than {HOST_DISTURBANCE_LIMIT:.0%} of the round"
+)
 
 
 def slowed_by_host(cpu_vs_profile: float | None) -> bool:
@@ -535,6 +557,54 @@ def host_disturbed(
         near = enumerate(values[first : i + span + 1], start=first)
         known = [v for j, v in near if j != i and v is not None and v > 0]
         flags.append(value is not None and bool(known) and value > (1.0 + limit) * min([value, *known]))
+    return flags
+
+
+def transfer_stalled(
+    transfers: Sequence[tuple[float, float] | None],
+    round_seconds: Sequence[float | None],
+    limit: float = HOST_DISTURBANCE_LIMIT,
+    span: int = HOST_DISTURBANCE_SPAN,
+) -> list[bool]:
+    """Flag the rounds whose transfers stalled: slower than nearby rounds' by a share of the round (pure).
+
+    A round's transfers (parameters down, update up) take about the same time every round
+    for the same payload over the same link. A round whose transfers took longer than the
+    fastest nearby round would have needed for its payload, by more than ``limit`` of the
+    round's own time, met a hiccup of the link or of the host's network stack (on the
+    example emulated fleet: an upload of 0.27 s where the device's other rounds took 2 to 21 ms),
+    which no round-cost model predicts. The CPU rules (`host_disturbed`, `cpu_starved`)
+    see only the step loop, not the transfers.
+
+    Parameters
+    ----------
+    transfers : sequence of (float, float) or None
+        One device's rounds in one run, in round order, any width: the transfer seconds
+        (download plus upload) and bytes (both ways); None where not measured.
+    round_seconds : sequence of float or None
+        The same rounds' measured time (download, compute and upload).
+    limit : float
+        Excess over the reference, as a share of the round's time, that flags a round.
+    span : int
+        Rounds on either side whose transfers set the reference: each nearby round ``j``
+        says a payload of ``b`` bytes needs at most ``s_j * max(1, b / b_j)`` seconds (its
+        time, stretched by the byte ratio where this payload is larger), and the reference
+        is the lowest of those. A round is never its own reference.
+
+    Returns
+    -------
+    list of bool
+        One flag per round; False where its transfers or time are not known.
+    """
+    flags = []
+    for i, (own, seconds) in enumerate(zip(transfers, round_seconds, strict=True)):
+        if own is None or seconds is None or not (own[1] > 0 and seconds > 0):
+            flags.append(False)
+            continue
+        first = max(0, i - span)
+        near = [t for j, t in enumerate(transfers[first : i + span + 1], start=first) if j != i and t is not None]
+        bounds = [s * max(1.0, own[1] / b) for s, b in near if b > 0 and math.isfinite(s)]
+        flags.append(bool(bounds) and own[0] - min(bounds) > limit * seconds)
     return flags
 
 

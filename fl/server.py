@@ -951,8 +951,10 @@ def _predict_and_calibrate(
             metrics["cpu_vs_profile"] = slowdown
         out.append(dataclasses.replace(res, metrics=metrics))
         if not res.metrics.get("sessions_opened"):  # a runner's first rounds also open its sessions
-            measured = res.compute_seconds + res.download_seconds + res.upload_seconds
-            predictor.observe(device, profile[res.cid], measured, slowdown)
+            transferred = res.download_seconds + res.upload_seconds
+            nbytes = sum(float(res.metrics.get(k, math.nan)) for k in ("download_bytes", "upload_bytes"))
+            transfer = (transferred, nbytes) if math.isfinite(nbytes) else None
+            predictor.observe(device, profile[res.cid], res.compute_seconds + transferred, slowdown, transfer)
     return predicted, out
 
 

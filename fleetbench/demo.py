@@ -345,7 +345,7 @@ def plan_capacities(
 
 def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
     """Print each device's predicted and measured client rounds and the error (``*``: the host disturbed it)."""
-    from fl.roundcost import HOST_DISTURBANCE_LIMIT
+    from fl.roundcost import DISTURBANCE_RULES
     from fl.runlog import RunLog
     from reports import tables
 
@@ -369,9 +369,7 @@ def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
     if disturbed:
         median, worst, n = tables.prediction_errors(client_rounds, skip_disturbed=True)
         progress.detail(
-            f"* {disturbed} round(s) the host disturbed (CPU per step more than "
-            f"{HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width or above its "
-            f"profile's, or {HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds); "
+            f"* {disturbed} round(s) the host disturbed ({DISTURBANCE_RULES}); "
             f"the other {n}: median {median:.0%}, worst {worst:.0%}"
         )
 
@@ -389,7 +387,7 @@ def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
     for row in table.itertuples(index=False):
         disturbed = (
             " (the host disturbed this round: more CPU per step than at that size in other rounds or than its"
-            " profile's, or less of the cpu than in the device's other rounds)"
+            " profile's, less of the cpu than in the device's other rounds, or stalled transfers)"
         )
         progress.detail(
             f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), size {row.size:g}, round "

@@ -773,16 +773,21 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         draw), or by `fl.roundcost.cpu_starved` over each run's rounds of one device at any
         width, or when its CPU per step exceeds the profile's at its architecture by more
         than `fl.roundcost.HOST_DISTURBANCE_LIMIT` (``cpu_vs_profile``, logged by the server
-        for the rounds it judged; this one needs no other round). Rounds without the loop's
-        times are not flagged.
+        for the rounds it judged; this one needs no other round), or when its transfers
+        stalled (`fl.roundcost.transfer_stalled` over each run's rounds of one device, from
+        ``download_seconds``, ``upload_seconds`` and the metrics' ``download_bytes`` and
+        ``upload_bytes``). Rounds without the loop's times are not judged by the CPU rules,
+        rounds without their transfers' bytes not by the transfer rule.
     """
     from fl.roundcost import cpu_starved, host_disturbed, loop_cpu_per_step, slowed_by_host
 
     flags = pd.Series(False, index=client_rounds.index, dtype=bool)
     if client_rounds.empty or "metrics" not in client_rounds:
         return flags
-    per_config: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
-    per_device: dict[tuple[Any, ...], list[tuple[Any, Any, float | None]]] = {}
+    # (run, device[, configuration]) -> [(round, index, what the group's rule judges)]
+    per_config: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
+    per_device: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
+    per_link: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
     for index, row in client_rounds.iterrows():
         metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
         flags[index] = slowed_by_host(_number(metrics.get("cpu_vs_profile")))
@@ -796,12 +801,29 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
             (row["round"], index, per_step)
         )
         per_device.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, share))
-    for groups, rule in ((per_config, host_disturbed), (per_device, cpu_starved)):
+        per_link.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, _transfer(row, metrics)))
+    for groups, rule in ((per_config, host_disturbed), (per_device, cpu_starved), (per_link, _stalled)):
         for rounds in groups.values():
             rounds.sort(key=lambda item: item[0])
             for (_, index, _), flag in zip(rounds, rule([v for _, _, v in rounds]), strict=True):
                 flags[index] = flags[index] or flag
     return flags
+
+
+def _transfer(row: Mapping[str, Any], metrics: Mapping[str, Any]) -> tuple[tuple[float, float], float] | None:
+    """Return a client round's ``((transfer seconds, bytes), round seconds)``, or None where a part is unknown."""
+    down, up, compute = (_number(row.get(k)) for k in ("download_seconds", "upload_seconds", "compute_seconds"))
+    nbytes = _number(metrics.get("download_bytes")) + _number(metrics.get("upload_bytes"))
+    if not all(math.isfinite(v) for v in (down, up, compute, nbytes)):
+        return None
+    return (down + up, nbytes), down + compute + up
+
+
+def _stalled(rounds: list[tuple[tuple[float, float], float] | None]) -> list[bool]:
+    """`fl.roundcost.transfer_stalled` over `_transfer` values."""
+    from fl.roundcost import transfer_stalled
+
+    return transfer_stalled([r and r[0] for r in rounds], [r and r[1] for r in rounds])
 
 
 def _timeline_with_predictions(client_rounds: pd.DataFrame) -> pd.DataFrame:

@@ -50,7 +50,7 @@ from exporters.zoo import get_model
 from fl import scheduling
 from fl.data import load_federated, write_bench_data
 from fl.executors.devices import MASK_BACKEND, DevicesExecutor
-from fl.roundcost import HOST_DISTURBANCE_LIMIT, executor_configs, round_cost_from_store, round_overheads
+from fl.roundcost import DISTURBANCE_RULES, executor_configs, round_cost_from_store, round_overheads
 from fl.runlog import RunLog
 from fl.scheduling.configs import ProfileConfig
 from fl.server import RunConfig, run_fl
@@ -176,8 +176,7 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
     median, worst, n = tables.prediction_errors(everything, skip_disturbed=True)
     print(
         f"  all runs, the {n} rounds the host did not disturb: median {median:.1%}, worst {worst:.1%}; "
-        f"{len(disturbed)} disturbed (CPU per step > {HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds "
-        "at that width or above its profile's, or a share of the cpu that much below its other rounds'): "
+        f"{len(disturbed)} disturbed ({DISTURBANCE_RULES}): "
         + ", ".join(f"{r.device} r{int(r['round'])} {r.error:.0%}" for _, r in disturbed.iterrows())
     )
     later = everything[everything["round"] >= 1]

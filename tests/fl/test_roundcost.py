@@ -211,6 +211,30 @@ def test_cpu_starved_flags_a_round_that_got_less_of_the_cpu_than_its_neighbours(
     assert cpu_starved([None, 0.0, 0.14]) == [False, False, False]
 
 
+def test_transfer_stalled_flags_transfers_slower_than_the_neighbours_by_a_share_of_the_round() -> None:
+    from fl.roundcost import transfer_stalled
+
+    mb = 200_000.0
+    transfers = [(0.003, mb), (0.276, mb), (0.004, mb), (0.003, mb)]
+    # 0.273 s more than the fastest neighbour's 3 ms, in a 0.69 s round: stalled
+    assert transfer_stalled(transfers, [0.42, 0.69, 0.42, 0.42]) == [False, True, False, False]
+    # the same excess in a round 3 s long is under 10 % of it
+    assert transfer_stalled(transfers, [0.42, 3.0, 0.42, 0.42]) == [False, False, False, False]
+    # a payload 4 times larger may take 4 times longer than a neighbour's; 5 times is 0.3 s over that in 1 s
+    assert transfer_stalled([(0.1, mb), (0.4, 4 * mb)], [1.0, 1.0]) == [False, False]
+    assert transfer_stalled([(0.1, mb), (0.48, 4 * mb), (0.1, mb)], [1.0, 1.0, 1.0]) == [False, False, False]
+    assert transfer_stalled([(0.1, mb), (0.55, 4 * mb)], [1.0, 1.0]) == [False, True]
+    # a smaller payload is held to the larger one's time, never less: latency is not stretched down
+    assert transfer_stalled([(0.1, 4 * mb), (0.1, mb)], [1.0, 1.0]) == [False, False]
+    # a lone round, unknown transfers or times, and empty payloads are not judged
+    assert transfer_stalled([(0.5, mb)], [1.0]) == [False]
+    assert transfer_stalled([None, (0.5, mb), (0.001, mb)], [1.0, None, 1.0]) == [False, False, False]
+    assert transfer_stalled([(0.5, 0.0), (0.001, mb)], [1.0, 1.0]) == [False, False]
+    # the reference comes from within `span` rounds only
+    far = [(0.001, mb), (0.3, mb), (0.3, mb), (0.3, mb)]
+    assert transfer_stalled(far, [1.0] * 4, span=1) == [False, True, False, False]
+
+
 def test_the_cpu_reference_is_the_profile_s_cpu_time_per_step_at_any_architecture(cells) -> None:
     import numpy as np
 
@@ -257,3 +281,23 @@ def test_rounds_the_host_slowed_do_not_calibrate_unless_the_slowdown_lasts() -> 
     assert predictor.factor("pi") == pytest.approx(1.3)  # the clean rounds again: 1.5, 1.3, 1.0
     unjudging = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"pi"})))
     assert unjudging.cpu_slowdown("pi", full, 0.0025) is None  # no reference: nothing is judged
+
+
+def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
+
+    def cost(device, arch, steps, down, up):
+        return 0.4
+
+    predictor = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"mid"})))
+    payload = 210_072.0
+    predictor.observe("mid", 0.4, 0.42, transfer=(0.006, payload))
+    predictor.observe("mid", 0.4, 0.69, transfer=(0.276, payload))  # a 0.27 s hiccup: left out
+    predictor.observe("mid", 0.4, 0.44, transfer=(0.005, payload))
+    assert predictor.factor("mid") == pytest.approx(1.075)  # median of 1.05 and 1.1
+    assert [slowed for _, slowed in predictor.rounds["mid"]] == [False, True, False]
+    # a first round has nothing to be judged against; a round without its transfers is not judged
+    first = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"mid"})))
+    first.observe("mid", 0.4, 0.69, transfer=(0.276, payload))
+    first.observe("mid", 0.4, 0.8, transfer=None)
+    assert [slowed for _, slowed in first.rounds["mid"]] == [False, False]

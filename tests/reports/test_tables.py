@@ -437,6 +437,25 @@ def test_a_round_above_its_profile_s_cpu_per_step_is_host_disturbed_alone() -> N
     assert not tables.host_disturbed_rounds(unjudged).any()
 
 
+def test_a_round_whose_transfers_stalled_is_disturbed() -> None:
+    def row(rnd: int, width: float, down: float, up: float, nbytes: float | None) -> dict:
+        metrics = {} if nbytes is None else {"download_bytes": nbytes, "upload_bytes": nbytes}
+        return {
+            "run_id": 1, "round": rnd, "cid": "c1", "device": "mid", "width": width, "arch_widths": [],
+            "download_seconds": down, "compute_seconds": 0.42, "upload_seconds": up, "metrics": json.dumps(metrics),
+        }  # fmt: skip
+
+    client_rounds = pd.DataFrame(
+        [
+            row(0, 1.0, 0.002, 0.274, 105_036),  # the upload stalled for 0.27 s of a 0.7 s round
+            row(1, 1.0, 0.002, 0.003, 105_036),
+            row(2, 0.5, 0.002, 0.002, 26_000),  # a smaller payload at another width: judged too, not flagged
+            row(3, 1.0, 0.002, 0.003, None),  # bytes unknown: not judged
+        ]
+    )
+    assert list(tables.host_disturbed_rounds(client_rounds)) == [True, False, False, False]
+
+
 def test_feddrop_time_table_puts_measured_time_beside_the_flops_the_masks_leave() -> None:
     def row(rnd: int, device: str, compute: float, expected: float, sampled: float, dense_s: float) -> dict:
         metrics = {
