@@ -391,7 +391,8 @@ class CalibratedPredictor:
         Per device, each of its rounds so far, oldest first: measured / profile-predicted,
         and whether the host slowed it (or its transfers stalled).
     transfers : dict of str to list of (float, float) or None
-        Per device, each observed round's transfer seconds and bytes, oldest first.
+        Per device, the transfer seconds and bytes of its last observed rounds (as many as
+        `HOST_DISTURBANCE_SPAN` and the newest), oldest first.
     """
 
     base: ClientRoundPredictor
@@ -466,6 +467,7 @@ class CalibratedPredictor:
             ratio = float(measured_seconds) / float(profile_seconds)
             earlier = self.transfers.setdefault(device, [])
             earlier.append(transfer)
+            del earlier[: -(HOST_DISTURBANCE_SPAN + 1)]  # the rounds that can set this one's reference
             stalled = transfer_stalled(earlier, [None] * (len(earlier) - 1) + [float(measured_seconds)])[-1]
             self.rounds.setdefault(device, []).append((ratio, slowed_by_host(slowdown) or stalled))
 
