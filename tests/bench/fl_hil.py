@@ -5,7 +5,8 @@ Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--exa
 1. The example emulated fleet (fast / mid / slow SSH devices and the phone) is brought up
    and profiled at every FLuID size (``fjord-cnn``, SGD artifact sets, each device's threads
    and best backend, the cells training on the rounds' MNIST examples), with each device's
-   round cost (`harness.roundcost`: fixed cost, transfer lines).
+   round cost (`harness.roundcost`: fixed cost, transfer lines); the devices whose best
+   backend is not ``onnx`` are profiled with ``onnx`` too, the backend FedDrop trains with.
 2. **No-dropout baseline**: FedAvg rounds on the devices, one client per device.
 3. **FLuID** (invariant dropout) rounds with the same clients, data and seed: the
    straggler is found from measured round times and its sub-model size is chosen from its
@@ -18,7 +19,8 @@ Run from the repository root: ``python -m tests.bench.fl_hil [--rounds 6] [--exa
    time over the three runs; the fixed per-round cost's share of the slowest device's
    full-width round; FLuID's and FjORD's mean round time against FedAvg at full width.
 6. **FedDrop budgets**: each device's FLOPs budget ratio from its measured latency-vs-FLOPs
-   fit and a per-round time budget less its predicted fixed cost and transfers
+   fit and a per-round time budget less its predicted fixed cost and transfers, all from
+   the ``onnx`` profiles and round costs (the configuration FedDrop trains in)
    (`fl.scheduling.budgets_for_fleet`, `fl.roundcost.round_overheads`), then three FedDrop
    rounds on the devices with those per-client budgets (SyncDrop masks as inputs of masked
    step models, onnx backend), and three with budget 1 (every mask kept) as the dense
@@ -148,7 +150,7 @@ def fluid_figures(store: ProfileStore, fluid_run: int) -> None:
             print(f"  from the second calibrated round, {name}: {ratios} ({inside} of {len(part)} in [0.9, 1.1])")
 
 
-def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) -> None:
+def round_cost_figures(store: ProfileStore, runs: dict[str, Any], backends: dict[str, str]) -> None:
     """Print prediction error, the slowest device's fixed-cost share and round times against FedAvg."""
     log = RunLog(store)
     print("\n== Round-cost model: |predicted - measured| / measured client round time")
@@ -186,7 +188,11 @@ def round_cost_figures(store: ProfileStore, fleet: Any, runs: dict[str, Any]) ->
     median, worst, n = tables.prediction_errors(profile_only)
     print(f"  all runs, the profiles' own predictions (uncalibrated): median {median:.1%}, worst {worst:.1%} over {n}")
 
-    costs = {c.device: c for c in store.round_costs() if c.model == MODEL and c.optimizer == OPTIMIZER}
+    costs = {
+        c.device: c
+        for c in store.round_costs()
+        if c.model == MODEL and c.optimizer == OPTIMIZER and c.backend == backends.get(c.device)
+    }
     base = tables.fl_predicted_rounds(log.client_rounds(runs["fedavg"].run_id))
     measured_full = base.groupby("device")["total_s"].median()
     if costs and not measured_full.empty:
@@ -237,14 +243,15 @@ def feddrop_budgets(
     data = load_federated("mnist5k", model, len(devices), "iid", args.seed, max_examples=args.examples)
     examples = {name: len(shard[1]) for name, shard in zip(devices, data.train, strict=True)}
     cells = store.latest_cells()
+    cells = cells[(cells.backend == MASK_BACKEND) & (cells.optimizer == OPTIMIZER)]
     full = cells[(cells.status == "ok") & (cells.width == 1.0)].set_index("device").median_us
     budget_s = statistics.median(float(full[d]) * 1e-6 * examples[d] * args.epochs for d in devices)
-    wants = {d.name: ProfileConfig(BATCH, backends[d.name], OPTIMIZER, d.threads) for d in fleet.devices}
+    wants = {d.name: ProfileConfig(BATCH, MASK_BACKEND, OPTIMIZER, d.threads) for d in fleet.devices}
     cost = round_cost_from_store(store, MODEL, BATCH, wants, warn=lambda line: print(f"  warning: {line}"))
     overheads = round_overheads(cost, model, devices)
     budget_s += statistics.median(overheads.values())  # the budget is one of the whole round
     ratios = scheduling.budgets_for_fleet(
-        cells, MODEL, budget_s, examples, args.epochs, batch=BATCH, round_overhead_s=overheads
+        cells, MODEL, budget_s, examples, args.epochs, batch=BATCH, backend=MASK_BACKEND, round_overhead_s=overheads
     )
     budgets = {f"c{i}": min(1.0, max(0.1, ratios[d].ratio or 0.1)) for i, d in enumerate(devices)}
     print(
@@ -322,13 +329,23 @@ def main(argv: list[str] | None = None) -> int:
                     fleet, MODEL, SIZES, [BATCH], backends, 6, 20, OPTIMIZER, max_seconds=3.0,
                     data=campaign.bench_data_label(bench_data),
                 )  # fmt: skip
+                # FedDrop trains on the step model (masks as inputs): its budgets are planned on
+                # profiles and round costs of that backend, also where a device's best is another
+                feddrop_backends = {d.name: MASK_BACKEND for d in fleet.devices if backends[d.name] != MASK_BACKEND}
+                specs += campaign.plan_cells(
+                    fleet, MODEL, SIZES, [BATCH], feddrop_backends, 6, 20, OPTIMIZER, max_seconds=3.0,
+                    data=campaign.bench_data_label(bench_data),
+                )  # fmt: skip
                 campaign.export_sets(specs, root / "artifacts")
                 campaign.run_campaign(
                     fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None,
                     round_cost=True, announce=lambda line: print(f"  {line}") if "round cost" in line else None,
                     data=bench_data,
                 )  # fmt: skip
-                print(f"profiled {len(specs)} cells and the round costs in {time.perf_counter() - start:.0f} s")
+                print(
+                    f"profiled {len(specs)} cells ({len(specs) - len(SIZES) * len(fleet.devices)} of them with "
+                    f"{MASK_BACKEND} for FedDrop) and the round costs in {time.perf_counter() - start:.0f} s"
+                )
                 print(f"machine load average before the FL runs: {os.getloadavg()}")
                 model = get_model(MODEL)
                 data = load_federated(
@@ -340,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs["fluid"] = _run("fluid", fleet, store, root, args, backends=backends, sizes=list(FLUID_SIZES))
                 runs["fjord"] = _run("fjord", fleet, store, root, args, capacities=capacities, backends=backends, k=4)
                 fluid_figures(store, runs["fluid"].run_id)
-                round_cost_figures(store, fleet, runs)
+                round_cost_figures(store, runs, backends)
                 print(f"machine load average after the FL runs: {os.getloadavg()}")
                 feddrop_budgets(store, fleet, root, args, backends)
         finally:
