@@ -229,9 +229,7 @@ def round_cost_figures(store: ProfileStore, runs: dict[str, Any], backends: dict
         )
 
 
-def feddrop_budgets(
-    store: ProfileStore, fleet: Any, root: Path, args: argparse.Namespace, backends: dict[str, str]
-) -> None:
+def feddrop_budgets(store: ProfileStore, fleet: Any, root: Path, args: argparse.Namespace) -> None:
     """Per-device FLOPs budgets from the profiles; FedDrop rounds on the devices kept within them.
 
     The rounds train with SyncDrop masks on the devices (the masked artifact sets, onnx
@@ -325,17 +323,17 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 fleet, backends = choose_backends(fleet, "auto", Progress(1, out=print))
                 bench_data = write_bench_data("mnist5k", get_model(MODEL), root / "bench-data.npz", seed=args.seed)
-                specs = campaign.plan_cells(
-                    fleet, MODEL, SIZES, [BATCH], backends, 6, 20, OPTIMIZER, max_seconds=3.0,
-                    data=campaign.bench_data_label(bench_data),
-                )  # fmt: skip
                 # FedDrop trains on the step model (masks as inputs): its budgets are planned on
                 # profiles and round costs of that backend, also where a device's best is another
                 feddrop_backends = {d.name: MASK_BACKEND for d in fleet.devices if backends[d.name] != MASK_BACKEND}
-                specs += campaign.plan_cells(
-                    fleet, MODEL, SIZES, [BATCH], feddrop_backends, 6, 20, OPTIMIZER, max_seconds=3.0,
-                    data=campaign.bench_data_label(bench_data),
+                best_specs, feddrop_specs = (
+                    campaign.plan_cells(
+                        fleet, MODEL, SIZES, [BATCH], chosen, 6, 20, OPTIMIZER, max_seconds=3.0,
+                        data=campaign.bench_data_label(bench_data),
+                    )
+                    for chosen in (backends, feddrop_backends)
                 )  # fmt: skip
+                specs = best_specs + feddrop_specs
                 campaign.export_sets(specs, root / "artifacts")
                 campaign.run_campaign(
                     fleet, specs, store, artifacts_dir=root / "artifacts", timeout=300, progress=lambda e: None,
@@ -343,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                     data=bench_data,
                 )  # fmt: skip
                 print(
-                    f"profiled {len(specs)} cells ({len(specs) - len(SIZES) * len(fleet.devices)} of them with "
-                    f"{MASK_BACKEND} for FedDrop) and the round costs in {time.perf_counter() - start:.0f} s"
+                    f"profiled {len(specs)} cells ({len(feddrop_specs)} of them with {MASK_BACKEND} for FedDrop) "
+                    f"and the round costs in {time.perf_counter() - start:.0f} s"
                 )
                 print(f"machine load average before the FL runs: {os.getloadavg()}")
                 model = get_model(MODEL)
@@ -359,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 fluid_figures(store, runs["fluid"].run_id)
                 round_cost_figures(store, runs, backends)
                 print(f"machine load average after the FL runs: {os.getloadavg()}")
-                feddrop_budgets(store, fleet, root, args, backends)
+                feddrop_budgets(store, fleet, root, args)
         finally:
             emulate.down(fleet, say=lambda line: None)
             if args.keep is not None and (root / "bench.db").exists():
