@@ -375,6 +375,9 @@ class CalibratedPredictor:
     whose transfers stalled against the device's earlier rounds (`transfer_stalled`, with
     no later rounds to see yet). Only when a device's last `CALIBRATION_WINDOW` rounds were
     all slowed do they calibrate: a slowdown that lasts is the level the next round will see.
+    A FjORD round that drew several widths is judged by its CPU per step over the profile's
+    mean at its draws (`cpu_vs_mix`) against the device's cheapest recent such round
+    (`mix_slowdown`): switching widths costs CPU that the profile's steps do not carry.
 
     Attributes
     ----------
@@ -387,6 +390,9 @@ class CalibratedPredictor:
     cpu_reference : callable, optional
         ``(device, arch) -> CPU seconds per step`` (`cpu_reference_from_rows`); without it no
         round is judged.
+    mixes : dict of str to list of float
+        Per device, `cpu_vs_mix` of its last rounds that drew several widths (as many as
+        `HOST_DISTURBANCE_SPAN`), oldest first (`mix_slowdown`).
     rounds : dict of str to list of (float, bool)
         Per device, each of its rounds so far, oldest first: measured / profile-predicted,
         and whether the host slowed it (or its transfers stalled).
@@ -399,6 +405,7 @@ class CalibratedPredictor:
     window: int = CALIBRATION_WINDOW
     min_rounds: int = CALIBRATION_MIN_ROUNDS
     cpu_reference: Callable[[str, Arch], float | None] | None = None
+    mixes: dict[str, list[float]] = field(default_factory=dict)
     rounds: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
     transfers: dict[str, list[tuple[float, float] | None]] = field(default_factory=dict)
 
@@ -438,6 +445,63 @@ class CalibratedPredictor:
             return None
         reference = self.cpu_reference(device, arch)
         return None if reference is None or reference <= 0 else float(cpu_per_step) / reference
+
+    def cpu_vs_mix(self, device: str, drawn: Sequence[tuple[Arch, float]], cpu_per_step: float | None) -> float | None:
+        """Return a round's CPU seconds per step over the profile's mean at the architectures its steps drew.
+
+        Parameters
+        ----------
+        device : str
+        drawn : sequence of (Arch, float)
+            Each architecture a step trained and how many steps trained it (FjORD's draws,
+            `drawn_steps`).
+        cpu_per_step : float or None
+            The round's step loop CPU seconds per step.
+
+        Returns
+        -------
+        float or None
+            None without a reference for every architecture drawn, or without the round's
+            CPU time. Switching widths costs CPU too, so this is above 1 on an undisturbed
+            round; `mix_slowdown` judges it against the device's other such rounds.
+        """
+        steps = sum(n for _, n in drawn)
+        if self.cpu_reference is None or steps <= 0 or cpu_per_step is None or not math.isfinite(cpu_per_step):
+            return None
+        references = [self.cpu_reference(device, arch) for arch, _ in drawn]
+        known = [float(r) for r in references if r is not None and r > 0]
+        if len(known) != len(drawn):
+            return None
+        expected = sum(r * n for r, (_, n) in zip(known, drawn, strict=True)) / steps
+        return float(cpu_per_step) / expected
+
+    def mix_slowdown(self, device: str, cpu_vs_mix: float | None) -> float | None:
+        """Record a round's `cpu_vs_mix` and return it over the lowest of the device's last such rounds.
+
+        The cost of switching widths varies little from round to round on one device (on
+        the example emulated fleet, `cpu_vs_mix` 1.05 to 1.12 over a quiet run's FjORD
+        rounds on one device), so a round's excess over the device's cheapest recent one
+        says, as `host_disturbed` does for one width, that the host slowed its cpu.
+
+        Parameters
+        ----------
+        device : str
+        cpu_vs_mix : float or None
+            `cpu_vs_mix` of the round (None: nothing recorded).
+
+        Returns
+        -------
+        float or None
+            None for the device's first such round (no reference yet) or without a value;
+            above ``1 + HOST_DISTURBANCE_LIMIT``, `slowed_by_host` says the host slowed it.
+        """
+        if cpu_vs_mix is None or not math.isfinite(cpu_vs_mix) or cpu_vs_mix <= 0:
+            return None
+        earlier = self.mixes.setdefault(device, [])
+        slowdown = cpu_vs_mix / min(earlier) if earlier else None
+        earlier.append(float(cpu_vs_mix))
+        del earlier[:-HOST_DISTURBANCE_SPAN]
+        return slowdown
 
     def observe(
         self,
@@ -481,8 +545,8 @@ HOST_DISTURBANCE_SPAN = 4
 #: What a round flagged disturbed met (`host_disturbed`, `cpu_starved`, `slowed_by_host`,
 #: `transfer_stalled`), in words for the demo and the benchmark.
 DISTURBANCE_RULES = (
-    f"CPU per step more than {HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width or "
-    f"above its profile's, {HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds, "
+    f"CPU per step more than {HOST_DISTURBANCE_LIMIT:.0%} above the device's other rounds at that width (or "
+    f"draws) or above its profile's, {HOST_DISTURBANCE_LIMIT:.0%} more wall time per CPU second than its other rounds, "
     f"or transfers slower than its other rounds' by more than {HOST_DISTURBANCE_LIMIT:.0%} of the round"
 )
 
@@ -501,6 +565,33 @@ def slowed_by_host(cpu_vs_profile: float | None) -> bool:
         True above ``1 + HOST_DISTURBANCE_LIMIT``.
     """
     return cpu_vs_profile is not None and cpu_vs_profile > 1.0 + HOST_DISTURBANCE_LIMIT
+
+
+def drawn_steps(metrics: Mapping[str, Any]) -> dict[float, float]:
+    """Return the steps a client round trained at each width, from its ``steps_at_width/<w>`` metrics (pure).
+
+    Parameters
+    ----------
+    metrics : Mapping
+        A client round's metrics (FjORD per step logs one count per width it drew).
+
+    Returns
+    -------
+    dict of float to float
+        Width to steps, for the widths with at least one step; empty for a round that did
+        not log its draws.
+    """
+    out: dict[float, float] = {}
+    for key, value in metrics.items():
+        if not key.startswith("steps_at_width/"):
+            continue
+        try:
+            width, steps = float(key.split("/", 1)[1]), float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(steps) and steps > 0:
+            out[width] = steps
+    return out
 
 
 def loop_cpu_per_step(metrics: Mapping[str, Any]) -> float | None:

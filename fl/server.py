@@ -57,6 +57,7 @@ from fl.roundcost import (
     CalibratedPredictor,
     ClientRoundPredictor,
     cpu_reference_from_rows,
+    drawn_steps,
     loop_cpu_per_step,
     measured_models,
     payload_bytes_of,
@@ -946,9 +947,18 @@ def _predict_and_calibrate(
             continue
         metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
         arch = _trained_arch(strategy, instructions[res.cid], res)
+        drawn = drawn_steps(res.metrics) if arch is None else {}
+        if len(drawn) == 1:
+            arch = strategy.model.arch(next(iter(drawn)))
         slowdown = predictor.cpu_slowdown(device, arch, loop_cpu_per_step(res.metrics))
         if slowdown is not None:
             metrics["cpu_vs_profile"] = slowdown
+        elif len(drawn) > 1:
+            mix = [(strategy.model.arch(w), n) for w, n in sorted(drawn.items())]
+            vs_mix = predictor.cpu_vs_mix(device, mix, loop_cpu_per_step(res.metrics))
+            slowdown = predictor.mix_slowdown(device, vs_mix)
+            if vs_mix is not None:
+                metrics["cpu_vs_profile_mix"] = vs_mix
         out.append(dataclasses.replace(res, metrics=metrics))
         if not res.metrics.get("sessions_opened"):  # a runner's first rounds also open its sessions
             transferred = res.download_seconds + res.upload_seconds

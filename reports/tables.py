@@ -770,16 +770,18 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         Indexed as ``client_rounds``. A round is flagged by `fl.roundcost.host_disturbed`
         over each run's rounds of one device at one configuration (width and architecture;
         not FjORD rounds that drew more than one width, whose CPU per step moves with the
-        draw), or by `fl.roundcost.cpu_starved` over each run's rounds of one device at any
-        width, or when its CPU per step exceeds the profile's at its architecture by more
-        than `fl.roundcost.HOST_DISTURBANCE_LIMIT` (``cpu_vs_profile``, logged by the server
+        draw: those are judged by their CPU per step over the profile's at their draws,
+        ``cpu_vs_profile_mix``, over each run's such rounds of one device), or by
+        `fl.roundcost.cpu_starved` over each run's rounds of one device at any width, or
+        when its CPU per step exceeds the profile's at its architecture by more than
+        `fl.roundcost.HOST_DISTURBANCE_LIMIT` (``cpu_vs_profile``, logged by the server
         for the rounds it judged; this one needs no other round), or when its transfers
         stalled (`fl.roundcost.transfer_stalled` over each run's rounds of one device, from
         ``download_seconds``, ``upload_seconds`` and the metrics' ``download_bytes`` and
         ``upload_bytes``). Rounds without the loop's times are not judged by the CPU rules,
         rounds without their transfers' bytes not by the transfer rule.
     """
-    from fl.roundcost import cpu_starved, host_disturbed, loop_cpu_per_step, slowed_by_host
+    from fl.roundcost import cpu_starved, drawn_steps, host_disturbed, loop_cpu_per_step, slowed_by_host
 
     flags = pd.Series(False, index=client_rounds.index, dtype=bool)
     if client_rounds.empty or "metrics" not in client_rounds:
@@ -788,12 +790,16 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
     per_config: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
     per_device: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
     per_link: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
+    per_mix: dict[tuple[Any, ...], list[tuple[Any, Any, Any]]] = {}
     for index, row in client_rounds.iterrows():
         metrics = row["metrics"] if isinstance(row["metrics"], Mapping) else json.loads(row["metrics"] or "{}")
         flags[index] = slowed_by_host(_number(metrics.get("cpu_vs_profile")))
         cpu, wall = _number(metrics.get("loop_cpu_seconds")), _number(metrics.get("loop_seconds"))
-        drawn = [k for k, v in metrics.items() if k.startswith("steps_at_width/") and _number(v) > 0]
+        drawn = drawn_steps(metrics)
         per_step = loop_cpu_per_step(metrics) if len(drawn) <= 1 else None
+        vs_mix = _number(metrics.get("cpu_vs_profile_mix"))
+        if len(drawn) > 1 and math.isfinite(vs_mix):
+            per_mix.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, vs_mix))
         share = cpu / wall if math.isfinite(cpu) and math.isfinite(wall) and wall > 0 else None
         arch_widths = row.get("arch_widths", ())
         arch = tuple(json.loads(arch_widths)) if isinstance(arch_widths, str) else tuple(arch_widths or ())
@@ -802,7 +808,8 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         )
         per_device.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, share))
         per_link.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, _transfer(row, metrics)))
-    for groups, rule in ((per_config, host_disturbed), (per_device, cpu_starved), (per_link, _stalled)):
+    rules = ((per_config, host_disturbed), (per_mix, host_disturbed), (per_device, cpu_starved), (per_link, _stalled))
+    for groups, rule in rules:
         for rounds in groups.values():
             rounds.sort(key=lambda item: item[0])
             for (_, index, _), flag in zip(rounds, rule([v for _, _, v in rounds]), strict=True):

@@ -283,6 +283,32 @@ def test_rounds_the_host_slowed_do_not_calibrate_unless_the_slowdown_lasts() -> 
     assert unjudging.cpu_slowdown("pi", full, 0.0025) is None  # no reference: nothing is judged
 
 
+def test_a_round_that_drew_several_widths_is_set_against_the_profile_s_mean_over_its_draws() -> None:
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor, drawn_steps
+
+    metrics = {"steps_at_width/0.25": 3.0, "steps_at_width/1": 1, "steps_at_width/0.5": 0, "steps": 4, "x": "y"}
+    assert drawn_steps(metrics) == {0.25: 3.0, 1.0: 1.0}
+    assert drawn_steps({"steps_at_width/oops": 2, "steps_at_width/0.5": "n/a"}) == {}
+
+    def reference(device, arch):  # 1 ms of CPU per step per unit of the first layer's width
+        return 0.001 * arch.widths[0] / MODEL.group_sizes[0] if device == "pi" else None
+
+    predictor = CalibratedPredictor(
+        ClientRoundPredictor(lambda *a: 0.2, 20, 1, frozenset({"pi"})), cpu_reference=reference
+    )
+    draws = [(MODEL.arch(0.25), 3.0), (MODEL.arch(1.0), 1.0)]  # the mean: (3 * 0.25 + 1) / 4 ms
+    assert predictor.cpu_vs_mix("pi", draws, 0.000525) == pytest.approx(1.2)
+    assert predictor.cpu_vs_mix("phone", draws, 0.000525) is None  # no reference
+    assert predictor.cpu_vs_mix("pi", draws, None) is None
+    assert predictor.cpu_vs_mix("pi", [], 0.001) is None
+    # each against the lowest of the device's last HOST_DISTURBANCE_SPAN such rounds
+    slowdowns = [predictor.mix_slowdown("pi", v) for v in (1.2, 1.1, 1.5, 1.15, None)]
+    assert slowdowns == [None, pytest.approx(1.1 / 1.2), pytest.approx(1.5 / 1.1), pytest.approx(1.15 / 1.1), None]
+    for value in (1.3, 1.3, 1.3, 1.3):  # 1.1 leaves the window
+        predictor.mix_slowdown("pi", value)
+    assert predictor.mix_slowdown("pi", 1.3) == pytest.approx(1.0)
+
+
 def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
 

@@ -605,8 +605,7 @@ def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, reg
         # round 1 is calibrated by the device's measured rounds of round 0 (fl.roundcost.CalibratedPredictor)
         earlier = rows[(rows["round"] < row.round) & (rows["device"] == device)]
         ratios = [
-            (r.compute_seconds + r.download_seconds + r.upload_seconds)
-            / r.metrics["profile_predicted_seconds"]
+            (r.compute_seconds + r.download_seconds + r.upload_seconds) / r.metrics["profile_predicted_seconds"]
             for r in earlier.itertuples()
         ]
         factor = float(np.median(ratios[-3:])) if len(ratios) >= 2 else 1.0
@@ -737,3 +736,41 @@ def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_no
     # FjORD per step trains several widths: not judged, and it calibrates
     _, logged = _predict_and_calibrate(strategy, instructions, [result("b", 0.2, 0.5)], clients)
     assert "cpu_vs_profile" not in logged[0].metrics and predictor.rounds["d"][-1][1] is False
+
+
+def test_a_fjord_round_is_judged_against_the_profile_at_its_draws_and_its_own_earlier_rounds():
+    from types import SimpleNamespace
+
+    from fl.records import ClientSpec, TrainRes
+    from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
+    from fl.server import _predict_and_calibrate
+
+    model = get_model("fjord-cnn")
+
+    def reference(device, arch):  # the profile's CPU per step: 10 ms at full width, 5 ms at half
+        return 0.01 * arch.widths[0] / model.group_sizes[0]
+
+    predictor = CalibratedPredictor(
+        ClientRoundPredictor(lambda *a: 0.1 * a[2], 20, 1, frozenset({"d"})), cpu_reference=reference
+    )
+    strategy = SimpleNamespace(model=model, round_predictor=predictor)
+    clients = {"b": ClientSpec("b", capacity=1.0, num_examples=40, device="d")}  # 2 steps
+    fjord = {"trainer": "fjord", "widths": [0.5, 1.0], "seed": 1}
+    instructions = {"b": TrainIns("b", model.static(1.0), {}, fjord)}
+
+    def result(cpu, drawn):
+        metrics = {"loop_cpu_seconds": cpu, "steps": 2, **{f"steps_at_width/{w:g}": n for w, n in drawn.items()}}
+        return TrainRes("b", model.static(1.0), [], 40, compute_seconds=0.2, metrics=metrics)
+
+    both = {0.5: 1, 1.0: 1}  # the profile's mean: 7.5 ms per step
+    logged_mix = []
+    for cpu in (0.0165, 0.0162, 0.021, 0.0168):
+        _, logged = _predict_and_calibrate(strategy, instructions, [result(cpu, both)], clients)
+        assert "cpu_vs_profile" not in logged[0].metrics
+        logged_mix.append(logged[0].metrics["cpu_vs_profile_mix"])
+    assert logged_mix == pytest.approx([1.1, 1.08, 1.4, 1.12])
+    # the first has no earlier round to be judged against; 1.4 / 1.08 is the host's
+    assert [slowed for _, slowed in predictor.rounds["d"]] == [False, False, True, False]
+    # one width drawn at every step: judged against the profile at that width, as any round
+    _, logged = _predict_and_calibrate(strategy, instructions, [result(0.0125, {0.5: 2})], clients)
+    assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(1.25) and predictor.rounds["d"][-1][1] is True

@@ -437,6 +437,28 @@ def test_a_round_above_its_profile_s_cpu_per_step_is_host_disturbed_alone() -> N
     assert not tables.host_disturbed_rounds(unjudged).any()
 
 
+def test_fjord_rounds_that_drew_several_widths_are_judged_against_their_draws_profile() -> None:
+    def row(rnd: int, vs_mix: float | None, drawn: dict) -> dict:
+        metrics = {"loop_cpu_seconds": 0.1, "loop_seconds": 0.3, "steps": 40, **drawn}
+        if vs_mix is not None:
+            metrics["cpu_vs_profile_mix"] = vs_mix
+        return {
+            "run_id": 1, "round": rnd, "cid": "c1", "device": "fast", "width": 1.0, "arch_widths": [],
+            "metrics": json.dumps(metrics),
+        }  # fmt: skip
+
+    one = {"steps_at_width/0.25": 18, "steps_at_width/1": 22}
+    other = {"steps_at_width/0.5": 30, "steps_at_width/1": 10}
+    # switching widths puts every round above 1; only the round 25 % above its neighbours was slowed
+    client_rounds = pd.DataFrame(
+        [row(0, 1.12, one), row(1, 1.08, other), row(2, 1.35, one), row(3, 1.18, other), row(4, None, one)]
+    )
+    assert list(tables.host_disturbed_rounds(client_rounds)) == [False, False, True, False, False]
+    # above 1.10 on its own is not enough: that is what switching costs
+    steady = pd.DataFrame([row(r, v, one) for r, v in enumerate((1.21, 1.19, 1.24))])
+    assert not tables.host_disturbed_rounds(steady).any()
+
+
 def test_a_round_whose_transfers_stalled_is_disturbed() -> None:
     def row(rnd: int, width: float, down: float, up: float, nbytes: float | None) -> dict:
         metrics = {} if nbytes is None else {"download_bytes": nbytes, "upload_bytes": nbytes}
