@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -306,6 +307,92 @@ CALIBRATION_WINDOW = 3
 #: Rounds of a device measured before its calibration applies (one round's noise alone
 #: would swing it: the same client round on an emulated device varies by 15 % and more).
 CALIBRATION_MIN_ROUNDS = 2
+#: A calibration factor further than this from 1 says the device's profile no longer
+#: describes it (`stale_profile_warning`): on this project's 2-core VM the same cell moved
+#: by 24 % over two hours, and a run's factors stay within 0.9 to 1.1 on a profile measured
+#: just before.
+STALE_PROFILE_LIMIT = 0.20
+#: A profile older than this is called stale before the run's first round (`profile_age_warning`).
+STALE_PROFILE_AGE_S = 7 * 24 * 3600.0
+
+
+def profiled_at(profiles: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, float]:
+    """Return when each device's profile was measured: the newest ``finished_at`` of its rows (pure).
+
+    Parameters
+    ----------
+    profiles : mapping of str to sequence of mapping
+        Profile rows per device (`fl.server.profiles_for`).
+
+    Returns
+    -------
+    dict of str to float
+        Unix seconds; devices whose rows do not say are left out.
+    """
+    out: dict[str, float] = {}
+    for device, rows in profiles.items():
+        times = [float(t) for r in rows if isinstance(t := r.get("finished_at"), (int, float)) and t > 0]
+        if times:
+            out[str(device)] = max(times)
+    return out
+
+
+def _when(unix_seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(unix_seconds))
+
+
+def profile_age_warning(device: str, measured_at: float | None, now: float) -> str | None:
+    """Return the warning for a profile older than `STALE_PROFILE_AGE_S`, or None (pure).
+
+    Parameters
+    ----------
+    device : str
+    measured_at : float or None
+        When the profile was measured (`profiled_at`), unix seconds.
+    now : float
+        Unix seconds.
+
+    Returns
+    -------
+    str or None
+    """
+    if measured_at is None or now - measured_at <= STALE_PROFILE_AGE_S:
+        return None
+    days = (now - measured_at) / 86400.0
+    return (
+        f"device {device!r}: its profile was measured {days:.0f} days ago ({_when(measured_at)}); its rounds "
+        f"are planned on it and calibrated on their measured times; re-profile it (fleetbench profile) if "
+        f"its software or load changed"
+    )
+
+
+def stale_profile_warning(device: str, factor: float, rounds: int, measured_at: float | None = None) -> str | None:
+    """Return the warning for a calibration factor that says the profile is stale, or None (pure).
+
+    Parameters
+    ----------
+    device : str
+    factor : float
+        The device's calibration factor (`CalibratedPredictor.factor`): measured rounds over
+        the profile's predictions.
+    rounds : int
+        How many of its rounds set it.
+    measured_at : float, optional
+        When the profile was measured, unix seconds.
+
+    Returns
+    -------
+    str or None
+        None while the factor is within `STALE_PROFILE_LIMIT` of 1.
+    """
+    if not math.isfinite(factor) or abs(factor - 1.0) <= STALE_PROFILE_LIMIT:
+        return None
+    when = "" if measured_at is None else f", measured {_when(measured_at)}"
+    return (
+        f"device {device!r}: its last {rounds} rounds took {factor:.2f} x what its profile{when} predicts: the "
+        f"profile looks stale; its rounds are planned on the measured ones from now on; re-profile it "
+        f"(fleetbench profile) before relying on planned rounds"
+    )
 
 
 def cpu_reference_from_rows(rows: Any, model: str, batch: int) -> Callable[[str, Arch], float | None]:
@@ -390,6 +477,11 @@ class CalibratedPredictor:
     cpu_reference : callable, optional
         ``(device, arch) -> CPU seconds per step`` (`cpu_reference_from_rows`); without it no
         round is judged.
+    warn : callable, optional
+        Receives `stale_profile_warning`'s line, once per device, when its factor says its
+        profile is stale.
+    measured_at : mapping of str to float
+        When each device's profile was measured (`profiled_at`), for that line.
     mixes : dict of str to list of float
         Per device, `cpu_vs_mix` of its last rounds that drew several widths (as many as
         `HOST_DISTURBANCE_SPAN`), oldest first (`mix_slowdown`).
@@ -399,15 +491,20 @@ class CalibratedPredictor:
     transfers : dict of str to list of (float, float) or None
         Per device, the transfer seconds and bytes of its last observed rounds (as many as
         `HOST_DISTURBANCE_SPAN` and the newest), oldest first.
+    warned : set of str
+        The devices whose stale profile was said.
     """
 
     base: ClientRoundPredictor
     window: int = CALIBRATION_WINDOW
     min_rounds: int = CALIBRATION_MIN_ROUNDS
     cpu_reference: Callable[[str, Arch], float | None] | None = None
+    warn: Callable[[str], None] | None = None
+    measured_at: Mapping[str, float] = field(default_factory=dict)
     mixes: dict[str, list[float]] = field(default_factory=dict)
     rounds: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
     transfers: dict[str, list[tuple[float, float] | None]] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
 
     @property
     def devices(self) -> frozenset[str]:
@@ -416,14 +513,17 @@ class CalibratedPredictor:
 
     def factor(self, device: str | None) -> float:
         """Return the calibration factor of ``device`` (1.0 until it has ``min_rounds`` calibrating rounds)."""
-        seen = self.rounds.get(device or "", [])
-        if len(seen) >= self.window and all(slowed for _, slowed in seen[-self.window :]):
-            counted = [ratio for ratio, _ in seen[-self.window :]]
-        else:
-            counted = [ratio for ratio, slowed in seen if not slowed][-self.window :]
+        counted = self.calibrating(device)
         if len(counted) < self.min_rounds:
             return 1.0
         return float(statistics.median(counted))
+
+    def calibrating(self, device: str | None) -> list[float]:
+        """Return the ratios measured / profile-predicted of ``device``'s rounds that set its factor, oldest first."""
+        seen = self.rounds.get(device or "", [])
+        if len(seen) >= self.window and all(slowed for _, slowed in seen[-self.window :]):
+            return [ratio for ratio, _ in seen[-self.window :]]
+        return [ratio for ratio, slowed in seen if not slowed][-self.window :]
 
     def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
         """Return the calibrated prediction of ``client``'s round at ``arch`` (None: not predictable)."""
@@ -534,6 +634,12 @@ class CalibratedPredictor:
             del earlier[: -(HOST_DISTURBANCE_SPAN + 1)]  # the rounds that can set this one's reference
             stalled = transfer_stalled(earlier, [None] * (len(earlier) - 1) + [float(measured_seconds)])[-1]
             self.rounds.setdefault(device, []).append((ratio, slowed_by_host(slowdown) or stalled))
+            if self.warn is not None and device not in self.warned:
+                counted = len(self.calibrating(device))
+                line = stale_profile_warning(device, self.factor(device), counted, self.measured_at.get(device))
+                if line is not None:
+                    self.warned.add(device)
+                    self.warn(line)
 
 
 #: A client round whose step loop cost more than this much more CPU per step than the

@@ -61,6 +61,8 @@ from fl.roundcost import (
     loop_cpu_per_step,
     measured_models,
     payload_bytes_of,
+    profile_age_warning,
+    profiled_at,
     round_cost_from_store,
 )
 from fl.runlog import ClientRound, RunLog
@@ -625,11 +627,20 @@ def run_fl(
             profiles = profiles_for(store, clients, config.model, device_configs, warn=warn)
         if virtual is None:
             predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, warn)
+            measured_at = profiled_at(profiles)
+            if predictor is not None:
+                for device in sorted(predictor.devices):
+                    line = profile_age_warning(device, measured_at.get(device), wall_clock())
+                    if line is not None:
+                        warn(line)
             strategy.round_predictor = (
                 None
                 if predictor is None
                 else CalibratedPredictor(
-                    predictor, cpu_reference=cpu_reference_from_rows(profiles, config.model, config.batch_size)
+                    predictor,
+                    cpu_reference=cpu_reference_from_rows(profiles, config.model, config.batch_size),
+                    warn=warn,
+                    measured_at=measured_at,
                 )
             )
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}

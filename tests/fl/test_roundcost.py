@@ -309,6 +309,44 @@ def test_a_round_that_drew_several_widths_is_set_against_the_profile_s_mean_over
     assert predictor.mix_slowdown("pi", 1.3) == pytest.approx(1.0)
 
 
+def test_a_factor_far_from_one_says_once_that_the_device_s_profile_is_stale() -> None:
+    from fl.roundcost import (
+        CalibratedPredictor,
+        ClientRoundPredictor,
+        profile_age_warning,
+        profiled_at,
+        stale_profile_warning,
+    )
+
+    assert stale_profile_warning("pi", 1.2, 3) is None and stale_profile_warning("pi", 0.8, 3) is None  # the limit
+    line = stale_profile_warning("pi", 1.31, 3, measured_at=0.0)
+    assert line is not None and line.startswith("device 'pi': its last 3 rounds took 1.31 x what its profile")
+    assert "measured 1970-01-01 00:00 UTC" in line and "fleetbench profile" in line
+    assert stale_profile_warning("pi", 0.7, 2) is not None  # faster than the profile says: stale too
+    day = 86400.0
+    assert profile_age_warning("pi", None, 100 * day) is None
+    assert profile_age_warning("pi", 95 * day, 100 * day) is None  # 5 days
+    old = profile_age_warning("pi", 90 * day, 100 * day)
+    assert old is not None and old.startswith("device 'pi': its profile was measured 10 days ago")
+    rows = {"pi": [{"finished_at": 5.0}, {"finished_at": 7.0}, {}], "nano": [{"finished_at": None}]}
+    assert profiled_at(rows) == {"pi": 7.0}
+
+    said: list[str] = []
+    predictor = CalibratedPredictor(
+        ClientRoundPredictor(lambda *a: 0.2, 20, 1, frozenset({"pi", "nano"})),
+        warn=said.append,
+        measured_at={"pi": 0.0},
+    )
+    predictor.observe("pi", 0.2, 0.3)  # one round: no factor yet
+    predictor.observe("nano", 0.2, 0.22)
+    predictor.observe("nano", 0.2, 0.21)  # 1.075: within the limit
+    assert said == []
+    predictor.observe("pi", 0.2, 0.26)
+    assert said == [stale_profile_warning("pi", 1.4, 2, measured_at=0.0)]  # median of 1.5 and 1.3
+    predictor.observe("pi", 0.2, 0.3)
+    assert len(said) == 1  # once per device
+
+
 def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
 

@@ -612,6 +612,29 @@ def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, reg
         assert row.predicted_seconds == pytest.approx(expected * factor, rel=1e-9), row.cid
         assert metrics["calibration"] == pytest.approx(factor, rel=1e-9)
     assert any("'nano' has no round-cost measurement" in w for w in warnings)
+    # in-process rounds are nothing like the hand-made profile: its factor says it is stale, once
+    stale = [w for w in warnings if "profile looks stale" in w]
+    assert any(w.startswith("device 'pi4': its last 2 rounds took") for w in stale), warnings
+    assert len(stale) == len({w.split("'")[1] for w in stale})
+
+
+def test_a_run_on_an_old_profile_says_how_old_it_is(tmp_path, registered):
+    import sqlite3
+
+    from fl.scheduling.configs import ProfileConfig
+    from tests.fl.scheduling.profiles import store_lines
+
+    cfg = config(tmp_path, rounds=1)
+    store_lines(cfg.db, {"pi4": (200.0, 1e-4)}, batch=10, optimizer="sgd")
+    ten_days_ago = time.time() - 10 * 86400
+    with sqlite3.connect(cfg.db) as db:
+        db.execute("UPDATE cells SET started_at = ?, finished_at = ?", (ten_days_ago - 1, ten_days_ago))
+    warnings: list[str] = []
+    run_fl(
+        cfg, data=blob_data(4, 10), capacities=CAPACITIES, placement={"c0": "pi4"},
+        progress=warnings.append, device_configs={"pi4": ProfileConfig(batch=10, optimizer="sgd")},
+    )  # fmt: skip
+    assert any(w.startswith("device 'pi4': its profile was measured 10 days ago") for w in warnings), warnings
 
 
 def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, registered):
