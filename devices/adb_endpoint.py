@@ -883,10 +883,11 @@ class AdbEndpoint:
         return self
 
     def _accept_loop(self) -> None:
-        assert self._listener is not None
+        listener = self._listener  # stop() clears the attribute while this thread may be between accepts
+        assert listener is not None
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except OSError:
                 return  # listener closed by stop()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
