@@ -958,15 +958,14 @@ def _predict_and_calibrate(
             continue
         metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
         arch = _trained_arch(strategy, instructions[res.cid], res)
+        cpu_per_step = loop_cpu_per_step(res.metrics)
         drawn = drawn_steps(res.metrics) if arch is None else {}
-        if len(drawn) == 1:
-            arch = strategy.model.arch(next(iter(drawn)))
-        slowdown = predictor.cpu_slowdown(device, arch, loop_cpu_per_step(res.metrics))
+        slowdown = predictor.cpu_slowdown(device, arch, cpu_per_step)
         if slowdown is not None:
             metrics["cpu_vs_profile"] = slowdown
         elif len(drawn) > 1:
             mix = [(strategy.model.arch(w), n) for w, n in sorted(drawn.items())]
-            vs_mix = predictor.cpu_vs_mix(device, mix, loop_cpu_per_step(res.metrics))
+            vs_mix = predictor.cpu_vs_mix(device, mix, cpu_per_step)
             slowdown = predictor.mix_slowdown(device, vs_mix)
             if vs_mix is not None:
                 metrics["cpu_vs_profile_mix"] = vs_mix
@@ -983,10 +982,12 @@ def _trained_arch(strategy: Strategy, ins: TrainIns, res: TrainRes | None) -> Ar
     """Return the architecture every step of a client's round trained (None: several).
 
     The result's ``trained_width`` where it trained a narrower prefix than it was sent, else
-    its instruction's; None for FjORD per step (a ``widths`` list: the steps drew several).
+    its instruction's. For FjORD per step (a ``widths`` list), the one width the result's
+    steps drew (`fl.roundcost.drawn_steps`), else None: they drew several, or did not say.
     """
     if ins.config.get("widths"):
-        return None
+        drawn = drawn_steps(res.metrics) if res is not None else {}
+        return strategy.model.arch(next(iter(drawn))) if len(drawn) == 1 else None
     width = None if res is None else res.metrics.get("trained_width")
     arch = ins.submodel.arch
     if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
