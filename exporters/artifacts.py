@@ -85,7 +85,7 @@ from torch import nn
 
 from exporters.arch import Arch
 from exporters.errors import ExportError, InputError
-from exporters.export_forms import export_form
+from exporters.export_forms import export_form, fuse_gradient_sums
 from exporters.manifest import (
     ARTIFACT_FILES,
     CHECKPOINT,
@@ -102,7 +102,7 @@ from exporters.step_model import write_step_model
 from exporters.zoo import ZooModel
 
 #: Bumped whenever the export procedure changes what it writes; part of the cache key.
-EXPORT_FORMAT_VERSION = 2
+EXPORT_FORMAT_VERSION = 3
 
 #: ONNX opset of the exported forward graph.
 OPSET = 17
@@ -292,6 +292,7 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         "format_version": EXPORT_FORMAT_VERSION,
         "exporter": sha256_file(Path(__file__)),
         "step_exporter": sha256_file(Path(inspect.getfile(write_step_model))),
+        "graph_passes": sha256_file(Path(inspect.getfile(fuse_gradient_sums))),
         "model": model.name,
         "groups": [[name, size] for name, size in model.groups],
         "layouts": {name: _layout_json(layout) for name, layout in sorted(model.layouts.items())},
@@ -551,6 +552,8 @@ def _export_into(
 
     _fix_eval_batchnorm(directory / EVAL_MODEL)
     training = onnx.load(str(directory / TRAINING_MODEL), load_external_data=False)
+    if fuse_gradient_sums(training):
+        onnx.save(training, str(directory / TRAINING_MODEL))
     shapes = {name: list(p.shape) for name, p in net.named_parameters()}
     order = [i.name for i in training.graph.input if i.name in shapes]
     if sorted(order) != sorted(param_names):

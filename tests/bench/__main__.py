@@ -213,6 +213,40 @@ def bench_knobs(models: list[str], widths: tuple[float, ...], args: argparse.Nam
             print(f"{name:<20} {width:>6.2f} {base * 1e3:>11.2f}  {shown}", flush=True)
 
 
+def bench_fusion(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
+    """Print the training step with and without `exporters.export_forms.fuse_gradient_sums`, same weights."""
+    from unittest import mock
+
+    backends = [b for b in ("ort", "onnx") if b in args.backends.split(",")]
+    print(
+        f"\n== Recurrent weight gradients: one stacked product (fused) vs a product per time step and their Sum "
+        f"(unfused), per image, batch {args.batch}, {args.threads} threads, {args.pairs} rounds of alternated "
+        "processes =="
+    )
+    head = " ".join(f"{b + ' fused us':>15} {b + ' unfused/fused':>19}" for b in backends)
+    print(f"{'model':<20} {'width':>6} {head}")
+    for name in models:
+        model = get_model(name)
+        for width in widths:
+            with prepared(name, width, args.batch, artifact_root) as (fused_dir, data_dir):
+                with mock.patch("exporters.artifacts.fuse_gradient_sums", lambda graph: 0):
+                    unfused = export_artifacts(
+                        model, model.arch(width), batch=args.batch, optimizer="adamw", out_dir=artifact_root / "unfused"
+                    )
+                medians: dict[tuple[str, str], list[float]] = {}
+                for _ in range(args.pairs):
+                    for backend in backends:
+                        for form, directory in (("fused", fused_dir), ("unfused", unfused.directory)):
+                            seconds = run_worker(backend, name, width, directory, data_dir, args)
+                            medians.setdefault((backend, form), []).append(statistics.median(seconds))
+            cells = []
+            for backend in backends:
+                fused, slow = medians[(backend, "fused")], medians[(backend, "unfused")]
+                ratio = statistics.median([u / f for u, f in zip(slow, fused, strict=True)])
+                cells.append(f"{statistics.median(fused) / args.batch * 1e6:>15.1f} {ratio:>18.2f}x")
+            print(f"{name:<20} {width:>6.2f} " + " ".join(cells), flush=True)
+
+
 def main() -> None:
     """Parse arguments and run the selected benchmarks."""
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
@@ -227,8 +261,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--only",
-        choices=("export", "training", "profile", "knobs"),
-        help="run one benchmark only (profile and knobs run only when named)",
+        choices=("export", "training", "profile", "knobs", "fusion"),
+        help="run one benchmark only (profile, knobs and fusion run only when named)",
     )
     parser.add_argument("--artifacts", default=None, help="artifact cache directory (default: a temporary one)")
     args = parser.parse_args()
@@ -244,6 +278,8 @@ def main() -> None:
             bench_profile(models, widths, args, Path(args.artifacts or tmp))
         if args.only == "knobs":
             bench_knobs(models, widths, args, Path(args.artifacts or tmp))
+        if args.only == "fusion":
+            bench_fusion(models, widths, args, Path(args.artifacts or tmp))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,21 @@ def test_exports_loads_and_trains(root: Path, name: str, width: float) -> None:
     assert all(a > b for a, b in zip(losses, losses[1:], strict=False)), losses
 
 
+@pytest.mark.parametrize("name", [n for n in model_names() if "lstm" in n])
+def test_a_recurrent_weight_gradient_is_one_product_over_all_time_steps(root: Path, name: str) -> None:
+    """Autodiff's one product per time step and their Sum are stacked into one Gemm (`fuse_gradient_sums`)."""
+    import onnx
+
+    model, result = _export(root, name, 0.25)
+    graph = onnx.load(str(result.directory / "training_model.onnx"), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    long_sums = [n for n in graph.node if n.op_type == "Sum" and len(n.input) > 2]
+    assert not [n.name for n in long_sums if all(producer[i].op_type == "Gemm" for i in n.input)]
+    recurrent = [n for n, _ in model.build(model.arch(0.25)).named_parameters() if "weight_hh" in n]
+    stacked = [n for n in graph.node if n.op_type == "Gemm" and n.name.endswith("_stacked")]
+    assert recurrent and len(stacked) == len(recurrent)
+
+
 # --------------------------------------------------------------------------- parity with PyTorch
 
 

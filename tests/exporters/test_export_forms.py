@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+import onnxruntime
 import pytest
 import torch
+from onnx import TensorProto, helper
 from torch import nn
 
 from exporters.errors import InputError
-from exporters.export_forms import UnrolledLSTM, export_form
+from exporters.export_forms import UnrolledLSTM, export_form, fuse_gradient_sums
 from exporters.zoo import get_model, model_names
 
 
@@ -58,3 +62,57 @@ def test_export_form_of_text_models_keeps_names_values_and_outputs(name: str) ->
 def test_export_form_of_a_model_without_lstm_is_the_module_itself() -> None:
     net = get_model("cfd-cnn").build()
     assert export_form(net) is net
+
+
+# --------------------------------------------------------------------------- fuse_gradient_sums
+
+
+def _sum_of_products(terms: int, *, trans_a: int = 1, also_output: bool = False) -> onnx.ModelProto:
+    """``Sum_i Gemm(A_i, B_i, transA)`` over ``(5, 3)`` and ``(5, 4)`` inputs, as autodiff writes it."""
+    inputs, nodes = [], []
+    for i in range(terms):
+        inputs += [
+            helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, [5, 3] if trans_a else [3, 5]),
+            helper.make_tensor_value_info(f"b{i}", TensorProto.FLOAT, [5, 4]),
+        ]
+        nodes.append(helper.make_node("Gemm", [f"a{i}", f"b{i}"], [f"p{i}"], f"gemm{i}", transA=trans_a, beta=0.0))
+    nodes.append(helper.make_node("Sum", [f"p{i}" for i in range(terms)], ["total"], "sum"))
+    outputs = [helper.make_tensor_value_info("total", TensorProto.FLOAT, [3, 4])]
+    if also_output:
+        outputs.append(helper.make_tensor_value_info("p0", TensorProto.FLOAT, [3, 4]))
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(["total"], feeds)[0]
+
+
+def test_fuse_gradient_sums_computes_the_same_sum_with_one_product() -> None:
+    model = _sum_of_products(6)
+    rng = np.random.default_rng(0)
+    feeds = {
+        value.name: rng.standard_normal((5, 3) if value.name[0] == "a" else (5, 4)).astype(np.float32)
+        for value in model.graph.input
+    }
+    want = _run(model, feeds)
+    assert fuse_gradient_sums(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Concat", "Concat", "Gemm"]
+    np.testing.assert_allclose(_run(model, feeds), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(want, sum(feeds[f"a{i}"].T @ feeds[f"b{i}"] for i in range(6)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (_sum_of_products(6, trans_a=0), "products without transA do not stack along the batch"),
+        (_sum_of_products(6, also_output=True), "a product read elsewhere must stay"),
+        (_sum_of_products(2), "two terms: fewer than min_terms"),
+    ],
+)
+def test_fuse_gradient_sums_leaves_what_it_cannot_rewrite(model: onnx.ModelProto, why: str) -> None:
+    before = [n.op_type for n in model.graph.node]
+    assert fuse_gradient_sums(model) == 0, why
+    assert [n.op_type for n in model.graph.node] == before
