@@ -90,6 +90,7 @@ from exporters.manifest import (
     ARTIFACT_FILES,
     CHECKPOINT,
     EVAL_MODEL,
+    EXPORT_FORMAT_VERSION,
     MANIFEST,
     TRAINING_MODEL,
     file_entry,
@@ -100,9 +101,6 @@ from exporters.manifest import (
 from exporters.ort_training import session_options
 from exporters.step_model import write_step_model
 from exporters.zoo import ZooModel
-
-#: Bumped whenever the export procedure changes what it writes; part of the cache key.
-EXPORT_FORMAT_VERSION = 3
 
 #: ONNX opset of the exported forward graph.
 OPSET = 17

@@ -25,6 +25,10 @@ import numpy as np
 from exporters.errors import InputError
 from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL
 
+#: Bumped whenever the export procedure changes what it writes; part of the cache key, and
+#: recorded with every measured cell (3: an LSTM's recurrent gradient is one product).
+EXPORT_FORMAT_VERSION = 3
+
 MANIFEST = "manifest.json"
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"

@@ -28,6 +28,7 @@ Backends: a device measured with several backends is costed with the first of
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -335,6 +336,61 @@ def profiled_at(profiles: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str
         if times:
             out[str(device)] = max(times)
     return out
+
+
+def profiled_export_formats(profiles: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, set[str]]:
+    """Return the artifact export formats each device's profile was measured on (pure).
+
+    Parameters
+    ----------
+    profiles : mapping of str to sequence of mapping
+        Profile rows per device; a row's ``versions`` (a mapping or its JSON text) holds
+        ``export_format`` when the campaign recorded it.
+
+    Returns
+    -------
+    dict of str to set of str
+        Per device, the formats of its rows; ``""`` for a row that does not say (a store
+        written before the format was recorded).
+    """
+    out: dict[str, set[str]] = {}
+    for device, rows in profiles.items():
+        for row in rows:
+            versions = row.get("versions")
+            if isinstance(versions, str):
+                try:
+                    versions = json.loads(versions)
+                except ValueError:
+                    versions = None
+            found = versions.get("export_format") if isinstance(versions, Mapping) else None
+            out.setdefault(str(device), set()).add(str(found) if found is not None else "")
+    return out
+
+
+def export_format_warning(device: str, formats: Iterable[str], current: int) -> str | None:
+    """Return the warning for a profile measured on artifacts of another export format, or None (pure).
+
+    Parameters
+    ----------
+    device : str
+    formats : iterable of str
+        The formats of the device's profile rows (`profiled_export_formats`).
+    current : int
+        The format this installation exports (`exporters.manifest.EXPORT_FORMAT_VERSION`).
+
+    Returns
+    -------
+    str or None
+    """
+    other = sorted(f or "unrecorded (before 3)" for f in set(formats) if f != str(current))
+    if not other:
+        return None
+    return (
+        f"device {device!r}: its profile was measured on artifacts of export format {', '.join(other)}, and this "
+        f"version trains format {current} (format 3 computes an LSTM's recurrent gradient in one product: its steps "
+        f"are up to 1.34x faster); its rounds are planned on the profile and calibrated on their measured times; "
+        f"re-profile it (fleetbench profile)"
+    )
 
 
 def _when(unix_seconds: float) -> str:

@@ -40,6 +40,7 @@ import numpy as np
 
 from exporters.arch import Arch
 from exporters.errors import InputError
+from exporters.manifest import EXPORT_FORMAT_VERSION
 from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
 from fl.population import (
@@ -58,11 +59,13 @@ from fl.roundcost import (
     ClientRoundPredictor,
     cpu_reference_from_rows,
     drawn_steps,
+    export_format_warning,
     loop_cpu_per_step,
     measured_models,
     payload_bytes_of,
     profile_age_warning,
     profiled_at,
+    profiled_export_formats,
     round_cost_from_store,
 )
 from fl.runlog import ClientRound, RunLog
@@ -628,11 +631,15 @@ def run_fl(
         if virtual is None:
             predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, warn)
             measured_at = profiled_at(profiles)
+            formats = profiled_export_formats(profiles)
             if predictor is not None:
                 for device in sorted(predictor.devices):
-                    line = profile_age_warning(device, measured_at.get(device), wall_clock())
-                    if line is not None:
-                        warn(line)
+                    for line in (
+                        profile_age_warning(device, measured_at.get(device), wall_clock()),
+                        export_format_warning(device, formats.get(device, ()), EXPORT_FORMAT_VERSION),
+                    ):
+                        if line is not None:
+                            warn(line)
             strategy.round_predictor = (
                 None
                 if predictor is None

@@ -108,6 +108,7 @@ from devices.errors import TransportError
 from devices.fleet import Device, Fleet
 from devices.limits import format_cpu_list, parse_cpu_list
 from devices.transport import Transport
+from exporters.manifest import EXPORT_FORMAT_VERSION
 from harness import contract
 from harness.records import Backend, BenchSpec, Measurement
 from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, DISTURBANCE_LIMIT
@@ -1682,7 +1683,7 @@ def run_campaign(
     skipped = [s for s in specs if s.cell_key() in done_keys]
     from harness.store import git_commit, host_versions
 
-    versions, commit = host_versions(), git_commit()
+    versions, commit = {**host_versions(), "export_format": str(EXPORT_FORMAT_VERSION)}, git_commit()
     by_device: dict[str, list[BenchSpec]] = {}
     for spec in todo:
         by_device.setdefault(spec.device, []).append(spec)

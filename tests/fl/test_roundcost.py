@@ -347,6 +347,24 @@ def test_a_factor_far_from_one_says_once_that_the_device_s_profile_is_stale() ->
     assert len(said) == 1  # once per device
 
 
+def test_a_profile_of_another_export_format_is_named() -> None:
+    from fl.roundcost import export_format_warning, profiled_export_formats
+
+    rows = {
+        "pi": [{"versions": '{"export_format": "3"}'}, {"versions": {"export_format": "2"}}],
+        "nano": [{"versions": '{"torch": "2.13.0"}'}, {}],
+        "phone": [{"versions": {"export_format": 3}}],
+    }
+    formats = profiled_export_formats(rows)
+    assert formats == {"pi": {"3", "2"}, "nano": {""}, "phone": {"3"}}
+    assert export_format_warning("phone", formats["phone"], 3) is None
+    line = export_format_warning("pi", formats["pi"], 3)
+    assert line is not None and line.startswith("device 'pi': its profile was measured on artifacts of export format 2")
+    assert "re-profile it" in line
+    old = export_format_warning("nano", formats["nano"], 3)
+    assert old is not None and "export format unrecorded (before 3)" in old
+
+
 def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
 

@@ -637,6 +637,33 @@ def test_a_run_on_an_old_profile_says_how_old_it_is(tmp_path, registered):
     assert any(w.startswith("device 'pi4': its profile was measured 10 days ago") for w in warnings), warnings
 
 
+def test_a_run_on_a_profile_of_an_older_export_says_so(tmp_path, registered):
+    import sqlite3
+
+    from fl.scheduling.configs import ProfileConfig
+    from tests.fl.scheduling.profiles import store_lines
+
+    def warnings_of_a_run(db: Path, recorded: str | None) -> list[str]:
+        cfg = config(tmp_path, rounds=1, db=str(db))
+        store_lines(cfg.db, {"pi4": (200.0, 1e-4)}, batch=10, optimizer="sgd")
+        if recorded is not None:
+            with sqlite3.connect(cfg.db) as store:
+                store.execute("UPDATE campaigns SET versions = ?", (recorded,))
+        said: list[str] = []
+        run_fl(
+            cfg, data=blob_data(4, 10), capacities=CAPACITIES, placement={"c0": "pi4"},
+            progress=said.append, device_configs={"pi4": ProfileConfig(batch=10, optimizer="sgd")},
+        )  # fmt: skip
+        return [w for w in said if "export format" in w]
+
+    assert warnings_of_a_run(tmp_path / "now.db", None) == []  # measured on this version's artifacts
+    older = warnings_of_a_run(tmp_path / "older.db", '{"export_format": "2"}')
+    assert len(older) == 1
+    assert older[0].startswith("device 'pi4': its profile was measured on artifacts of export format 2,")
+    unrecorded = warnings_of_a_run(tmp_path / "unrecorded.db", "{}")
+    assert len(unrecorded) == 1 and "export format unrecorded (before 3)" in unrecorded[0]
+
+
 def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, registered):
     from fl.scheduling.configs import ProfileConfig
     from tests.fl.scheduling.profiles import store_lines

@@ -20,6 +20,7 @@ from devices.fleet import Device, Emulation, Fleet
 from devices.limits import parse_cpu_list
 from exporters.errors import InputError
 from exporters.flops import count
+from exporters.manifest import EXPORT_FORMAT_VERSION
 from exporters.zoo import get_model
 from harness import campaign, contract
 from harness.campaign import CellEvent, plan_cells
@@ -386,6 +387,8 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     model = get_model("fjord-cnn")
     expected_flops = {w: count(model, model.arch(w)).train_flops for w in WIDTHS}
     assert all(row.train_flops == expected_flops[row.width] for row in ok.itertuples())
+    # the artifacts' export format is recorded with every cell (an FL run names a profile of another one)
+    assert {json.loads(v)["export_format"] for v in cells["versions"]} == {str(EXPORT_FORMAT_VERSION)}
     failed_keys = [s.cell_key() for s in specs if s.device == beta and s.width != WIDTHS[0]]
     assert store.measured_keys() == {s.cell_key() for s in specs} - set(failed_keys)
 

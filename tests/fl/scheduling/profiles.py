@@ -66,13 +66,15 @@ def store_lines(
     cell (as the runner reports them), so the fitted line is exactly ``(a, b)``. Returns the campaign id.
     """
     from exporters.flops import count
+    from exporters.manifest import EXPORT_FORMAT_VERSION
     from exporters.zoo import get_model
     from harness.records import BenchSpec, Measurement
     from harness.store import ProfileStore
 
     zoo = get_model(model)
     with ProfileStore(path) as store:  # type: ignore[arg-type]
-        campaign = store.start_campaign(None, model, versions={}, commit=None)
+        versions = {"export_format": str(EXPORT_FORMAT_VERSION)}  # measured on this version's artifacts
+        campaign = store.start_campaign(None, model, versions=versions, commit=None)
         for device, (a, b) in lines.items():
             for width in WIDTHS:
                 arch = zoo.arch(width)
