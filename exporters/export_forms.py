@@ -199,9 +199,9 @@ def fuse_gradient_sums(model: onnx.ModelProto, min_terms: int = 3) -> int:
         total = node.output[0]
         stacked = [f"{total}_stacked_{side}" for side in ("a", "b")]
         replaced[id(node)] = [
-            helper.make_node("Concat", [t.input[0] for t in terms if t], [stacked[0]], f"{node.name}_stack_a", axis=0),
-            helper.make_node("Concat", [t.input[1] for t in terms if t], [stacked[1]], f"{node.name}_stack_b", axis=0),
-            helper.make_node("Gemm", stacked, [total], f"{node.name}_stacked", transA=1),
+            helper.make_node("Concat", [t.input[0] for t in terms if t], [stacked[0]], f"{total}_stack_a", axis=0),
+            helper.make_node("Concat", [t.input[1] for t in terms if t], [stacked[1]], f"{total}_stack_b", axis=0),
+            helper.make_node("Gemm", stacked, [total], f"{total}_stacked", transA=1),
         ]
         dropped.update(id(term) for term in terms)
     if not replaced:
