@@ -631,8 +631,8 @@ def run_fl(
         if virtual is None:
             predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, warn)
             measured_at = profiled_at(profiles)
-            formats = profiled_export_formats(profiles)
             if predictor is not None:
+                formats = profiled_export_formats(profiles)
                 for device in sorted(predictor.devices):
                     for line in (
                         profile_age_warning(device, measured_at.get(device), wall_clock()),
