@@ -169,17 +169,42 @@ def attached(port: int, timeout: float = 10.0) -> dict[str, str]:
     return {row[0]: row[1] for row in rows if len(row) == 2}
 
 
+class _ExistingServerConnection(adbutils.AdbConnection):
+    """A connection to an adb server that is already running.
+
+    adbutils runs ``adb start-server`` when a connection fails: a daemon that outlives
+    fleetbench, on whatever port ``ANDROID_ADB_SERVER_PORT`` names at that moment (a
+    user's 5037, or a test's). A server gone mid-campaign must be an error instead.
+    """
+
+    def _safe_connect(self) -> socket.socket:
+        return self._create_socket()  # raises AdbConnectionError / AdbTimeout
+
+
 class _NoDelayClient(adbutils.AdbClient):
-    """An adbutils client whose connections to the adb server send small packets at once.
+    """An adbutils client that never starts a server and whose small packets leave at once.
 
     A sync request is several small writes (``host:transport:...``, ``sync:``, then the
     request) before the first read; with Nagle's algorithm on, each write after the first
     waits for the server's delayed ACK (about 40 ms on Linux).
     """
 
+    def __init__(self, host: str, port: int, socket_timeout: float | None = None) -> None:
+        super().__init__(host=host, port=port, socket_timeout=socket_timeout)
+        self.socket_timeout = socket_timeout
+
     def make_connection(self, timeout: float | None = None) -> adbutils.AdbConnection:
-        """Connect to the adb server with ``TCP_NODELAY`` set (see the class)."""
-        connection = super().make_connection(timeout)
+        """Connect to the running adb server with ``TCP_NODELAY`` set (see the class).
+
+        Raises
+        ------
+        adbutils.AdbError
+            No server accepts (``AdbConnectionError``) or in time (``AdbTimeout``).
+        """
+        connection = _ExistingServerConnection(self.host, self.port)
+        timeout = timeout or self.socket_timeout
+        if timeout:
+            connection.conn.settimeout(timeout)
         connection.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 

@@ -834,6 +834,7 @@ class UpResult:
 
 #: The shipped example fleet: fast / mid / slow SSH devices and a phone.
 EXAMPLE_FLEET = Path(__file__).resolve().with_name("fleets") / "emulated.yaml"
+FRESH_PORT_TRIES = 100
 
 
 def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
@@ -844,7 +845,8 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
     directory : pathlib.Path
         Where ``fleet.yaml`` and the fleet's ``state/`` directory go.
     port_for : callable
-        Returns a free loopback port (`devices.sshd.free_port`), called once per device.
+        Returns a free loopback port (`devices.sshd.free_port`); called until each device
+        has its own port, none of them the adb server's (`adb_server_port`).
 
     Returns
     -------
@@ -852,16 +854,32 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
         The written fleet file. A ``cpus:`` pin naming a cpu this machine does not offer
         is left out (the device then shares every cpu and is measured alone), so the
         example runs on a single-cpu machine too.
+
+    Raises
+    ------
+    EmulationError
+        ``port_for`` kept returning ports already given out.
     """
     text = EXAMPLE_FLEET.read_text()
+    taken = {adb_server_port()}
+
+    def fresh_port() -> int:
+        # A port free now can be free again at the next call: the kernel may hand it out twice.
+        for _ in range(FRESH_PORT_TRIES):
+            port = port_for()
+            if port not in taken:
+                taken.add(port)
+                return port
+        raise EmulationError(f"no port unused by this fleet after {FRESH_PORT_TRIES} tries (taken: {sorted(taken)})")
+
     available = frozenset(os.sched_getaffinity(0))
 
     def pin(match: re.Match[str]) -> str:
         return match.group(0) if limits.parse_cpu_list(match.group(2)) <= available else ""
 
     text = re.sub(r'(\n\s+cpus: "([^"]+)")', pin, text)
-    text = re.sub(r"port: \d+", lambda _: f"port: {port_for()}", text)
-    text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{port_for()}", text)
+    text = re.sub(r"port: \d+", lambda _: f"port: {fresh_port()}", text)
+    text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{fresh_port()}", text)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "fleet.yaml"
     path.write_text(f"state_dir: {directory / 'state'}\n" + text)

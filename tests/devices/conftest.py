@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,12 +95,21 @@ def kill_device(fleet: Fleet, name: str) -> None:
 
 
 def listening(port: int) -> bool:
-    """Whether something accepts connections on 127.0.0.1:``port``."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+    """Whether a socket listens on ``port`` (any address), from the kernel's tables.
+
+    Not by connecting: a connection to a port nothing listens on can connect to itself
+    when the kernel picks that same port as its source (TCP simultaneous open).
+    """
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            if state == "0A" and int(local.rpartition(":")[2], 16) == port:  # 0A: TCP_LISTEN
+                return True
+    return False
 
 
 @pytest.fixture(scope="module")

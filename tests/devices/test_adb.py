@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from adbutils.errors import AdbError
 
 from devices.adb import ADBTransport, parse_output, wrap_command
 from devices.adb_endpoint import AdbEndpoint
@@ -148,4 +149,35 @@ def test_no_adb_server_is_unreachable_and_none_is_started() -> None:
     port = free_port()
     with pytest.raises(Unreachable, match="no adb server"):
         ADBTransport("127.0.0.1:1", server_port=port).run(["true"], 5)
+    assert not listening(port)
+
+
+def test_a_server_gone_after_connecting_is_an_error_and_none_is_started(
+    adb_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """adbutils runs ``adb start-server`` when a connection fails; the transport's connections never do."""
+    from devices import emulate, processes
+
+    port = free_port()
+    calls = tmp_path / "adb-calls.log"
+    shim = tmp_path / "adb"
+    shim.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {adb_path} "$@"\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("ADBUTILS_ADB_PATH", str(shim))  # the adb adbutils would run
+    monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(port))  # and the port it would start it on
+    server = emulate.start_adb_server(port, tmp_path / "adb-server.log")
+    endpoint = AdbEndpoint(0, tmp_path / "phone").start()
+    try:
+        t = ADBTransport(f"127.0.0.1:{endpoint.port}", server_port=port)
+        assert t.run(["echo", "up"], 10).stdout == "up\n"
+        device = t.device()
+        assert processes.stop([server]) == []
+        with pytest.raises(AdbError):
+            device.get_state()
+        with pytest.raises(Unreachable, match="no adb server"):
+            t.run(["echo", "up"], 10)
+    finally:
+        processes.stop([server])
+        endpoint.stop()
+    assert not calls.exists()
     assert not listening(port)

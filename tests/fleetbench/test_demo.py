@@ -76,8 +76,9 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
     out = tmp_path / "demo"
     rc = main(["demo", "--out", str(out), "--rounds", "2", "--examples", "800", "--steps", "3"])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, printed + captured.err
     assert f"report:  {out / 'report' / 'report.html'}" in printed and "[7/7]" in printed
     _check_outputs(out, {"fast", "mid", "slow", "phone"}, rounds=2)
     _check_tier_widths(out, printed)
@@ -96,8 +97,9 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo"
     rc = main(["demo", "--local", "--out", str(out), "--rounds", "1", "--examples", "600", "--steps", "2"])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, printed + captured.err
     _check_outputs(out, {"fast", "mid", "slow"}, rounds=1)
     assert "[6/6]" in printed and "[7/" not in printed
     # each device uses its best backend (the host's Python has onnxruntime-training: ort), recorded everywhere
