@@ -158,6 +158,19 @@ def _is_transposed_product(node: onnx.NodeProto | None) -> bool:
     )
 
 
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Shapes of the tensors whose every dimension ONNX shape inference knows as a number."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(model)
+    found: dict[str, tuple[int, ...]] = {}
+    for value in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            found[value.name] = tuple(d.dim_value for d in dims)
+    return found
+
+
 def fuse_gradient_sums(model: onnx.ModelProto, min_terms: int = 3) -> int:
     """Replace each ``Sum`` of ``A_i^T @ B_i`` products by one product of the stacked operands (in place).
 
@@ -165,7 +178,8 @@ def fuse_gradient_sums(model: onnx.ModelProto, min_terms: int = 3) -> int:
     the same columns and every ``B_i`` the same columns: a ``Concat`` of each side
     along axis 0 and one ``Gemm(transA=1)`` whose output keeps the ``Sum``'s name.
     Only products read by nothing but the ``Sum`` (and not graph outputs) are
-    taken, so the rest of the graph sees the same tensors.
+    taken, so the rest of the graph sees the same tensors; a ``Sum`` whose terms
+    ONNX shape inference does not give one static shape (it would broadcast) is left.
 
     Parameters
     ----------
@@ -185,6 +199,7 @@ def fuse_gradient_sums(model: onnx.ModelProto, min_terms: int = 3) -> int:
     producer = {name: node for node in graph.node for name in node.output}
     readers = Counter(name for node in graph.node for name in node.input)
     outputs = {value.name for value in graph.output}
+    shapes: dict[str, tuple[int, ...]] | None = None
     replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
     for node in graph.node:
@@ -195,6 +210,11 @@ def fuse_gradient_sums(model: onnx.ModelProto, min_terms: int = 3) -> int:
             _is_transposed_product(term) and readers[name] == 1 and name not in outputs
             for term, name in zip(terms, node.input, strict=True)
         ):
+            continue
+        if shapes is None:
+            shapes = _static_shapes(model)
+        # A Sum broadcasts; the stacked product needs every term of one known shape.
+        if len({shapes.get(name) for name in node.input}) != 1 or node.input[0] not in shapes:
             continue
         total = node.output[0]
         stacked = [f"{total}_stacked_{side}" for side in ("a", "b")]

@@ -28,7 +28,6 @@ Backends: a device measured with several backends is costed with the first of
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -344,52 +343,51 @@ def profiled_export_formats(profiles: Mapping[str, Sequence[Mapping[str, Any]]])
     Parameters
     ----------
     profiles : mapping of str to sequence of mapping
-        Profile rows per device; a row's ``versions`` (a mapping or its JSON text) holds
-        ``export_format`` when the campaign recorded it.
+        Profile rows per device (`harness.store.ProfileStore.latest_cells` records).
 
     Returns
     -------
     dict of str to set of str
-        Per device, the formats of its rows; ``""`` for a row that does not say (a store
-        written before the format was recorded).
+        Per device, the ``export_format`` of its rows; ``""`` for a row that does not say (a
+        store written before the format was recorded).
     """
-    out: dict[str, set[str]] = {}
-    for device, rows in profiles.items():
-        for row in rows:
-            versions = row.get("versions")
-            if isinstance(versions, str):
-                try:
-                    versions = json.loads(versions)
-                except ValueError:
-                    versions = None
-            found = versions.get("export_format") if isinstance(versions, Mapping) else None
-            out.setdefault(str(device), set()).add(str(found) if found is not None else "")
-    return out
+    return {str(device): {str(row.get("export_format") or "") for row in rows} for device, rows in profiles.items()}
 
 
-def export_format_warning(device: str, formats: Iterable[str], current: int) -> str | None:
+def export_format_warning(
+    device: str, formats: Iterable[str], current: int, changes: Mapping[int, str], first_recorded: int
+) -> str | None:
     """Return the warning for a profile measured on artifacts of another export format, or None (pure).
 
     Parameters
     ----------
     device : str
     formats : iterable of str
-        The formats of the device's profile rows (`profiled_export_formats`).
+        The formats of the device's profile rows (`profiled_export_formats`); ``""``
+        for rows that do not record one.
     current : int
         The format this installation exports (`exporters.manifest.EXPORT_FORMAT_VERSION`).
+    changes : mapping of int to str
+        What each format changed (`exporters.manifest.EXPORT_FORMAT_CHANGES`); those
+        newer than the profile's oldest format are named.
+    first_recorded : int
+        The first format cells recorded (`exporters.manifest.FIRST_RECORDED_EXPORT_FORMAT`):
+        a row without one is older.
 
     Returns
     -------
     str or None
     """
-    other = sorted(f or "unrecorded (before 3)" for f in set(formats) if f != str(current))
+    other = {f for f in set(formats) if f != str(current)}
     if not other:
         return None
+    oldest = min(int(f) if f.isdigit() else first_recorded - 1 for f in other)
+    named = sorted(f or f"unrecorded (before {first_recorded})" for f in other)
+    since = "; ".join(f"format {n}: {what}" for n, what in sorted(changes.items()) if oldest < n <= current)
     return (
-        f"device {device!r}: its profile was measured on artifacts of export format {', '.join(other)}, and this "
-        f"version trains format {current} (format 3 computes an LSTM's recurrent gradient in one product: its steps "
-        f"are up to 1.34x faster); its rounds are planned on the profile and calibrated on their measured times; "
-        f"re-profile it (fleetbench profile)"
+        f"device {device!r}: its profile was measured on artifacts of export format {', '.join(named)}, and this "
+        f"version trains format {current}" + (f" ({since})" if since else "") + "; its rounds are planned on the "
+        "profile and calibrated on their measured times; re-profile it (fleetbench profile)"
     )
 
 

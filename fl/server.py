@@ -40,7 +40,7 @@ import numpy as np
 
 from exporters.arch import Arch
 from exporters.errors import InputError
-from exporters.manifest import EXPORT_FORMAT_VERSION
+from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
 from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
 from fl.population import (
@@ -636,7 +636,10 @@ def run_fl(
                 for device in sorted(predictor.devices):
                     for line in (
                         profile_age_warning(device, measured_at.get(device), wall_clock()),
-                        export_format_warning(device, formats.get(device, ()), EXPORT_FORMAT_VERSION),
+                        export_format_warning(
+                            device, formats.get(device, ()), EXPORT_FORMAT_VERSION, EXPORT_FORMAT_CHANGES,
+                            FIRST_RECORDED_EXPORT_FORMAT,
+                        ),  # fmt: skip
                     ):
                         if line is not None:
                             warn(line)

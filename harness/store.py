@@ -219,6 +219,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "finished_at",
     "git_commit",
     "versions",
+    "export_format",
     "emulated_isa",
 )
 
@@ -846,7 +847,9 @@ class ProfileStore:
             the manifest counts, else NaN. ``emulated_isa`` comes from the facts
             snapshot (`Measurement.emulated_isa`). ``arch_widths`` is comma-separated,
             ``versions`` a JSON object; ``git_commit`` and ``versions`` fall back to
-            the campaign's. ``precision`` and ``max_seconds`` are the cell's target and
+            the campaign's; ``export_format`` is the artifacts' export format from
+            ``versions`` (``""`` where the cell did not record it). ``precision`` and
+            ``max_seconds`` are the cell's target and
             cap (0 and the default for cells stored before adaptive sampling),
             ``precision_achieved`` the runner's (NaN where unknown), ``imprecise`` and
             ``stop_reason`` its verdict; ``alone``, ``concurrent_with`` (comma-separated)
@@ -858,6 +861,7 @@ class ProfileStore:
         records: list[dict[str, Any]] = []
         for row in self._rows(campaign_id=campaign_id, latest=True):
             m = self._measurement(row)
+            versions = dict(m.versions) or _loads_mapping(row["campaign_versions"])
             record: dict[str, Any] = {
                 "device": m.spec.device,
                 "model": m.spec.model,
@@ -882,7 +886,8 @@ class ProfileStore:
                 "started_at": m.started_at,
                 "finished_at": m.finished_at,
                 "git_commit": m.git_commit if m.git_commit is not None else row["campaign_git_commit"],
-                "versions": _dumps(dict(m.versions) or _loads_mapping(row["campaign_versions"])),
+                "versions": _dumps(versions),
+                "export_format": str(versions.get("export_format", "")),
                 "emulated_isa": m.emulated_isa,
                 "precision": m.spec.precision,
                 "max_seconds": m.spec.max_seconds,

@@ -67,13 +67,18 @@ def test_export_form_of_a_model_without_lstm_is_the_module_itself() -> None:
 # --------------------------------------------------------------------------- fuse_gradient_sums
 
 
-def _sum_of_products(terms: int, *, trans_a: int = 1, also_output: bool = False) -> onnx.ModelProto:
-    """``Sum_i Gemm(A_i, B_i, transA)`` over ``(5, 3)`` and ``(5, 4)`` inputs, as autodiff writes it."""
+def _sum_of_products(
+    terms: int, *, trans_a: int = 1, also_output: bool = False, first_b: list[int | str] | None = None
+) -> onnx.ModelProto:
+    """``Sum_i Gemm(A_i, B_i, transA)`` over ``(5, 3)`` and ``(5, 4)`` inputs, as autodiff writes it.
+
+    ``first_b`` gives ``B_0`` another shape (one that broadcasts, or a symbolic one).
+    """
     inputs, nodes = [], []
     for i in range(terms):
         inputs += [
             helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, [5, 3] if trans_a else [3, 5]),
-            helper.make_tensor_value_info(f"b{i}", TensorProto.FLOAT, [5, 4]),
+            helper.make_tensor_value_info(f"b{i}", TensorProto.FLOAT, first_b if first_b and i == 0 else [5, 4]),
         ]
         nodes.append(helper.make_node("Gemm", [f"a{i}", f"b{i}"], [f"p{i}"], f"gemm{i}", transA=trans_a, beta=0.0))
     nodes.append(helper.make_node("Sum", [f"p{i}" for i in range(terms)], ["total"], "sum"))
@@ -110,6 +115,8 @@ def test_fuse_gradient_sums_computes_the_same_sum_with_one_product() -> None:
         (_sum_of_products(6, trans_a=0), "products without transA do not stack along the batch"),
         (_sum_of_products(6, also_output=True), "a product read elsewhere must stay"),
         (_sum_of_products(2), "two terms: fewer than min_terms"),
+        (_sum_of_products(6, first_b=[5, 1]), "a (3, 1) term broadcasts in the Sum: no stacking"),
+        (_sum_of_products(6, first_b=[5, "n"]), "a term of unknown shape might broadcast"),
     ],
 )
 def test_fuse_gradient_sums_leaves_what_it_cannot_rewrite(model: onnx.ModelProto, why: str) -> None:

@@ -351,18 +351,24 @@ def test_a_profile_of_another_export_format_is_named() -> None:
     from fl.roundcost import export_format_warning, profiled_export_formats
 
     rows = {
-        "pi": [{"versions": '{"export_format": "3"}'}, {"versions": {"export_format": "2"}}],
-        "nano": [{"versions": '{"torch": "2.13.0"}'}, {}],
-        "phone": [{"versions": {"export_format": 3}}],
+        "pi": [{"export_format": "5"}, {"export_format": "4"}],
+        "nano": [{"export_format": ""}, {}],
+        "phone": [{"export_format": 5}],
     }
     formats = profiled_export_formats(rows)
-    assert formats == {"pi": {"3", "2"}, "nano": {""}, "phone": {"3"}}
-    assert export_format_warning("phone", formats["phone"], 3) is None
-    line = export_format_warning("pi", formats["pi"], 3)
-    assert line is not None and line.startswith("device 'pi': its profile was measured on artifacts of export format 2")
-    assert "re-profile it" in line
-    old = export_format_warning("nano", formats["nano"], 3)
-    assert old is not None and "export format unrecorded (before 3)" in old
+    assert formats == {"pi": {"5", "4"}, "nano": {""}, "phone": {"5"}}
+    changes = {3: "three", 4: "four", 5: "five"}
+
+    def warning(device: str) -> str | None:
+        return export_format_warning(device, formats[device], 5, changes, first_recorded=4)
+
+    assert warning("phone") is None
+    line = warning("pi")
+    assert line is not None and line.startswith("device 'pi': its profile was measured on artifacts of export format 4")
+    assert "(format 5: five)" in line and "four" not in line and "re-profile it" in line
+    old = warning("nano")
+    assert old is not None and "export format unrecorded (before 4)" in old
+    assert "(format 4: four; format 5: five)" in old and "three" not in old
 
 
 def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:

@@ -656,12 +656,17 @@ def test_a_run_on_a_profile_of_an_older_export_says_so(tmp_path, registered):
         )  # fmt: skip
         return [w for w in said if "export format" in w]
 
+    from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
+
     assert warnings_of_a_run(tmp_path / "now.db", None) == []  # measured on this version's artifacts
-    older = warnings_of_a_run(tmp_path / "older.db", '{"export_format": "2"}')
+    previous = EXPORT_FORMAT_VERSION - 1
+    older = warnings_of_a_run(tmp_path / "older.db", f'{{"export_format": "{previous}"}}')
     assert len(older) == 1
-    assert older[0].startswith("device 'pi4': its profile was measured on artifacts of export format 2,")
+    assert older[0].startswith(f"device 'pi4': its profile was measured on artifacts of export format {previous},")
+    assert EXPORT_FORMAT_CHANGES[EXPORT_FORMAT_VERSION] in older[0]  # what the newer format changed
     unrecorded = warnings_of_a_run(tmp_path / "unrecorded.db", "{}")
-    assert len(unrecorded) == 1 and "export format unrecorded (before 3)" in unrecorded[0]
+    assert len(unrecorded) == 1
+    assert f"export format unrecorded (before {FIRST_RECORDED_EXPORT_FORMAT})" in unrecorded[0]
 
 
 def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, registered):

@@ -389,6 +389,7 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     assert all(row.train_flops == expected_flops[row.width] for row in ok.itertuples())
     # the artifacts' export format is recorded with every cell (an FL run names a profile of another one)
     assert {json.loads(v)["export_format"] for v in cells["versions"]} == {str(EXPORT_FORMAT_VERSION)}
+    assert set(cells["export_format"]) == {str(EXPORT_FORMAT_VERSION)}
     failed_keys = [s.cell_key() for s in specs if s.device == beta and s.width != WIDTHS[0]]
     assert store.measured_keys() == {s.cell_key() for s in specs} - set(failed_keys)
 

@@ -189,9 +189,11 @@ def test_latest_cells_columns_and_values(db: Path) -> None:
         store.record(cid, measurement(spec(batch=4), steps=steps))
         store.record(cid, failed(spec("pi3", batch=4), "out of memory"))
         store.record(cid, measurement(spec("pi0", batch=4), runner={}, git_commit=None, versions={}))
+        store.record(cid, measurement(spec("pi5", batch=4), versions={"export_format": "7"}))
         table = store.latest_cells()
     assert list(table.columns) == list(CELL_COLUMNS)
-    ok, bad, bare = (table.iloc[i] for i in range(3))
+    ok, bad, bare, recorded = (table.iloc[i] for i in range(4))
+    assert recorded["export_format"] == "7" and bare["export_format"] == ""
     assert ok["median_us"] == pytest.approx(3000.0)  # 0.012 s / 4 images
     assert ok["p95_us"] == pytest.approx((0.016 + 0.8 * (0.4 - 0.016)) / 4 * 1e6)
     assert ok["iqr_us"] == pytest.approx((0.016 - 0.008) / 4 * 1e6)
