@@ -834,7 +834,6 @@ class UpResult:
 
 #: The shipped example fleet: fast / mid / slow SSH devices and a phone.
 EXAMPLE_FLEET = Path(__file__).resolve().with_name("fleets") / "emulated.yaml"
-FRESH_PORT_TRIES = 100
 
 
 def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
@@ -846,7 +845,8 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
         Where ``fleet.yaml`` and the fleet's ``state/`` directory go.
     port_for : callable
         Returns a free loopback port (`devices.sshd.free_port`); called until each device
-        has its own port, none of them the adb server's (`adb_server_port`).
+        has its own port, none of them the adb server's (`adb_server_port`; see
+        `devices.sshd.distinct_port`).
 
     Returns
     -------
@@ -860,17 +860,16 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
     EmulationError
         ``port_for`` kept returning ports already given out.
     """
+    from devices.sshd import distinct_port
+
     text = EXAMPLE_FLEET.read_text()
     taken = {adb_server_port()}
 
     def fresh_port() -> int:
-        # A port free now can be free again at the next call: the kernel may hand it out twice.
-        for _ in range(FRESH_PORT_TRIES):
-            port = port_for()
-            if port not in taken:
-                taken.add(port)
-                return port
-        raise EmulationError(f"no port unused by this fleet after {FRESH_PORT_TRIES} tries (taken: {sorted(taken)})")
+        try:
+            return distinct_port(port_for, taken)
+        except OSError as exc:
+            raise EmulationError(f"no port for the example fleet: {exc}") from None
 
     available = frozenset(os.sched_getaffinity(0))
 

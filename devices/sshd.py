@@ -18,8 +18,9 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,11 +92,55 @@ def sshd_binary() -> str:
     return path
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+#: Draws `distinct_port` makes before it gives up.
+DISTINCT_PORT_TRIES = 100
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def distinct_port(draw: Callable[[], int], taken: MutableSet[int], tries: int = DISTINCT_PORT_TRIES) -> int:
+    """Return a port from ``draw`` that is not in ``taken``, and add it there.
+
+    Parameters
+    ----------
+    draw : callable
+        Returns a candidate port (e.g. one the kernel says is free now).
+    taken : mutable set of int
+        Ports already given out; updated.
+    tries : int
+        Candidates drawn before giving up.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    OSError
+        ``draw`` returned only taken ports.
+    """
+    for _ in range(tries):
+        port = draw()
+        if port not in taken:
+            taken.add(port)
+            return port
+    raise OSError(f"no port outside the {len(taken)} already given out after {tries} tries")
+
+
+def _kernel_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now and that this process was not given before.
+
+    The kernel can give one free port to two successive binds; a fleet that asks for a
+    port per device needs them distinct.
+    """
+    with _handed_out_lock:
+        return distinct_port(_kernel_free_port, _handed_out)
 
 
 def generate_key(path: Path, comment: str = "fleetbench", *, overwrite: bool = False) -> Path:

@@ -245,7 +245,7 @@ def test_the_example_fleet_gives_each_device_its_own_port_when_the_kernel_repeat
     ports = [int(p) for p in re.findall(r"(?:port: |serial: 127\.0\.0\.1:)(\d+)", path.read_text())]
     assert sorted(ports) == [41000, 41001, 41002, 41003]
     assert [d.name for d in _load(path).devices] == ["fast", "mid", "slow", "phone"]
-    with pytest.raises(emulate.EmulationError, match="no port unused by this fleet"):
+    with pytest.raises(emulate.EmulationError, match="no port for the example fleet"):
         emulate.write_example_fleet(tmp_path / "stuck", lambda: 41000)
 
 
