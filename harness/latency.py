@@ -13,8 +13,15 @@ Features
       (runtime dispatch of every kernel, the optimizer's bookkeeping, the Python loop),
       divided over the batch; the layer count is the same at every width of a model, so
       within one configuration the kernel count is this constant.
-    * ``conv``, ``linear``, ``lstm``: training FLOPs of the layers of that kind (their
-      matrix products and bias work, forward plus backward).
+    * ``conv``: training FLOPs of the convolutions (their products and bias work, forward
+      plus backward).
+    * ``matmul``: training FLOPs of the linear and LSTM layers together. The exported LSTM
+      is unrolled (`exporters.export_forms.UnrolledLSTM`) into the same ``Gemm`` and
+      ``MatMul`` kernels as a linear layer, plus element-wise gates; a FLOP of either runs
+      on one kernel. (As two features, the share prior below let a narrow output layer, a
+      few thousand FLOPs of ``fluid-lstm``, carry everything linear in the width at an
+      implausible cost per FLOP: left out, width 1 was predicted 4-11 % short on the
+      example fleet; fitted as one, 0-9 % on the same four stores, 2026-11-26.)
     * ``bytes``: bytes moved per example, ``4 * (3 A + 4 P / batch)`` with ``A`` the output
       elements of every executed layer (written forward, read and written back backward)
       and ``P`` the parameters (read forward and backward, gradient written, updated once
@@ -29,12 +36,12 @@ Fit (decision: a non-negative MAP fit under a weak prior)
     ``seconds_per_image = sum_j c_j f_j`` with every ``c_j >= 0``: no kind of work makes a
     step faster. With four or five measured widths, ``1``, ``A`` and the FLOPs of a model
     whose widths all scale together span about three directions (constant, linear and
-    quadratic in the width), so an unconstrained least-squares fit of five coefficients
+    quadratic in the width), so an unconstrained least-squares fit of four coefficients
     over-fits: it puts large opposite-signed weights on collinear features and predicts
     nonsense between and beyond the widths. Two guards:
 
     1. non-negativity (exact: the least-squares problem is solved on every subset of the
-       features and the best feasible solution kept; at most 2**5 tiny solves);
+       features and the best feasible solution kept; at most 2**4 tiny solves);
     2. a Gaussian prior on each coefficient's *share* of the widest measured latency,
        ``theta_j = c_j f_j(widest) / y(widest) ~ N(0, PRIOR_SD**2)``: among the
        combinations the data cannot tell apart it prefers the one that spreads the time
@@ -105,7 +112,7 @@ BYTES_PER_PARAM = 16
 BYTES_PER_ACTIVATION = 4
 
 #: Latency features of a zoo model, in order (see the module docstring).
-FEATURES: tuple[str, ...] = ("fixed", "conv", "linear", "lstm", "bytes")
+FEATURES: tuple[str, ...] = ("fixed", "conv", "matmul", "bytes")
 #: Latency features of a model the zoo does not know (rows bring ``train_flops``).
 FLOPS_FEATURES: tuple[str, ...] = ("fixed", "flops")
 #: Memory features.
@@ -265,10 +272,10 @@ def latency_features(counts: ArchCounts, batch: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``[1, conv, linear, lstm, 4 * (3 A + 4 P / batch)]``.
+        ``[1, conv, linear + lstm, 4 * (3 A + 4 P / batch)]``.
     """
     moved = BYTES_PER_ACTIVATION * (3.0 * counts.activations + 4.0 * counts.params / batch)
-    return np.array([1.0, counts.conv, counts.linear, counts.lstm, moved])
+    return np.array([1.0, counts.conv, counts.linear + counts.lstm, moved])
 
 
 def memory_feature_vector(params: float, activations: float, batch: int) -> np.ndarray:

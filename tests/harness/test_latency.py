@@ -32,8 +32,8 @@ from harness.latency import (
 
 MODEL = "fjord-cnn"
 WIDTHS = (0.25, 0.375, 0.5, 0.75, 1.0)
-#: Seconds per image per unit of each feature (fixed, conv FLOP, linear FLOP, LSTM FLOP, byte moved).
-TRUE = np.array([20e-6, 5e-11, 9e-11, 0.0, 4e-11])
+#: Seconds per image per unit of each feature (fixed, conv FLOP, linear or LSTM FLOP, byte moved).
+TRUE = np.array([20e-6, 5e-11, 9e-11, 4e-11])
 
 
 def _truth(arch: Arch | float, batch: int = 20) -> float:
@@ -108,6 +108,17 @@ def test_fit_linear_refuses_bad_input() -> None:
 
 
 # --------------------------------------------------------------------------- the latency model
+
+
+def test_linear_and_lstm_flops_are_one_feature_apart_from_the_convolutions() -> None:
+    # the exported LSTM runs on the linear layers' Gemm / MatMul kernels: one cost per FLOP
+    lstm = arch_counts(get_model("fluid-lstm").arch(0.5))
+    cnn = arch_counts(get_model("fjord-cnn").arch(0.5))
+    assert lstm.linear > 0 and lstm.lstm > 0 and cnn.conv > 0 and cnn.linear > 0
+    matmul, conv = FEATURES.index("matmul"), FEATURES.index("conv")
+    assert latency_features(lstm, 20)[matmul] == lstm.linear + lstm.lstm
+    assert latency_features(cnn, 20)[[conv, matmul]].tolist() == [cnn.conv, cnn.linear]
+    assert len(latency_features(lstm, 20)) == len(FEATURES)
 
 
 def test_fit_on_synthetic_timings_predicts_unmeasured_and_mixed_architectures() -> None:
