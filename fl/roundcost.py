@@ -378,7 +378,7 @@ def export_format_warning(
     -------
     str or None
     """
-    other = {f for f in set(formats) if f != str(current)}
+    other = {f for f in formats if f != str(current)}
     if not other:
         return None
     oldest = min(int(f) if f.isdigit() else first_recorded - 1 for f in other)

@@ -106,7 +106,8 @@ def listening(port: int) -> bool:
         except OSError:
             continue
         for row in rows:
-            local, state = row.split()[1], row.split()[3]
+            fields = row.split()
+            local, state = fields[1], fields[3]
             if state == "0A" and int(local.rpartition(":")[2], 16) == port:  # 0A: TCP_LISTEN
                 return True
     return False
