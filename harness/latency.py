@@ -40,8 +40,7 @@ Fit (decision: a non-negative MAP fit under a weak prior)
     over-fits: it puts large opposite-signed weights on collinear features and predicts
     nonsense between and beyond the widths. Two guards:
 
-    1. non-negativity (exact: the least-squares problem is solved on every subset of the
-       features and the best feasible solution kept; at most 2**4 tiny solves);
+    1. non-negativity (exact: SciPy's Lawson-Hanson non-negative least squares);
     2. a Gaussian prior on each coefficient's *share* of the widest measured latency,
        ``theta_j = c_j f_j(widest) / y(widest) ~ N(0, PRIOR_SD**2)``: among the
        combinations the data cannot tell apart it prefers the one that spreads the time
@@ -94,7 +93,6 @@ that is not in the zoo (tests use them).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -324,16 +322,12 @@ class Estimate:
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Solve ``min ||a x - b||`` subject to ``x >= 0`` exactly, for a handful of columns.
-
-    Every subset of columns is solved by least squares; the feasible solution with the
-    smallest residual wins (the constrained optimum is the unconstrained one of its
-    support, so this finds it). Columns are few here (at most five).
+    """Solve ``min ||a x - b||`` subject to ``x >= 0`` (SciPy's Lawson-Hanson active set).
 
     Parameters
     ----------
     a : numpy.ndarray
-        ``(rows, k)`` with ``k <= 12``.
+        ``(rows, k)``.
     b : numpy.ndarray
         ``(rows,)``.
 
@@ -342,23 +336,10 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     numpy.ndarray
         ``(k,)``, every entry ``>= 0``.
     """
-    k = a.shape[1]
-    if k > 12:
-        raise ValueError(f"{k} columns: exhaustive non-negative least squares is for a handful")
-    best = np.zeros(k)
-    best_residual = float(b @ b)
-    for size in range(1, k + 1):
-        for support in itertools.combinations(range(k), size):
-            cols = list(support)
-            x, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if np.any(x < 0):
-                continue
-            residual = float(np.sum((a[:, cols] @ x - b) ** 2))
-            if residual < best_residual * (1 - 1e-12):
-                best_residual = residual
-                best = np.zeros(k)
-                best[cols] = x
-    return best
+    from scipy.optimize import nnls
+
+    solution, _ = nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    return np.asarray(solution, dtype=float)
 
 
 @dataclass(frozen=True)
