@@ -78,12 +78,13 @@ Memory
 
 Validation
     `leave_one_out_error` refits each configuration without all rows of one width,
-    predicts that width and compares with its measured median: the error per width (the
+    predicts that width and compares with its measured level: the error per width (the
     report's prediction-error section), not only its median.
 
 Inputs are plain rows: an iterable of mappings or a pandas DataFrame with at least the
 columns ``device, model, width, batch, backend, median_us`` (``status``,
-``peak_memory_bytes``, ``arch_widths``, ``precision_achieved`` when present). Rows whose
+``peak_memory_bytes``, ``arch_widths``, ``precision_achieved``, ``pass_mean_us`` when present;
+the fits use ``pass_mean_us`` where a row has it, see `cell_latency_us`). Rows whose
 ``status`` is present and not ``"ok"``, or without a finite positive ``median_us``, are
 ignored. ``arch_widths`` (a comma-separated string or a sequence) names a mixed
 architecture; without it the row is the uniform ``model.arch(width)``. Optional columns
@@ -708,6 +709,27 @@ def finite_positive(value: Any) -> bool:
     return math.isfinite(v) and v > 0
 
 
+def cell_latency_us(r: Mapping[str, Any]) -> float:
+    """Return the per-image latency a fit uses for one cell: its ``pass_mean_us``, else its ``median_us``.
+
+    A device's passes interleave its cells in time, so the mean of a cell's pass medians
+    weighs every stretch of the host's speed the same in every cell of a sweep; the pooled
+    median weighs a pass by the samples it took, which differ from cell to cell.
+
+    Parameters
+    ----------
+    r : mapping
+        A row of `harness.store.ProfileStore.latest_cells` (or any row with ``median_us``).
+
+    Returns
+    -------
+    float
+        Microseconds per image.
+    """
+    value = r.get("pass_mean_us")
+    return float(value) if value is not None and finite_positive(value) else float(r["median_us"])
+
+
 def usable_rows(rows: Rows) -> list[dict[str, Any]]:
     """Return the rows a fit may use: status ``ok`` (or absent) and a finite positive ``median_us``.
 
@@ -819,7 +841,7 @@ def _fit_config(device: str, key: ConfigKey, rows: list[dict[str, Any]]) -> tupl
     model, batch, backend = key
     zoo = _is_zoo(model)
     names = FEATURES if zoo else FLOPS_FEATURES
-    y = np.array([float(r["median_us"]) * 1e-6 for r in rows])
+    y = np.array([cell_latency_us(r) * 1e-6 for r in rows])
     precision = np.array([_row_precision(r) for r in rows])
     lat_fit = fit_linear(names, _latency_design(rows, zoo), y, precision, prior_sd=latency_prior_sd(names))
     widths = tuple(sorted({float(r["width"]) for r in rows}))
@@ -1069,7 +1091,7 @@ def leave_one_out_error(rows: Rows) -> dict[str, LooReport]:
                 estimate = lat.predict_flops(float(held[0]["train_flops"])) if not lat.zoo else lat.predict(
                     _held_arch(held[0])
                 )
-                measured = float(np.median([float(r["median_us"]) for r in held]))
+                measured = float(np.median([cell_latency_us(r) for r in held]))
                 predicted = estimate.value * 1e6
                 points.append(
                     LooPoint(
@@ -1128,6 +1150,7 @@ __all__ = [
     "LooReport",
     "MemoryModel",
     "arch_counts",
+    "cell_latency_us",
     "choose_next_width",
     "fit",
     "fit_device",

@@ -182,6 +182,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "backend",
     "status",
     "median_us",
+    "pass_mean_us",
     "cpu_median_us",
     "p95_us",
     "p5_us",
@@ -257,6 +258,14 @@ def cell_cpu_seconds(measurement: Measurement) -> list[float]:
     if measurement.status != "ok" or len(cpu) != len(runner.get("step_seconds") or ()):
         return []
     return undisturbed(cpu, runner)
+
+
+def _pass_mean_us(measurement: Measurement, median_us: float) -> float:
+    """Return the mean of a cell's pass medians per image (its ``median_us`` without two passes)."""
+    medians = [float(v) for v in measurement.runner.get("pass_medians") or () if isinstance(v, (int, float))]
+    if measurement.status != "ok" or len(medians) < 2:
+        return median_us
+    return sum(medians) / len(medians) / measurement.spec.batch * 1e6
 
 
 def _cpu_median_us(measurement: Measurement) -> float:
@@ -841,6 +850,9 @@ class ProfileStore:
             (NaN, and ``noisy`` / ``n`` missing, for a cell without samples);
             ``robust_cv_low`` is the lower end of the robust CV's 95 % interval (NaN below
             6 samples) and ``noisy`` says whether it exceeds 5 %.
+            ``pass_mean_us`` is the mean of the cell's pass medians per image (each pass
+            weighs the same; ``median_us`` for a cell of one pass), the level the latency
+            model fits (`harness.latency.cell_latency_us`).
             ``cpu_median_us`` is the median CPU time per image of the samples that count
             (`cell_cpu_seconds`; NaN where the runner measured none).
             ``train_flops`` is per example from the runner document when it carries
@@ -903,6 +915,7 @@ class ProfileStore:
             else:
                 record.update({name: math.nan for name in _STAT_COLUMNS})
                 record.update({"n": None, "noisy": None})
+            record["pass_mean_us"] = _pass_mean_us(m, record["median_us"])
             record["cpu_median_us"] = _cpu_median_us(m)
             records.append(record)
         frame = pd.DataFrame.from_records(records, columns=list(CELL_COLUMNS))
@@ -928,6 +941,7 @@ class ProfileStore:
                 "train_flops": "float64",
                 "started_at": "float64",
                 "finished_at": "float64",
+                "pass_mean_us": "float64",
                 "cpu_median_us": "float64",
                 **{name: "float64" for name in _STAT_COLUMNS},
             }

@@ -231,6 +231,25 @@ def test_cpu_median_us_is_the_median_cpu_time_per_image_of_the_samples_that_coun
         assert math.isnan(table.loc[device, "cpu_median_us"]), device
 
 
+def test_pass_mean_us_weighs_each_pass_the_same_and_falls_back_to_the_median(db: Path) -> None:
+    # pass 1 took three samples at 0.010, pass 2 one at 0.014: the pooled median sits on pass 1
+    steps = (0.010, 0.010, 0.010, 0.014)
+    two = {"step_seconds": list(steps), "passes": 2, "pass_medians": [0.010, 0.014]}
+    slowed = {**two, "passes": 3, "pass_medians": [0.010, 0.014, None]}  # a pass whose samples were all flagged
+    with ProfileStore(db) as store:
+        cid = store.start_campaign()
+        store.record(cid, measurement(spec("a", batch=4), steps=steps, runner=two))
+        store.record(cid, measurement(spec("b", batch=4), steps=steps, runner=slowed))
+        store.record(cid, measurement(spec("c", batch=4), steps=steps, runner={"step_seconds": list(steps)}))
+        store.record(cid, failed(spec("d", batch=4)))
+        table = store.latest_cells().set_index("device")
+    assert table.loc["a", "median_us"] == pytest.approx(0.010 / 4 * 1e6)
+    assert table.loc["a", "pass_mean_us"] == pytest.approx(0.012 / 4 * 1e6)
+    assert table.loc["b", "pass_mean_us"] == pytest.approx(0.012 / 4 * 1e6)
+    assert table.loc["c", "pass_mean_us"] == table.loc["c", "median_us"]  # one pass
+    assert math.isnan(table.loc["d", "pass_mean_us"])
+
+
 def test_emulated_isa_travels_from_the_facts_snapshot_to_the_cells(db: Path) -> None:
     qemu = {"arch": "aarch64", "cores": 2, "emulated_isa": True}
     with ProfileStore(db) as store:
