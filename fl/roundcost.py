@@ -476,7 +476,12 @@ def cpu_reference_from_rows(rows: Any, model: str, batch: int) -> Callable[[str,
     from harness.roundcost import config_key
 
     chosen = select(profile_rows(rows), model=model)
-    cpu_rows = [{**r, "median_us": r["cpu_median_us"]} for r in chosen if finite_positive(r.get("cpu_median_us"))]
+    # CPU times have no pass means: the fit takes ``median_us`` where ``pass_mean_us`` is None
+    cpu_rows = [
+        {**r, "median_us": r["cpu_median_us"], "pass_mean_us": None}
+        for r in chosen
+        if finite_positive(r.get("cpu_median_us"))
+    ]
     models = fit(cpu_rows) if cpu_rows else {}
     cache: dict[tuple[str, tuple[int, ...]], float | None] = {}
 
