@@ -168,14 +168,10 @@ Sampling (bench):
   CPU time per step varies only when something outside the process slows the cpu (a
   neighbour on a shared host's caches and memory, SMT siblings); a CPU quota's throttled
   periods stop the process but cost it no CPU time. A sample whose CPU time per step is
-  more than `DISTURBANCE_LIMIT` (10 %) above the median of the run's samples is
+  more than `DISTURBANCE_LIMIT` (10 %) above the 10th percentile of the run's samples is
   ``disturbed`` (`disturbed_samples`, judged from `DISTURBANCE_MIN_SAMPLES` samples on);
   the median, its interval and the stopping rule use the other samples. With more than
   one thread the CPU time also counts the pool's spinning, so nothing is judged.
-  The base is the median, not a low quantile: where the CPU time spreads continuously
-  (a busy host), a low base flagged most samples and kept only the fastest, and how many
-  it kept changed from cell to cell; one cell of a width sweep then came out up to 10 %
-  faster than its neighbours (see `DISTURBANCE_QUANTILE`).
 
 Decisions:
 
@@ -327,18 +323,14 @@ MAX_SAMPLES = 5000
 #: The interval test runs after every sample up to this many, then after every 5 % more.
 CHECK_EVERY_SAMPLE_UP_TO = 20
 
-#: A sample is disturbed when its CPU time per step exceeds this multiple of the run's
-#: quantile `DISTURBANCE_QUANTILE` of CPU time per step.
+#: A sample is disturbed when its CPU time per step exceeds this multiple of the run's low
+#: quantile (`DISTURBANCE_QUANTILE`) of CPU time per step.
 DISTURBANCE_LIMIT = 1.1
 
-#: The quantile of the run's CPU times per step that stands for an undisturbed step: the
-#: (lower) median. The 10th percentile was used first: on a busy host it flagged up to 68 %
-#: of a cell's samples, the rest being its fastest, and on five width sweeps of the example
-#: fleet (2026-11-26) the latency model's leave-one-width-out error exceeded 10 % in two;
-#: with the median base no cell had more than 25 % flagged and all five stayed within 10 %.
-DISTURBANCE_QUANTILE = 0.5
+#: The quantile of the run's CPU times per step that stands for an undisturbed step.
+DISTURBANCE_QUANTILE = 0.1
 
-#: Samples are judged disturbed only from this many on (a quantile needs a few).
+#: Samples are judged disturbed only from this many on (a low quantile needs a few).
 DISTURBANCE_MIN_SAMPLES = 10
 
 #: Version of the serve protocol (the ``protocol`` of the ready line).
@@ -1698,7 +1690,7 @@ def warm_up(step, clock, max_steps: int, max_seconds: float, tolerance: float = 
 def disturbed_samples(
     cpu_seconds: list, limit: float = DISTURBANCE_LIMIT, min_samples: int = DISTURBANCE_MIN_SAMPLES
 ) -> list:
-    """Say which samples ran on a cpu slowed from outside: CPU time per step above ``limit`` x the median.
+    """Say which samples ran on a cpu slowed from outside: CPU time per step above ``limit`` x the low quantile.
 
     Parameters
     ----------
@@ -1717,8 +1709,8 @@ def disturbed_samples(
     if len(cpu_seconds) < min_samples:
         return [False] * len(cpu_seconds)
     ordered = sorted(cpu_seconds)
-    base = ordered[int(DISTURBANCE_QUANTILE * (len(ordered) - 1))]
-    return [value > limit * base for value in cpu_seconds]
+    low = ordered[int(DISTURBANCE_QUANTILE * (len(ordered) - 1))]
+    return [value > limit * low for value in cpu_seconds]
 
 
 def sample_steps(
