@@ -949,10 +949,10 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         (``"precision"`` when the pool reaches it, else ``"time cap"`` when a pass hit its
         cap, else ``"passes differ"``); ``throttled`` when any pass was; the last pass's
         load average after; and ``passes`` and ``pass_medians`` (the median of each
-        pass's samples that count in the pool, seconds per step; None for a pass with none:
-        a pass the host slowed as a whole).
+        pass's samples that count by its own flags, seconds per step: each pass stands for
+        its stretch of the host's speed, which every cell of the device went through).
     """
-    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval
+    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval, median_of_sorted
 
     if not docs:
         raise ValueError("merge_passes needs at least one pass")
@@ -975,7 +975,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         timed_seconds=sum(float(doc.get("timed_seconds") or 0.0) for doc in docs),
         throttled=any(bool(doc.get("throttled")) for doc in docs),
         passes=len(docs),
-        pass_medians=_pass_medians(docs, flags),
+        pass_medians=[median_of_sorted(sorted(c)) if (c := counted_steps(doc)) else None for doc in docs],
     )
     loads = [doc.get("loadavg") or {} for doc in docs]
     merged["loadavg"] = {**loads[0], "after": loads[-1].get("after")}
@@ -995,24 +995,6 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
     else:
         merged["stop_reason"] = "passes differ"
     return merged
-
-
-def _pass_medians(docs: Sequence[Mapping[str, Any]], pooled_flags: Sequence[bool]) -> list[float | None]:
-    """Return each pass's median of the samples that count: by the pool's flags when it was judged."""
-    from harness.runner import median_of_sorted
-
-    medians: list[float | None] = []
-    offset = 0
-    for doc in docs:
-        values = [float(v) for v in doc.get("step_seconds") or ()]
-        if pooled_flags:
-            flags = pooled_flags[offset : offset + len(values)]
-            counted = [v for v, flag in zip(values, flags, strict=True) if not flag]
-        else:
-            counted = counted_steps(doc)
-        offset += len(values)
-        medians.append(median_of_sorted(sorted(counted)) if counted else None)
-    return medians
 
 
 def device_busy(doc: Mapping[str, Any]) -> str:

@@ -235,7 +235,7 @@ def test_pass_mean_us_weighs_each_pass_the_same_and_falls_back_to_the_median(db:
     # pass 1 took three samples at 0.010, pass 2 one at 0.014: the pooled median sits on pass 1
     steps = (0.010, 0.010, 0.010, 0.014)
     two = {"step_seconds": list(steps), "passes": 2, "pass_medians": [0.010, 0.014]}
-    slowed = {**two, "passes": 3, "pass_medians": [0.010, 0.014, None]}  # a pass whose samples were all flagged
+    slowed = {**two, "passes": 3, "pass_medians": [0.010, 0.014, None]}  # a pass without a median
     with ProfileStore(db) as store:
         cid = store.start_campaign()
         store.record(cid, measurement(spec("a", batch=4), steps=steps, runner=two))
