@@ -17,13 +17,14 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from devices.errors import TransportError
 from devices.facts_probe import probe_argv, split_sections
 from devices.fleet import Device, Fleet
+from devices.site import python_argv
 from devices.transport import Transport
 
 if TYPE_CHECKING:
@@ -886,15 +887,17 @@ def facts_from_probe(text: str) -> DeviceFacts:
 # --------------------------------------------------------------------------------------
 
 
-def probe_device(transport: Transport, python: str = "python3", timeout: float = 20.0) -> DeviceFacts:
+def probe_device(transport: Transport, python: str | Sequence[str] = "python3", timeout: float = 20.0) -> DeviceFacts:
     """Run the probe on one device (one command) and parse its output.
 
     Parameters
     ----------
     transport : Transport
         An open transport to the device.
-    python : str
-        The device's Python interpreter (``Device.python``).
+    python : str or sequence of str
+        The device's Python interpreter (``Device.python``), or the command that starts
+        the runner's Python (`devices.site.python_argv`, a runtime bundle's loader): the
+        probe then reports the packages that Python sees.
     timeout : float
         Seconds the probe may take.
 
@@ -931,6 +934,7 @@ def collect_facts(
     connect: Callable[[Device], Transport] | None = None,
     timeout: float = 20.0,
     max_workers: int = 8,
+    python: Callable[[Transport, Device], Sequence[str]] | None = None,
 ) -> FleetResult[DeviceFacts]:
     """Probe every device of ``fleet`` concurrently.
 
@@ -945,6 +949,10 @@ def collect_facts(
         transport's own connect timeout).
     max_workers : int
         Devices probed at once.
+    python : callable, optional
+        ``(transport, device) -> argv`` that starts the device's Python the way its runner
+        starts (default `devices.site.python_argv`: its own interpreter with the
+        provisioned site), so the versions reported are the ones the runner imports.
 
     Returns
     -------
@@ -957,11 +965,12 @@ def collect_facts(
     from devices.group import run_on_fleet
 
     opener = connect or _default_connect
+    starter = python or (lambda _transport, device: python_argv(device.python, device.workdir))
 
     def action(device: Device) -> DeviceFacts:
         transport = opener(device)
         try:
-            facts = probe_device(transport, device.python, timeout)
+            facts = probe_device(transport, starter(transport, device), timeout)
         finally:
             transport.close()
         if device.emulate is not None and device.emulate.arch is not None and not facts.emulated_isa:
@@ -1032,13 +1041,15 @@ def format_facts(name: str, facts: DeviceFacts) -> str:
     return "\n".join([f"{name} ({facts.platform})"] + [f"  {key:<12} {value}" for key, value in rows])
 
 
-def cmd_facts(args: argparse.Namespace) -> int:
+def cmd_facts(args: argparse.Namespace, python: Callable[[Transport, Device], Sequence[str]] | None = None) -> int:
     """Handle ``fleetbench fleet facts FILE [--json] [--timeout S]``.
 
     Parameters
     ----------
     args : argparse.Namespace
         ``file``, ``json``, ``timeout``.
+    python : callable, optional
+        How each device starts its Python (`collect_facts`).
 
     Returns
     -------
@@ -1049,7 +1060,7 @@ def cmd_facts(args: argparse.Namespace) -> int:
     from devices.fleetfile import load_fleet
 
     fleet = load_fleet(args.file)
-    result = collect_facts(fleet, timeout=args.timeout)
+    result = collect_facts(fleet, timeout=args.timeout, python=python)
     order = [device.name for device in fleet.devices]
     successes = {name: result.successes[name] for name in order if name in result.successes}
     failures = {name: result.failures[name] for name in order if name in result.failures}

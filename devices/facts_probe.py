@@ -1,7 +1,10 @@
 """The device-facts probe: one POSIX ``sh`` script, one round trip per device.
 
-`PROBE_SCRIPT` runs as ``sh -c PROBE_SCRIPT fleetbench-probe PYTHON`` (the device's
-Python path arrives as ``$1``, so nothing is ever interpolated into the script text).
+`PROBE_SCRIPT` runs as ``sh -c PROBE_SCRIPT fleetbench-probe PYTHON...``: the command
+that starts the device's Python arrives as the script's arguments (a bare interpreter,
+or `devices.site.python_argv`, the way the runner starts), so nothing is ever
+interpolated into the script text and the ``python`` section reports what the runner
+sees, provisioned packages included.
 It prints one section per source, each opened by a line ``@@fleetbench@@ NAME`` and the
 whole output closed by ``@@fleetbench@@ end`` (a missing end marker means the output was
 cut short). Every probe step is guarded: a missing file or tool leaves its section empty
@@ -40,6 +43,8 @@ Raspberry Pi, which would eat most of a 20 s facts timeout.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 #: Line that opens a section; followed by one space and the section name.
 MARKER = "@@fleetbench@@"
@@ -101,11 +106,11 @@ for name, dists in (("numpy", ("numpy",)),
 
 assert "'" not in _PYTHON_VERSIONS
 
-#: The probe (POSIX sh). ``$1`` is the device's Python interpreter (``~/`` expanded).
+#: The probe (POSIX sh). ``"$@"`` starts the device's Python (``~/`` expanded; status 127: none).
 PROBE_SCRIPT = (
     """\
-PY="${1:-python3}"
-case "$PY" in "~/"*) PY="$HOME/${PY#??}" ;; esac
+[ $# -gt 0 ] || set -- python3
+case "$1" in "~/"*) p="$HOME/${1#??}"; shift; set -- "$p" "$@" ;; esac
 has() { command -v "$1" >/dev/null 2>&1; }
 m() { printf '\\n%s %s\\n' '"""
     + MARKER
@@ -128,9 +133,11 @@ done
 m os-release; cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null
 m dt-model; [ -r /proc/device-tree/model ] && tr -d '\\000' </proc/device-tree/model 2>/dev/null
 m python
-if has "$PY"; then "$PY" -c '"""
+if has "$1"; then "$@" -c '"""
     + _PYTHON_VERSIONS
-    + """' 2>/dev/null || echo "python=broken"; else echo "python=missing"; fi
+    + """' 2>/dev/null; rc=$?
+  if [ $rc -eq 127 ]; then echo "python=missing"; elif [ $rc -ne 0 ]; then echo "python=broken"; fi
+else echo "python=missing"; fi
 m vcgencmd; has vcgencmd && vcgencmd get_throttled 2>&1
 m nvpmodel; has nvpmodel && nvpmodel -q 2>&1
 m tegrastats; has tegrastats && has timeout && timeout 2 tegrastats --interval 500 2>/dev/null | head -n 1
@@ -144,21 +151,23 @@ exit 0
 )
 
 
-def probe_argv(python: str) -> list[str]:
-    """Return the argv that runs the probe with the device's Python ``python``.
+def probe_argv(python: str | Sequence[str]) -> list[str]:
+    """Return the argv that runs the probe with the device's Python.
 
     Parameters
     ----------
-    python : str
-        Interpreter path or name on the device (``Device.python``); passed as ``$1``,
-        never pasted into the script.
+    python : str or sequence of str
+        Interpreter path or name on the device (``Device.python``), or the whole command
+        that starts it (`devices.site.python_argv`); passed as arguments, never pasted
+        into the script.
 
     Returns
     -------
     list of str
-        ``["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", python]``.
+        ``["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", *python]``.
     """
-    return ["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", python]
+    start = [python] if isinstance(python, str) else list(python)
+    return ["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", *start]
 
 
 def split_sections(text: str) -> dict[str, str]:

@@ -1299,6 +1299,11 @@ class _DeviceRun:
             self.remote_sets[(set_dir, False)] = str(result.remote_dir)
             self.workdir = self.workdir or result.workdir
 
+    def _runner_start(self) -> contract.RunnerStart:
+        """How the device starts the runner (`_prepare` chose it)."""
+        assert self.start is not None, "_prepare chooses the runner's start"
+        return self.start
+
     def _prepare(self, set_dir: Path, backend: str) -> tuple[Transport, str, str]:
         """Connect, snapshot facts, deploy runner and set (each once per device).
 
@@ -1310,13 +1315,13 @@ class _DeviceRun:
         from harness.deploy import deploy_artifact_set, deploy_files, deploy_runner
 
         transport = self._transport()
-        if self.facts is None:
-            facts = probe_device(transport, self.device.python, timeout=min(FACTS_TIMEOUT_S, self.timeout))
-            self.facts = facts.to_dict()
         if self.start is None:  # a phone without Python gets its runtime bundle (harness.phone_runtime)
             from harness.phone_runtime import runner_start
 
             self.start = runner_start(transport, self.device, timeout=self.timeout, say=print)
+        if self.facts is None:  # what the runner's Python sees
+            facts = probe_device(transport, self.start.argv, timeout=min(FACTS_TIMEOUT_S, self.timeout))
+            self.facts = facts.to_dict()
         if not self.start.offers(backend):
             raise MissingBackend(f"{self.device.name}: the {backend} backend does not run on {self.start.detail}")
         if not self.prefetched:
@@ -1362,7 +1367,7 @@ class _DeviceRun:
             with self.lock:
                 self.result.runner_invocations += 1
             argv = contract.bench_argv(
-                self.start or self.device.python, runner, remote_set, **self._pass_options(spec, cell.passes),
+                self._runner_start(), runner, remote_set, **self._pass_options(spec, cell.passes),
                 data=self.remote_data if spec.data else None,
             )  # fmt: skip
             run = transport.run(argv, timeout=self.timeout)
@@ -1394,7 +1399,7 @@ class _DeviceRun:
             if key not in self.residents:
                 assert self.workdir is not None  # set by the deployment `_prepare` made
                 self.residents[key] = ResidentRunner.for_device(
-                    transport, self.start or self.device.python, runner, backend=spec.backend, threads=spec.threads,
+                    transport, self._runner_start(), runner, backend=spec.backend, threads=spec.threads,
                     workdir=self.workdir, start_timeout=self.timeout,
                 )  # fmt: skip
             with self.lock:

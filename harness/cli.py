@@ -114,10 +114,22 @@ def register(commands: Any) -> None:
     provision.add_argument("file", help="fleet YAML file")
     provision.add_argument("--wheel", action="append", default=[], help="a wheel file to install where missing")
     provision.add_argument(
-        "--install", action="store_true", help="install missing numpy and onnxruntime from the package index"
+        "--install",
+        action="store_true",
+        help="install what each device's best backend misses (numpy, onnxruntime-training where it has a wheel, else "
+        "onnxruntime) into <workdir>/site",
     )
-    provision.add_argument("--index-url", help="package index for --install (default: the device pip's own)")
+    provision.add_argument(
+        "--via",
+        choices=("host", "device"),
+        default="host",
+        help="host: this machine fetches the wheels for each device's Python and platform and pushes them (the device "
+        "needs no internet; default); device: the device's own pip fetches them from the index",
+    )
+    provision.add_argument("--index-url", help="package index for --install (default: the fetching pip's own)")
     provision.set_defaults(handler="harness.provision:cmd_provision")
+    # The packages `fleet facts` reports are those the runner imports (its runtime, its site).
+    fleet_actions.choices["facts"].set_defaults(handler="harness.provision:cmd_facts")
     up = fleet_actions.choices["up"]
     up.add_argument("--match", metavar="DEVICE", help="calibrate CPU shares to replay a stored device's profile")
     up.add_argument("--db", default="fleetbench.db", help="profile store for --match (default fleetbench.db)")

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.site import python_argv
 from exporters.manifest import flatten, unflatten
 from harness import runner
 
@@ -87,9 +88,25 @@ class RunnerStart:
         return wanted or (self.backends[0] if self.backends else default)
 
 
-def python_start(python: str) -> RunnerStart:
-    """Return the `RunnerStart` of a device's own interpreter ``python``."""
-    return RunnerStart((python,), "python", (), f"the device's {python}")
+def python_start(python: str, workdir: str, detail: str = "") -> RunnerStart:
+    """Return the `RunnerStart` of a device's own interpreter, with its provisioned packages importable.
+
+    Parameters
+    ----------
+    python : str
+        The device's interpreter (``Device.python``).
+    workdir : str
+        The device's workdir: ``<workdir>/site`` goes first on ``PYTHONPATH``
+        (`devices.site.python_argv`).
+    detail : str, optional
+        What was chosen and why (default: the interpreter and its site).
+
+    Returns
+    -------
+    RunnerStart
+    """
+    argv = python_argv(python, workdir)
+    return RunnerStart(tuple(argv), "python", (), detail or f"the device's {python} (packages also from {argv[4]})")
 
 
 def _start_argv(python: str | RunnerStart) -> list[str]:

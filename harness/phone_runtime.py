@@ -307,7 +307,7 @@ def provision_phone(transport: Transport, device: Device, *, verify: bool = True
     state = probe(transport, device, timeout=timeout)
     if state.python is not None:
         detail = f"the device's own {device.python} (Python {state.python})"
-        return RuntimeReport(RunnerStart((device.python,), "python", (), detail))
+        return RuntimeReport(python_start(device.python, device.workdir, detail))
     built = _bundle_for(device, state, say)
     name = _runtime_name(built)
     root = f"{state.workdir}/{RUNTIME_DIR}/{name}"
@@ -373,7 +373,7 @@ def device_runtime(transport: Transport, device: Device, *, verify: bool = True,
         As `provision_phone`.
     """
     if device.kind != "adb":
-        return RuntimeReport(python_start(device.python))
+        return RuntimeReport(python_start(device.python, device.workdir))
     return provision_phone(transport, device, verify=verify, say=say, timeout=timeout)
 
 
@@ -399,11 +399,11 @@ def runner_start(transport: Transport, device: Device, *, provision: bool = True
         ``device.python`` for every device but a phone without a working Python.
     """
     if device.kind != "adb":
-        return python_start(device.python)
+        return python_start(device.python, device.workdir)
     if not provision:
         state = probe(transport, device, timeout=timeout)
         if state.python is not None:
-            return python_start(device.python)
+            return python_start(device.python, device.workdir)
         built = _bundle_for(device, state, say)
         if _runtime_name(built) not in state.runtimes:
             raise MissingRuntime(f"{device.name}: no Python and no runtime bundle; run `fleetbench fleet provision`")

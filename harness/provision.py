@@ -12,9 +12,26 @@ PyTorch) and torch. Which backend they allow, why a backend is not usable ("onnx
 
 Where installed packages go
 ---------------------------
-Provisioned packages live in ``<workdir>/site`` -- never in the device's own site-packages --
-so **the runner must be started with** ``PYTHONPATH=<workdir>/site`` (see `runner_env`); the
-check here puts that directory first on ``sys.path`` the same way.
+Provisioned packages live in ``<workdir>/site`` -- never in the device's own site-packages.
+Every Python fleetbench starts on a device goes through `harness.phone_runtime.runner_start`
+(`devices.site.python_argv`: ``<workdir>/site`` first on ``PYTHONPATH``), and so does the
+check here: what it reports importable is what ``profile`` and ``fl run`` import.
+
+Installing (``--install``): wheels fetched on the host
+------------------------------------------------------
+By default the host fetches the wheels the device needs for its Python and platform
+(`harness.wheels`: numpy, and onnxruntime-training where that build has a wheel, else
+the plain onnxruntime), from its wheel cache first and the package index second, pushes
+them through the deployment cache and installs them into the site. The device needs no
+internet. A device with pip installs them with ``pip install --no-index``; one without
+pip gets them unpacked by its own Python (a wheel is a zip archive; these wheels carry
+only importable files). ``--via device`` keeps the older route for devices with
+internet: the device's own pip fetches from the index (``--index-url``).
+
+What stops a device (one line naming it and what to do; the other devices go on):
+a Python older than the runner supports (`MIN_PYTHON`), a workdir it cannot write, no
+wheel for its platform (`harness.wheels.NoWheel`), ``--via device`` without pip, and a
+``--wheel`` built for another platform or Python.
 
 Installing from the user's wheels (``--wheel``)
 -----------------------------------------------
@@ -30,8 +47,8 @@ and installed with::
 so pip picks, among the given wheels, the one compatible with the device's Python and
 platform.
 
-Installing from the package index (``--install``)
--------------------------------------------------
+Installing from the package index with the device's pip (``--install --via device``)
+------------------------------------------------------------------------------------
 What the ``onnx`` backend needs, numpy and the plain ``onnxruntime``, is installed by the
 device's own pip from the package index (``--index-url`` names another one, e.g. a mirror
 or a local ``file://`` index), as binary wheels only, after any ``--wheel`` and only for
@@ -57,7 +74,6 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,19 +83,29 @@ from devices.connect import connect
 from devices.errors import TransportError
 from devices.fleet import Device, Fleet
 from devices.group import FleetResult, run_on_fleet
+from devices.site import python_argv, site_path
 from devices.transport import RunResult, Transport
 from harness.backends import BACKEND_PACKAGES, BackendChoice, choose_backend, why_not
 from harness.contract import RunnerStart
 from harness.deploy import deploy_files, sha256_file
-from harness.phone_runtime import RuntimeReport, device_runtime
+from harness.phone_runtime import MissingRuntime, RuntimeReport, device_runtime, runner_start
 from harness.runner import import_onnxruntime, import_ort_training, torch_blocked
+from harness.wheels import Target, fetch_wheels, normalize, wanted_requirements, wheel_distribution, wheel_fits
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
 CHECK_TIMEOUT_S = 180.0
 #: Seconds for ``pip install`` on a device.
 INSTALL_TIMEOUT_S = 900.0
-#: Directory under the device workdir where provisioned packages are installed.
-SITE_DIR = "site"
+#: The oldest Python the runner runs on (`harness.runner`'s docstring).
+MIN_PYTHON = (3, 8)
+#: How ``--install`` gets packages: wheels the host fetches, or the device's own pip from an index.
+VIA = ("host", "device")
+
+
+class CannotProvision(TransportError):
+    """A device cannot be provisioned as asked; the message names it and what to do."""
+
+    kind = "cannot provision"
 
 
 @dataclass(frozen=True)
@@ -154,6 +180,14 @@ class ProvisionReport:
         Why installing failed (pip's last line), when it did.
     machine : str or None
         ``platform.machine()`` on the device (``x86_64``, ``aarch64``); None without Python.
+    glibc : str or None
+        The device's glibc version; None for another C library or without Python.
+    pip : bool
+        Whether the device's Python has pip.
+    unwritable : str or None
+        Why ``<workdir>/site`` cannot be written (None: it can).
+    fetched : tuple of str
+        What the host fetched for the device, one line (wheels and where from).
     runtime : RuntimeReport or None
         The runtime the runner starts with (`harness.phone_runtime.device_runtime`): the
         device's own Python, or a phone's runtime bundle (which offers ``onnx`` only); the
@@ -166,6 +200,10 @@ class ProvisionReport:
     installed: tuple[str, ...] = ()
     install_error: str | None = None
     machine: str | None = None
+    glibc: str | None = None
+    pip: bool = False
+    unwritable: str | None = None
+    fetched: tuple[str, ...] = ()
     runtime: RuntimeReport | None = None
 
     @property
@@ -201,8 +239,19 @@ try:
     import importlib.metadata as md
 except ImportError:
     md = None
-out = {"python": platform.python_version(), "machine": platform.machine(), "site": site, "packages": {}}
+libc, libc_version = platform.libc_ver()
+out = {"python": platform.python_version(), "machine": platform.machine(), "site": site, "packages": {},
+       "glibc": libc_version if libc == "glibc" and libc_version else None,
+       "pip": importlib.util.find_spec("pip") is not None, "unwritable": None}
 import types
+try:
+    os.makedirs(site, exist_ok=True)
+    probe = os.path.join(site, ".fleetbench-write-check")
+    with open(probe, "w") as f:
+        f.write("ok")
+    os.remove(probe)
+except OSError as e:
+    out["unwritable"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
 
 
 def _import_failure(name, exc):
@@ -257,74 +306,6 @@ _CHECK = _CHECK_TEMPLATE.replace(
     "".join(inspect.getsource(f) for f in (torch_blocked, import_onnxruntime, import_ort_training)))
 
 
-def normalize(name: str) -> str:
-    """Return the PEP 503 normalised form of a distribution name.
-
-    Parameters
-    ----------
-    name : str
-
-    Returns
-    -------
-    str
-    """
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_distribution(wheel: Path) -> str:
-    """Return the normalised distribution name of a wheel file from its name.
-
-    Parameters
-    ----------
-    wheel : pathlib.Path
-        ``{distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl``.
-
-    Returns
-    -------
-    str
-
-    Raises
-    ------
-    ValueError
-        If the file name is not a wheel name.
-    """
-    parts = Path(wheel).name.split("-")
-    if not Path(wheel).name.endswith(".whl") or len(parts) not in (5, 6):
-        raise ValueError(f"{wheel}: not a wheel file name (dist-version-python-abi-platform.whl)")
-    return normalize(parts[0])
-
-
-def site_path(workdir: str) -> str:
-    """Return where provisioned packages live on a device with ``workdir``.
-
-    Parameters
-    ----------
-    workdir : str
-        The device's workdir, ``~`` already expanded when it had one.
-
-    Returns
-    -------
-    str
-    """
-    return f"{workdir.rstrip('/')}/{SITE_DIR}"
-
-
-def runner_env(workdir: str) -> list[str]:
-    """Return the argv prefix that starts a program with the provisioned packages importable.
-
-    Parameters
-    ----------
-    workdir : str
-        The device's workdir, ``~`` already expanded (e.g. `DeployResult.workdir`).
-
-    Returns
-    -------
-    list of str
-        ``["env", "PYTHONPATH=<workdir>/site"]``: prepend it to the runner's argv.
-    """
-    return ["env", f"PYTHONPATH={site_path(workdir)}"]
-
-
 def check_device(transport: Transport, device: Device,
                  packages: Sequence[Package] = DEFAULT_PACKAGES, start: RunnerStart | None = None) -> ProvisionReport:
     """Ask one device which packages are present and importable.
@@ -336,7 +317,8 @@ def check_device(transport: Transport, device: Device,
         Supplies ``python`` and ``workdir``.
     packages : sequence of Package
     start : RunnerStart, optional
-        The Python to ask (a phone's runtime bundle); default ``device.python``.
+        How the runner starts (`harness.phone_runtime.runner_start`); default the device's
+        own Python with its provisioned site (`devices.site.python_argv`).
 
     Returns
     -------
@@ -350,7 +332,7 @@ def check_device(transport: Transport, device: Device,
     """
     args = {"site": site_path(device.workdir), "packages": [[p.name, p.module, p.dist] for p in packages]}
     try:
-        python = list(start.argv) if start is not None else [device.python]
+        python = list(start.argv) if start is not None else python_argv(device.python, device.workdir)
         result = transport.run([*python, "-c", _CHECK, json.dumps(args)], timeout=CHECK_TIMEOUT_S)
     except TransportError as exc:
         if type(exc) is not TransportError:  # only "cannot start the program" means no Python
@@ -373,7 +355,8 @@ def _parse_report(result: RunResult, device: Device) -> ProvisionReport:
     # Only a leading ``~`` takes the device's word (see harness.deploy on the emulated phone).
     site = data["site"] if device.workdir.startswith("~") else site_path(device.workdir)
     machine = data.get("machine")
-    return ProvisionReport(str(data["python"]), packages, site, machine=str(machine) if machine else None)
+    return ProvisionReport(str(data["python"]), packages, site, machine=str(machine) if machine else None,
+                           glibc=data.get("glibc"), pip=bool(data.get("pip")), unwritable=data.get("unwritable"))
 
 
 def match_wheels(missing: Sequence[Package], wheels: Sequence[Path]) -> dict[str, list[Path]]:
@@ -395,30 +378,66 @@ def match_wheels(missing: Sequence[Package], wheels: Sequence[Path]) -> dict[str
     return {p.name: by_dist[normalize(p.dist)] for p in missing if normalize(p.dist) in by_dist}
 
 
+#: Unpacks wheels into the site with the device's own Python (no pip): ``site wheel...``. A
+#: wheel's ``<name>.data/purelib`` and ``platlib`` trees belong in the site root too.
+_UNPACK = r"""
+import os, shutil, sys, zipfile
+site = os.path.expanduser(sys.argv[1])
+for wheel in sys.argv[2:]:
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+for entry in os.listdir(site):
+    if entry.endswith(".data"):
+        for scheme in ("purelib", "platlib"):
+            tree = os.path.join(site, entry, scheme)
+            if os.path.isdir(tree):
+                for name in os.listdir(tree):
+                    shutil.move(os.path.join(tree, name), os.path.join(site, name))
+        shutil.rmtree(os.path.join(site, entry))
+print("unpacked")
+"""
+
+
 def install_wheels(transport: Transport, device: Device, report: ProvisionReport,
-                   packages: Sequence[Package], wheels: Sequence[Path]) -> str | None:
-    """Push the wheels of missing packages through the cache and pip-install them offline.
+                   packages: Sequence[Package] | Sequence[str], wheels: Sequence[Path]) -> str | None:
+    """Push wheels through the deployment cache and install them into the site, offline.
+
+    A device with pip installs them with ``pip install --no-index --find-links``, so pip
+    picks among the given wheels the one its Python and platform take; a device without
+    pip unpacks them with its own Python (only for wheels chosen for it, `harness.wheels`).
 
     Parameters
     ----------
     transport : Transport
     device : Device
     report : ProvisionReport
-        The device's state before installing (its ``site`` is the pip ``--target``).
-    packages : sequence of Package
-        The missing packages to install.
+        The device's state before installing (its ``site`` is the target).
+    packages : sequence of Package or str
+        What to install: packages (by distribution name) or requirement strings.
     wheels : sequence of pathlib.Path
         Wheel files to choose from (already matched to ``packages``).
 
     Returns
     -------
     str or None
-        pip's last line when it failed, else None.
+        pip's (or the unpacking's) last line when it failed, else None.
     """
     digest = sha256_file_list(wheels)
     deployed = deploy_files(transport, device, wheels, device.python, into=f"wheels/{digest}")
-    return _pip_install(transport, device, report, ["--no-index", "--find-links", deployed.remote_dir],
-                        [normalize(p.dist) for p in packages])
+    if not report.pip:
+        remote = [deployed.remote_paths[Path(w).name] for w in wheels]
+        result = transport.run([device.python, "-c", _UNPACK, report.site, *remote], timeout=INSTALL_TIMEOUT_S)
+        if "unpacked" in result.stdout:
+            return None
+        return _last_line(result)
+    names = [normalize(p.dist) if isinstance(p, Package) else p for p in packages]
+    return _pip_install(transport, device, report, ["--no-index", "--find-links", deployed.remote_dir], names)
+
+
+def _last_line(result: RunResult) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = lines or [line for line in result.stdout.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else f"exit status {result.rc}"
 
 
 def install_from_index(transport: Transport, device: Device, report: ProvisionReport,
@@ -452,12 +471,8 @@ def _pip_install(transport: Transport, device: Device, report: ProvisionReport,
     argv = [device.python, "-m", "pip", "install", "--no-deps", "--upgrade", "--disable-pip-version-check",
             "--no-warn-script-location", "--target", report.site, *options, *requirements]
     result = transport.run(argv, timeout=INSTALL_TIMEOUT_S)
-    if result.ok:
-        return None
     # pip says why on stderr; stdout only carries progress ("Looking in indexes: ...").
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    lines = lines or [line for line in result.stdout.splitlines() if line.strip()]
-    return lines[-1].strip() if lines else f"pip exited with status {result.rc}"
+    return None if result.ok else _last_line(result)
 
 
 def sha256_file_list(files: Sequence[Path]) -> str:
@@ -499,13 +514,14 @@ def index_candidates(report: ProvisionReport, packages: Sequence[Package]) -> li
 
 def provision_device(transport: Transport, device: Device, wheels: Sequence[Path] = (),
                      packages: Sequence[Package] = DEFAULT_PACKAGES, *, install: bool = False,
-                     index_url: str | None = None, verify_runtime: bool = True,
+                     index_url: str | None = None, via: str = "host", verify_runtime: bool = True,
                      say: Callable[[str], None] = print) -> ProvisionReport:
-    """Choose the device's runtime, then report its packages, installing missing ones from ``wheels``, then the index.
+    """Choose the device's runtime, then report its packages, installing missing ones from ``wheels``, then ``via``.
 
-    The runtime comes first (`harness.phone_runtime.device_runtime`): a phone without Python
-    gets its runtime bundle pushed, and the packages are checked with the bundle's Python.
-    Nothing is installed into a bundle (it brings numpy and onnxruntime).
+    The runtime comes first (`harness.phone_runtime.device_runtime`): a phone without
+    Python gets its runtime bundle pushed, and the packages are checked with the bundle's
+    Python. Nothing is installed into a bundle (it brings numpy and onnxruntime). Every
+    check runs the device's Python exactly as the runner starts.
 
     Parameters
     ----------
@@ -515,21 +531,29 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         Wheel files the user named; only those of missing packages are pushed.
     packages : sequence of Package
     install : bool
-        Also install what is still missing of `INDEX_REQUIREMENTS` from the package index.
+        Also install what the device's best backend still misses (`via`).
     index_url : str, optional
-        The index ``install`` uses (default: the device pip's configuration).
+        The package index ``install`` fetches from (default: the fetching pip's configuration).
+    via : {"host", "device"}
+        ``host``: the host fetches wheels for the device (`harness.wheels`) and pushes
+        them; ``device``: the device's own pip fetches from the index.
     verify_runtime : bool
         Hash a phone's unpacked runtime bundle against its file list (`provision_phone`).
     say : callable
-        Receives progress lines (a bundle built on the host).
+        Receives progress lines (a bundle built on the host, wheels fetched).
 
     Returns
     -------
     ProvisionReport
-        The state after installing, with ``installed``, ``install_error`` and ``runtime``.
+        The state after installing, with ``installed``, ``install_error``, ``fetched`` and ``runtime``.
 
     Raises
     ------
+    CannotProvision
+        The device's Python is older than `MIN_PYTHON`, its workdir cannot be written,
+        ``via="device"`` without pip, or a given wheel was built for another platform.
+    harness.wheels.NoWheel
+        No wheel exists for the device's platform and Python.
     TransportError
         The device failed (a phone: also `harness.phone_runtime.NoSpace`, unsupported ABI).
     """
@@ -537,30 +561,63 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
     before = dataclasses.replace(check_device(transport, device, packages, runtime.start), runtime=runtime)
     if before.python is None or runtime.start.runtime == "bundle":
         return before
-    state, errors = before, []
+    version = tuple(int(part) for part in before.python.split(".")[:2])
+    if version < MIN_PYTHON:
+        raise CannotProvision(f"{device.name}: Python {before.python} at {device.python} is older than the runner "
+                              f"supports ({'.'.join(map(str, MIN_PYTHON))} or newer); set `python:` in the fleet "
+                              f"file to a newer interpreter on the device")
     missing = [p for p in packages if not before.packages[p.name].importable]
     matched = match_wheels(missing, wheels)
+    target = Target(before.python, before.machine or "unknown", before.glibc)
+    wanted = wanted_requirements(target, _importable(before)) if install and via == "host" else []
+    needs_device_index = install and via == "device" and bool(index_candidates(before, packages))
+    if not (matched or wanted or needs_device_index):
+        return before
+    if before.unwritable:
+        raise CannotProvision(f"{device.name}: cannot write {before.site} ({before.unwritable}); set `workdir:` in "
+                              f"the fleet file to a directory the device's user can write")
+    for wheel in (w for ws in matched.values() for w in ws):
+        if (why := wheel_fits(wheel, target)) is not None:
+            raise CannotProvision(f"{device.name}: --wheel {why}; give a wheel built for the device")
+    state, errors, fetched = before, list[str](), list[str]()
     if matched:
         chosen = [p for p in missing if p.name in matched]
         error = install_wheels(transport, device, state, chosen, [w for p in chosen for w in matched[p.name]])
         errors += [error] if error else []
-        state = dataclasses.replace(check_device(transport, device, packages), runtime=runtime)
-    from_index = index_candidates(state, packages) if install else []
-    if from_index:
-        error = install_from_index(transport, device, state, from_index, index_url)
+        state = _recheck(transport, device, packages, runtime)
+        wanted = wanted_requirements(target, _importable(state)) if wanted else []
+    if wanted:
+        host_wheels = fetch_wheels(device.name, target, wanted, index_url=index_url, say=fetched.append)
+        error = install_wheels(transport, device, state, [wheel_distribution(w) for w in host_wheels], host_wheels)
         errors += [error] if error else []
-        state = dataclasses.replace(check_device(transport, device, packages), runtime=runtime)
-    if state is before:
-        return before
+        state = _recheck(transport, device, packages, runtime)
+    if needs_device_index:
+        if not state.pip:
+            raise CannotProvision(f"{device.name}: {device.python} has no pip, so it cannot install from an index; "
+                                  f"provision with --via host (the host fetches the wheels)")
+        from_index = index_candidates(state, packages)
+        error = install_from_index(transport, device, state, from_index, index_url) if from_index else None
+        errors += [error] if error else []
+        state = _recheck(transport, device, packages, runtime)
     installed = tuple(p.name for p in packages
                       if not before.packages[p.name].importable and state.packages[p.name].importable)
-    return dataclasses.replace(state, installed=installed, install_error="; ".join(errors) or None)
+    return dataclasses.replace(state, installed=installed, install_error="; ".join(errors) or None,
+                               fetched=tuple(fetched))
+
+
+def _importable(report: ProvisionReport) -> Callable[[str], bool]:
+    return lambda name: name in report.packages and report.packages[name].importable
+
+
+def _recheck(transport: Transport, device: Device, packages: Sequence[Package],
+             runtime: RuntimeReport) -> ProvisionReport:
+    return dataclasses.replace(check_device(transport, device, packages, runtime.start), runtime=runtime)
 
 
 def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
               packages: Sequence[Package] = DEFAULT_PACKAGES,
               opener: Callable[[Device], Transport] = connect, *, install: bool = False,
-              index_url: str | None = None, verify_runtime: bool = True,
+              index_url: str | None = None, via: str = "host", verify_runtime: bool = True,
               say: Callable[[str], None] = print) -> FleetResult[ProvisionReport]:
     """Provision every device of a fleet concurrently.
 
@@ -577,6 +634,8 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
         Install missing numpy / onnxruntime from the package index (`provision_device`).
     index_url : str, optional
         The index for ``install``.
+    via : {"host", "device"}
+        Who fetches what ``install`` installs (`provision_device`).
     verify_runtime, say
         As for `provision_device`.
 
@@ -593,7 +652,7 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
     def action(device: Device) -> ProvisionReport:
         transport = opener(device)
         try:
-            return provision_device(transport, device, wheels, packages, install=install, index_url=index_url,
+            return provision_device(transport, device, wheels, packages, install=install, index_url=index_url, via=via,
                                     verify_runtime=verify_runtime, say=say)
         finally:
             transport.close()
@@ -724,7 +783,8 @@ def _cell(status: PackageStatus) -> str:
 
 
 def _notes(name: str, report: ProvisionReport) -> list[str]:
-    notes = [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
+    notes = list(report.fetched)
+    notes += [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
     if report.install_error:
         notes.append(f"{name}: install failed: {report.install_error}")
     if report.python is None:
@@ -735,12 +795,12 @@ def _notes(name: str, report: ProvisionReport) -> list[str]:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    """Run ``fleetbench fleet provision FILE [--install] [--index-url URL] [--wheel W ...]``.
+    """Run ``fleetbench fleet provision FILE [--install [--via host|device]] [--index-url URL] [--wheel W ...]``.
 
     Parameters
     ----------
     args : argparse.Namespace
-        ``file`` (fleet YAML), ``wheel`` (list of wheel paths), ``install`` and ``index_url``.
+        ``file`` (fleet YAML), ``wheel`` (list of wheel paths), ``install``, ``via`` and ``index_url``.
 
     Returns
     -------
@@ -764,7 +824,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
     fleet = load_fleet(args.file)
-    result = provision(fleet, wheels, install=args.install, index_url=args.index_url)
+    result = provision(fleet, wheels, install=args.install, index_url=args.index_url, via=args.via)
     print(format_table(result, fleet.devices))
     return 0 if result.ok else 1
 
@@ -790,3 +850,43 @@ def as_dict(report: ProvisionReport) -> Mapping[str, Any]:
         "can_run": {b: report.can_run(b) for b in BACKENDS},
         "why_not": {b: why_not(report, b) for b in BACKENDS},
     }
+
+
+def runner_python(transport: Transport, device: Device) -> list[str]:
+    """Return the command that starts ``device``'s Python as its runner starts, pushing nothing.
+
+    `harness.phone_runtime.runner_start` without provisioning: a phone without Python
+    whose runtime bundle is not there yet is asked with its own (missing) Python.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+
+    Returns
+    -------
+    list of str
+    """
+    try:
+        return list(runner_start(transport, device, provision=False, say=lambda line: None).argv)
+    except MissingRuntime:
+        return python_argv(device.python, device.workdir)
+
+
+def cmd_facts(args: argparse.Namespace) -> int:
+    """Run ``fleetbench fleet facts FILE``, each device's Python started as its runner starts (`runner_python`).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        As for `devices.facts.cmd_facts`.
+
+    Returns
+    -------
+    int
+        As `devices.facts.cmd_facts`.
+    """
+    from devices.facts import cmd_facts as device_facts
+
+    return device_facts(args, python=runner_python)
+

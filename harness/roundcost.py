@@ -552,8 +552,9 @@ def measure_round_cost(
     measured_at : float, optional
         Unix time recorded (default now).
     start : str or harness.contract.RunnerStart, optional
-        How the device starts the runner's Python (default its ``python``; a phone on a
-        runtime bundle: the bundle's loader, `harness.phone_runtime`).
+        How the device starts the runner's Python (default: as
+        `harness.phone_runtime.runner_start` chooses, its own Python with the provisioned
+        site, or a phone's runtime bundle).
     data : pathlib.Path, optional
         The campaign's bench data (``.npz``): the requests train on its examples, as FL
         clients train on theirs (default: synthetic shards).
@@ -584,8 +585,12 @@ def measure_round_cost(
     shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch, data) for n in step_counts]
     deployed = deploy_files(transport, device, shards, timeout=timeout)
     workdir = deployed.workdir
+    if start is None:
+        from harness.phone_runtime import runner_start
+
+        start = runner_start(transport, device, timeout=timeout)
     resident = ResidentRunner.for_device(
-        transport, start or device.python, runner, backend=backend, threads=threads, workdir=workdir,
+        transport, start, runner, backend=backend, threads=threads, workdir=workdir,
         start_timeout=timeout, clock=clock,
     )  # fmt: skip
 

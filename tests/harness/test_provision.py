@@ -19,6 +19,7 @@ from devices.fleet import Device
 from devices.local import LocalTransport
 from fleetbench.cli import main
 from harness.backends import BackendChoice, why_not
+from harness.phone_runtime import runner_start
 from harness.provision import (
     DEFAULT_PACKAGES,
     Package,
@@ -28,7 +29,6 @@ from harness.provision import (
     match_wheels,
     provision,
     provision_device,
-    runner_env,
     wheel_distribution,
 )
 from tests.harness.test_deploy import PY, Target, make_target
@@ -99,9 +99,9 @@ def test_missing_package_installs_only_from_the_given_wheel(target: Target, tmp_
 
     again = provision_device(target.transport, target.device, [wheel], packages)
     assert again.installed == () and not again.missing()
-    env_run = target.transport.run(
-        [*runner_env(target.device.workdir), PY, "-c", "import fbfake_mod; print(fbfake_mod.__version__)"], timeout=30
-    )
+    # The runner's own start (the one every mode takes) imports what was provisioned.
+    start = runner_start(target.transport, target.device, say=lambda line: None)
+    env_run = target.transport.run([*start.argv, "-c", "import fbfake_mod; print(fbfake_mod.__version__)"], timeout=30)
     assert (env_run.rc, env_run.stdout.strip()) == (0, "0.1")
 
 
@@ -158,7 +158,7 @@ def test_onnxruntime_counts_as_importable_on_a_device_without_torch(tmp_path: Pa
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
     wrapper = tmp_path / "python-without-torch"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={shadow.parent} exec {PY} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=${{PYTHONPATH:+$PYTHONPATH:}}{shadow.parent} exec {PY} \"$@\"\n")
     wrapper.chmod(0o755)
     device = Device("notorch", "local", workdir=str(tmp_path / "device"), python=str(wrapper))
     report = check_device(LocalTransport(), device)
@@ -177,7 +177,8 @@ def python_without(tmp_path: Path, *modules: str) -> str:
     wrapper = tmp_path / "python-without"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f"PYTHONPATH={shadow} PIP_CONFIG_FILE=/dev/null exec env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL {PY} \"$@\"\n"
+        f"PYTHONPATH=${{PYTHONPATH:+$PYTHONPATH:}}{shadow} PIP_CONFIG_FILE=/dev/null "
+        f"exec env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL {PY} \"$@\"\n"
     )
     wrapper.chmod(0o755)
     return str(wrapper)
@@ -203,14 +204,14 @@ def test_install_takes_onnxruntime_from_the_index_and_the_device_can_then_run_on
     assert not before.can_run("onnx") and before.installed == ()
     assert "onnxruntime is not installed" in (why_not(before, "onnx") or "") or before.packages["onnxruntime"].present
 
-    after = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index)
+    after = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index, via="device")
     assert (after.installed, after.install_error) == (("onnxruntime",), None)
     assert after.packages["onnxruntime"].version == "1.19.2" and after.can_run("onnx")
     assert not after.can_run("ort")  # a plain build has no training API
     site = tmp_path / "device" / "site"
     assert (site / "onnxruntime" / "__init__.py").is_file() and not (site / "numpy").exists()  # numpy was there
 
-    again = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index)
+    again = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index, via="device")
     assert again.installed == () and again.can_run("onnx")  # nothing left to install
 
 
@@ -218,7 +219,9 @@ def test_install_reports_pips_last_line_when_the_index_has_nothing(tmp_path: Pat
     device = Device("bare", "local", workdir=str(tmp_path / "device"), python=python_without(tmp_path, "onnxruntime"))
     empty = (tmp_path / "empty").as_uri() + "/"
     (tmp_path / "empty").mkdir()
-    report = provision_device(LocalTransport(), device, (), DEFAULT_PACKAGES[:3], install=True, index_url=empty)
+    report = provision_device(
+        LocalTransport(), device, (), DEFAULT_PACKAGES[:3], install=True, index_url=empty, via="device"
+    )
     assert report.installed == () and not report.can_run("onnx")
     assert report.install_error is not None and "onnxruntime" in report.install_error
 
