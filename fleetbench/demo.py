@@ -1,9 +1,11 @@
 """``fleetbench demo``: the three journeys on an emulated fleet, in one command.
 
-1. **Fleet**: the example emulated fleet (fast / mid / slow SSH devices and the phone,
-   `devices/fleets/emulated.yaml`) is written into the demo directory on free loopback
-   ports and brought up. Without OpenSSH's ``sshd`` (or when ``--local`` is given) the
-   demo says so and uses three local devices instead, which run at the host's speed.
+1. **Fleet**: the example emulated fleet (fast / mid / slow SSH devices, a fresh board
+   with only the distribution's Python, and the phone, `devices/fleets/emulated.yaml`)
+   is written into the demo directory on free loopback ports, brought up and
+   provisioned (`provision_fleet`: the fresh board gets numpy and onnxruntime). Without
+   OpenSSH's ``sshd`` (or when ``--local`` is given) the demo says so and uses three
+   local devices instead, which run at the host's speed.
    Each device is then asked what it can run and uses its best available runner
    backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all;
    the phone, which has no Python, first gets its runtime bundle and so runs onnx,
@@ -175,6 +177,7 @@ def run_demo(args: argparse.Namespace) -> int:
     status = 0
     started = fleet
     try:
+        provision_fleet(fleet, progress)
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
         from exporters.zoo import get_model
@@ -236,6 +239,37 @@ def run_demo(args: argparse.Namespace) -> int:
                 progress.detail(problem)
     print(f"\nreport:  {html}\nstore:   {db}\nelapsed: {progress.elapsed:.0f} s")
     return status
+
+
+def provision_fleet(fleet: Any, progress: Progress) -> None:
+    """Install what each device's best backend misses, as ``fleetbench fleet provision FILE --install`` does.
+
+    The example fleet's ``fresh`` board has the distribution's Python and nothing else:
+    the host fetches its wheels (from its wheel cache, else the package index) and
+    installs them into the board's site. One line per device that got something, or
+    could not be provisioned (it is then left to `choose_backends`, which drops a device
+    that can run nothing).
+
+    Parameters
+    ----------
+    fleet : devices.fleet.Fleet
+    progress : Progress
+        Receives the lines.
+    """
+    from harness.provision import DEFAULT_PACKAGES, provision
+
+    packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
+    result = provision(fleet, packages=packages, install=True, verify_runtime=False, say=progress.detail)
+    for report in result.successes.values():
+        for line in report.fetched:
+            progress.detail(line)
+    for name, report in result.successes.items():
+        if report.installed:
+            progress.detail(f"{name}: installed {', '.join(report.installed)} into {report.site}")
+        if report.install_error:
+            progress.detail(f"{name}: install failed: {report.install_error}")
+    for name, failure in result.failures.items():
+        progress.detail(f"{name}: not provisioned: {failure.kind}: {failure.message}")
 
 
 def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any, dict[str, str]]:

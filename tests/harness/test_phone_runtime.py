@@ -22,6 +22,7 @@ from devices.adb import ADBTransport
 from devices.adb_endpoint import AdbEndpoint
 from devices.errors import ConnectionLost
 from devices.fleet import Device
+from devices.site import python_argv
 from devices.transport import Transport
 from harness import contract, phone_runtime
 from harness.deploy import deploy_artifact_set, deploy_runner
@@ -272,7 +273,8 @@ def test_too_little_storage_is_one_line_and_the_other_phones_go_on(make_phone: A
 def test_a_phone_with_a_working_python_keeps_it(make_phone: Any) -> None:
     phone = make_phone(python=sys.executable)  # as Termux would have it
     report = phone_runtime.provision_phone(phone.transport, phone.device)
-    assert report.start == contract.RunnerStart((sys.executable,), "python", (), report.start.detail)
+    site_start = tuple(python_argv(sys.executable, WORKDIR))  # its own Python, with the provisioned site
+    assert report.start == contract.RunnerStart(site_start, "python", (), report.start.detail)
     assert f"Python {sys.version.split()[0]}" in report.describe("phone")
     assert not phone.host_path(f"{WORKDIR}/runtime").exists() and report.pushed_bytes == 0
 
@@ -285,13 +287,15 @@ def test_an_unsupported_abi_is_one_line(make_phone: Any) -> None:
 
 
 def test_ssh_and_local_devices_start_their_own_python() -> None:
-    device = Device("pi", "ssh", host="127.0.0.1", python="/opt/py/bin/python3")
+    device = Device("pi", "ssh", host="127.0.0.1", python="/opt/py/bin/python3", workdir="~/.fb")
     start = phone_runtime.runner_start(None, device)  # type: ignore[arg-type] # asks the device nothing
-    assert start.argv == ("/opt/py/bin/python3",) and start.offers("ort") and start.backend(None) == "ort"
+    assert start.argv == tuple(python_argv("/opt/py/bin/python3", "~/.fb"))
+    assert start.argv[-2:] == ("~/.fb/site", "/opt/py/bin/python3") and start.offers("ort")
+    assert start.backend(None) == "ort"
     argv = contract.bench_argv(start, "r.py", "set", backend="ort", warmup=1, steps=1, threads=1)
-    assert argv[:3] == ["/opt/py/bin/python3", "r.py", "bench"]
-    assert contract.bench_argv("/opt/py/bin/python3", "r.py", "set", backend="ort", warmup=1, steps=1,
-                               threads=1) == argv
+    assert argv[: len(start.argv) + 2] == [*start.argv, "r.py", "bench"]
+    bare = contract.bench_argv("/opt/py/bin/python3", "r.py", "set", backend="ort", warmup=1, steps=1, threads=1)
+    assert argv[len(start.argv) :] == bare[1:]  # the same runner arguments after either start
 
 
 def test_bundle_start_runs_python_through_the_loader(bundle_x86_64: Any) -> None:
