@@ -2,9 +2,17 @@
 
 An ``emulate: {arch: aarch64}`` device runs a real arm64 Debian bookworm tree through
 qemu-user: the kernel's binfmt_misc hands every aarch64 ELF file to
-``qemu-aarch64-static``, so the tree's own ``/bin/sh``, ``python3``, numpy and
-onnxruntime (the aarch64 wheels from PyPI) run unchanged. This module checks what that
-needs from the system, builds the tree once and finds it again.
+``qemu-aarch64-static``, so the tree's own ``/bin/sh`` and ``python3`` run unchanged.
+This module checks what that needs from the system, builds the tree once and finds it
+again.
+
+The tree is a fresh board, as a freshly flashed Raspberry Pi OS Lite: Debian's python3
+and python3-pip and nothing installed with pip, so numpy and onnxruntime are missing
+until the device is provisioned (``fleetbench fleet provision FILE --install`` puts the
+aarch64 wheels into the device's ``<workdir>/site``, `harness.provision`). Nothing of
+theirs goes into the tree's system site-packages. The emulated phone's runtime bundle
+takes only Debian packages from this tree and its wheels from pip (`devices.bundle`),
+so it does not need them here either.
 
 What the system must give (`check_system`; one line per missing need, naming the Debian
 package):
@@ -27,12 +35,11 @@ else ``~/.cache/fleetbench/rootfs``), is shared by every fleet and every aarch64
 and is never written after its build: each device writes into its own overlay layer
 (`devices.qemu`). The build:
 
-1. ``debootstrap --arch=arm64 --variant=minbase`` with python3, python3-pip,
-   python3-venv and ca-certificates (its second stage runs under qemu);
-2. ``python3 -m pip install numpy==1.26.4 onnxruntime==1.19.2`` inside the tree, under
-   qemu (the aarch64 manylinux wheels; numpy is pinned so that two builds agree);
-3. a check inside the tree: ``platform.machine()`` is ``aarch64`` and numpy and
-   onnxruntime import; the versions found go into the stamp.
+1. ``debootstrap --arch=arm64 --variant=minbase`` with python3 and python3-pip (and
+   what they depend on; its second stage runs under qemu);
+2. a check inside the tree: ``platform.machine()`` is ``aarch64``, pip runs, and numpy
+   and onnxruntime do not import (a tree that has them is not fresh); the machine and
+   the python and pip versions go into the stamp.
 
 It is atomic: the tree is built in ``.bookworm-arm64.tmp-*`` beside its final place
 and renamed into place only after the completion stamp (``.fleetbench-rootfs.json``,
@@ -41,13 +48,15 @@ exists and names the same recipe (`SPEC`), so an interrupted build never looks
 complete and a changed recipe rebuilds. An ``flock`` on ``.bookworm-arm64.lock``
 serialises builds (a second ``fleet up`` waits, then finds the tree built); leftover
 ``.tmp-*`` trees of interrupted builds are removed under that lock. Every command that
-needs mounts (debootstrap's second stage mounts ``/proc`` and ``/sys``; pip needs
-``/proc`` and ``/dev``) runs in a private mount namespace (``unshare --mount
---propagation private``), so its mounts vanish with it even when the build is killed:
-a build never leaves a mount behind. First build measured here: 10 min 32 s on 2 cores
-shared with other work (debootstrap 8 min 35 s, pip under qemu 1 min 55 s); later uses read
-the stamp only. A changed recipe renames the old tree aside and deletes it once the new one
-is in place, so stop the aarch64 devices before upgrading fleetbench to a new recipe (their
+needs mounts (debootstrap's second stage mounts ``/proc`` and ``/sys``) runs in a private
+mount namespace (``unshare --mount --propagation private``), so its mounts vanish with
+it even when the build is killed: a build never leaves a mount behind. First build
+measured here: debootstrap took 8 min 35 s on 2 cores shared with other work; later
+uses read the stamp only. `SPEC` carries a ``version``, raised whenever the tree's
+contents change without its package lists changing (version 2: the fresh tree; version
+1 had numpy and onnxruntime pip-installed), so every older tree is rebuilt. A changed
+recipe renames the old tree aside and deletes it once the new one is in place, so stop
+the aarch64 devices before upgrading fleetbench to a new recipe (their
 overlays read the old tree).
 """
 
@@ -77,17 +86,18 @@ SUITE = "bookworm"
 DEBIAN_ARCH = "arm64"
 #: What ``uname -m`` says inside the tree.
 MACHINE = "aarch64"
-#: Debian packages added to the minimal base.
-DEBIAN_PACKAGES: tuple[str, ...] = ("python3", "python3-pip", "python3-venv", "ca-certificates")
-#: Python packages installed into the tree with pip.
-PIP_PACKAGES: tuple[str, ...] = ("numpy==1.26.4", "onnxruntime==1.19.2")
+#: Debian packages added to the minimal base (as on Raspberry Pi OS Lite: no pip packages).
+DEBIAN_PACKAGES: tuple[str, ...] = ("python3", "python3-pip")
+#: Python modules a fresh tree must not import (the device gets them by provisioning).
+NOT_INSTALLED: tuple[str, ...] = ("numpy", "onnxruntime")
 #: The recipe a stamp must name for the tree to count as built.
 SPEC: dict[str, Any] = {
+    "version": 2,
     "suite": SUITE,
     "arch": DEBIAN_ARCH,
     "variant": "minbase",
     "debian": list(DEBIAN_PACKAGES),
-    "pip": list(PIP_PACKAGES),
+    "pip": [],
 }
 #: Name of the tree inside the cache directory.
 TREE_NAME = f"{SUITE}-{DEBIAN_ARCH}"
@@ -388,12 +398,12 @@ def _last_line(log: Path) -> str:
     return lines[-1].strip()[:160] if lines else "(no output yet)"
 
 
-#: Run inside the tree after pip: machine and versions, as one JSON line.
+#: Run inside the tree after debootstrap: machine, versions and which of NOT_INSTALLED import, as one JSON line.
 _CHECK = (
-    "import json, platform, numpy, onnxruntime; "
+    "import importlib.util, json, platform, pip; "
     "print(json.dumps({'machine': platform.machine(), 'python': platform.python_version(), "
-    "'numpy': numpy.__version__, 'onnxruntime': onnxruntime.__version__, "
-    "'providers': onnxruntime.get_available_providers()}))"
+    "'pip': pip.__version__, "
+    f"'importable': [m for m in {list(NOT_INSTALLED)!r} if importlib.util.find_spec(m) is not None]}}))"
 )
 
 
@@ -403,17 +413,18 @@ def check_tree(tree: Path) -> dict[str, Any]:
     Parameters
     ----------
     tree : pathlib.Path
-        An arm64 tree with numpy and onnxruntime installed.
+        A debootstrapped arm64 tree.
 
     Returns
     -------
     dict
-        ``machine``, ``python``, ``numpy``, ``onnxruntime``, ``providers``.
+        ``machine``, ``python``, ``pip``.
 
     Raises
     ------
     RootfsError
-        If the check fails or the machine is not `MACHINE`.
+        If the check fails, the machine is not `MACHINE`, or one of `NOT_INSTALLED`
+        imports (the tree is not fresh).
     """
     check = subprocess.run(
         enter_argv(tree, None, ["/usr/bin/python3", "-c", _CHECK], chroot=True),
@@ -428,6 +439,9 @@ def check_tree(tree: Path) -> dict[str, Any]:
         raise RootfsError(f"the check inside the tree failed: {check.stderr.strip()[-300:]}") from None
     if found.get("machine") != MACHINE:
         raise RootfsError(f"the tree's python3 reports machine {found.get('machine')!r}, not {MACHINE}")
+    importable = found.pop("importable", [])
+    if importable:
+        raise RootfsError(f"the tree's python3 imports {', '.join(importable)}: a fresh tree has python3 and pip only")
     return found
 
 
@@ -486,7 +500,7 @@ def ensure_tree(directory: Path | None = None, say: Printer = print, mirror: str
             debootstrap = _sbin_which(shutil.which, "debootstrap") or "debootstrap"
             seconds = {
                 "debootstrap": _stage(
-                    f"[1/3] debootstrap --arch={DEBIAN_ARCH} {SUITE}",
+                    f"[1/2] debootstrap --arch={DEBIAN_ARCH} {SUITE}",
                     [
                         "unshare",
                         "--mount",
@@ -503,28 +517,8 @@ def ensure_tree(directory: Path | None = None, say: Printer = print, mirror: str
                     log,
                     say,
                 ),
-                "pip": _stage(
-                    f"[2/3] pip install {' '.join(PIP_PACKAGES)} (aarch64 wheels, under qemu)",
-                    enter_argv(
-                        build,
-                        None,
-                        [
-                            "/usr/bin/python3",
-                            "-m",
-                            "pip",
-                            "install",
-                            "--no-cache-dir",
-                            "--break-system-packages",
-                            *PIP_PACKAGES,
-                        ],
-                        chroot=True,
-                    ),
-                    log,
-                    say,
-                    _tree_env(),
-                ),
             }
-            say("rootfs: [3/3] checking numpy and onnxruntime inside the tree")
+            say("rootfs: [2/2] checking python3 and pip inside the tree (and that it is fresh)")
             found = check_tree(build)
             for leftover in (build / "var" / "cache" / "apt" / "archives").glob("*.deb"):
                 leftover.unlink()
@@ -546,8 +540,8 @@ def ensure_tree(directory: Path | None = None, say: Printer = print, mirror: str
             _remove_tree(build)
             raise
     say(
-        f"rootfs: ready in {_elapsed(time.monotonic() - started)}: python {found['python']}, numpy {found['numpy']}, "
-        f"onnxruntime {found['onnxruntime']} ({tree})"
+        f"rootfs: ready in {_elapsed(time.monotonic() - started)}: python {found['python']}, pip {found['pip']}, "
+        f"nothing else installed with pip ({tree})"
     )
     return tree
 
@@ -603,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rootfs: {exc}", file=sys.stderr)
         return 1
     versions = (read_stamp(tree) or {}).get("versions", {})
-    print(f"{tree}: built ({', '.join(f'{k} {versions.get(k)}' for k in ('python', 'numpy', 'onnxruntime'))})")
+    print(f"{tree}: built ({', '.join(f'{k} {versions.get(k)}' for k in ('python', 'pip'))})")
     return 0
 
 

@@ -1,4 +1,8 @@
-"""The emulated aarch64 device: mounts in its own namespace, SSH into the arm64 tree, nothing left behind."""
+"""The emulated aarch64 device: mounts in its own namespace, SSH into the arm64 tree, nothing left behind.
+
+The tree is a fresh board (python3 and pip only); what needs numpy and onnxruntime on it
+provisions it first, as a user would (`harness.provision`, ``--install``).
+"""
 
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ from devices.connect import connect
 from devices.facts import collect_facts, probe_device
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
+from devices.site import python_argv
 from devices.sshd import free_port
 from devices.transport import Transport
+from harness.provision import ProvisionReport, provision
 from tests.devices.conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,15 +230,33 @@ print(json.dumps({"machine": platform.machine(), "numpy": np.__version__, "ort":
 """
 
 
-def test_the_trees_python_runs_an_onnxruntime_session(transport: Transport, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def provisioned(pi: Fleet) -> ProvisionReport:
+    """The board after ``fleet provision --install`` (the host's aarch64 wheels in its site)."""
+    result = provision([pi.device("pi")], install=True, say=lambda line: None)
+    assert result.ok, result.failures
+    return result.successes["pi"]
+
+
+def test_a_provisioned_board_runs_an_onnxruntime_session(
+    pi: Fleet, transport: Transport, provisioned: ProvisionReport, tmp_path: Path
+) -> None:
+    assert provisioned.machine == "aarch64" and provisioned.can_run("onnx")
     w, b = tiny_model(tmp_path / "tiny.onnx")
     transport.put(tmp_path / "tiny.onnx", "~/.fleetbench/tiny.onnx")
-    result = transport.run(["python3", "-c", INFER, ".fleetbench/tiny.onnx"], timeout=300)
+    device = pi.device("pi")
+    result = transport.run([*python_argv(device.python, device.workdir), "-c", INFER, ".fleetbench/tiny.onnx"],
+                           timeout=300)  # fmt: skip
     assert result.rc == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert (doc["machine"], doc["numpy"], doc["ort"]) == ("aarch64", "1.26.4", "1.19.2")
+    versions = (provisioned.packages["numpy"].version, provisioned.packages["onnxruntime"].version)
+    assert (doc["machine"], doc["numpy"], doc["ort"]) == ("aarch64", *versions)
     expected = np.arange(6, dtype=np.float32).reshape(2, 3) @ w + b
     np.testing.assert_allclose(np.array(doc["y"], dtype=np.float32), expected, rtol=1e-6, atol=1e-6)
+    # they live in the board's workdir: its own python3 still has none, the shared tree is untouched
+    bare = transport.run(["python3", "-c", "import numpy"], timeout=120)
+    assert bare.rc != 0 and "No module named 'numpy'" in bare.stderr
+    assert not (rootfs.tree_path() / "root" / ".fleetbench").exists()
 
 
 def test_put_and_get_land_in_the_devices_own_layer(pi: Fleet, transport: Transport, tmp_path: Path) -> None:
@@ -273,7 +297,8 @@ def test_the_devices_qemu_processes_are_held_to_its_limits(pi: Fleet, transport:
 def test_facts_say_aarch64_and_emulated_isa(pi: Fleet, transport: Transport) -> None:
     probed = probe_device(transport, "python3", timeout=120)  # the probe alone tells
     assert probed.arch == "aarch64" and probed.emulated_isa is True
-    assert (probed.python.split(".")[:2], probed.numpy, probed.onnxruntime) == (["3", "11"], "1.26.4", "1.19.2")
+    # the board's own python3, without its provisioned site: as the tree was built, fresh
+    assert (probed.python.split(".")[:2], probed.numpy, probed.onnxruntime) == (["3", "11"], "missing", "missing")
     assert probed.torch == "missing"
     result = collect_facts(pi, timeout=120)
     assert result.successes["pi"].emulated_isa is True and not result.failures

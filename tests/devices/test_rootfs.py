@@ -6,6 +6,7 @@ import fcntl
 import functools
 import json
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -167,9 +168,7 @@ def fake_build(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return 1.0
 
     monkeypatch.setattr(rootfs, "_stage", stage)
-    monkeypatch.setattr(
-        rootfs, "check_tree", lambda build: {"machine": "aarch64", "python": "3.11.2", "numpy": "1", "onnxruntime": "1"}
-    )
+    monkeypatch.setattr(rootfs, "check_tree", lambda build: {"machine": "aarch64", "python": "3.11.2", "pip": "23.0.1"})
     return stages
 
 
@@ -186,19 +185,19 @@ def test_a_build_writes_the_stamp_then_renames_into_place(tmp_path: Path, fake_b
     lines: list[str] = []
     tree = rootfs.ensure_tree(tmp_path, say=lines.append)
     assert tree == old
-    assert len(fake_build) == 2 and fake_build[0].startswith("[1/3] debootstrap")
-    assert (tree / "stage1").exists() and (tree / "stage2").exists() and not (tree / "half-built").exists()
+    assert len(fake_build) == 1 and fake_build[0].startswith("[1/2] debootstrap")
+    assert (tree / "stage1").exists() and not (tree / "half-built").exists()
     stamp = rootfs.read_stamp(tree)
     assert stamp is not None and stamp["versions"]["machine"] == "aarch64"
     assert leftovers(tmp_path) == []  # the interrupted build and the old tree are gone
     assert any("removing .bookworm-arm64.tmp-interrupted" in line for line in lines)
-    assert any(line.startswith("rootfs: ready in") for line in lines)
+    assert any(line.startswith("rootfs: ready in") and "pip 23.0.1" in line for line in lines)
     # built: the next call does nothing
     fake_build.clear()
     assert rootfs.ensure_tree(tmp_path, say=lines.append) == tree and fake_build == []
 
 
-@pytest.mark.parametrize("error", [rootfs.RootfsError("pip failed"), KeyboardInterrupt()])
+@pytest.mark.parametrize("error", [rootfs.RootfsError("check failed"), KeyboardInterrupt()])
 def test_an_interrupted_build_never_leaves_a_tree_that_looks_complete(
     tmp_path: Path, fake_build: list[str], monkeypatch: pytest.MonkeyPatch, error: BaseException
 ) -> None:
@@ -242,13 +241,17 @@ def test_chroot_directory_must_be_root_owned_in_every_component(tmp_path: Path) 
 # ---------------------------------------------------------------------------- the real tree
 
 
-def test_the_built_tree_is_arm64_with_numpy_and_onnxruntime(arm64_tree: Path) -> None:
+def test_the_built_tree_is_a_fresh_arm64_userland_with_python3_and_pip_only(arm64_tree: Path) -> None:
     stamp = rootfs.read_stamp(arm64_tree)
-    assert stamp is not None
+    assert stamp is not None and stamp["spec"]["version"] == 2 and stamp["spec"]["pip"] == []
     versions = stamp["versions"]
-    assert versions["machine"] == "aarch64"
-    assert versions["onnxruntime"] == "1.19.2" and versions["numpy"] == "1.26.4"
-    assert "CPUExecutionProvider" in versions["providers"]
+    assert versions["machine"] == "aarch64" and versions["python"].startswith("3.11.") and versions["pip"]
+    assert "numpy" not in versions and "onnxruntime" not in versions
+    # nothing was pip-installed into the system site-packages: only Debian's own packages are there
+    site = arm64_tree / "usr" / "lib" / "python3" / "dist-packages"
+    assert (site / "pip").is_dir()
+    assert not [p.name for p in site.iterdir() if p.name.lower().startswith(("numpy", "onnxruntime"))]
+    assert not (arm64_tree / "usr" / "local" / "lib" / "python3.11" / "dist-packages" / "numpy").exists()
     # real aarch64 binaries: the ELF header's e_machine is 183 (EM_AARCH64)
     python = (arm64_tree / "usr" / "bin").resolve() / Path(str((arm64_tree / "usr/bin/python3").readlink())).name
     header = python.read_bytes()[:20]
@@ -265,5 +268,17 @@ def test_a_built_tree_is_found_again_in_well_under_a_second(arm64_tree: Path) ->
 
 def test_check_tree_runs_the_trees_python_under_qemu(arm64_tree: Path) -> None:
     found = rootfs.check_tree(arm64_tree)
-    assert found["machine"] == "aarch64" and found["python"].startswith("3.11.")
+    assert found["machine"] == "aarch64" and found["python"].startswith("3.11.") and found["pip"]
+    assert set(found) == {"machine", "python", "pip"}
     assert qemu.host_mounts_under(arm64_tree) == []
+
+
+def test_check_tree_refuses_a_tree_that_is_not_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = json.dumps({"machine": "aarch64", "python": "3.11.2", "pip": "23.0.1", "importable": ["numpy"]})
+    done = subprocess.CompletedProcess([], 0, stdout=answer + "\n", stderr="")
+    monkeypatch.setattr(rootfs.subprocess, "run", lambda *a, **k: done)
+    with pytest.raises(rootfs.RootfsError, match="imports numpy: a fresh tree has python3 and pip only"):
+        rootfs.check_tree(Path("/nonexistent"))
+    clean = json.dumps({"machine": "aarch64", "python": "3.11.2", "pip": "23.0.1", "importable": []})
+    monkeypatch.setattr(rootfs.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 0, clean, ""))
+    assert rootfs.check_tree(Path("/nonexistent")) == {"machine": "aarch64", "python": "3.11.2", "pip": "23.0.1"}

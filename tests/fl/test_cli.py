@@ -288,13 +288,17 @@ def test_json_of_a_failed_run_carries_the_reasons_and_max_failed_rounds_is_honou
 
 
 def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tree, tmp_path, capsys):
-    """One FL run over an x86 device (ort), the emulated aarch64 ``pi`` (onnx) and a device without Python."""
+    """One FL run over an x86 device (ort), the emulated aarch64 ``pi`` (onnx) and a device without Python.
+
+    ``pi`` is a fresh board: it is provisioned first (``fleet provision --install``).
+    """
     import sqlite3
     import sys
 
     from devices import emulate
     from devices.fleetfile import load_fleet
     from devices.sshd import free_port
+    from harness.provision import provision
 
     fleet_path = tmp_path / "mixed.yaml"
     fleet_path.write_text(
@@ -309,6 +313,7 @@ def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tr
     argv = ["run", "--fleet", str(fleet_path), "--artifacts", str(tmp_path / "artifacts"), "--model", "fjord-cnn"]
     try:
         assert emulate.up(fleet, say=lambda line: None).ok
+        assert provision([fleet.device("pi")], install=True, say=lambda line: None).ok
         rc, out, err = run(capsys, *argv, "--dataset", "digits", "--clients", "2", "--rounds", "1", "--db", db)
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
