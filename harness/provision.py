@@ -469,7 +469,7 @@ def install_from_index(transport: Transport, device: Device, report: ProvisionRe
 def _pip_install(transport: Transport, device: Device, report: ProvisionReport,
                  options: Sequence[str], requirements: Sequence[str]) -> str | None:
     argv = [device.python, "-m", "pip", "install", "--no-deps", "--upgrade", "--disable-pip-version-check",
-            "--no-warn-script-location", "--target", report.site, *options, *requirements]
+            "--no-warn-script-location", "--no-compile", "--target", report.site, *options, *requirements]
     result = transport.run(argv, timeout=INSTALL_TIMEOUT_S)
     # pip says why on stderr; stdout only carries progress ("Looking in indexes: ...").
     return None if result.ok else _last_line(result)

@@ -70,6 +70,10 @@ def _slowest_once_open(db: sqlite3.Connection, run_id: int, rnd: int) -> str:
     return max(steady, key=lambda device: steady[device])
 
 
+#: The example fleet's devices (`devices/fleets/emulated.yaml`).
+EMULATED = {"fast", "mid", "slow", "fresh", "phone"}
+
+
 def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
     require_tool("sshd")
     require_tool("adb")
@@ -80,18 +84,23 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     printed = captured.out
     assert rc == 0, printed + captured.err
     assert f"report:  {out / 'report' / 'report.html'}" in printed and "[7/7]" in printed
-    _check_outputs(out, {"fast", "mid", "slow", "phone"}, rounds=2)
+    _check_outputs(out, EMULATED, rounds=2)
     _check_tier_widths(out, printed)
+    # the fresh board (the distribution's python3, nothing installed) was provisioned before profiling
+    fetched = next(line for line in printed.splitlines() if "fresh: fetched " in line)
+    assert "numpy-" in fetched and "onnxruntime_training-1.19.2-" in fetched and "on x86_64" in fetched, fetched
+    assert "fresh: installed numpy, onnxruntime, onnxruntime-training into " in printed, printed
+    assert "backend of fresh: ort (best available)" in printed
     # each device's predicted and measured rounds after FjORD; FLuID's calibrated straggler against its target
-    assert sum("predicted/measured round s" in line for line in printed.splitlines()) == 4, printed
+    assert sum("predicted/measured round s" in line for line in printed.splitlines()) == len(EMULATED), printed
     db = sqlite3.connect(out / "fleetbench.db")
     assert f"straggler {_slowest_once_open(db, run_id=2, rnd=0)} (" in printed and "x target" in printed, printed
     costs = {d for (d,) in db.execute("SELECT device FROM round_costs WHERE status = 'ok'")}
-    assert costs == {"fast", "mid", "slow", "phone"}
+    assert costs == EMULATED
     predicted = db.execute("SELECT COUNT(*) FROM fl_client_rounds WHERE predicted_seconds > 0").fetchone()[0]
-    assert predicted == 2 * 2 * 4  # every client round of both runs
+    assert predicted == 2 * 2 * len(EMULATED)  # every client round of both runs
     state = emulate.load_state(out / "fleet" / "state")
-    assert all(state.get(name) is None for name in ("fast", "mid", "slow", "phone"))  # the fleet was stopped
+    assert all(state.get(name) is None for name in EMULATED)  # the fleet was stopped
 
 
 def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,7 @@ from harness.backends import BackendChoice, why_not
 from harness.phone_runtime import runner_start
 from harness.provision import (
     DEFAULT_PACKAGES,
+    CannotProvision,
     Package,
     check_device,
     fleet_backends,
@@ -263,3 +264,68 @@ def test_the_aarch64_device_runs_onnx_only_and_says_why_not_ort(
     assert row[1] == "aarch64" and row[-2:] == ["onnx", "onnx"]
     assert row[3] == "python" and row[5] != "missing" and row[6] == "missing"  # runtime, onnxruntime, -training
     assert "pi: no ort: onnxruntime-training 1.19.2 has no wheel for aarch64" in out
+
+
+def python_with(tmp_path: Path, name: str, sitecustomize: str) -> str:
+    """A wrapper of this Python that runs ``sitecustomize`` first (a stand-in for another interpreter)."""
+    custom = tmp_path / f"custom-{name}"
+    custom.mkdir()
+    (custom / "sitecustomize.py").write_text(sitecustomize)
+    wrapper = tmp_path / f"python-{name}"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=${{PYTHONPATH:+$PYTHONPATH:}}{custom} exec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_bad_devices_get_one_line_each_and_the_others_are_provisioned(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path)
+    (tmp_path / "a-file").write_text("not a directory\n")
+    old = python_with(tmp_path, "old", "import platform\nplatform.python_version = lambda: '3.7.3'\n")
+    devices = [
+        Device("good", "local", workdir=str(tmp_path / "good"), python=PY),
+        Device("old", "local", workdir=str(tmp_path / "old"), python=old),
+        Device("readonly", "local", workdir=str(tmp_path / "a-file" / "work"), python=PY),
+    ]
+    result = provision(devices, [wheel], (NUMPY, FAKE), say=lambda line: None)
+    assert list(result.successes) == ["good"] and result.successes["good"].installed == ("fbfake",)
+    assert result.failures["old"].kind == "cannot provision"
+    assert result.failures["old"].message == (
+        f"old: Python 3.7.3 at {old} is older than the runner supports (3.8 or newer); set `python:` in the fleet "
+        "file to a newer interpreter on the device"
+    )
+    readonly = result.failures["readonly"].message
+    assert readonly.startswith(f"readonly: cannot write {tmp_path}/a-file/work/site (NotADirectoryError: ")
+    assert readonly.endswith("set `workdir:` in the fleet file to a directory the device's user can write")
+    table = format_table(result, devices, (NUMPY, FAKE))
+    assert "FAILED: cannot provision" in table and "old: cannot provision: old: Python 3.7.3 at " in table
+
+
+def test_a_wheel_for_another_platform_is_refused_before_anything_is_pushed(tmp_path: Path) -> None:
+    arm = tmp_path / "fb_fake-0.1-cp311-cp311-manylinux_2_17_aarch64.whl"
+    arm.write_bytes(make_wheel(tmp_path).read_bytes())
+    device = Device("x86", "local", workdir=str(tmp_path / "device"), python=PY)
+    result = provision([device], [arm], (NUMPY, FAKE), say=lambda line: None)
+    message = result.failures["x86"].message
+    assert message.startswith(f"x86: --wheel {arm.name} is built for cp311 on manylinux_2_17_aarch64, the device has "
+                              f"Python {sys.version_info.major}.{sys.version_info.minor} on {platform.machine()}")
+    assert message.endswith("give a wheel built for the device") and "\n" not in message
+    assert not (tmp_path / "device" / "wheels").exists()  # nothing was pushed
+
+
+def test_a_device_without_pip_unpacks_given_wheels_and_cannot_use_its_own_index(tmp_path: Path) -> None:
+    nopip = python_with(tmp_path, "nopip", "import sys\nsys.modules['pip'] = None\n")
+    device = Device("nopip", "local", workdir=str(tmp_path / "device"), python=nopip)
+    before = check_device(LocalTransport(), device, (NUMPY, FAKE))
+    assert not before.pip and before.packages["fbfake"].importable is False
+    after = provision_device(LocalTransport(), device, [make_wheel(tmp_path)], (NUMPY, FAKE), say=lambda line: None)
+    assert (after.installed, after.install_error) == (("fbfake",), None)
+    site = tmp_path / "device" / "site"
+    assert (site / "fbfake_mod" / "__init__.py").is_file() and (site / "fb_fake-0.1.dist-info" / "METADATA").is_file()
+    assert after.packages["fbfake"].version == "0.1"  # its metadata is found, as pip's would be
+    bare = Device("bare", "local", workdir=str(tmp_path / "bare"),
+                  python=python_with(tmp_path, "bare", "import sys\nsys.modules['pip'] = None\n"
+                                     "sys.modules['onnxruntime'] = None\n"))
+    with pytest.raises(CannotProvision) as caught:
+        provision_device(LocalTransport(), bare, (), DEFAULT_PACKAGES[:3], install=True, via="device")
+    assert str(caught.value) == (f"bare: {bare.python} has no pip, so it cannot install from an index; "
+                                 "provision with --via host (the host fetches the wheels)")

@@ -1,0 +1,146 @@
+"""The README's real-device journey, run verbatim against a fresh board fleetbench did not prepare.
+
+The board is a plain OpenSSH ``sshd`` this test starts with a standard configuration on a
+loopback port, logged into with a key and a known_hosts file, whose ``python3`` is the
+distribution's own (``/usr/bin/python3``: no numpy, no onnxruntime). The commands are read
+from the README's block marked ``real-device journey`` and run as a user types them, in a
+directory holding ``my-fleet.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devices.sshd import free_port
+from tests.devices.conftest import require_tool
+
+REPO = Path(__file__).resolve().parents[2]
+#: The distribution's Python, as a freshly flashed board has it.
+SYSTEM_PYTHON = "/usr/bin/python3"
+MARK = "<!-- real-device journey"
+
+
+def journey_commands(readme: Path = REPO / "README.md") -> list[list[str]]:
+    """The argv of each line of the README's fenced block after the journey marker."""
+    text = readme.read_text()
+    block = text[text.index(MARK):].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@dataclass
+class Board:
+    port: int
+    key: Path
+    known_hosts: Path
+    workdir: str
+    home_workdir: Path
+
+
+def _system_python_lacks_numpy() -> bool:
+    run = subprocess.run([SYSTEM_PYTHON, "-c", "import numpy"], capture_output=True, check=False)
+    return run.returncode != 0
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Iterator[Board]:
+    require_tool("sshd")
+    if not Path(SYSTEM_PYTHON).exists():
+        pytest.fail(f"{SYSTEM_PYTHON} is missing: the fresh board runs the distribution's Python")
+    assert _system_python_lacks_numpy(), f"{SYSTEM_PYTHON} has numpy: the board would not be fresh"
+    sshd_dir = tmp_path / "board-sshd"
+    sshd_dir.mkdir()
+    for name in ("host_ed25519", "user_ed25519"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(sshd_dir / name)], check=True)
+    (sshd_dir / "authorized_keys").write_text((sshd_dir / "user_ed25519.pub").read_text())
+    port = free_port()
+    # Debian's defaults, with keys only; StrictModes is off because the test's files live under /tmp.
+    (sshd_dir / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {sshd_dir / 'host_ed25519'}\n"
+        f"AuthorizedKeysFile {sshd_dir / 'authorized_keys'}\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nSubsystem sftp internal-sftp\n"
+        f"PidFile {sshd_dir / 'sshd.pid'}\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    host_key = (sshd_dir / "host_ed25519.pub").read_text().split()
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
+    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_dir / "sshd_config")],
+                            stdout=subprocess.DEVNULL, stderr=(sshd_dir / "sshd.log").open("w"))
+    name = f".fleetbench-journey-{uuid.uuid4().hex[:8]}"  # in the board user's home, as a user would set it
+    home_workdir = Path.home() / name
+    try:
+        yield Board(port, sshd_dir / "user_ed25519", known_hosts, f"~/{name}", home_workdir)
+    finally:
+        sshd.terminate()
+        sshd.wait(timeout=30)
+        subprocess.run(["rm", "-rf", str(home_workdir)], check=False)
+
+
+def _run(argv: list[str], cwd: Path) -> str:
+    fleetbench = Path(sys.executable).with_name("fleetbench")
+    assert argv[0] == ".venv/bin/fleetbench", argv
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANDROID_")}
+    run = subprocess.run([str(fleetbench), *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=900,
+                         env=env, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, f"{shlex.join(argv)} exited {run.returncode}:\n{out}"
+    return out
+
+
+def _facts_line(out: str, key: str) -> str:
+    return next(line.split(None, 1)[1] for line in out.splitlines() if line.strip().startswith(key + " "))
+
+
+def test_the_readme_journey_on_a_fresh_board(board: Board, tmp_path: Path) -> None:
+    work = tmp_path / "user"
+    work.mkdir()
+    (work / "my-fleet.yaml").write_text(
+        "devices:\n"
+        "  - name: board\n    kind: ssh\n    host: 127.0.0.1\n"
+        f"    port: {board.port}\n    user: root\n    key_file: {board.key}\n    known_hosts: {board.known_hosts}\n"
+        f"    workdir: {board.workdir}\n    python: {SYSTEM_PYTHON}\n    threads: 1\n"
+    )
+    commands = journey_commands()
+    assert [c[1:3] for c in commands[:4]] == [["fleet", "check"], ["fleet", "facts"], ["fleet", "provision"],
+                                              ["fleet", "facts"]]
+    outputs = [_run(argv, work) for argv in commands]
+    check, facts, provision, facts_after, profile, report, fl_run = outputs
+
+    assert "1 device OK" in check
+    assert _facts_line(facts, "numpy") == "missing" and _facts_line(facts, "onnxruntime") == "missing"
+    assert re.fullmatch(r"3\.\d+\.\d+", _facts_line(facts, "python"))
+
+    row = [c.strip() for c in next(line for line in provision.splitlines() if line.startswith("board ")).split("|")]
+    numpy_version = row[4]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", numpy_version) and row[5:7] == ["1.19.2", "1.19.2"], provision
+    assert row[-2:] == ["ort, onnx", "ort"], provision
+    assert re.search(r"board: fetched .*onnxruntime_training-1\.19\.2-cp3\d+-cp3\d+-manylinux\S+x86_64\.whl", provision)
+    assert "from the package index" in provision or "from the host's wheel cache" in provision
+    home_site = board.home_workdir / "site"
+    assert f"board: installed numpy, onnxruntime, onnxruntime-training into {home_site}" in provision, provision
+
+    assert _facts_line(facts_after, "numpy") == numpy_version and _facts_line(facts_after, "onnxruntime") == "1.19.2"
+    assert _system_python_lacks_numpy()  # the board's own Python is as it was
+
+    db = sqlite3.connect(work / "fleetbench.db")
+    cells = db.execute("SELECT width, backend, status FROM cells WHERE device = 'board' ORDER BY width").fetchall()
+    assert cells == [(0.25, "ort", "ok"), (0.5, "ort", "ok"), (1.0, "ort", "ok")], profile
+    assert "missing runtime" not in profile and "board: round cost: fixed" in profile, profile
+
+    assert (work / "report" / "report.html").is_file() and "board" in (work / "report" / "report.html").read_text()
+    assert "wrote report/report.html" in report
+
+    assert re.search(r"FL run \d+ \(fjord, fjord-cnn on mnist5k, 4 clients", fl_run), fl_run
+    rounds = re.findall(r"round (\d+)/3: clients ok (\d+) failed (\d+)", fl_run)
+    assert [r[0] for r in rounds] == ["1", "2", "3"] and all(r[2] == "0" and int(r[1]) > 0 for r in rounds), fl_run
