@@ -121,7 +121,8 @@ def why_not(report: ProvisionReport, backend: str) -> str | None:
         if status is not None and status.present:
             return f"{name} is installed but does not import: {status.error}"
         return _missing(report, name)
-    return None
+    failed = report.step_failures.get(backend)
+    return f"one training step of the check set failed: {failed}" if failed else None
 
 
 def _missing(report: ProvisionReport, name: str) -> str:
@@ -132,7 +133,7 @@ def _missing(report: ProvisionReport, name: str) -> str:
             return f"onnxruntime-training {ORT_TRAINING_LAST} has no wheel for {report.machine}"
         if python and python not in ORT_TRAINING_PYTHONS:
             return f"onnxruntime-training {ORT_TRAINING_LAST} has no wheel for Python {python}"
-        return "onnxruntime-training is not installed (give its wheel: fleet provision --wheel)"
+        return "onnxruntime-training is not installed (fleet provision --install fetches it)"
     if name in ("numpy", "onnxruntime"):
         return f"{name} is not installed (fleet provision --install installs it)"
     return f"{name} is not installed"

@@ -188,6 +188,11 @@ class ProvisionReport:
         Why ``<workdir>/site`` cannot be written (None: it can).
     fetched : tuple of str
         What the host fetched for the device, one line (wheels and where from).
+    step_failures : dict of str to str
+        Per backend whose training step was tried (`train_step_check`) and failed, why;
+        a backend that ran its step, or was not tried, is absent.
+    stepped : tuple of str
+        The backends that ran one training step of the check set.
     runtime : RuntimeReport or None
         The runtime the runner starts with (`harness.phone_runtime.device_runtime`): the
         device's own Python, or a phone's runtime bundle (which offers ``onnx`` only); the
@@ -204,6 +209,8 @@ class ProvisionReport:
     pip: bool = False
     unwritable: str | None = None
     fetched: tuple[str, ...] = ()
+    step_failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    stepped: tuple[str, ...] = ()
     runtime: RuntimeReport | None = None
 
     @property
@@ -515,7 +522,7 @@ def index_candidates(report: ProvisionReport, packages: Sequence[Package]) -> li
 def provision_device(transport: Transport, device: Device, wheels: Sequence[Path] = (),
                      packages: Sequence[Package] = DEFAULT_PACKAGES, *, install: bool = False,
                      index_url: str | None = None, via: str = "host", verify_runtime: bool = True,
-                     say: Callable[[str], None] = print) -> ProvisionReport:
+                     train_step: bool = False, say: Callable[[str], None] = print) -> ProvisionReport:
     """Choose the device's runtime, then report its packages, installing missing ones from ``wheels``, then ``via``.
 
     The runtime comes first (`harness.phone_runtime.device_runtime`): a phone without
@@ -539,6 +546,10 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         them; ``device``: the device's own pip fetches from the index.
     verify_runtime : bool
         Hash a phone's unpacked runtime bundle against its file list (`provision_phone`).
+    train_step : bool
+        Then run one training step of the check set on every backend whose imports work
+        (`train_step_check`): "can run" means the runner, started as ``profile`` and
+        ``fl run`` start it, trained.
     say : callable
         Receives progress lines (a bundle built on the host, wheels fetched).
 
@@ -560,7 +571,7 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
     runtime = device_runtime(transport, device, verify=verify_runtime, say=say)
     before = dataclasses.replace(check_device(transport, device, packages, runtime.start), runtime=runtime)
     if before.python is None or runtime.start.runtime == "bundle":
-        return before
+        return train_step_check(transport, device, before) if train_step and before.python else before
     version = tuple(int(part) for part in before.python.split(".")[:2])
     if version < MIN_PYTHON:
         raise CannotProvision(f"{device.name}: Python {before.python} at {device.python} is older than the runner "
@@ -572,7 +583,7 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
     wanted = wanted_requirements(target, _importable(before)) if install and via == "host" else []
     needs_device_index = install and via == "device" and bool(index_candidates(before, packages))
     if not (matched or wanted or needs_device_index):
-        return before
+        return train_step_check(transport, device, before) if train_step else before
     if before.unwritable:
         raise CannotProvision(f"{device.name}: cannot write {before.site} ({before.unwritable}); set `workdir:` in "
                               f"the fleet file to a directory the device's user can write")
@@ -601,8 +612,90 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         state = _recheck(transport, device, packages, runtime)
     installed = tuple(p.name for p in packages
                       if not before.packages[p.name].importable and state.packages[p.name].importable)
-    return dataclasses.replace(state, installed=installed, install_error="; ".join(errors) or None,
-                               fetched=tuple(fetched))
+    state = dataclasses.replace(state, installed=installed, install_error="; ".join(errors) or None,
+                                fetched=tuple(fetched))
+    return train_step_check(transport, device, state) if train_step else state
+
+
+#: The check set (`check_set`): the smallest zoo model at its narrowest width, batch 2, SGD.
+CHECK_SET = ("fjord-cnn", 0.25, 2, "sgd")
+
+
+def check_set(cache: Path | None = None, torch: bool = False) -> Path:
+    """Export (or find in the cache) the tiny artifact set `train_step_check` trains one step of.
+
+    Parameters
+    ----------
+    cache : pathlib.Path, optional
+        The artifact cache (default ``~/.cache/fleetbench/check-sets``).
+    torch : bool
+        Also write its TorchScript twin (``model.pt``) for the ``torch`` backend.
+
+    Returns
+    -------
+    pathlib.Path
+        The set's directory.
+    """
+    from exporters.artifacts import export_artifacts
+    from exporters.zoo import get_model
+
+    name, width, batch, optimizer = CHECK_SET
+    model = get_model(name)
+    out = cache or Path.home() / ".cache" / "fleetbench" / "check-sets"
+    directory = export_artifacts(model, model.arch(width), batch=batch, optimizer=optimizer, out_dir=out).directory
+    if torch and not (directory / "model.pt").exists():
+        from exporters.torchscript import export_torchscript
+
+        export_torchscript(model, model.arch(width), directory)
+    return directory
+
+
+def train_step_check(transport: Transport, device: Device, report: ProvisionReport,
+                     cache: Path | None = None) -> ProvisionReport:
+    """Run one training step of the check set on every backend whose imports work, as the runner runs a cell.
+
+    The runner and the set are deployed as a campaign deploys them and started through
+    the report's runtime (`harness.phone_runtime.runner_start`'s choice): ``runner.py
+    bench`` with one warm-up and one timed step on one thread.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    report : ProvisionReport
+        The device's state; its runtime says how the runner starts.
+    cache : pathlib.Path, optional
+        Where the check set is exported (`check_set`).
+
+    Returns
+    -------
+    ProvisionReport
+        ``report`` with ``stepped`` (backends that trained) and ``step_failures``.
+    """
+    from harness import contract
+    from harness.deploy import deploy_artifact_set, deploy_runner
+
+    backends = [b for b in BACKENDS if why_not(report, b) is None]
+    if not backends:
+        return report
+    start = report.start or runner_start(transport, device, provision=False, say=lambda line: None)
+    set_dir = check_set(cache, torch="torch" in backends)
+    runner = str(deploy_runner(transport, device, contract.RUNNER_PATH))
+    failures: dict[str, str] = {}
+    for backend in backends:
+        if backend == "torch":
+            files = sorted(p for p in set_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+            remote = deploy_files(transport, device, files, into=f"sets/{set_dir.name}+torch").remote_dir
+        else:
+            remote = deploy_artifact_set(transport, device, set_dir).remote_dir
+        argv = contract.bench_argv(start, runner, remote, backend=backend, warmup=1, steps=1, threads=1,
+                                   precision=0.0, matmul_seconds=0.0)
+        result = transport.run(argv, timeout=CHECK_TIMEOUT_S)
+        output = contract.parse_output(result.rc, result.stdout, result.stderr)
+        if not output.ok:
+            failures[backend] = f"{output.status}: {output.message}"
+    stepped = tuple(b for b in backends if b not in failures)
+    return dataclasses.replace(report, stepped=stepped, step_failures=failures)
 
 
 def _importable(report: ProvisionReport) -> Callable[[str], bool]:
@@ -618,7 +711,7 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
               packages: Sequence[Package] = DEFAULT_PACKAGES,
               opener: Callable[[Device], Transport] = connect, *, install: bool = False,
               index_url: str | None = None, via: str = "host", verify_runtime: bool = True,
-              say: Callable[[str], None] = print) -> FleetResult[ProvisionReport]:
+              train_step: bool = False, say: Callable[[str], None] = print) -> FleetResult[ProvisionReport]:
     """Provision every device of a fleet concurrently.
 
     Parameters
@@ -636,7 +729,7 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
         The index for ``install``.
     via : {"host", "device"}
         Who fetches what ``install`` installs (`provision_device`).
-    verify_runtime, say
+    verify_runtime, train_step, say
         As for `provision_device`.
 
     Returns
@@ -653,7 +746,7 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
         transport = opener(device)
         try:
             return provision_device(transport, device, wheels, packages, install=install, index_url=index_url, via=via,
-                                    verify_runtime=verify_runtime, say=say)
+                                    verify_runtime=verify_runtime, train_step=train_step, say=say)
         finally:
             transport.close()
 
@@ -787,6 +880,10 @@ def _notes(name: str, report: ProvisionReport) -> list[str]:
     notes += [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
     if report.install_error:
         notes.append(f"{name}: install failed: {report.install_error}")
+    if report.stepped:
+        model, width, batch, _ = CHECK_SET
+        notes.append(f"{name}: the runner trained one step of {model} at width {width:g}, batch {batch}, on "
+                     f"{', '.join(report.stepped)}")
     if report.python is None:
         return [*notes, f"{name}: {why_not(report, 'onnx')}: no backend can run"]
     notes.extend(f"{name}: no {backend}: {reason}" for backend in BACKENDS
@@ -824,7 +921,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
     fleet = load_fleet(args.file)
-    result = provision(fleet, wheels, install=args.install, index_url=args.index_url, via=args.via)
+    result = provision(fleet, wheels, install=args.install, index_url=args.index_url, via=args.via, train_step=True)
     print(format_table(result, fleet.devices))
     return 0 if result.ok else 1
 
@@ -849,6 +946,7 @@ def as_dict(report: ProvisionReport) -> Mapping[str, Any]:
         "install_error": report.install_error,
         "can_run": {b: report.can_run(b) for b in BACKENDS},
         "why_not": {b: why_not(report, b) for b in BACKENDS},
+        "stepped": list(report.stepped),
     }
 
 

@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devices.errors import TransportError
+from harness.backends import ORT_TRAINING_LAST, ORT_TRAINING_MACHINES, ORT_TRAINING_PYTHONS
 
 #: The last onnxruntime-training release (the training packages stopped after it).
-TRAINING_REQUIREMENT = "onnxruntime-training==1.19.2"
-#: Python versions (major, minor) that onnxruntime-training 1.19.2 has Linux x86_64 wheels for.
-TRAINING_PYTHONS = ((3, 8), (3, 9), (3, 10), (3, 11))
+TRAINING_REQUIREMENT = f"onnxruntime-training=={ORT_TRAINING_LAST}"
 #: The plain runtime's requirement: 1.19 is the oldest the runner's ``onnx`` backend was checked with.
 ONNXRUNTIME_REQUIREMENT = "onnxruntime>=1.19"
 #: Oldest glibc minor version of the manylinux platform tags offered (manylinux2014).
@@ -103,7 +102,7 @@ def platform_tags(target: Target) -> list[str]:
 
 
 def has_training_wheel(target: Target) -> bool:
-    """Whether onnxruntime-training has a wheel for the device (x86_64 Linux, `TRAINING_PYTHONS`).
+    """Whether onnxruntime-training has a wheel for the device (`harness.backends.ORT_TRAINING_PYTHONS` on x86_64).
 
     Parameters
     ----------
@@ -113,8 +112,8 @@ def has_training_wheel(target: Target) -> bool:
     -------
     bool
     """
-    version = tuple(int(part) for part in target.python.split(".")[:2])
-    return target.machine == "x86_64" and target.glibc is not None and version in TRAINING_PYTHONS
+    python = ".".join(target.python.split(".")[:2])
+    return target.machine in ORT_TRAINING_MACHINES and target.glibc is not None and python in ORT_TRAINING_PYTHONS
 
 
 def wanted_requirements(target: Target, importable: Callable[[str], bool]) -> list[str]:

@@ -76,7 +76,7 @@ def test_reasons_name_python_version_install_route_and_a_broken_import() -> None
         "onnxruntime-training 1.19.2 has no wheel for Python 3.12"
     )
     assert why_not(report("x86_64", "3.11.2", numpy=OK), "ort") == (
-        "onnxruntime-training is not installed (give its wheel: fleet provision --wheel)"
+        "onnxruntime-training is not installed (fleet provision --install fetches it)"
     )
     assert why_not(report(numpy=OK), "onnx") == "onnxruntime is not installed (fleet provision --install installs it)"
     assert why_not(report(onnxruntime=OK), "onnx") == "numpy is not installed (fleet provision --install installs it)"

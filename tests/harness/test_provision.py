@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from devices.fleet import Device
+from devices.group import FleetResult
 from devices.local import LocalTransport
 from fleetbench.cli import main
 from harness.backends import BackendChoice, why_not
@@ -30,6 +31,7 @@ from harness.provision import (
     match_wheels,
     provision,
     provision_device,
+    train_step_check,
     wheel_distribution,
 )
 from tests.harness.test_deploy import PY, Target, make_target
@@ -64,6 +66,16 @@ def make_wheel(directory: Path, dist: str = "fb_fake", module: str = "fbfake_mod
 @pytest.fixture(params=["local", "ssh", "adb"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     return make_target(request, request.param, tmp_path)
+
+
+def test_the_provision_check_trains_one_step_on_every_backend_it_reports(tmp_path: Path) -> None:
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    report = provision_device(LocalTransport(), device, train_step=True, say=lambda line: None)
+    assert report.stepped == ("ort", "onnx", "torch") and report.step_failures == {}
+    runs = list((tmp_path / "device" / "sets").iterdir())
+    assert sorted(p.name.endswith("+torch") for p in runs) == [False, True]  # the set, and its torch twin
+    table = format_table(FleetResult({"loc": report}), [device])
+    assert "loc: the runner trained one step of fjord-cnn at width 0.25, batch 2, on ort, onnx, torch" in table
 
 
 def test_local_device_reports_backends_with_versions(tmp_path: Path) -> None:
@@ -214,6 +226,10 @@ def test_install_takes_onnxruntime_from_the_index_and_the_device_can_then_run_on
 
     again = provision_device(LocalTransport(), device, (), packages, install=True, index_url=index, via="device")
     assert again.installed == () and again.can_run("onnx")  # nothing left to install
+    # the stand-in imports, but the runner cannot train with it: "can run" is a training step
+    stepped = train_step_check(LocalTransport(), device, again, cache=tmp_path / "check-sets")
+    assert not stepped.can_run("onnx") and stepped.stepped == ()
+    assert (why_not(stepped, "onnx") or "").startswith("one training step of the check set failed: ")
 
 
 def test_install_reports_pips_last_line_when_the_index_has_nothing(tmp_path: Path) -> None:
