@@ -51,13 +51,13 @@ serialises builds (a second ``fleet up`` waits, then finds the tree built); left
 needs mounts (debootstrap's second stage mounts ``/proc`` and ``/sys``) runs in a private
 mount namespace (``unshare --mount --propagation private``), so its mounts vanish with
 it even when the build is killed: a build never leaves a mount behind. First build
-measured here: debootstrap took 8 min 35 s on 2 cores shared with other work; later
-uses read the stamp only. `SPEC` carries a ``version``, raised whenever the tree's
-contents change without its package lists changing (version 2: the fresh tree; version
-1 had numpy and onnxruntime pip-installed), so every older tree is rebuilt. A changed
-recipe renames the old tree aside and deletes it once the new one is in place, so stop
-the aarch64 devices before upgrading fleetbench to a new recipe (their
-overlays read the old tree).
+measured here: 3 min 21 s on 2 cores shared with other work, nearly all of it
+debootstrap (8 min 35 s on a busier day); later uses read the stamp only. `SPEC`
+carries a ``version``, raised whenever the tree's contents change without its package
+lists changing (version 2: the fresh tree; version 1 had numpy and onnxruntime
+pip-installed), so every older tree is rebuilt. A changed recipe renames the old tree
+aside and deletes it once the new one is in place, so stop the aarch64 devices before
+upgrading fleetbench to a new recipe (their overlays read the old tree).
 """
 
 from __future__ import annotations
@@ -493,7 +493,7 @@ def ensure_tree(directory: Path | None = None, say: Printer = print, mirror: str
         log.write_text("")
         started = time.monotonic()
         say(
-            f"rootfs: building the {SUITE} {DEBIAN_ARCH} userland in {tree} (first use only: about 10 minutes; "
+            f"rootfs: building the {SUITE} {DEBIAN_ARCH} userland in {tree} (first use only: 3 to 10 minutes; "
             f"log: {log})"
         )
         try:
