@@ -6,7 +6,7 @@ Design (decided here, with the reasons):
   (`devices.sshd`, as for the other emulated SSH devices) whose config adds
   ``ChrootDirectory <tree>``. After authentication sshd chroots into the arm64 tree and
   runs the user's shell from there: every command is the tree's own aarch64 ``/bin/bash``,
-  ``python3``, numpy and onnxruntime, executed by qemu-user through binfmt_misc (the ``F``
+  ``python3`` (and what provisioning installed into the device's workdir), executed by qemu-user through binfmt_misc (the ``F``
   flag keeps the interpreter usable inside the chroot). ``Subsystem sftp internal-sftp``
   is already in the config, so SFTP needs no binary in the tree and ``put`` / ``get`` land
   inside it. This beats running one qemu process per command from a wrapper shell: the
@@ -34,6 +34,13 @@ Design (decided here, with the reasons):
   the device shares the host's network, as the other emulated devices do, so pip inside
   it resolves names and trusts what the host trusts (a network whose TLS proxy has its
   own CA works in the tree too).
+* **An aarch64 ``/proc/cpuinfo``.** qemu-user (7.2, Debian bookworm's) passes the host's
+  x86 ``/proc/cpuinfo`` through, and aarch64 programs that parse it crash on it:
+  onnxruntime 1.28.0 to 1.32.0 (its cpuinfo library) die with SIGSEGV on import (1.26.0
+  still imports; 1.27 not tried). Each device
+  gets a Raspberry Pi 4's (Cortex-A72) ``/proc/cpuinfo`` with one entry per host CPU
+  (`guest_cpuinfo`), written into its layer directory and bound read-only over
+  ``/proc/cpuinfo``; facts still tell the emulation by the probe shell's qemu interpreter.
 * **Defaults of such a device** (`devices.fleetfile`): ``python`` is ``python3`` and
   ``workdir`` ``~/.fleetbench``, resolved by the device like a real board's, since host
   paths mean nothing inside the tree.
@@ -122,6 +129,30 @@ def host_network_files() -> list[Path]:
     return [path for path in HOST_NETWORK_FILES if path.is_file()]
 
 
+#: One processor of a Raspberry Pi 4 (Cortex-A72) in an aarch64 kernel's ``/proc/cpuinfo``.
+_CPUINFO_ENTRY = (
+    "processor\t: {index}\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\n"
+    "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd08\nCPU revision\t: 3\n\n"
+)
+#: Name of the guest ``/proc/cpuinfo`` inside a device's layer directory.
+CPUINFO_NAME = "cpuinfo"
+
+
+def guest_cpuinfo(count: int) -> str:
+    """Return an aarch64 ``/proc/cpuinfo`` (a Raspberry Pi 4's Cortex-A72) with ``count`` processors (pure).
+
+    Parameters
+    ----------
+    count : int
+        Processors listed (the host's, so that it agrees with ``/sys/devices/system/cpu``).
+
+    Returns
+    -------
+    str
+    """
+    return "".join(_CPUINFO_ENTRY.format(index=i) for i in range(max(1, count)))
+
+
 def mount_plan(tree: Path, layer: Path | None, host_files: Sequence[Path] = HOST_NETWORK_FILES) -> list[Mount]:
     """Return the mounts that make ``tree`` a device root, in mounting order (pure).
 
@@ -138,6 +169,7 @@ def mount_plan(tree: Path, layer: Path | None, host_files: Sequence[Path] = HOST
     Returns
     -------
     list of Mount
+        With a layer, its `guest_cpuinfo` file is bound over ``/proc/cpuinfo``.
     """
     mounts = []
     if layer is not None:
@@ -145,6 +177,7 @@ def mount_plan(tree: Path, layer: Path | None, host_files: Sequence[Path] = HOST
         mounts.append(Mount("overlay", "overlay", str(tree), f"lowerdir={tree},upperdir={upper},workdir={work}"))
     mounts += [
         Mount("proc", "proc", str(tree / "proc")),
+        *([Mount("bind", str(layer / CPUINFO_NAME), str(tree / "proc" / "cpuinfo"), "ro")] if layer else []),
         Mount("sysfs", "sysfs", str(tree / "sys")),
         Mount("rbind", "/dev", str(tree / "dev")),
         Mount("tmpfs", "tmpfs", str(tree / "dev" / "shm"), "mode=1777"),
@@ -267,6 +300,7 @@ def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int
         for directory in overlay_dirs(layer):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o755)
+        (layer / CPUINFO_NAME).write_text(guest_cpuinfo(os.cpu_count() or 1))
     plan = mount_plan(tree, layer, host_network_files())
     for mount in plan:
         if mount.fstype == "bind":  # a file bound over the tree's: the target must be a file

@@ -40,6 +40,7 @@ def test_mount_plan_overlays_the_tree_then_mounts_proc_sys_dev(tmp_path: Path) -
     assert [m.target for m in plan] == [
         str(tree),
         f"{tree}/proc",
+        f"{tree}/proc/cpuinfo",
         f"{tree}/sys",
         f"{tree}/dev",
         f"{tree}/dev/shm",
@@ -56,9 +57,10 @@ def test_mount_plan_overlays_the_tree_then_mounts_proc_sys_dev(tmp_path: Path) -
         "-o",
         f"lowerdir={tree},upperdir={layer}/upper,workdir={layer}/work",
     ]
-    assert plan[3].argv() == ["mount", "--rbind", "/dev", f"{tree}/dev"]
+    assert plan[2].argv() == ["mount", "--bind", f"{layer}/cpuinfo", f"{tree}/proc/cpuinfo", "-o", "ro"]
+    assert plan[4].argv() == ["mount", "--rbind", "/dev", f"{tree}/dev"]
     # the host's network files are bound read-only
-    assert plan[5].argv() == ["mount", "--bind", "/etc/resolv.conf", f"{tree}/etc/resolv.conf", "-o", "ro"]
+    assert plan[6].argv() == ["mount", "--bind", "/etc/resolv.conf", f"{tree}/etc/resolv.conf", "-o", "ro"]
     # the build writes into the tree itself: no overlay; no host file when the host has none
     assert [m.fstype for m in qemu.mount_plan(tree, None, ())] == ["proc", "sysfs", "rbind", "tmpfs"]
 

@@ -272,7 +272,7 @@ def test_the_aarch64_device_runs_onnx_only_and_says_why_not_ort(
     fleet = load_fleet(path)
     try:
         assert emulate.up(fleet, say=lambda line: None).ok
-        assert main(["fleet", "provision", str(path)]) == 0
+        assert main(["fleet", "provision", str(path), "--install"]) == 0
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
     out = capsys.readouterr().out
