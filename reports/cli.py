@@ -57,6 +57,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InputError(f"cannot create output directory {out}: {exc.strerror}") from None
     path, headline = write_report(sources, out, log_scale=bool(args.log_scale))
-    print(format_headline(headline))
+    from reports.tables import emulated_devices
+
+    print(format_headline(headline, emulated_devices(sources.cells)))
     print(f"wrote {path} (figures as PNG and SVG, tables as CSV, in {out})", file=sys.stderr)
     return 0

@@ -730,19 +730,25 @@ def write_report(
     return path, headline
 
 
-def format_headline(headline: pd.DataFrame) -> str:
+def format_headline(headline: pd.DataFrame, emulated: Sequence[str] = ()) -> str:
     """Render the headline table for the terminal.
 
     Parameters
     ----------
     headline : pandas.DataFrame
         `reports.tables.headline_table` output.
+    emulated : sequence of str
+        Devices whose cells ran under an instruction-set emulator (`reports.tables.emulated_devices`):
+        the headline leaves them out, and an empty one says so.
 
     Returns
     -------
     str
-        A fixed-width table (``"(no cells)"`` when empty).
+        A fixed-width table, or one line saying why there is none.
     """
+    if headline.empty and emulated:
+        return (f"(no headline: the cells of {', '.join(emulated)} ran under an instruction-set emulator, so they "
+                "are left out of it; the report shows them)")
     if headline.empty:
         return "(no cells in the store)"
     frame = headline.copy()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from devices import emulate, processes
 from devices.adb import ADBTransport
@@ -70,14 +71,20 @@ def cmdline_running(marker: str) -> bool:
     return False
 
 
-def copy_example_fleet(directory: Path, phone_python: str | None = sys.executable) -> Path:
+def copy_example_fleet(directory: Path, phone_python: str | None = sys.executable, fresh: bool = False) -> Path:
     """Write the shipped example fleet into ``directory`` on free ports, with its own state dir.
 
     ``phone_python`` gives the phone a working Python (as Termux would), so tests of
     campaign and FL mechanics run the ``ort`` backend on every device; None keeps the
     phone as shipped, without Python (it then runs from a pushed runtime bundle).
+    ``fresh`` keeps the ``fresh`` board (the distribution's Python, nothing installed: it
+    must be provisioned first); by default it is left out, as those tests are not about it.
     """
     path = emulate.write_example_fleet(directory, free_port)
+    if not fresh:
+        document = yaml.safe_load(path.read_text())
+        document["devices"] = [d for d in document["devices"] if d["name"] != "fresh"]
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
     if phone_python is not None:
         text = path.read_text()
         text = re.sub(r"(\n    serial: 127\.0\.0\.1:\d+[^\n]*\n)", rf"\1    python: {phone_python}\n", text)

@@ -232,7 +232,7 @@ def test_a_pin_to_a_cpu_this_machine_lacks_is_one_line_and_the_example_drops_it(
     assert "cpus 1: this machine offers cpus 0" in result.failed[fleet.devices[0].name]
     assert emulate.load_state(fleet.state_dir).devices == ()
     example = emulate.write_example_fleet(tmp_path / "example", free_port).read_text()
-    assert example.count('cpus: "0"') == 3 and 'cpus: "1"' not in example
+    assert example.count('cpus: "0"') == 4 and 'cpus: "1"' not in example  # slow's pin left out
 
 
 def test_the_example_fleet_gives_each_device_its_own_port_when_the_kernel_repeats_one(
@@ -240,11 +240,11 @@ def test_the_example_fleet_gives_each_device_its_own_port_when_the_kernel_repeat
 ) -> None:
     """A port handed out twice, or the adb server's, is drawn again; a source stuck on one port is an error."""
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", "40000")
-    draws = iter([41000, 41000, 40000, 41001, 41001, 41002, 41003])
+    draws = iter([41000, 41000, 40000, 41001, 41001, 41002, 41003, 41004])
     path = emulate.write_example_fleet(tmp_path / "example", lambda: next(draws))
     ports = [int(p) for p in re.findall(r"(?:port: |serial: 127\.0\.0\.1:)(\d+)", path.read_text())]
-    assert sorted(ports) == [41000, 41001, 41002, 41003]
-    assert [d.name for d in _load(path).devices] == ["fast", "mid", "slow", "phone"]
+    assert sorted(ports) == [41000, 41001, 41002, 41003, 41004]
+    assert [d.name for d in _load(path).devices] == ["fast", "mid", "slow", "fresh", "phone"]
     with pytest.raises(emulate.EmulationError, match="no port for the example fleet"):
         emulate.write_example_fleet(tmp_path / "stuck", lambda: 41000)
 

@@ -84,18 +84,21 @@ def test_emulated_fleet_is_fast_mid_slow_and_a_phone(monkeypatch: pytest.MonkeyP
         ("fast", "127.0.0.1", 22201),
         ("mid", "127.0.0.1", 22202),
         ("slow", "127.0.0.1", 22203),
+        ("fresh", "127.0.0.1", 22204),
     ]
-    assert [d.emulate.preset for d in ssh if d.emulate] == [None, "pi4", "pi3"]
+    assert [d.emulate.preset for d in ssh if d.emulate] == [None, "pi4", "pi3", "pi3"]
     shares = [resolve(d.emulate).cpu_share for d in ssh if d.emulate]
     assert shares[0] > shares[1] > shares[2], f"fast / mid / slow CPU shares out of order: {shares}"
-    assert [d.tags[0] for d in ssh] == ["fast", "mid", "slow"]
+    assert [d.tags[0] for d in ssh] == ["fast", "mid", "slow", "slow"]
+    # a board as users have it: the distribution's Python, which fleetbench did not prepare
+    assert fleet.device("fresh").python == "/usr/bin/python3" and "fresh" in fleet.device("fresh").tags
     for device in ssh:
         assert device.user is None  # the local user at connect time
         assert device.key_file == state / "id_ed25519"
         assert device.known_hosts == state / "known_hosts"
         assert not device.trust_on_first_use
         assert device.workdir == str(state / device.name / "work")
-        assert device.python == sys.executable
+        assert device.python == (sys.executable if device.name != "fresh" else "/usr/bin/python3")
     phone = fleet.device("phone")
     assert (phone.kind, phone.serial, phone.workdir) == ("adb", "127.0.0.1:25555", ADB_WORKDIR)
     assert phone.python == "python3"  # its shell finds none: it runs from a pushed runtime bundle
@@ -672,8 +675,8 @@ def test_cli_check_lists_devices(capsys: pytest.CaptureFixture[str], monkeypatch
     monkeypatch.chdir(REPO)
     assert main(["fleet", "check", "devices/fleets/emulated.yaml"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1].startswith("4 devices OK")
-    assert len(out) == 5
+    assert out[-1].startswith("5 devices OK")
+    assert len(out) == 6
     fast = next(line for line in out if line.startswith("fast "))
     for word in ("ssh", "127.0.0.1:22201", "1 thread", "cpu 0.6, 4096 MB", str(REPO / ".fleetbench")):
         assert word in fast

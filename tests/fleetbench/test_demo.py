@@ -161,7 +161,7 @@ def test_a_killed_demo_stops_its_fleet_and_exits_143(tmp_path: Path) -> None:
             break
     state = emulate.load_state(out / "fleet" / "state")
     started = [rec for dev in state.devices for rec in dev.processes]
-    assert len(state.devices) == 4 and started, "".join(seen)
+    assert len(state.devices) == len(EMULATED) and started, "".join(seen)
     try:
         proc.send_signal(signal.SIGTERM)
         rest, err = proc.communicate(timeout=120)

@@ -1,10 +1,13 @@
-"""The README's real-device journey, run verbatim against a fresh board fleetbench did not prepare.
+"""The README's real-device journey, run verbatim against fresh boards fleetbench did not prepare.
 
-The board is a plain OpenSSH ``sshd`` this test starts with a standard configuration on a
-loopback port, logged into with a key and a known_hosts file, whose ``python3`` is the
-distribution's own (``/usr/bin/python3``: no numpy, no onnxruntime). The commands are read
-from the README's block marked ``real-device journey`` and run as a user types them, in a
-directory holding ``my-fleet.yaml``.
+The commands are read from the README's block marked ``real-device journey`` and run as a
+user types them, in a directory holding ``my-fleet.yaml``, against two boards:
+
+* x86_64: a plain OpenSSH ``sshd`` this test starts with a standard configuration on a
+  loopback port, logged into with a key and a known_hosts file, whose ``python3`` is the
+  distribution's own (``/usr/bin/python3``: no numpy, no onnxruntime);
+* aarch64: ``pi`` of ``devices/fleets/arm64.yaml``, a Debian arm64 tree with python3 and
+  pip only, run through qemu-user (`devices.rootfs`, `devices.qemu`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from devices import emulate
+from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from tests.devices.conftest import require_tool
 
@@ -102,6 +108,21 @@ def _facts_line(out: str, key: str) -> str:
     return next(line.split(None, 1)[1] for line in out.splitlines() if line.strip().startswith(key + " "))
 
 
+def _journey(work: Path) -> list[str]:
+    """Run the README's block in ``work`` (which holds ``my-fleet.yaml``); return each command's output."""
+    commands = journey_commands()
+    assert [c[1:3] for c in commands[:4]] == [["fleet", "check"], ["fleet", "facts"], ["fleet", "provision"],
+                                              ["fleet", "facts"]]
+    assert [c[1] for c in commands[4:]] == ["profile", "report", "fl"]
+    return [_run(argv, work) for argv in commands]
+
+
+def _check_fl_run(fl_run: str) -> None:
+    assert re.search(r"FL run \d+ \(fjord, fjord-cnn on mnist5k, 4 clients", fl_run), fl_run
+    rounds = re.findall(r"round (\d+)/3: clients ok (\d+) failed (\d+)", fl_run)
+    assert [r[0] for r in rounds] == ["1", "2", "3"] and all(r[2] == "0" and int(r[1]) > 0 for r in rounds), fl_run
+
+
 def test_the_readme_journey_on_a_fresh_board(board: Board, tmp_path: Path) -> None:
     work = tmp_path / "user"
     work.mkdir()
@@ -111,11 +132,7 @@ def test_the_readme_journey_on_a_fresh_board(board: Board, tmp_path: Path) -> No
         f"    port: {board.port}\n    user: root\n    key_file: {board.key}\n    known_hosts: {board.known_hosts}\n"
         f"    workdir: {board.workdir}\n    python: {SYSTEM_PYTHON}\n    threads: 1\n"
     )
-    commands = journey_commands()
-    assert [c[1:3] for c in commands[:4]] == [["fleet", "check"], ["fleet", "facts"], ["fleet", "provision"],
-                                              ["fleet", "facts"]]
-    outputs = [_run(argv, work) for argv in commands]
-    check, facts, provision, facts_after, profile, report, fl_run = outputs
+    check, facts, provision, facts_after, profile, report, fl_run = _journey(work)
 
     assert "1 device OK" in check
     assert _facts_line(facts, "numpy") == "missing" and _facts_line(facts, "onnxruntime") == "missing"
@@ -141,6 +158,43 @@ def test_the_readme_journey_on_a_fresh_board(board: Board, tmp_path: Path) -> No
     assert (work / "report" / "report.html").is_file() and "board" in (work / "report" / "report.html").read_text()
     assert "wrote report/report.html" in report
 
-    assert re.search(r"FL run \d+ \(fjord, fjord-cnn on mnist5k, 4 clients", fl_run), fl_run
-    rounds = re.findall(r"round (\d+)/3: clients ok (\d+) failed (\d+)", fl_run)
-    assert [r[0] for r in rounds] == ["1", "2", "3"] and all(r[2] == "0" and int(r[1]) > 0 for r in rounds), fl_run
+    assert "board: the runner trained one step of fjord-cnn at width 0.25, batch 2, on ort, onnx" in provision
+    _check_fl_run(fl_run)
+
+
+def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: Path) -> None:
+    require_tool("sshd")
+    work = tmp_path / "user"
+    work.mkdir()
+    shipped = yaml.safe_load((REPO / "devices" / "fleets" / "arm64.yaml").read_text())
+    (pi,) = [device for device in shipped["devices"] if device["name"] == "pi"]  # the phone has its own tests
+    document = {"state_dir": str(tmp_path / "state"), "devices": [{**pi, "port": free_port()}]}
+    (work / "my-fleet.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    fleet = load_fleet(work / "my-fleet.yaml")
+    try:
+        assert emulate.up(fleet, say=lambda line: None).ok
+        check, facts, provision, facts_after, profile, report, fl_run = _journey(work)
+    finally:
+        assert emulate.down(fleet, say=lambda line: None) == []
+
+    assert "1 device OK" in check
+    assert "aarch64 (emulated ISA" in facts and _facts_line(facts, "numpy") == "missing"
+    assert _facts_line(facts, "onnxruntime") == "missing"
+    row = [c.strip() for c in next(line for line in provision.splitlines() if line.startswith("pi ")).split("|")]
+    assert row[1:4] == ["aarch64", "3.11.2", "python"] and row[-2:] == ["onnx", "onnx"], provision
+    numpy_version, ort_version = row[4], row[5]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", numpy_version) and re.fullmatch(r"1\.\d+\.\d+", ort_version)
+    assert re.search(r"pi: fetched .*onnxruntime-1\.\d+\.\d+-cp311-cp311-manylinux\S+_aarch64\.whl", provision)
+    assert "pi: installed numpy, onnxruntime into /root/.fleetbench/site" in provision
+    assert "pi: the runner trained one step of fjord-cnn at width 0.25, batch 2, on onnx" in provision
+    assert "pi: no ort: onnxruntime-training 1.19.2 has no wheel for aarch64" in provision
+    assert (_facts_line(facts_after, "numpy"), _facts_line(facts_after, "onnxruntime")) == (numpy_version, ort_version)
+
+    db = sqlite3.connect(work / "fleetbench.db")
+    cells = db.execute("SELECT width, backend, status FROM cells WHERE device = 'pi' ORDER BY width").fetchall()
+    assert cells == [(0.25, "onnx", "ok"), (0.5, "onnx", "ok"), (1.0, "onnx", "ok")], profile
+    assert "pi: round cost: fixed" in profile, profile
+    assert "(no headline: the cells of pi ran under an instruction-set emulator" in report
+    assert "pi" in (work / "report" / "report.html").read_text()
+    assert "backend of pi: onnx" in fl_run
+    _check_fl_run(fl_run)
