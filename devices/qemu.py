@@ -6,8 +6,9 @@ Design (decided here, with the reasons):
   (`devices.sshd`, as for the other emulated SSH devices) whose config adds
   ``ChrootDirectory <tree>``. After authentication sshd chroots into the arm64 tree and
   runs the user's shell from there: every command is the tree's own aarch64 ``/bin/bash``,
-  ``python3`` (and what provisioning installed into the device's workdir), executed by qemu-user through binfmt_misc (the ``F``
-  flag keeps the interpreter usable inside the chroot). ``Subsystem sftp internal-sftp``
+  ``python3`` (and what provisioning installed into the device's workdir), executed by
+  qemu-user through binfmt_misc (the ``F`` flag keeps the interpreter usable inside the
+  chroot). ``Subsystem sftp internal-sftp``
   is already in the config, so SFTP needs no binary in the tree and ``put`` / ``get`` land
   inside it. This beats running one qemu process per command from a wrapper shell: the
   device is reached, authenticated, limited and stopped exactly like the other emulated
