@@ -177,7 +177,6 @@ def run_demo(args: argparse.Namespace) -> int:
     status = 0
     started = fleet
     try:
-        provision_fleet(fleet, progress)
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
         from exporters.zoo import get_model
@@ -241,26 +240,34 @@ def run_demo(args: argparse.Namespace) -> int:
     return status
 
 
-def provision_fleet(fleet: Any, progress: Progress) -> None:
+def provision_fleet(fleet: Any, progress: Progress) -> Any:
     """Install what each device's best backend misses, as ``fleetbench fleet provision FILE --install`` does.
 
     The example fleet's ``fresh`` board has the distribution's Python and nothing else:
     the host fetches its wheels (from its wheel cache, else the package index) and
     installs them into the board's site. One line per device that got something, or
-    could not be provisioned (it is then left to `choose_backends`, which drops a device
-    that can run nothing).
+    could not be provisioned (`choose_backends` then drops a device that can run nothing).
+    torch is not asked for: a device with ``ort`` or ``onnx`` never uses it.
 
     Parameters
     ----------
     fleet : devices.fleet.Fleet
     progress : Progress
         Receives the lines.
+
+    Returns
+    -------
+    devices.group.FleetResult of harness.provision.ProvisionReport
+        Each device's state after provisioning.
     """
     from harness.provision import DEFAULT_PACKAGES, provision
 
     packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
     result = provision(fleet, packages=packages, install=True, verify_runtime=False, say=progress.detail)
-    for report in result.successes.values():
+    for name, report in result.successes.items():
+        runtime = report.runtime
+        if runtime is not None and (runtime.pushed_parts or runtime.unpack_seconds):
+            progress.detail(runtime.describe(name))  # a phone's runtime bundle, pushed
         for line in report.fetched:
             progress.detail(line)
     for name, report in result.successes.items():
@@ -270,6 +277,7 @@ def provision_fleet(fleet: Any, progress: Progress) -> None:
             progress.detail(f"{name}: install failed: {report.install_error}")
     for name, failure in result.failures.items():
         progress.detail(f"{name}: not provisioned: {failure.kind}: {failure.message}")
+    return result
 
 
 def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any, dict[str, str]]:
@@ -279,7 +287,7 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
     ----------
     fleet : devices.fleet.Fleet
     override : str
-        ``--backend`` (``auto``: each device's best available).
+        ``--backend`` (``auto``: each device's best available, after `provision_fleet`).
     progress : Progress
         Receives one line per device.
 
@@ -297,9 +305,12 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
     """
     from exporters.errors import InputError
     from harness.backends import format_choices, usable_devices
-    from harness.provision import fleet_backends
+    from harness.provision import choices_from, fleet_backends
 
-    choices = fleet_backends(fleet, override, say=progress.detail)
+    if override in (None, "auto"):  # provisioning asked every device what it runs
+        choices = choices_from(provision_fleet(fleet, progress), fleet.devices)
+    else:
+        choices = fleet_backends(fleet, override, say=progress.detail)
     for line in format_choices(choices):
         progress.detail(f"backend of {line}")
     backends = usable_devices(choices)

@@ -22,11 +22,10 @@ Installing (``--install``): wheels fetched on the host
 By default the host fetches the wheels the device needs for its Python and platform
 (`harness.wheels`: numpy, and onnxruntime-training where that build has a wheel, else
 the plain onnxruntime), from its wheel cache first and the package index second, pushes
-them through the deployment cache and installs them into the site. The device needs no
-internet. A device with pip installs them with ``pip install --no-index``; one without
-pip gets them unpacked by its own Python (a wheel is a zip archive; these wheels carry
-only importable files). ``--via device`` keeps the older route for devices with
-internet: the device's own pip fetches from the index (``--index-url``).
+them through the deployment cache and unpacks them into the site with the device's own
+Python (a wheel is a zip archive of importable files: the device needs neither internet
+nor pip). ``--via device`` keeps the older route for devices with internet: the
+device's own pip fetches from the index (``--index-url``).
 
 What stops a device (one line naming it and what to do; the other devices go on):
 a Python older than the runner supports (`MIN_PYTHON`), a workdir it cannot write, no
@@ -37,15 +36,10 @@ Installing from the user's wheels (``--wheel``)
 -----------------------------------------------
 The host downloads nothing and neither does the device. A wheel is matched to a missing
 package by the distribution name in its file name (``onnxruntime_training-1.19.2-...whl``
-is ``onnxruntime-training``; names are compared PEP 503-normalised). Matching wheels are
+is ``onnxruntime-training``; names are compared PEP 503-normalised), and among a
+package's wheels the first whose tags the device takes (`harness.wheels.wheel_fits`) is
 pushed through the deployment cache (`harness.deploy`, ``<workdir>/wheels/<digest>/``)
-and installed with::
-
-    python -m pip install --no-index --no-deps --upgrade --target <workdir>/site
-        --find-links <workdir>/wheels/<digest> <distribution names>   (one command line)
-
-so pip picks, among the given wheels, the one compatible with the device's Python and
-platform.
+and unpacked into the site (`install_wheels`).
 
 Installing from the package index with the device's pip (``--install --via device``)
 ------------------------------------------------------------------------------------
@@ -385,13 +379,25 @@ def match_wheels(missing: Sequence[Package], wheels: Sequence[Path]) -> dict[str
     return {p.name: by_dist[normalize(p.dist)] for p in missing if normalize(p.dist) in by_dist}
 
 
-#: Unpacks wheels into the site with the device's own Python (no pip): ``site wheel...``. A
-#: wheel's ``<name>.data/purelib`` and ``platlib`` trees belong in the site root too.
+#: Unpacks wheels into the site with the device's own Python (no pip): ``site wheel...``.
+#: What an earlier version of the same distribution left there (its top-level entries and
+#: its ``.dist-info``) is removed first; a wheel's ``<name>.data/purelib`` and ``platlib``
+#: trees belong in the site root too.
 _UNPACK = r"""
 import os, shutil, sys, zipfile
 site = os.path.expanduser(sys.argv[1])
+os.makedirs(site, exist_ok=True)
 for wheel in sys.argv[2:]:
+    dist = os.path.basename(wheel).split("-")[0].lower()
     with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+        old = [e for e in os.listdir(site) if e.lower().startswith(dist + "-") and e.endswith(".dist-info")]
+        for entry in tops | set(old):
+            path = os.path.join(site, entry)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
         archive.extractall(site)
 for entry in os.listdir(site):
     if entry.endswith(".data"):
@@ -405,13 +411,13 @@ print("unpacked")
 """
 
 
-def install_wheels(transport: Transport, device: Device, report: ProvisionReport,
-                   packages: Sequence[Package] | Sequence[str], wheels: Sequence[Path]) -> str | None:
-    """Push wheels through the deployment cache and install them into the site, offline.
+def install_wheels(transport: Transport, device: Device, report: ProvisionReport, wheels: Sequence[Path]) -> str | None:
+    """Push wheels through the deployment cache and unpack them into the site with the device's Python.
 
-    A device with pip installs them with ``pip install --no-index --find-links``, so pip
-    picks among the given wheels the one its Python and platform take; a device without
-    pip unpacks them with its own Python (only for wheels chosen for it, `harness.wheels`).
+    A wheel is a zip archive of importable files, so the device needs no pip: its own
+    Python unpacks them (what an older version of the same distribution left in the site
+    goes first). The wheels were checked against the device's Python and platform on the
+    host (`harness.wheels.wheel_fits`).
 
     Parameters
     ----------
@@ -419,26 +425,19 @@ def install_wheels(transport: Transport, device: Device, report: ProvisionReport
     device : Device
     report : ProvisionReport
         The device's state before installing (its ``site`` is the target).
-    packages : sequence of Package or str
-        What to install: packages (by distribution name) or requirement strings.
     wheels : sequence of pathlib.Path
-        Wheel files to choose from (already matched to ``packages``).
+        One wheel per distribution to install.
 
     Returns
     -------
     str or None
-        pip's (or the unpacking's) last line when it failed, else None.
+        The unpacking's last line when it failed, else None.
     """
     digest = sha256_file_list(wheels)
     deployed = deploy_files(transport, device, wheels, device.python, into=f"wheels/{digest}")
-    if not report.pip:
-        remote = [deployed.remote_paths[Path(w).name] for w in wheels]
-        result = transport.run([device.python, "-c", _UNPACK, report.site, *remote], timeout=INSTALL_TIMEOUT_S)
-        if "unpacked" in result.stdout:
-            return None
-        return _last_line(result)
-    names = [normalize(p.dist) if isinstance(p, Package) else p for p in packages]
-    return _pip_install(transport, device, report, ["--no-index", "--find-links", deployed.remote_dir], names)
+    remote = [deployed.remote_paths[Path(w).name] for w in wheels]
+    result = transport.run([device.python, "-c", _UNPACK, report.site, *remote], timeout=INSTALL_TIMEOUT_S)
+    return None if "unpacked" in result.stdout else _last_line(result)
 
 
 def _last_line(result: RunResult) -> str:
@@ -587,19 +586,22 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
     if before.unwritable:
         raise CannotProvision(f"{device.name}: cannot write {before.site} ({before.unwritable}); set `workdir:` in "
                               f"the fleet file to a directory the device's user can write")
-    for wheel in (w for ws in matched.values() for w in ws):
-        if (why := wheel_fits(wheel, target)) is not None:
-            raise CannotProvision(f"{device.name}: --wheel {why}; give a wheel built for the device")
+    for name, given in list(matched.items()):
+        fitting = [w for w in given if wheel_fits(w, target) is None]
+        if not fitting:
+            raise CannotProvision(f"{device.name}: --wheel {wheel_fits(given[0], target)}; give a wheel built for "
+                                  f"the device")
+        matched[name] = fitting[:1]
     state, errors, fetched = before, list[str](), list[str]()
     if matched:
         chosen = [p for p in missing if p.name in matched]
-        error = install_wheels(transport, device, state, chosen, [w for p in chosen for w in matched[p.name]])
+        error = install_wheels(transport, device, state, [w for p in chosen for w in matched[p.name]])
         errors += [error] if error else []
         state = _recheck(transport, device, packages, runtime)
         wanted = wanted_requirements(target, _importable(state)) if wanted else []
     if wanted:
         host_wheels = fetch_wheels(device.name, target, wanted, index_url=index_url, say=fetched.append)
-        error = install_wheels(transport, device, state, [wheel_distribution(w) for w in host_wheels], host_wheels)
+        error = install_wheels(transport, device, state, host_wheels)
         errors += [error] if error else []
         state = _recheck(transport, device, packages, runtime)
     if needs_device_index:

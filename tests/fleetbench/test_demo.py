@@ -79,7 +79,7 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     require_tool("adb")
     monkeypatch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
     out = tmp_path / "demo"
-    rc = main(["demo", "--out", str(out), "--rounds", "2", "--examples", "800", "--steps", "3"])
+    rc = main(["demo", "--out", str(out), "--rounds", "2", "--examples", "2000", "--steps", "3"])
     captured = capsys.readouterr()
     printed = captured.out
     assert rc == 0, printed + captured.err
