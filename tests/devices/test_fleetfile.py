@@ -103,9 +103,9 @@ def test_emulated_fleet_is_fast_mid_slow_and_a_phone(monkeypatch: pytest.MonkeyP
     assert (phone.kind, phone.serial, phone.workdir) == ("adb", "127.0.0.1:25555", ADB_WORKDIR)
     assert phone.python == "python3"  # its shell finds none: it runs from a pushed runtime bundle
     assert phone.emulate == Emulation(preset="phone-midrange", cpus="0")
-    # the slowest device has a cpu of its own; the others take turns on cpu 0
+    # the slowest device shares cpu 1 only with fresh, a quick one; the others take turns on cpu 0
     assert {d.name: d.emulate.cpus for d in fleet.devices if d.emulate} == {
-        "fast": "0", "mid": "0", "slow": "1", "phone": "0"
+        "fast": "0", "mid": "0", "slow": "1", "fresh": "1", "phone": "0"
     }  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         phone.name = "other"  # type: ignore[misc]
