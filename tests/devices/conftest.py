@@ -6,7 +6,6 @@ The fixtures are also offered to every test directory through ``tests/conftest.p
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -81,15 +80,13 @@ def copy_example_fleet(directory: Path, phone_python: str | None = sys.executabl
     must be provisioned first); by default it is left out, as those tests are not about it.
     """
     path = emulate.write_example_fleet(directory, free_port)
+    document = yaml.safe_load(path.read_text())
     if not fresh:
-        document = yaml.safe_load(path.read_text())
         document["devices"] = [d for d in document["devices"] if d["name"] != "fresh"]
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
     if phone_python is not None:
-        text = path.read_text()
-        text = re.sub(r"(\n    serial: 127\.0\.0\.1:\d+[^\n]*\n)", rf"\1    python: {phone_python}\n", text)
-        assert f"python: {phone_python}" in text
-        path.write_text(text)
+        (phone,) = [d for d in document["devices"] if d["kind"] == "adb"]
+        phone["python"] = phone_python
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
 
