@@ -18,8 +18,6 @@ status 127, as a shell's "command not found" does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 #: Directory under the device workdir where provisioned packages are installed.
 SITE_DIR = "site"
 
@@ -70,17 +68,3 @@ def python_argv(python: str, workdir: str) -> list[str]:
     """
     return ["sh", "-c", START_SCRIPT, "fleetbench-python", site_path(workdir), python]
 
-
-def interpreter(argv: Sequence[str]) -> str:
-    """Return the interpreter a start command runs (for messages).
-
-    Parameters
-    ----------
-    argv : sequence of str
-        A `python_argv` command or a bare interpreter argv.
-
-    Returns
-    -------
-    str
-    """
-    return argv[5] if len(argv) > 5 and argv[2] == START_SCRIPT else argv[0]

@@ -260,7 +260,7 @@ def provision_fleet(fleet: Any, progress: Progress) -> Any:
     devices.group.FleetResult of harness.provision.ProvisionReport
         Each device's state after provisioning.
     """
-    from harness.provision import DEFAULT_PACKAGES, provision
+    from harness.provision import DEFAULT_PACKAGES, install_notes, provision
 
     packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
     result = provision(fleet, packages=packages, install=True, verify_runtime=False, say=progress.detail)
@@ -268,13 +268,8 @@ def provision_fleet(fleet: Any, progress: Progress) -> Any:
         runtime = report.runtime
         if runtime is not None and (runtime.pushed_parts or runtime.unpack_seconds):
             progress.detail(runtime.describe(name))  # a phone's runtime bundle, pushed
-        for line in report.fetched:
+        for line in install_notes(name, report):
             progress.detail(line)
-    for name, report in result.successes.items():
-        if report.installed:
-            progress.detail(f"{name}: installed {', '.join(report.installed)} into {report.site}")
-        if report.install_error:
-            progress.detail(f"{name}: install failed: {report.install_error}")
     for name, failure in result.failures.items():
         progress.detail(f"{name}: not provisioned: {failure.kind}: {failure.message}")
     return result

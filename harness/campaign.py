@@ -1307,12 +1307,10 @@ class _DeviceRun:
     def _prepare(self, set_dir: Path, backend: str) -> tuple[Transport, str, str]:
         """Connect, snapshot facts, deploy runner and set (each once per device).
 
-        A torch cell needs ``model.pt`` beside the set's files, which the manifest does
-        not list; such cells get the set's files plus ``model.pt`` materialised as
-        ``<workdir>/sets/<set>+torch`` through the same content-addressed cache.
+        A torch cell gets the set with its ``model.pt`` (`harness.deploy.deploy_set_for`).
         """
         from devices.facts import probe_device
-        from harness.deploy import deploy_artifact_set, deploy_files, deploy_runner
+        from harness.deploy import deploy_files, deploy_runner, deploy_set_for
 
         transport = self._transport()
         if self.start is None:  # a phone without Python gets its runtime bundle (harness.phone_runtime)
@@ -1333,12 +1331,7 @@ class _DeviceRun:
             self.remote_data = shard.remote_paths[self.data.name]
         key = (set_dir, backend == "torch")
         if key not in self.remote_sets:
-            if backend == "torch":
-                files = sorted(p for p in set_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-                into = f"sets/{set_dir.name}+torch"
-                deployed = deploy_files(transport, self.device, files, into=into, timeout=self.timeout)
-            else:
-                deployed = deploy_artifact_set(transport, self.device, set_dir, timeout=self.timeout)
+            deployed = deploy_set_for(transport, self.device, set_dir, backend, timeout=self.timeout)
             with self.lock:
                 self.result.deploys.setdefault(self.device.name, []).append(deployed)
             self.remote_sets[key] = str(deployed.remote_dir)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.site import python_argv
+from devices.site import python_argv, site_path
 from exporters.manifest import flatten, unflatten
 from harness import runner
 
@@ -105,8 +105,8 @@ def python_start(python: str, workdir: str, detail: str = "") -> RunnerStart:
     -------
     RunnerStart
     """
-    argv = python_argv(python, workdir)
-    return RunnerStart(tuple(argv), "python", (), detail or f"the device's {python} (packages also from {argv[4]})")
+    detail = detail or f"the device's {python} (packages also from {site_path(workdir)})"
+    return RunnerStart(tuple(python_argv(python, workdir)), "python", (), detail)
 
 
 def _start_argv(python: str | RunnerStart) -> list[str]:

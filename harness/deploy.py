@@ -384,6 +384,41 @@ def deploy_artifact_set(
     return _result(remote_dir, named, state, outcome, {n: f"{remote_dir}/{n}" for n in named})
 
 
+def deploy_set_for(
+    transport: Transport,
+    device: Device,
+    set_dir: Path,
+    backend: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> DeployResult:
+    """Deploy an artifact set as ``backend`` runs it.
+
+    A torch run needs ``model.pt`` beside the set's files, which the manifest does not
+    list: such a set goes as ``<workdir>/sets/<set>+torch`` through the same
+    content-addressed cache (`deploy_files`); every other backend takes the set as
+    `deploy_artifact_set` lays it out.
+
+    Parameters
+    ----------
+    transport : Transport
+    device : Device
+    set_dir : pathlib.Path
+        The local set (with ``model.pt`` for torch, `exporters.torchscript`).
+    backend : str
+    timeout : float
+        Seconds per remote command.
+
+    Returns
+    -------
+    DeployResult
+    """
+    if backend != "torch":
+        return deploy_artifact_set(transport, device, set_dir, timeout=timeout)
+    files = sorted(p for p in Path(set_dir).iterdir() if p.is_file() and not p.name.startswith("."))
+    return deploy_files(transport, device, files, into=f"sets/{Path(set_dir).name}+torch", timeout=timeout)
+
+
 def deploy_artifact_sets(
     transport: Transport,
     device: Device,

@@ -88,12 +88,10 @@ from harness.wheels import Target, fetch_wheels, normalize, wanted_requirements,
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
 CHECK_TIMEOUT_S = 180.0
-#: Seconds for ``pip install`` on a device.
+#: Seconds for installing on a device (unpacking wheels, or ``pip install`` with ``--via device``).
 INSTALL_TIMEOUT_S = 900.0
 #: The oldest Python the runner runs on (`harness.runner`'s docstring).
 MIN_PYTHON = (3, 8)
-#: How ``--install`` gets packages: wheels the host fetches, or the device's own pip from an index.
-VIA = ("host", "device")
 
 
 class CannotProvision(TransportError):
@@ -594,8 +592,7 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
         matched[name] = fitting[:1]
     state, errors, fetched = before, list[str](), list[str]()
     if matched:
-        chosen = [p for p in missing if p.name in matched]
-        error = install_wheels(transport, device, state, [w for p in chosen for w in matched[p.name]])
+        error = install_wheels(transport, device, state, [w for given in matched.values() for w in given])
         errors += [error] if error else []
         state = _recheck(transport, device, packages, runtime)
         wanted = wanted_requirements(target, _importable(state)) if wanted else []
@@ -675,7 +672,7 @@ def train_step_check(transport: Transport, device: Device, report: ProvisionRepo
         ``report`` with ``stepped`` (backends that trained) and ``step_failures``.
     """
     from harness import contract
-    from harness.deploy import deploy_artifact_set, deploy_runner
+    from harness.deploy import deploy_runner, deploy_set_for
 
     backends = [b for b in BACKENDS if why_not(report, b) is None]
     if not backends:
@@ -685,11 +682,7 @@ def train_step_check(transport: Transport, device: Device, report: ProvisionRepo
     runner = str(deploy_runner(transport, device, contract.RUNNER_PATH))
     failures: dict[str, str] = {}
     for backend in backends:
-        if backend == "torch":
-            files = sorted(p for p in set_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-            remote = deploy_files(transport, device, files, into=f"sets/{set_dir.name}+torch").remote_dir
-        else:
-            remote = deploy_artifact_set(transport, device, set_dir).remote_dir
+        remote = deploy_set_for(transport, device, set_dir, backend).remote_dir
         argv = contract.bench_argv(start, runner, remote, backend=backend, warmup=1, steps=1, threads=1,
                                    precision=0.0, matmul_seconds=0.0)
         result = transport.run(argv, timeout=CHECK_TIMEOUT_S)
@@ -877,11 +870,26 @@ def _cell(status: PackageStatus) -> str:
     return "broken" if status.present else "missing"
 
 
-def _notes(name: str, report: ProvisionReport) -> list[str]:
+def install_notes(name: str, report: ProvisionReport) -> list[str]:
+    """Return the lines saying what provisioning fetched, installed and failed to install on one device.
+
+    Parameters
+    ----------
+    name : str
+        The device's name.
+    report : ProvisionReport
+
+    Returns
+    -------
+    list of str
+    """
     notes = list(report.fetched)
     notes += [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
-    if report.install_error:
-        notes.append(f"{name}: install failed: {report.install_error}")
+    return notes + ([f"{name}: install failed: {report.install_error}"] if report.install_error else [])
+
+
+def _notes(name: str, report: ProvisionReport) -> list[str]:
+    notes = install_notes(name, report)
     if report.stepped:
         model, width, batch, _ = CHECK_SET
         notes.append(f"{name}: the runner trained one step of {model} at width {width:g}, batch {batch}, on "
