@@ -154,15 +154,15 @@ def test_a_killed_demo_stops_its_fleet_and_exits_143(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:  # the fleet is up once the profiling step starts
-        seen.append(line)
-        if line.startswith("[2/7]"):
-            break
-    state = emulate.load_state(out / "fleet" / "state")
-    started = [rec for dev in state.devices for rec in dev.processes]
-    assert len(state.devices) == len(EMULATED) and started, "".join(seen)
     try:
+        seen = []
+        for line in proc.stdout:  # the fleet is up once the profiling step starts
+            seen.append(line)
+            if line.startswith("[2/7]"):
+                break
+        state = emulate.load_state(out / "fleet" / "state")
+        started = [rec for dev in state.devices for rec in dev.processes]
+        assert len(state.devices) == len(EMULATED) and started, "".join(seen)
         proc.send_signal(signal.SIGTERM)
         rest, err = proc.communicate(timeout=120)
         assert proc.returncode == 128 + signal.SIGTERM, err
