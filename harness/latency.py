@@ -20,8 +20,8 @@ Features
       ``MatMul`` kernels as a linear layer, plus element-wise gates; a FLOP of either runs
       on one kernel. (As two features, the share prior below let a narrow output layer, a
       few thousand FLOPs of ``fluid-lstm``, carry everything linear in the width at an
-      implausible cost per FLOP: left out, width 1 was predicted 4-11 % short on the
-      example fleet; fitted as one, 0-9 % on the same four stores, 2026-11-26.)
+      implausible cost per FLOP, and the widest width was predicted short;
+      ``python -m tests.bench.latency_bench`` measures the leave-one-width-out error.)
     * ``bytes``: bytes moved per example, ``4 * (3 A + 4 P / batch)`` with ``A`` the output
       elements of every executed layer (written forward, read and written back backward)
       and ``P`` the parameters (read forward and backward, gradient written, updated once
@@ -51,9 +51,8 @@ Fit (decision: a non-negative MAP fit under a weak prior)
        (dispatching a few dozen kernels, divided over the batch) is small against the
        batch's work, and a width whose kernels run less efficiently than the line through
        its neighbours (0.375 of ``fjord-cnn``: 12 and 24 channels, off the SIMD block)
-       otherwise raises it and every narrower prediction with it. On the example emulated
-       fleet (2026-11-24), leaving out width 0.25 of ``fjord-cnn`` was over-predicted by
-       11-19 % with a fixed share of 7-13 %; with the tighter prior, by 3-8 %.
+       otherwise raises it and every narrower prediction with it, so the narrowest width,
+       left out, is over-predicted (``python -m tests.bench.latency_bench`` measures it).
 
     The data enter as relative residuals: each measured median weighs by
     ``1 / (y * sigma)`` with ``sigma**2 = (precision / 1.96)**2 + MODEL_ERROR**2``, where

@@ -328,9 +328,8 @@ CHECK_EVERY_SAMPLE_UP_TO = 20
 DISTURBANCE_LIMIT = 1.1
 
 #: The quantile of the run's CPU times per step that stands for an undisturbed step. The
-#: median was tried as the base (2026-11-26): it kept both levels of a cell whose passes the
-#: host ran at two speeds (the demo's phone at width 1: 153 and 176 us per image), and the
-#: demo flagged that cell noisy; the low quantile keeps the faster, undisturbed level.
+#: median as the base keeps both levels of a cell whose passes the host ran at two speeds,
+#: and the cell is then flagged noisy; the low quantile keeps the faster, undisturbed level.
 DISTURBANCE_QUANTILE = 0.1
 
 #: Samples are judged disturbed only from this many on (a low quantile needs a few).
