@@ -79,9 +79,13 @@ class Device:
     tags : tuple of str
         Free-form labels, e.g. tier hints.
     emulate : Emulation or None
-        Present when ``fleetbench fleet up`` should start this device here.
+        Present when ``fleetbench fleet up`` should start (an SSH or ADB device) or
+        confine (a local device) this device here.
     line : int
         Line of the device's entry in the fleet file (for messages).
+    state_dir : pathlib.Path or None
+        The fleet's state dir for a device with an ``emulate`` block (where ``fleet up``
+        records what it applied, `devices.emulate`); None for other devices.
     """
 
     name: str
@@ -99,6 +103,7 @@ class Device:
     tags: tuple[str, ...] = ()
     emulate: Emulation | None = None
     line: int = 0
+    state_dir: Path | None = None
 
 
 @dataclass(frozen=True)

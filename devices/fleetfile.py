@@ -27,13 +27,17 @@ A fleet file is one YAML mapping::
           rate_kbit: 20000              # > 0  (tc netem, root only)
           arch: aarch64                 # arm64 userland (ssh) or shell (adb) under qemu-user
           cpus: "0"                     # host cpus to pin it to (a Linux cpu list: 0, 2-3, 0,2)
+      - name: slow
+        kind: local                     # this machine, through subprocesses
+        emulate: {preset: pi3, cpus: "1"}   # its commands run under these limits
 
 Rules, each one enforced with an error that names the file, the line and the field
 (`devices.errors.FleetFileError`, e.g. ``fleet.yaml:7: devices[1].port: ...``):
 
 * Unknown keys are errors, with the closest valid key suggested (a typo never passes
   silently); so are keys that do not apply to the device's kind (``serial`` on an SSH
-  device, ``host`` on a local one, ``emulate`` on a local one).
+  device, ``host`` on a local one) and ``emulate`` keys a local device cannot honour
+  (``delay_ms``, ``rate_kbit``, ``arch``: `LOCAL_EMULATE_REFUSED`).
 * ``ssh`` needs ``host``; ``adb`` needs ``serial``; ``local`` needs neither.  An emulated
   ``adb`` device needs a ``HOST:PORT`` serial (the real adb server attaches to it with
   ``adb connect``).  Two emulated devices may not share an address.
@@ -79,6 +83,11 @@ as given):
   on a real board (host paths mean nothing there); a phone a shell of that userland's
   arm64 commands (`devices.adb_endpoint`).  ``arch`` is refused for any value but
   ``aarch64`` (`ARCHES`).
+* A local device with an ``emulate`` block is confined, not started: ``fleetbench fleet
+  up`` creates its limits (CPU share, memory, cpu pins) and every command fleetbench
+  runs on it starts inside them (`devices.emulate.local_confinement`).  Every device with
+  an ``emulate`` block carries the fleet's ``state_dir`` (`devices.fleet.Device.state_dir`),
+  where ``fleet up`` records what it applied.
 * An ``emulate`` block keeps its ``preset`` by name; the preset's values (CPU share, memory)
   are filled in by `devices.presets` for the fields the block leaves out.
 
@@ -141,13 +150,23 @@ _SSH_KEYS = frozenset({"host", "port", "user", "key_file", "known_hosts", "trust
 
 #: Keys each kind accepts.
 KIND_KEYS: Mapping[str, frozenset[str]] = {
-    "local": _COMMON_KEYS,
+    "local": _COMMON_KEYS | {"emulate"},
     "ssh": _COMMON_KEYS | _SSH_KEYS | {"emulate"},
     "adb": _COMMON_KEYS | {"serial", "emulate"},
 }
 
 #: Keys of an ``emulate`` block.
 EMULATE_KEYS: tuple[str, ...] = ("preset", "cpu_share", "memory_mb", "delay_ms", "rate_kbit", "arch", "cpus")
+
+#: Keys of an ``emulate`` block that a local device refuses, with the reason.
+LOCAL_EMULATE_REFUSED: Mapping[str, str] = {
+    "delay_ms": "does not apply to local devices (their commands use this machine's own network; "
+    "network shaping needs an ssh device)",
+    "rate_kbit": "does not apply to local devices (their commands use this machine's own network; "
+    "network shaping needs an ssh device)",
+    "arch": "does not apply to local devices (they run this machine's own architecture; "
+    "qemu-user needs an ssh or adb device)",
+}
 
 #: Environment variable naming the ssh config file used to resolve aliases.
 SSH_CONFIG_ENV = "FLEETBENCH_SSH_CONFIG"
@@ -386,10 +405,10 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
 
     emulate_node = get("emulate")
     emulate = _emulation(ctx, f"{field}.emulate", emulate_node) if emulate_node is not None else None
-    if emulate is not None and emulate.arch is not None and kind == "local":
-        assert emulate_node is not None
-        arch_node = _entries(ctx, f"{field}.emulate", emulate_node)["arch"][1]
-        raise ctx.error(arch_node, f"{field}.emulate.arch", f"applies to ssh and adb devices only, not {kind}")
+    if emulate_node is not None and kind == "local":
+        for key, (key_node, _) in _entries(ctx, f"{field}.emulate", emulate_node).items():
+            if key in LOCAL_EMULATE_REFUSED:
+                raise ctx.error(key_node, f"{field}.emulate.{key}", LOCAL_EMULATE_REFUSED[key])
     foreign = emulate is not None and emulate.arch is not None
     on_this_machine = kind == "local" or (kind == "ssh" and emulate is not None and not foreign)
 
@@ -467,6 +486,7 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
         tags=tags,
         emulate=emulate,
         line=_line(node),
+        state_dir=state_dir if emulate is not None else None,
     )
 
 

@@ -122,6 +122,35 @@ def test_example_real_fleet_is_not_emulated(monkeypatch: pytest.MonkeyPatch) -> 
     assert jetson.key_file == Path(os.environ["HOME"]) / ".ssh" / "id_ed25519_jetson"
 
 
+def test_a_local_device_takes_shares_memory_and_pins(tmp_path: Path) -> None:
+    text = (
+        "state_dir: st\n"
+        "devices:\n"
+        "  - name: slow\n"
+        "    kind: local\n"
+        "    emulate: {preset: pi3, cpus: '1'}\n"
+        "  - name: plain\n"
+        "    kind: local\n"
+    )
+    slow, plain = load_fleet(write(tmp_path, text)).devices
+    assert slow.emulate == Emulation(preset="pi3", cpus="1")
+    assert resolve(slow.emulate).cpu_share == 0.14 and resolve(slow.emulate).memory_mb == 1024
+    assert slow.state_dir == tmp_path / "st"  # where `fleet up` records the limits it applied
+    assert (slow.workdir, slow.python) == (str(tmp_path / "st" / "slow" / "work"), sys.executable)
+    assert (plain.emulate, plain.state_dir) == (None, None)
+
+
+def test_the_local_fleet_is_the_emulated_fleets_fast_mid_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    local = load_fleet("devices/fleets/emulated-local.yaml")
+    emulated = load_fleet("devices/fleets/emulated.yaml")
+    assert [d.name for d in local.devices] == ["fast", "mid", "slow"]
+    for device in local.devices:
+        twin = emulated.device(device.name)
+        assert device.kind == "local"
+        assert (device.emulate, device.threads, device.tags) == (twin.emulate, twin.threads, twin.tags)
+
+
 # ---------------------------------------------------------------------------- malformed files
 
 GOOD_DEVICE = """\
@@ -335,12 +364,40 @@ MALFORMED = {
         "devices[0].host",
         "does not apply to local devices",
     ),
-    "emulate on a local device": (
-        "devices:\n  - name: a\n    kind: local\n    emulate: {preset: pi4}\n",
-        "emulate",
+    "network delay on a local device": (
+        "devices:\n  - name: a\n    kind: local\n    emulate:\n      preset: pi4\n      delay_ms: 20\n",
+        "delay_ms",
         1,
-        "devices[0].emulate",
-        "does not apply to local devices",
+        "devices[0].emulate.delay_ms",
+        "does not apply to local devices (their commands use this machine's own network",
+    ),
+    "network rate on a local device": (
+        "devices:\n  - name: a\n    kind: local\n    emulate: {rate_kbit: 1000}\n",
+        "rate_kbit",
+        1,
+        "devices[0].emulate.rate_kbit",
+        "network shaping needs an ssh device",
+    ),
+    "arch on a local device": (
+        "devices:\n  - name: a\n    kind: local\n    emulate:\n      arch: aarch64\n",
+        "arch",
+        1,
+        "devices[0].emulate.arch",
+        "does not apply to local devices (they run this machine's own architecture",
+    ),
+    "bad share on a local device": (
+        "devices:\n  - name: a\n    kind: local\n    emulate:\n      cpu_share: 0\n",
+        "cpu_share",
+        1,
+        "devices[0].emulate.cpu_share",
+        "expected a number > 0",
+    ),
+    "typo in a local device's emulate block": (
+        "devices:\n  - name: a\n    kind: local\n    emulate:\n      memory: 512\n",
+        "memory",
+        1,
+        "devices[0].emulate.memory",
+        "memory_mb",
     ),
     "emulated phone without host:port": (
         "devices:\n  - name: p\n    kind: adb\n    serial: R58M123\n    emulate: {preset: phone-midrange}\n",
