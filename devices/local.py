@@ -3,6 +3,20 @@
 A streamed process (`LocalTransport.start`) runs in its own session; `LocalProcess.close`
 closes its stdin, gives it the grace period to exit, and then stops it (and anything it
 started) through `devices.processes.stop`, which waits until it has gone.
+
+A confined transport (``confine``: a local device with an ``emulate`` block, see
+`devices.emulate.local_confinement`) starts every command, streamed or not, under the
+device's limits, read afresh for each command:
+
+- cgroups, RLIMIT_AS and cpu affinity are entered by the child between fork and exec
+  (`devices.limits.preexec`), so nothing of the command runs outside them;
+- a CPU share without a cgroup (``duty-cycle``) gets the command its own duty-cycle
+  supervisor (`devices.limits.start_duty_cycle`), which follows the command's process
+  tree and exits with it. The command is stopped (SIGSTOP) as soon as it is started
+  and the supervisor's first period resumes it, so only the moment between its
+  ``exec`` and that signal runs unthrottled;
+- the confinement's environment (the device's marker, which ``fleet down`` finds) is
+  added to the command's.
 """
 
 from __future__ import annotations
@@ -11,13 +25,33 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from devices import processes
+from devices import limits, processes
 from devices.errors import CommandTimeout, TransportError
 from devices.files import atomic_copy
 from devices.transport import RunResult, StreamingProcess
+
+#: Seconds a command's duty-cycle supervisor gets to exit once the command has ended.
+DUTY_EXIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """The limits a command of a confined `LocalTransport` starts under.
+
+    Attributes
+    ----------
+    plan : devices.limits.Plan
+        Its cgroups, memory and cpu methods, as ``fleet up`` applied them.
+    env : mapping of str to str
+        Added to the command's environment.
+    """
+
+    plan: limits.Plan
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 class LocalTransport:
@@ -28,10 +62,15 @@ class LocalTransport:
     workdir : str or pathlib.Path, optional
         Working directory of commands and base of relative paths in `put` / `get`
         (``~`` expanded); the current directory when ``None``.
+    confine : callable, optional
+        Called before each command; returns the `Confinement` it starts under, or raises
+        `devices.errors.TransportError` when the limits are not in place (the command
+        is then not started). None: commands run unconfined.
     """
 
-    def __init__(self, workdir: str | Path | None = None) -> None:
+    def __init__(self, workdir: str | Path | None = None, confine: Callable[[], Confinement] | None = None) -> None:
         self.workdir = Path(os.path.expanduser(str(workdir))) if workdir is not None else None
+        self.confine = confine
 
     def _path(self, path: str | Path) -> Path:
         p = Path(os.path.expanduser(str(path)))
@@ -59,7 +98,7 @@ class LocalTransport:
             If the program cannot be started (not found, not executable).
         """
         start = time.monotonic()
-        proc = self._popen(argv, subprocess.DEVNULL, None)
+        proc, duty = self._popen(argv, subprocess.DEVNULL, None)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -69,6 +108,8 @@ class LocalTransport:
                 pass
             proc.communicate()
             raise CommandTimeout(f"local command {argv[0]!r} did not finish within {timeout:g} s (killed)") from None
+        finally:
+            _end_duty(duty)
         return RunResult(
             rc=proc.returncode,
             stdout=out.decode("utf-8", "replace"),
@@ -94,28 +135,49 @@ class LocalTransport:
         TransportError
             If the program cannot be started.
         """
-        proc = self._popen(argv, subprocess.PIPE, env)
-        return LocalProcess(proc, f"{argv[0]} (local pid {proc.pid})")
+        proc, duty = self._popen(argv, subprocess.PIPE, env)
+        return LocalProcess(proc, f"{argv[0]} (local pid {proc.pid})", duty)
 
-    def _popen(self, argv: Sequence[str], stdin: int, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in ``workdir``, in its own session, stdout and stderr piped."""
+    def _popen(
+        self, argv: Sequence[str], stdin: int, env: Mapping[str, str] | None
+    ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
+        """Start ``argv`` in ``workdir``, in its own session, stdout and stderr piped, under the confinement.
+
+        Returns the process and its duty-cycle supervisor (None unless the confinement
+        holds the CPU share by duty cycle).
+        """
         if not argv:
             raise ValueError("empty argv")
+        confinement = self.confine() if self.confine is not None else None
+        added = {**(confinement.env if confinement else {}), **(env or {})}
         cwd = self.workdir
         if cwd is not None:
             cwd.mkdir(parents=True, exist_ok=True)
         try:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 list(argv),
                 cwd=cwd,
-                env={**os.environ, **env} if env else None,
+                env={**os.environ, **added} if added else None,
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                preexec_fn=limits.preexec(confinement.plan) if confinement else None,
             )
         except OSError as exc:
             raise TransportError(f"cannot start {argv[0]!r}: {exc}") from exc
+        except subprocess.SubprocessError as exc:  # the preexec hook failed: the limits are gone
+            raise TransportError(f"cannot start {argv[0]!r} under the device's limits: {exc}") from exc
+        if confinement is None or confinement.plan.cpu != "duty-cycle" or not confinement.plan.cpu_share:
+            return proc, None
+        os.kill(proc.pid, signal.SIGSTOP)  # the supervisor's first period resumes it
+        try:
+            duty = limits.start_duty_cycle(proc.pid, confinement.plan.cpu_share)
+        except OSError as exc:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise TransportError(f"cannot start the duty-cycle supervisor of {argv[0]!r}: {exc}") from exc
+        return proc, duty
 
     def put(self, local: Path, remote: str) -> None:
         """Copy ``local`` to ``remote`` atomically (relative to ``workdir``)."""
@@ -137,11 +199,16 @@ class LocalProcess(StreamingProcess):
     proc : subprocess.Popen
         Started with pipes for stdin, stdout and stderr, in its own session.
     description : str
+    duty : subprocess.Popen, optional
+        Its duty-cycle supervisor, ended with it.
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes], description: str) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], description: str, duty: subprocess.Popen[bytes] | None = None
+    ) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self.proc = proc
+        self.duty = duty
         self.record = processes.record("resident", proc.pid)
         self._killed = False
         stdin, out, err = proc.stdin, proc.stdout.fileno(), proc.stderr.fileno()
@@ -184,6 +251,20 @@ class LocalProcess(StreamingProcess):
             self.proc.poll()
 
     def _release(self) -> None:
+        _end_duty(self.duty)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _end_duty(duty: subprocess.Popen[bytes] | None) -> None:
+    """Stop a command's duty-cycle supervisor (it resumes what is left of the tree) and reap it."""
+    if duty is None:
+        return
+    if duty.poll() is None:
+        duty.terminate()
+    try:
+        duty.wait(DUTY_EXIT_S)
+    except subprocess.TimeoutExpired:
+        duty.kill()
+        duty.wait()
