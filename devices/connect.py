@@ -15,8 +15,10 @@ def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
     ----------
     device : Device
         ``local`` gives a `LocalTransport` (commands run in the current directory,
-        as an SSH command runs in the home directory); ``ssh`` an `SSHTransport`;
-        ``adb`` a ``devices.adb.ADBTransport``.
+        as an SSH command runs in the home directory; with an ``emulate`` block, each
+        starts under the limits ``fleet up`` put in place,
+        `devices.emulate.local_confinement`); ``ssh`` an `SSHTransport`; ``adb`` a
+        ``devices.adb.ADBTransport``.
     connect_timeout : float
         Seconds to reach an SSH device.
 
@@ -30,7 +32,11 @@ def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
         For an unknown kind.
     """
     if device.kind == "local":
-        return LocalTransport()
+        if device.emulate is None:
+            return LocalTransport()
+        from devices.emulate import local_confinement
+
+        return LocalTransport(confine=lambda: local_confinement(device))
     if device.kind == "ssh":
         return SSHTransport(device, connect_timeout=connect_timeout)
     if device.kind == "adb":

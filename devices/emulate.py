@@ -70,9 +70,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from devices import limits, presets, processes, qemu
-from devices.errors import EmulationError
+from devices.errors import EmulationError, TransportError, Unreachable
 from devices.files import atomic_write
 from devices.fleet import Device, Emulation, Fleet
+from devices.local import Confinement, LocalTransport
 from devices.processes import ProcessRecord
 
 #: State file name inside the fleet's state dir.
@@ -83,6 +84,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 15.0
 #: Environment variable that marks every process of an emulated device (value: its unit name).
 MARKER = "FLEETBENCH_DEVICE"
+#: The address ``state.json`` and ``fleet status`` give a local device.
+LOCAL_ADDRESS = "this machine"
+#: Seconds ``up`` gives a local device's first command under its limits.
+LOCAL_CHECK_TIMEOUT = 30.0
 
 Printer = Callable[[str], None]
 
@@ -382,6 +387,11 @@ def _start_share_helpers(
     """
     if plan.cpu == "duty-cycle" and emulation.cpu_share:
         procs.append(processes.record("duty-cycle", limits.start_duty_cycle(root, emulation.cpu_share).pid))
+    return _hold_idle_cpus(procs, emulation, plan, unit)
+
+
+def _hold_idle_cpus(procs: list[ProcessRecord], emulation: Emulation, plan: limits.Plan, unit: str) -> str:
+    """Start the hold that keeps idle cpus polling for a device its share throttles (see `_start_share_helpers`)."""
     if not throttled_by_share(emulation, plan):
         return ""
     proc, reason = limits.start_latency_hold(_child_env(unit))
@@ -694,6 +704,106 @@ def _start_adb(
     )
 
 
+def _start_local(fleet: Fleet, device: Device, emulation: Emulation, plan: limits.Plan, say: Printer) -> DeviceState:
+    """Put a local device's limits in place (``plan``'s cgroups exist already) and check a command enters them.
+
+    Nothing runs for the device between its commands but the hold that keeps idle cpus
+    polling where its share throttles it; each command enters the limits as it starts
+    (`local_confinement`).
+    """
+    unit = limits.unit_name(device.name, fleet.state_dir)
+    procs: list[ProcessRecord] = []
+    try:
+        idle = _hold_idle_cpus(procs, emulation, plan, unit)
+        check = LocalTransport(confine=lambda: Confinement(plan, {MARKER: unit}))
+        try:
+            result = check.run(["true"], timeout=LOCAL_CHECK_TIMEOUT)
+        except TransportError as exc:
+            raise EmulationError(f"a command cannot start under its limits: {exc}") from None
+        if not result.ok:
+            raise EmulationError(f"`true` under its limits exited with status {result.rc}: {result.stderr.strip()}")
+    except BaseException:
+        stop_device_processes(procs, unit, tuple(map(str, plan.cgroup_dirs)))
+        raise
+    say(f"{device.name}: local device, its commands start under {_limits_text(plan, None, emulation)}{idle}")
+    cpuset, cpus = _pinning(plan)
+    return DeviceState(
+        device.name,
+        "local",
+        LOCAL_ADDRESS,
+        tuple(procs),
+        tuple(map(str, plan.cgroup_dirs)),
+        cpu=plan.cpu,
+        memory=plan.memory,
+        cpu_share=emulation.cpu_share,
+        memory_mb=emulation.memory_mb,
+        cpuset=cpuset,
+        cpus=cpus,
+    )
+
+
+def _local_limits_live(dev: DeviceState) -> bool:
+    """Whether a local device's recorded limits are all in place (cgroups present, helpers running)."""
+    return all(Path(d).is_dir() for d in dev.cgroups) and all(processes.running(r) for r in dev.processes)
+
+
+def local_confinement(device: Device) -> Confinement:
+    """Return the limits every command of local ``device`` starts under, as ``fleet up`` applied them.
+
+    Read from the fleet's state each time, so a command never starts under limits that
+    are gone or that the fleet file no longer asks for.
+
+    Parameters
+    ----------
+    device : Device
+        A ``local`` device with an ``emulate`` block (and so a ``state_dir``).
+
+    Returns
+    -------
+    devices.local.Confinement
+        Its cgroups, memory and cpu methods, and the device's `MARKER` for the
+        command's environment.
+
+    Raises
+    ------
+    devices.errors.Unreachable
+        If the device is not up (``fleet up`` recorded nothing, or its cgroups are
+        gone) or was brought up with other limits than its ``emulate`` block now asks.
+    ValueError
+        If ``device`` is not a local device with an ``emulate`` block.
+    """
+    if device.kind != "local" or device.emulate is None or device.state_dir is None:
+        raise ValueError(f"device {device.name!r} is not a local device with an emulate block")
+    dev = load_state(device.state_dir).get(device.name)
+    up_hint = "run `fleetbench fleet up` on its fleet file"
+    if dev is None or dev.kind != "local":
+        raise Unreachable(
+            f"local device {device.name!r} is not up: its limits are not in place "
+            f"(no entry in {device.state_dir / STATE_FILE}); {up_hint}"
+        )
+    gone = [d for d in dev.cgroups if not Path(d).is_dir()]
+    if gone:
+        raise Unreachable(f"local device {device.name!r}: its cgroup {gone[0]} is gone; {up_hint} again")
+    wanted = presets.resolve(device.emulate)
+    applied = (dev.cpu_share, dev.memory_mb, dev.cpus)
+    asked = (wanted.cpu_share, wanted.memory_mb, wanted.cpus)
+    if applied != asked:
+        raise Unreachable(
+            f"local device {device.name!r} was brought up with cpu share, memory, cpus {applied}, "
+            f"its emulate block now asks {asked}; run `fleetbench fleet down` and `fleet up` on its fleet file"
+        )
+    plan = limits.Plan(
+        cpu=dev.cpu,  # type: ignore[arg-type]
+        memory=dev.memory,  # type: ignore[arg-type]
+        cpu_share=dev.cpu_share,
+        memory_mb=dev.memory_mb,
+        cgroup_dirs=tuple(Path(d) for d in dev.cgroups),
+        cpuset=dev.cpuset,  # type: ignore[arg-type]
+        cpus=limits.parse_cpu_list(dev.cpus) if dev.cpus else None,
+    )
+    return Confinement(plan, {MARKER: limits.unit_name(device.name, device.state_dir)})
+
+
 def _adb_connect(address: str, port: int, say: Printer) -> None:
     from devices.adb import host_request
     from devices.errors import TransportError
@@ -755,7 +865,13 @@ def _stop_adb_server(state: FleetState, fleet: Fleet, say: Printer) -> list[str]
 
 
 def _answers(device: Device, timeout: float = 10.0) -> tuple[bool, str]:
-    """Whether emulated ``device`` completes a round trip (SSH ``true``; ADB CNXN)."""
+    """Whether emulated ``device`` completes a round trip (SSH or local ``true``, under its limits; ADB CNXN)."""
+    if device.kind == "local":
+        try:
+            result = LocalTransport(confine=lambda: local_confinement(device)).run(["true"], timeout=timeout)
+        except TransportError as exc:
+            return False, str(exc)
+        return result.ok, "" if result.ok else f"true exited {result.rc}"
     host, port = address_of(device)
     if device.kind == "ssh":
         from devices.ssh import SSHTransport
@@ -871,17 +987,53 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
         except OSError as exc:
             raise EmulationError(f"no port for the example fleet: {exc}") from None
 
-    available = frozenset(os.sched_getaffinity(0))
-
-    def pin(match: re.Match[str]) -> str:
-        return match.group(0) if limits.parse_cpu_list(match.group(2)) <= available else ""
-
-    text = re.sub(r'(\n\s+cpus: "([^"]+)")', pin, text)
+    text = _drop_unavailable_pins(text)
     text = re.sub(r"port: \d+", lambda _: f"port: {fresh_port()}", text)
     text = re.sub(r"serial: 127\.0\.0\.1:\d+", lambda _: f"serial: 127.0.0.1:{fresh_port()}", text)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "fleet.yaml"
     path.write_text(f"state_dir: {directory / 'state'}\n" + text)
+    return path
+
+
+def _drop_unavailable_pins(text: str) -> str:
+    """Remove the ``cpus: "..."`` lines of a fleet text that name a cpu this machine does not offer."""
+    available = frozenset(os.sched_getaffinity(0))
+
+    def pin(match: re.Match[str]) -> str:
+        return match.group(0) if limits.parse_cpu_list(match.group(2)) <= available else ""
+
+    return re.sub(r'(\n\s+cpus: "([^"]+)")', pin, text)
+
+
+#: The shipped local fleet: the example fleet's fast / mid / slow as local devices.
+LOCAL_FLEET = EXAMPLE_FLEET.with_name("emulated-local.yaml")
+
+
+def write_local_fleet(directory: Path) -> Path:
+    """Write the local fleet (`LOCAL_FLEET`) into ``directory`` with its own state dir.
+
+    Its devices ``fast``, ``mid`` and ``slow`` are local (no sshd) with the CPU shares,
+    memory limits and cpu pins of the example fleet's devices of those names, so they
+    differ as those do once ``fleet up`` has put the limits in place (`up`; `down`
+    removes them).
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        Where ``fleet.yaml`` and the fleet's ``state/`` directory go (the devices'
+        workdirs lie under ``state/``).
+
+    Returns
+    -------
+    pathlib.Path
+        The written fleet file. A ``cpus:`` pin naming a cpu this machine does not offer
+        is left out, as in `write_example_fleet`.
+    """
+    text = _drop_unavailable_pins(LOCAL_FLEET.read_text())
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fleet.yaml"
+    path.write_text("state_dir: state  # beside this file\n" + text)
     return path
 
 
@@ -918,13 +1070,16 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
             state = state.with_device(None, drop=device.name)
             save_state(fleet.state_dir, state)
         try:
-            host, port = address_of(device)
-            if _listening(port, host):
-                raise EmulationError(f"{host}:{port} is already in use by a process this fleet did not start")
+            if device.kind != "local":
+                host, port = address_of(device)
+                if _listening(port, host):
+                    raise EmulationError(f"{host}:{port} is already in use by a process this fleet did not start")
             emulation = presets.resolve(device.emulate)
             plan = _plan_for(limits.unit_name(device.name, fleet.state_dir), emulation)
             try:
-                if device.kind == "ssh":
+                if device.kind == "local":
+                    dev = _start_local(fleet, device, emulation, plan, say)
+                elif device.kind == "ssh":
                     root = _aarch64_root(fleet, device, say) if emulation.arch else None
                     dev = _start_ssh(fleet, device, emulation, plan, say, root)
                 elif device.kind == "adb":
@@ -995,9 +1150,14 @@ def status(fleet: Fleet, timeout: float = 10.0) -> list[DeviceStatus]:
     state = load_state(fleet.state_dir)
     rows = []
     for device in emulated(fleet):
-        host, port = address_of(device)
         dev = state.get(device.name)
-        is_up = dev is not None and bool(dev.processes) and all(processes.running(r) for r in dev.processes)
+        if device.kind == "local":
+            address = LOCAL_ADDRESS
+            is_up = dev is not None and _local_limits_live(dev)
+        else:
+            host, port = address_of(device)
+            address = f"{host}:{port}"
+            is_up = dev is not None and bool(dev.processes) and all(processes.running(r) for r in dev.processes)
         answers, why = _answers(device, timeout)
         if answers and dev is not None:
             cpu = f"cpu {dev.cpu_share:g} ({dev.cpu})" if dev.cpu_share is not None else "cpu unlimited"
@@ -1007,7 +1167,7 @@ def status(fleet: Fleet, timeout: float = 10.0) -> list[DeviceStatus]:
             detail += f"; {dev.arch} under qemu-user (emulated ISA)" if dev.arch else ""
         else:
             detail = why if answers is False else ""
-        rows.append(DeviceStatus(device.name, device.kind, f"{host}:{port}", is_up, answers, detail))
+        rows.append(DeviceStatus(device.name, device.kind, address, is_up, answers, detail))
     return rows
 
 
