@@ -141,9 +141,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads for in-process training (default 1)"
     )
-    run.add_argument(
-        "--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)"
-    )
+    run.add_argument("--fleet", help="train on this fleet's devices (devices executor; clients placed round-robin)")
     run.add_argument("--artifacts", default="artifacts", help="artifact cache for --fleet (default ./artifacts)")
     run.add_argument(
         "--backend",
@@ -159,9 +157,45 @@ def register(commands: argparse._SubParsersAction) -> None:
         "profile with the same",
     )
     run.add_argument("--db", help="profile store the run is logged in (default fleetbench.db)")
+    run.add_argument(
+        "--plan",
+        nargs="?",
+        const="auto",
+        metavar="DEADLINE",
+        help="plan capacities, FedDrop budgets and FLuID's start on the measured profiles (--fleet: the --db store; "
+        "--population: --profiles), as `fleetbench plan` does; DEADLINE: auto (default), SECONDS or pNN",
+    )
+    add_plan_arguments(run)
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
     run.set_defaults(handler="fl.cli:cmd_run")
+
+    plan = commands.add_parser(
+        "plan", help="plan an FL run on measured profiles: each device's width, tier, budget and predicted round"
+    )
+    where = plan.add_mutually_exclusive_group(required=True)
+    where.add_argument("--fleet", help="fleet file (memory budgets and threads from it)")
+    where.add_argument("--population", metavar="SPEC", help="virtual clients on measured devices: device=share,...")
+    plan.add_argument("--db", default=DEFAULTS["db"], help="profile store the devices were measured in")
+    plan.add_argument("--model", default=DEFAULTS["model"], help=f"zoo model (default {DEFAULTS['model']})")
+    plan.add_argument("--strategy", choices=sorted(STRATEGIES), default="fjord", help="FL method (default fjord)")
+    plan.add_argument("--batch", type=positive_int, default=DEFAULTS["batch"], help="local batch (default 20)")
+    plan.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="optimizer graph (default sgd)")
+    plan.add_argument("--epochs", type=positive_int, default=DEFAULTS["epochs"], help="local epochs (default 1)")
+    plan.add_argument("--clients", type=positive_int, help="clients (default: one per fleet device; population 10)")
+    plan.add_argument("--dataset", default=DEFAULTS["dataset"], help="data set the clients hold (default mnist5k)")
+    plan.add_argument("--partition", default=DEFAULTS["partition"], help="partition (default iid)")
+    plan.add_argument("--seed", type=int, default=0, help="run seed: partition and population (default 0)")
+    plan.add_argument("--examples", type=positive_int, help="examples every client holds (instead of the data set)")
+    plan.add_argument("--deadline", default="auto", help="auto (the median device's full-width round), SECONDS or pNN")
+    plan.add_argument(
+        "--backend", choices=("auto", "ort", "onnx", "torch"), default="auto",
+        help="the backend whose profiles to plan with (default auto: each device's profiled one, ort > onnx > torch)",
+    )  # fmt: skip
+    plan.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="strategy option (repeatable)")
+    add_plan_arguments(plan)
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON document")
+    plan.set_defaults(handler="fl.cli:cmd_plan")
 
     runs = actions.add_parser("runs", help="list the FL runs in a profile store")
     runs.add_argument("--db", default=DEFAULTS["db"], help="profile store (default fleetbench.db)")
@@ -177,6 +211,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     data.add_argument("--examples", type=positive_int, default=None, help="examples to write (default 520)")
     data.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
     data.set_defaults(handler="fl.cli:cmd_data")
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the planner's options shared by ``fleetbench plan`` and ``fl run --plan``."""
+    from fl.plan import DEFAULT_TIERS, UNPROFILED
+
+    parser.add_argument(
+        "--tiers",
+        type=positive_int,
+        default=DEFAULT_TIERS,
+        help=f"tiers of FjORD / HeteroFL / FedRolex (default {DEFAULT_TIERS})",
+    )
+    parser.add_argument(
+        "--unprofiled", choices=UNPROFILED, default="refuse",
+        help="a device without a profile of the model: refuse the plan (default), give it the smallest width, or "
+        "exclude it",
+    )  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -316,7 +367,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         from fl.executors.ray import require_ray
 
         require_ray()
+    if args.plan is not None and fleet is None and config.population is None:
+        raise InputError("--plan needs the devices it plans for: --fleet FILE or --population SPEC --profiles DB")
     virtual, profiles = _virtual_clock(config) if config.population is not None else (None, None)
+    plan, capacities = None, None
+    if virtual is not None and args.plan is not None:
+        from fl.scheduling.configs import ProfileConfig
+
+        placement = virtual.population.placement()
+        configs = {d: ProfileConfig(batch=config.batch_size, optimizer=config.optimizer) for d in placement.values()}
+        config, plan, capacities = _planned(args, config, placement, configs, {}, config.profiles)
     import torch
 
     # Small models train fastest on one thread; more only oversubscribe a shared machine.
@@ -324,7 +384,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if fleet is not None:
         summary = _run_on_fleet(args, config, fleet)
     elif virtual is not None and config.clock_only:
-        summary = run_clock_only(config, virtual)
+        summary = run_clock_only(config, virtual, capacities=capacities)
     elif config.executor == "ray":
         from exporters.zoo import get_model
         from fl.executors.ray import RayExecutor
@@ -332,9 +392,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         with RayExecutor(
             get_model(config.model), config.workers, address=args.ray_address, threads=args.threads
         ) as executor:
-            summary = run_fl(config, executor=executor, resume_run=args.resume, virtual=virtual, profiles=profiles)
+            summary = run_fl(
+                config, executor=executor, resume_run=args.resume, virtual=virtual, profiles=profiles,
+                capacities=capacities, plan=plan,
+            )  # fmt: skip
     else:
-        summary = run_fl(config, resume_run=args.resume, virtual=virtual, profiles=profiles)
+        summary = run_fl(
+            config, resume_run=args.resume, virtual=virtual, profiles=profiles, capacities=capacities, plan=plan
+        )
     if summary.status != "finished":
         print(f"FL run {summary.run_id} failed after {summary.rounds} round(s): {summary.error}", file=sys.stderr)
         for rnd in summary.history:
@@ -401,14 +466,124 @@ def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
         cells, config.model, config.batch_size, devices, links=links, costs=costs,
         warn=lambda line: print(f"fleetbench: warning: {line}", file=sys.stderr),
     )  # fmt: skip
-    clock = VirtualClock(
-        population, cost, seed=config.seed, overcommit=config.overcommit, deadline_s=config.deadline_s
-    )
+    clock = VirtualClock(population, cost, seed=config.seed, overcommit=config.overcommit, deadline_s=config.deadline_s)
     profiles: dict[str, list[dict[str, Any]]] = {}
     for row in profile_rows(cells):
         if row["device"] in shares and row["model"] == config.model and row.get("status") == "ok":
             profiles.setdefault(str(row["device"]), []).append(row)
     return clock, profiles
+
+
+def _warning(line: str) -> None:
+    print(f"fleetbench: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _shard_sizes(
+    dataset: str, model: str, clients: int, partition: str, seed: int, examples: int | None
+) -> dict[str, int]:
+    """Return each client's training examples: ``examples`` for all, else the partition's shards."""
+    if examples is not None:
+        return {f"c{i}": int(examples) for i in range(clients)}
+    from exporters.zoo import get_model
+    from fl.data import load_federated
+
+    fed = load_federated(dataset, get_model(model), clients, partition, seed)
+    return {f"c{i}": len(y) for i, (_, y) in enumerate(fed.train)}
+
+
+def plan_request(
+    config: Any,
+    placement: dict[str, str],
+    configs: dict[str, Any],
+    memory: dict[str, int],
+    deadline: str,
+    args: argparse.Namespace,
+    examples: int | None = None,
+) -> Any:
+    """Return the `fl.plan.PlanRequest` of a run's configuration and client placement.
+
+    Parameters
+    ----------
+    config : fl.server.RunConfig
+    placement : dict of str to str
+        Client id -> device.
+    configs : dict of str to ProfileConfig
+        The configuration each device trains with.
+    memory : dict of str to int
+        Memory budgets in bytes.
+    deadline : str
+        The deadline policy.
+    args : argparse.Namespace
+        ``tiers`` and ``unprofiled``.
+    examples : int, optional
+        Examples every client holds (default: the partition's shards).
+    """
+    from fl.plan import PlanRequest, device_examples
+
+    sizes = _shard_sizes(config.dataset, config.model, config.clients, config.partition, config.seed, examples)
+    return PlanRequest(
+        model=config.model, strategy=config.strategy, batch=config.batch_size, epochs=config.epochs,
+        optimizer=config.optimizer, examples=device_examples(placement, sizes), configs=configs, deadline=deadline,
+        tiers=args.tiers, unprofiled=args.unprofiled, memory=memory, options=dict(config.options),
+    )  # fmt: skip
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Run ``fleetbench plan``: print each device's planned width, tier, budget and predicted round.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+
+    Returns
+    -------
+    int
+        0.
+
+    Raises
+    ------
+    InputError
+        A store without the model, a device without a profile (unless ``--unprofiled``), a bad deadline.
+    """
+    from fl.plan import format_plan, run_plan
+    from fl.population import draw_population, parse_population
+    from fl.scheduling import memory_budgets_from_fleet
+    from fl.scheduling.configs import ProfileConfig
+    from fl.server import RunConfig
+    from harness.store import ProfileStore
+
+    backend = None if args.backend == "auto" else args.backend
+    if args.fleet:
+        fleet = _load_fleet(args.fleet)
+        names = [d.name for d in fleet.devices]
+        clients = args.clients or len(names)
+        placement = {f"c{i}": names[i % len(names)] for i in range(clients)}
+        configs = {
+            d.name: ProfileConfig(batch=args.batch, backend=backend, optimizer=args.optimizer, threads=d.threads)
+            for d in fleet.devices
+        }
+        memory = memory_budgets_from_fleet(fleet)
+    else:
+        shares = parse_population(args.population)
+        clients = args.clients or DEFAULTS["clients"]
+        placement = draw_population(shares, clients, args.seed).placement()
+        configs = {d: ProfileConfig(batch=args.batch, backend=backend, optimizer=args.optimizer) for d in shares}
+        memory = {}
+    config = RunConfig(
+        strategy=args.strategy, model=args.model, dataset=args.dataset, clients=clients, partition=args.partition,
+        seed=args.seed, epochs=args.epochs, batch_size=args.batch, optimizer=args.optimizer,
+        options=parse_options(args.opt),
+    )  # fmt: skip
+    request = plan_request(config, placement, configs, memory, args.deadline, args, examples=args.examples)
+    with ProfileStore(args.db, create=False) as store:
+        plan = run_plan(store, request, warn=None if args.json else _warning).current
+    if args.json:
+        print(json.dumps(plan.to_json()))
+        return 0
+    print("\n".join(format_plan(plan)))
+    run = f"fleetbench fl run --{'fleet ' + args.fleet if args.fleet else 'population ' + args.population}"
+    print(f"train with it: {run} --strategy {args.strategy} --db {args.db} --plan {args.deadline} ...")
+    return 0
 
 
 def _load_fleet(path: str) -> Any:
@@ -460,8 +635,9 @@ def fleet_placement(fleet: Any, override: str, clients: int) -> tuple[dict[str, 
     usable = [d for d in fleet.devices if d.name in backend_of]
     if not usable:
         reasons = "; ".join(f"{c.device}: {c.reason}" for c in choices)
-        raise InputError(f"no device of {fleet.path} can run a backend ({reasons}); "
-                         f"see: fleetbench fleet provision {fleet.path}")
+        raise InputError(
+            f"no device of {fleet.path} can run a backend ({reasons}); see: fleetbench fleet provision {fleet.path}"
+        )
     placement = {f"c{i}": usable[i % len(usable)] for i in range(clients)}
     return placement, {cid: backend_of[device.name] for cid, device in placement.items()}
 
@@ -486,6 +662,31 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     config = dataclasses.replace(config, executor="devices")
     backend = backend_for_strategy(config.strategy, args.backend)
     placement, backends = fleet_placement(fleet, backend, config.clients)
+    plan, capacities = None, None
+    if args.plan is not None:
+        from fl.scheduling import memory_budgets_from_fleet
+        from fl.scheduling.configs import ProfileConfig
+
+        backend_of = {device.name: backends[cid] for cid, device in placement.items()}
+
+        def planned(placement: dict[str, Any]) -> tuple[Any, Any, list[float] | None]:
+            configs = {
+                d.name: ProfileConfig(config.batch_size, backend_of[d.name], config.optimizer, d.threads)
+                for d in placement.values()
+            }
+            names = {cid: d.name for cid, d in placement.items()}
+            return _planned(args, config, names, configs, memory_budgets_from_fleet(fleet), config.db)
+
+        planned_config, plan, capacities = planned(placement)
+        excluded = {d.device for d in plan.current.devices if d.status == "excluded"}
+        if excluded:
+            kept = [d for d in dict.fromkeys(placement.values()) if d.name not in excluded]
+            if not kept:
+                raise InputError(f"the plan excludes every device of {fleet.path}")
+            placement = {f"c{i}": kept[i % len(kept)] for i in range(config.clients)}
+            backends = {cid: backend_of[device.name] for cid, device in placement.items()}
+            planned_config, plan, capacities = planned(placement)
+        config = planned_config
     with (
         tempfile.TemporaryDirectory(prefix="fleetbench-fl-") as work,
         DevicesExecutor(
@@ -508,7 +709,43 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             placement={cid: device.name for cid, device in placement.items()},
             backends=backends,
             device_configs=executor_configs(executor, fleet.devices, config.batch_size),
+            capacities=capacities,
+            plan=plan,
         )
+
+
+def _planned(
+    args: argparse.Namespace,
+    config: Any,
+    placement: dict[str, str],
+    configs: dict[str, Any],
+    memory: dict[str, int],
+    db: str,
+) -> tuple[Any, Any, list[float] | None]:
+    """Plan ``fl run --plan`` on the store ``db``; return the planned configuration, the plan and the capacities.
+
+    The plan's table goes to stderr. A new run gets the plan's capacities (``explicit:...``)
+    and strategy options (FedDrop's budgets, FLuID's start); a resumed run keeps its stored
+    configuration, and `fl.server.run_fl` restores its latest plan revision.
+    """
+    import dataclasses
+
+    from fl.plan import format_plan, run_plan, strategy_options
+    from harness.store import ProfileStore
+
+    request = plan_request(config, placement, configs, memory, args.plan, args)
+    with ProfileStore(db, create=False) as store:
+        plan = run_plan(store, request, warn=_warning)
+    for line in format_plan(plan.current):
+        print(f"fleetbench: plan: {line}", file=sys.stderr, flush=True)
+    if args.resume is not None:
+        return config, plan, None
+    capacities = [plan.capacity(placement[f"c{i}"]) for i in range(config.clients)]
+    options = {**config.options, **strategy_options(plan.current, placement)}
+    spec = "explicit:" + ",".join(repr(float(c)) for c in capacities)
+    planned = dataclasses.replace(config, capacities=spec, options=options)
+    planned.validate()
+    return planned, plan, capacities
 
 
 def cmd_data(args: argparse.Namespace) -> int:

@@ -55,9 +55,7 @@ import numpy as np
 from exporters.arch import Arch
 from exporters.errors import InputError
 from fl.capacity import counts
-
-#: ``(device, arch, steps, bytes_down, bytes_up) -> seconds`` of one client round.
-RoundCost = Callable[[str, Arch, int, int, int], float]
+from harness.roundcost import RoundCost
 
 #: One-sigma spread of the lognormal per-client speed factor (see the module docstring).
 DEFAULT_VARIATION = 0.1

@@ -39,12 +39,12 @@ from exporters.arch import Arch
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.executors.devices import modelled_transfer_seconds
-from fl.population import RoundCost, split_item
+from fl.population import split_item
 from fl.records import ClientSpec
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import profile_rows, select
 from harness.latency import arch_counts, usable_rows
-from harness.roundcost import RoundCostModel, round_cost
+from harness.roundcost import RoundCost, RoundCostModel, round_cost
 
 #: A device's link: rate in kbit/s and one-way delay in milliseconds.
 Link = tuple[float, float]

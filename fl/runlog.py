@@ -130,6 +130,19 @@ FL_MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE fl_client_rounds ADD COLUMN predicted_seconds REAL;
     """,
+    # v6: the plan a run trains with (`fl.plan.FleetPlan` as JSON) and each revision of it:
+    # revision 0 before the first round; a revision made after round R applies from R + 1.
+    """
+    CREATE TABLE IF NOT EXISTS fl_plans (
+        run_id INTEGER NOT NULL REFERENCES fl_runs(id),
+        revision INTEGER NOT NULL,
+        from_round INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        plan TEXT NOT NULL,
+        PRIMARY KEY (run_id, revision)
+    );
+    """,
 )
 
 
@@ -450,6 +463,24 @@ class RunLog:
                 (status, self.clock(), error, run_id),
             )
 
+    def log_plan(self, run_id: int, revision: int, from_round: int, plan: Mapping[str, Any], reason: str = "") -> None:
+        """Store revision ``revision`` of a run's plan, in force from round ``from_round`` (0-based).
+
+        Parameters
+        ----------
+        run_id, revision, from_round : int
+        plan : mapping
+            The plan as JSON-ready data (`fl.plan.FleetPlan.to_json`).
+        reason : str
+            Why it was made ("" for the plan the run started with).
+        """
+        with self.store.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO fl_plans (run_id, revision, from_round, created_at, reason, plan) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, int(revision), int(from_round), self.clock(), reason, json.dumps(_jsonable(plan))),
+            )
+
     # -- reading -----------------------------------------------------------------------------
 
     def run(self, run_id: int) -> dict[str, Any]:
@@ -495,6 +526,19 @@ class RunLog:
         frame = self._frame("SELECT * FROM fl_clients WHERE run_id = ? ORDER BY rowid", (run_id,))
         frame["label_counts"] = [{int(k): v for k, v in json.loads(s).items()} for s in frame["label_counts"]]
         return frame
+
+    def plans(self, run_id: int) -> list[dict[str, Any]]:
+        """Return a run's plan and its revisions in order: ``{revision, from_round, reason, plan}`` each."""
+        frame = self._frame("SELECT * FROM fl_plans WHERE run_id = ? ORDER BY revision", (run_id,))
+        return [
+            {
+                "revision": int(r.revision),
+                "from_round": int(r.from_round),
+                "reason": r.reason,
+                "plan": json.loads(r.plan),
+            }
+            for r in frame.itertuples(index=False)
+        ]
 
     def load_checkpoint(self, run_id: int) -> tuple[int, Any] | None:
         """Return ``(round, state)`` of the run's latest checkpoint, or None when it has none."""

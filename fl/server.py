@@ -45,7 +45,6 @@ from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
 from fl.population import (
     DEFAULT_VARIATION,
-    RoundCost,
     RoundSchedule,
     Timing,
     VirtualClock,
@@ -73,6 +72,7 @@ from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fjord import drawn_widths
+from harness.roundcost import RoundCost
 from harness.store import DEFAULT_DB, ProfileStore
 
 #: Config fields a resumed run may change (they do not affect the trained model).
@@ -503,6 +503,7 @@ def run_fl(
     backends: Mapping[str, str] | None = None,
     device_configs: Mapping[str, ProfileConfig] | None = None,
     round_cost: RoundCost | None = None,
+    plan: Any = None,
 ) -> RunSummary:
     """Run (or resume) an FL run and log it in the profile store.
 
@@ -548,6 +549,11 @@ def run_fl(
         there are any, none in a virtual-clock run (its virtual times are the prediction).
     backends : mapping of str to str, optional
         Runner backend per client id (``ClientSpec.backend``), logged with each client round.
+    plan : fl.plan.RunPlan, optional
+        The plan the run trains with (its ``current`` `fl.plan.FleetPlan`), stored with the
+        run (``fl_plans``). After every round each device's measured / predicted factor is
+        offered to ``plan.revise``; a revision is stored, shown, and its widths become the
+        clients' capacities from the next round on (also when the run is resumed).
 
     Returns
     -------
@@ -610,6 +616,10 @@ def run_fl(
             first = last_round + 1
             history = _history(log, run_id)
             log.mark_resumed(run_id, max(config.rounds, first), config.to_dict())
+            stored = log.plans(run_id)
+            if plan is not None and stored:
+                plan.restore(stored[-1]["plan"])
+                clients = _replanned(clients, plan)
         else:
             run_id = log.start_run(
                 strategy=config.strategy,
@@ -624,6 +634,8 @@ def run_fl(
                 speed_factors=None if virtual is None else _speed_factors(virtual),
             )
             first = 0
+            if plan is not None:
+                log.log_plan(run_id, plan.current.revision, 0, plan.current.to_json(), plan.current.reason)
         say = progress if progress is not None else (lambda line: None)
         warn = say_once(say)  # the profile lookups repeat per client and per model: one line per fallback
         if profiles is None:
@@ -639,7 +651,7 @@ def run_fl(
                         export_format_warning(
                             device, formats.get(device, ()), EXPORT_FORMAT_VERSION, EXPORT_FORMAT_CHANGES,
                             FIRST_RECORDED_EXPORT_FORMAT,
-                        ),  # fmt: skip
+                        ),  # fmt: skip  # fmt: skip
                     ):
                         if line is not None:
                             warn(line)
@@ -678,6 +690,12 @@ def run_fl(
                 history.append(summary)
                 if progress is not None:
                     progress(format_round(summary, config.rounds))
+                revised = _revise_plan(plan, strategy, clients)
+                if revised is not None:
+                    log.log_plan(run_id, revised.revision, rnd + 1, revised.to_json(), revised.reason)
+                    say(f"plan revision {revised.revision} from round {rnd + 2}: {revised.reason}")
+                    clients = _replanned(clients, plan)
+                    by_cid = {c.cid: c for c in clients}
                 failed_rounds = [h for h in history[earlier:] if h.failed]
                 if len(failed_rounds) >= config.max_failed_rounds:
                     error = failure_report(failed_rounds)
@@ -1167,6 +1185,25 @@ def _make_strategy(config: RunConfig, model: ZooModel) -> Strategy:
         return cls(model, initial_parameters(model, config.seed), seed=config.seed, local=local, **dict(config.options))
     except TypeError as exc:
         raise InputError(f"strategy {config.strategy!r} rejected options {dict(config.options)}: {exc}") from None
+
+
+def _revise_plan(plan: Any, strategy: Strategy, clients: Sequence[ClientSpec]) -> Any:
+    """Offer the plan each device's calibration factor so far; return its revision, or None."""
+    factor = getattr(strategy.round_predictor, "factor", None)
+    if plan is None or factor is None:
+        return None
+    devices = sorted({c.device for c in clients if c.device is not None})
+    return plan.revise({d: float(factor(d)) for d in devices})
+
+
+def _replanned(clients: Sequence[ClientSpec], plan: Any) -> list[ClientSpec]:
+    """Return the clients with the capacities of the plan in force (tiers recounted)."""
+    from fl.capacity import tiers
+
+    caps = [plan.capacity(c.device, c.capacity) for c in clients]
+    return [
+        dataclasses.replace(c, capacity=cap, tier=tier) for c, cap, tier in zip(clients, caps, tiers(caps), strict=True)
+    ]
 
 
 def _client_specs(

@@ -94,8 +94,9 @@ BACKEND_PREFERENCE: tuple[str, ...] = ("ort", "onnx", "torch")
 #: Learning rate of the measuring ``train`` requests (any positive value times the same).
 MEASURE_LR = 0.05
 
-#: ``(device, arch, steps, bytes_down, bytes_up) -> seconds`` (as `fl.population.RoundCost`).
-RoundCostFn = Callable[[str, "Arch", int, int, int], float]
+#: ``(device, arch, steps, bytes_down, bytes_up) -> seconds``: the round-cost model's one type,
+#: taken by the planner, the server's predictions, the virtual clock, FLuID and FedDrop.
+RoundCost = Callable[[str, "Arch", int, int, int], float]
 #: ``(device, nbytes) -> seconds`` or None: an override of a device's transfer time.
 TransferFn = Callable[[str, int], "float | None"]
 
@@ -403,7 +404,8 @@ def round_cost(
     costs: Mapping[str, RoundCostModel] | None = None,
     transfer: TransferFn | None = None,
     warn: Callable[[str], None] | None = _stderr,
-) -> RoundCostFn:
+    models: Mapping[str, DeviceModels] | None = None,
+) -> RoundCost:
     """Return the ``(device, arch, steps, bytes_down, bytes_up) -> seconds`` function of the rows' devices.
 
     Parameters
@@ -423,6 +425,8 @@ def round_cost(
         one where it returns a number (a modelled link of a virtual population).
     warn : callable or None
         Receives each warning line.
+    models : mapping of str to DeviceModels, optional
+        The rows' fitted models when the caller has fitted them already (a plan fits once).
 
     Returns
     -------
@@ -430,7 +434,7 @@ def round_cost(
         Predictions are cached per (device, architecture). An unknown device raises
         `InputError` naming it.
     """
-    models = fit(rows)
+    models = fit(rows) if models is None else models
     costs = dict(costs or {})
     keys: dict[str, tuple[str, int, str]] = {}
     for device in sorted(models):

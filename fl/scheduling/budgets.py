@@ -19,7 +19,7 @@ Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,3 +230,47 @@ def budgets_for_fleet(
         )
         for device in sorted(examples_per_round)
     }
+
+
+def round_budget_ratio(
+    round_at: Callable[[float], float], flops_at: Callable[[float], float], deadline_s: float, top: int
+) -> tuple[float | None, str]:
+    """Return the FLOPs budget ratio whose predicted whole round meets ``deadline_s``, and a note.
+
+    The planner's form of `flops_budget_ratio`: the round is the round-cost model's (fixed
+    cost, local steps at the architecture, the dense model's transfers), not a per-image
+    budget. The widths searched are ``k / top`` for ``k = 1..top`` (one more neuron in the
+    widest layer each); the ratio interpolates FLOPs linearly between the two widths around
+    the deadline and is clamped to (0, 1].
+
+    Parameters
+    ----------
+    round_at : callable
+        ``width -> seconds``: the predicted round at a uniform width (non-decreasing).
+    flops_at : callable
+        ``width -> training FLOPs per example``.
+    deadline_s : float
+    top : int
+        Neurons of the model's widest layer.
+
+    Returns
+    -------
+    ratio : float or None
+        None when even one neuron per layer misses the deadline.
+    note : str
+        Why there is no ratio, or that the dense model fits ("" otherwise).
+    """
+    deadline = positive(deadline_s, "deadline_s")
+    dense = flops_at(1.0)
+    if round_at(1.0) <= deadline:
+        return 1.0, "the dense model meets the deadline"
+    if round_at(1 / top) > deadline:
+        return None, f"even one neuron per layer takes {round_at(1 / top):.3g} s, over the deadline {deadline:.3g} s"
+    lo, hi = 1, top  # round(lo) <= deadline < round(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if round_at(mid / top) <= deadline else (lo, mid)
+    lo_s, hi_s = round_at(lo / top), round_at(hi / top)
+    lo_f, hi_f = flops_at(lo / top), flops_at(hi / top)
+    affordable = lo_f + (deadline - lo_s) / (hi_s - lo_s) * (hi_f - lo_f) if hi_s > lo_s else lo_f
+    return min(1.0, max(affordable / dense, 0.0)), ""

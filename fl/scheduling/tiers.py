@@ -196,6 +196,7 @@ def assign_tiers(
     backend: str | Mapping[str, str] | None = "ort",
     round_overhead_s: float | Mapping[str, float] = 0.0,
     round_seconds: Callable[[str, float], float] | None = None,
+    models: Mapping[str, DeviceModels] | None = None,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
 
@@ -233,6 +234,8 @@ def assign_tiers(
         ``(device, width) -> seconds``: the predicted round of the round-cost model (fixed cost,
         steps and transfers; `fl.roundcost.round_seconds_by_width`), used instead of
         ``round_overhead_s + latency * examples * epochs``.
+    models : mapping of str to DeviceModels, optional
+        The rows' fitted models, when the caller fitted them already (a plan fits once).
 
     Returns
     -------
@@ -253,7 +256,7 @@ def assign_tiers(
 
     rows = select(profile_rows(profiles), model=model)
     rows = [r for r in rows if backend_of(str(r.get("device"))) in (None, str(r.get("backend")))]
-    models = fit(rows)
+    models = fit(rows) if models is None else models
     picks: dict[str, tuple[WidthCheck, tuple[WidthCheck, ...]] | str] = {}
     for device in sorted(examples_per_round):
         examples = count(examples_per_round[device], f"examples_per_round[{device!r}]")
@@ -316,6 +319,71 @@ def _device_checks(
     round_seconds: Callable[[float], float] | None = None,
 ) -> tuple[WidthCheck, tuple[WidthCheck, ...]] | str:
     """Return ``(best fitting check, all checks)`` of one device, or why it is excluded."""
+    if round_seconds is None:
+        latency_of = functools.partial(_latency_round, rows, models, device, model, batch, backend)
+
+        def fallback(width: float) -> float:
+            return overhead_s + latency_of(width) * 1e6 * round_seconds_per_us
+
+        round_seconds = fallback
+    checks = width_checks(rows, models, device, model, candidates, batch, backend, deadline_s, budget, round_seconds)
+    if isinstance(checks, str):
+        return checks
+    fitting = [c for c in checks if c.fits]
+    if not fitting:
+        return f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"
+    return fitting[-1], checks
+
+
+def _latency_round(
+    rows: Sequence[dict[str, Any]],
+    models: Mapping[str, DeviceModels],
+    device: str,
+    model: str,
+    batch: int | None,
+    backend: str | None,
+    width: float,
+) -> float:
+    dm = models[device]
+    return predicted_latency(dm.latency[dm.key(model, batch, backend)], model, width, rows).value
+
+
+def width_checks(
+    rows: Sequence[dict[str, Any]],
+    models: Mapping[str, DeviceModels],
+    device: str,
+    model: str,
+    candidates: Sequence[float],
+    batch: int | None,
+    backend: str | None,
+    deadline_s: float,
+    budget: int | None,
+    round_seconds: Callable[[float], float],
+) -> tuple[WidthCheck, ...] | str:
+    """Return how every candidate width fares on one device (smallest first), or why it cannot be checked.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Profile rows (`fl.scheduling.rows.profile_rows`).
+    models : mapping of str to DeviceModels
+        The rows' fitted models.
+    device, model : str
+    candidates : sequence of float
+        Widths, smallest first.
+    batch : int or None
+    backend : str or None
+    deadline_s : float
+    budget : int or None
+        The device's memory budget in bytes (None: unconstrained).
+    round_seconds : callable
+        ``width -> predicted round seconds`` of this device.
+
+    Returns
+    -------
+    tuple of WidthCheck or str
+        The reason when the device has no usable profile of ``model``.
+    """
     mine = select(rows, device=device, batch=batch)
     if not mine:
         where = f"batch {batch}, backend {backend or 'any'}" if batch is not None else f"backend {backend or 'any'}"
@@ -334,10 +402,7 @@ def _device_checks(
     for w in candidates:
         flops = width_flops(model, w, rows)
         estimate = predicted_latency(latency, model, w, rows)
-        if round_seconds is not None:
-            seconds = float(round_seconds(w))
-        else:
-            seconds = overhead_s + estimate.value * 1e6 * round_seconds_per_us
+        seconds = float(round_seconds(w))
         peak = None if memory is None else predicted_peak(memory, model, w, rows).value
         notes = []
         fits_deadline = seconds <= deadline_s
@@ -358,10 +423,7 @@ def _device_checks(
                 estimate.extrapolated,
             )  # fmt: skip
         )
-    fitting = [c for c in checks if c.fits]
-    if not fitting:
-        return f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"
-    return fitting[-1], tuple(checks)
+    return tuple(checks)
 
 
 @dataclass(frozen=True)

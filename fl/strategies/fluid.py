@@ -100,6 +100,10 @@ class FLuID(Strategy):
         Simulated slow-down factor of a client's compute time (in-process runs).
     use_profiles : bool
         Use the devices' measured curves when available (else always the linear rule).
+    planned : mapping or JSON str, optional
+        A plan's start (`fl.plan.strategy_options`): ``{"target": seconds, "stragglers":
+        {cid: size}}``. Those stragglers train at those sizes from the first round, before
+        any round was measured; the first calibration then replaces them.
     """
 
     name = "fluid"
@@ -122,6 +126,7 @@ class FLuID(Strategy):
         threshold_init_rounds: int | str = 1,
         slowdown: Mapping[str, float] | str | None = None,
         use_profiles: bool | str = True,
+        planned: Mapping[str, Any] | str | None = None,
     ) -> None:
         super().__init__(model, initial, seed=seed, local=local)
         if dropout not in DROPOUTS:
@@ -162,6 +167,17 @@ class FLuID(Strategy):
         self.scores: dict[str, np.ndarray] | None = None
         self.last_calibration: int | None = None
         self.target_seconds: float | None = None
+        self._start_from(_parse_planned(planned))
+
+    def _start_from(self, planned: Mapping[str, Any]) -> None:
+        """Take a plan's stragglers, sizes and target as the state before the first calibration."""
+        if not planned:
+            return
+        sizes = {str(cid): float(size) for cid, size in dict(planned.get("stragglers") or {}).items()}
+        self.rates = {cid: size for cid, size in sizes.items() if size < 1.0}
+        self.stragglers = sorted(self.rates)
+        target = planned.get("target")
+        self.target_seconds = None if target is None else float(target)
 
     # -- round logic -------------------------------------------------------------------
 
@@ -439,6 +455,29 @@ class FLuID(Strategy):
         self.last_calibration = None if last is None else int(last)
         target = memory["target_seconds"]
         self.target_seconds = None if target is None else float(target)
+
+
+def _parse_planned(value: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Return the ``planned`` option: ``{"target": seconds, "stragglers": {cid: size}}`` (JSON text accepted).
+
+    Raises
+    ------
+    InputError
+        When it is not such an object, or a size is outside (0, 1].
+    """
+    if value in (None, "", "none", "None"):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise InputError(f"FLuID planned {value!r} is not JSON") from None
+    if not isinstance(value, Mapping) or not isinstance(value.get("stragglers", {}), Mapping):
+        raise InputError(f"FLuID planned {value!r}: expected {{'target': seconds, 'stragglers': {{cid: size}}}}")
+    for cid, size in value.get("stragglers", {}).items():
+        if not 0.0 < float(size) <= 1.0:
+            raise InputError(f"FLuID planned size {size!r} of {cid} is outside (0, 1]")
+    return dict(value)
 
 
 def _parse_sizes(sizes: Sequence[float] | float | str) -> tuple[float, ...]:
