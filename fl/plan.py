@@ -8,7 +8,9 @@ models once, and builds the round-cost model from them (`harness.roundcost.round
 
     round(device, width) = fixed + steps * batch * latency(device, arch(width)) + transfers(width)
 
-with ``steps = epochs * ceil(examples / batch)``. Then, by strategy:
+with ``steps = epochs * ceil(examples / batch)``. A FjORD client draws a width at or below
+its p_max at every step, so its round is the mean of the rounds at those widths, its
+payload p_max's. Then, by strategy:
 
 - FjORD, HeteroFL, FedRolex: each device's widest level whose predicted round meets the
   deadline and whose predicted peak memory fits its budget (`fl.scheduling.width_checks`),
@@ -442,6 +444,12 @@ def make_plan(
         nbytes = payload_bytes_of(arch if payload is None else zoo.arch(payload))
         return float(cost_fn(device, arch, steps[device], nbytes, nbytes))
 
+    def client_round(device: str, width: float) -> float:
+        if request.strategy != "fjord":
+            return round_at(device, width)
+        drawn = [w for w in levels if w <= width + 1e-9]  # FjORD draws a width <= p_max per step, uniformly
+        return sum(round_at(device, w, width) for w in drawn) / len(drawn)
+
     full = {d: round_at(d, 1.0) for d in profiled}
     deadline = deadline_seconds(request.deadline, list(full.values())) if full else None
     checks: dict[str, tuple[WidthCheck, ...]] = {}
@@ -449,13 +457,13 @@ def make_plan(
         found = width_checks(
             all_rows, models, device, request.model, levels, request.batch, backends[device],
             deadline if deadline is not None else math.inf, request.memory.get(device),
-            functools.partial(round_at, device),
+            functools.partial(client_round, device),
         )  # fmt: skip
         if isinstance(found, str):
             notes[device].append(found)
         else:
             checks[device] = found
-    plans, target = _strategy_plans(request, zoo, checks, full, deadline, round_at)
+    plans, target = _strategy_plans(request, zoo, checks, full, deadline, round_at, client_round)
     out = []
     for device in request.examples:
         if device in plans:
@@ -515,6 +523,7 @@ def _strategy_plans(
     full: Mapping[str, float],
     deadline: float | None,
     round_at: Callable[..., float],
+    client_round: Callable[[str, float], float],
 ) -> tuple[dict[str, DevicePlan], float | None]:
     """Return the `DevicePlan` of every checked device for the request's strategy, and FLuID's target."""
     out: dict[str, DevicePlan] = {}
@@ -522,7 +531,7 @@ def _strategy_plans(
     def base(device: str, width: float, status: str = "planned", **extra: Any) -> DevicePlan:
         check = next((c for c in checks[device] if abs(c.width - width) < 1e-9), None)
         return DevicePlan(
-            device, status, width, round_s=round_at(device, width, extra.pop("payload", None)),
+            device, status, width, round_s=client_round(device, width),
             full_round_s=full[device], fits_memory=None if check is None else check.fits_memory,
             peak_bytes=None if check is None else check.peak_memory_bytes, **extra,
         )  # fmt: skip

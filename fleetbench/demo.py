@@ -1,34 +1,36 @@
 """``fleetbench demo``: the three journeys on an emulated fleet, in one command.
 
+Each step prints the command that does it on a user's own fleet (``yourself: ...``).
+
 1. **Fleet**: the example emulated fleet (fast / mid / slow SSH devices, a fresh board
    with only the distribution's Python, and the phone, `devices/fleets/emulated.yaml`)
    is written into the demo directory on free loopback ports, brought up and
    provisioned (`provision_fleet`: the fresh board gets numpy and onnxruntime). Without
-   OpenSSH's ``sshd`` (or when ``--local`` is given) the demo says so and uses three
-   local devices instead, which run at the host's speed.
+   OpenSSH's ``sshd`` (or when ``--local`` is given) the demo says so and uses the local
+   fleet instead: local devices ``fast``, ``mid`` and ``slow`` with the same CPU shares,
+   memory limits and pins (`devices.emulate.write_local_fleet`).
    Each device is then asked what it can run and uses its best available runner
    backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all;
    the phone, which has no Python, first gets its runtime bundle and so runs onnx,
    `harness.phone_runtime`);
    a device with none is reported with its reason and left out of the rest.
-2. **Export**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the SGD
-   optimizer graph, which both the profile and the FL rounds train with.
-3. **Profile**: every device x width into the demo's store, the devices that share this
-   machine's cpus one at a time (the example fleet pins its slowest device to a cpu of its
-   own, so two lanes run side by side; the plan is printed), each cell sampled until its
-   median is within +-2 % or `DEMO_MAX_SECONDS` (then flagged imprecise).
-   After its cells, each device's round cost is measured (`harness.roundcost`: the fixed
-   cost of a runner request, the transfer time per byte each way).
-4. **Tiers**: on the predicted round (`fl.scheduling.assign_tiers` with the round-cost
-   model): each device's widest width whose predicted round meets the deadline (the
-   median device's predicted full-width round), devices clustered into two tiers.
-5. **FL**: hardware-in-the-loop rounds on MNIST 5k with the ``devices`` executor, one
-   client per device, each training with its fleet-file threads and the profiled SGD
-   graph: FjORD with each client's p_max from its tier (width sampled per round on a
-   device), then each device's predicted against measured rounds; then FLuID, which finds
-   the straggler from the measured round times and sets its target and sub-model size on
-   the predicted round, printed per round (straggler, size, time against the target).
-6. **Report**: ``report.html`` with the profile and both FL runs.
+2. **Export and profile**: the default model (``fjord-cnn``) at widths 0.25-1.0 with the
+   SGD optimizer graph, which both the profile and the FL rounds train with; every device x
+   width into the demo's store, the devices that share this machine's cpus one at a time
+   (the example fleet pins its slowest device to a cpu of its own, so two lanes run side
+   by side; the plan is printed), each cell sampled until its median is within +-2 % or
+   `DEMO_MAX_SECONDS` (then flagged imprecise). After its cells, each device's round cost
+   is measured (`harness.roundcost`: the fixed cost of a runner request, the transfer
+   time per byte each way).
+3. **Plan, then train, per strategy** (`fl.plan`, the planner of ``fleetbench plan`` and
+   ``fl run --plan``): FjORD, each device at the widest width whose predicted round meets
+   the deadline (the median device's predicted full-width round), in two tiers, then
+   hardware-in-the-loop rounds on MNIST with the ``devices`` executor, one client per
+   device, and each device's predicted against measured rounds; then FLuID, planned with
+   its straggler, starting target and the straggler's sub-model size, printed per round
+   (straggler, size, time against the target). Each plan is stored with its run and
+   revised when the measured rounds drift from it.
+4. **Report**: ``report.html`` with the profile and both FL runs.
 
 Everything lands in ``--out`` (default ``./fleetbench-demo``): ``fleetbench.db``,
 ``report/``, ``artifacts/`` and the fleet's state. The emulated fleet is stopped at
@@ -99,22 +101,19 @@ class Progress:
         return self.clock() - self.start
 
 
-def local_fleet_text(directory: Path) -> str:
-    """Return a fleet file of three local devices (the demo without ``sshd``)."""
-    lines = ["devices:"]
-    for name in ("fast", "mid", "slow"):
-        lines += [f"  - name: {name}", "    kind: local", "    threads: 1", f"    workdir: {directory / name}"]
-    return "\n".join(lines) + "\n"
-
-
 def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool]:
-    """Write and (for emulated devices) start the demo fleet.
+    """Write and start the demo fleet: the example emulated fleet, or without ``sshd`` the local one.
+
+    The local fleet (`devices.emulate.write_local_fleet`) keeps the example fleet's CPU
+    shares, memory limits and pins on local devices, so ``fast``, ``mid`` and ``slow``
+    differ as their names say there too.
 
     Returns
     -------
     fleet : devices.fleet.Fleet
-    emulated : bool
-        Whether emulated devices were started (and must be stopped).
+        The devices that started.
+    started : bool
+        Whether devices were started (and must be stopped).
     """
     from devices import emulate
     from devices.fleetfile import load_fleet
@@ -127,12 +126,9 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
         except SshdError as exc:
             progress.detail(f"OpenSSH sshd is not available ({exc}); running on local devices only")
             local = True
-    if local:
-        path = out / "fleet" / "fleet.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(local_fleet_text(out / "fleet"))
-        return load_fleet(path), False
-    fleet = load_fleet(emulate.write_example_fleet(out / "fleet", free_port))
+    directory = out / "fleet"
+    path = emulate.write_local_fleet(directory) if local else emulate.write_example_fleet(directory, free_port)
+    fleet = load_fleet(path)
     try:
         result = emulate.up(fleet, say=progress.detail)
     except BaseException:  # Ctrl-C or SIGTERM during the start: stop what did start
@@ -143,8 +139,27 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
             progress.detail(f"{name} did not start: {reason}")
     up = [d for d in fleet.devices if d.name not in result.failed]
     if not up:
-        raise InputError("no emulated device started; try `fleetbench demo --local`")
+        hint = "" if local else "; try `fleetbench demo --local`"
+        raise InputError(f"no device of {path} started{hint}")
     return dataclasses.replace(fleet, devices=tuple(up)), True
+
+
+def user_command(command: str, fleet: Any, db: Path, strategy: str, args: argparse.Namespace) -> str:
+    """Return the command a user types to do one of the demo's steps on their own fleet."""
+    common = f"--fleet {fleet.path} --db {db}"
+    widths = ",".join(f"{w:g}" for w in DEMO_WIDTHS)
+    if command == "profile":
+        return (
+            f"fleetbench profile {common} --model fjord-cnn --widths {widths} --batch {DEMO_BATCH} "
+            f"--optimizer {DEMO_OPTIMIZER} --data bench-data.npz  (bench-data.npz: fleetbench fl data --out ...)"
+        )
+    clients = len(fleet.devices)
+    if command == "plan":
+        return f"fleetbench plan {common} --strategy {strategy} --clients {clients} --epochs {args.epochs}"
+    return (
+        f"fleetbench fl run {common} --strategy {strategy} --clients {clients} --rounds {args.rounds} "
+        f"--epochs {args.epochs} --plan"
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -166,19 +181,18 @@ def run_demo(args: argparse.Namespace) -> int:
 
     # The demo's own adb server, never a user's running one.
     os.environ.setdefault("ANDROID_ADB_SERVER_PORT", str(free_port()))
-    progress = Progress(7)
+    progress = Progress(7 if args.keep_up else 8)
     model = DEFAULT_MODEL
 
     progress.step("bringing up the fleet")
     fleet, emulated = prepare_fleet(out, args.local, progress)
-    if not emulated:
-        progress.steps -= 1  # nothing to stop at the end
     progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
     status = 0
     started = fleet
     try:
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
+        progress.detail("yourself: " + user_command("profile", fleet, db, "", args))
         from exporters.zoo import get_model
         from fl.data import write_bench_data
 
@@ -203,28 +217,30 @@ def run_demo(args: argparse.Namespace) -> int:
                 + (f", {imprecise} imprecise (the machine is busy; see the report)" if imprecise else "")
             )
 
-            progress.step("planning tiers from the profiles")
             from fl.data import load_federated
 
             data = load_federated(DEMO_DATASET, get_model(model), len(fleet.devices), "iid", args.seed,
                                   max_examples=args.examples)  # fmt: skip
-            examples = {d.name: len(shard[1]) for d, shard in zip(fleet.devices, data.train, strict=True)}
-            capacities = plan_capacities(fleet, store, examples, args.epochs, progress, backends)
-            if capacities is None:
-                status = 1
-            else:
-                paths = (artifacts, out / "fl-work")
-                progress.step(f"hardware-in-the-loop FL: FjORD with the tiers' p_max, {args.rounds} rounds")
-                fjord = run_fl_rounds(
-                    "fjord", fleet, store, data, capacities, paths, args, progress, {"k": 4}, backends
-                )
-                show_predictions(store, fjord.run_id, progress)
-                progress.step(f"hardware-in-the-loop FL: FLuID straggler handling, {args.rounds} rounds")
-                fluid = run_fl_rounds(
-                    "fluid", fleet, store, data, [1.0] * len(capacities), paths, args, progress,
-                    {"sizes": list(DEMO_FLUID_SIZES)}, backends,
-                )  # fmt: skip
-                show_stragglers(store, fluid.run_id, progress)
+            paths = (artifacts, out / "fl-work")
+            runs = (
+                ("fjord", f"FjORD with each tier's p_max, {args.rounds} rounds", {"k": len(DEMO_WIDTHS)}),
+                ("fluid", f"FLuID straggler handling, {args.rounds} rounds", {"sizes": list(DEMO_FLUID_SIZES)}),
+            )
+            for strategy, title, options in runs:
+                progress.step(f"planning {strategy} from the profiles")
+                progress.detail("yourself: " + user_command("plan", fleet, db, strategy, args))
+                plan = plan_run(strategy, fleet, store, data, args, progress, backends, options)
+                if plan is None:
+                    status = 1
+                    progress.step(f"hardware-in-the-loop FL: {title} (skipped)")
+                    continue
+                progress.step(f"hardware-in-the-loop FL: {title}")
+                progress.detail("yourself: " + user_command("fl run", fleet, db, strategy, args))
+                summary = run_fl_rounds(strategy, fleet, store, data, plan, paths, args, progress, options, backends)
+                if strategy == "fjord":
+                    show_predictions(store, summary.run_id, progress)
+                else:
+                    show_stragglers(store, summary.run_id, progress)
 
         progress.step("writing the report")
         from reports.report import format_headline, load_sources, write_report
@@ -315,72 +331,56 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
     return dataclasses.replace(fleet, devices=usable), backends
 
 
-def plan_capacities(
-    fleet: Any, store: Any, examples: dict[str, int], epochs: int, progress: Progress, backends: dict[str, str]
-) -> list[float] | None:
-    """Give every device the width of its tier, planned on the predicted round.
+def plan_run(
+    strategy: str,
+    fleet: Any,
+    store: Any,
+    data: Any,
+    args: argparse.Namespace,
+    progress: Progress,
+    backends: dict[str, str],
+    options: dict[str, Any],
+) -> Any:
+    """Plan one FL run on the profiles, as ``fleetbench plan`` and ``fl run --plan`` do (`fl.plan`).
 
-    Each device's round is predicted by its round-cost model (`fl.roundcost`: the fixed
-    cost of a runner request, local steps at the width's architecture, the transfers of
-    its parameters), from the profile matching the configuration FL trains with (SGD, the
-    device's threads and backend, the demo's batch). The round deadline is the median device's
-    predicted full-width round; each device gets the widest width whose predicted round
-    meets it (and fits its memory budget), and devices are clustered into two tiers
-    (`fl.scheduling.assign_tiers`).
+    One client per device; each device's profile is the one matching the configuration FL
+    trains with (SGD, the device's threads and backend, the demo's batch). The deadline is
+    ``auto`` (the median device's predicted full-width round); FjORD's devices are clustered
+    into two tiers. The plan's table is printed.
 
     Returns
     -------
-    list of float or None
-        One capacity per device, in fleet order; None when no device has a profile.
+    fl.plan.RunPlan or None
+        None when no device has a profile (FL is skipped).
     """
     from exporters.arch import DEFAULT_MODEL
     from exporters.errors import InputError
-    from exporters.zoo import get_model
-    from fl import scheduling
-    from fl.roundcost import round_cost_from_store, round_seconds_by_width
+    from fl.plan import PlanRequest, device_examples, format_plan, run_plan
+    from fl.scheduling import memory_budgets_from_fleet
     from fl.scheduling.configs import ProfileConfig
 
-    wants = {
-        d.name: ProfileConfig(
-            batch=DEMO_BATCH, backend=backends.get(d.name, "ort"), optimizer=DEMO_OPTIMIZER, threads=d.threads
-        )
-        for d in fleet.devices
-    }
-    cells = store.latest_cells()
-    measured = set(cells[(cells.status == "ok") & (cells.model == DEFAULT_MODEL)].device)
-    wants = {name: want for name, want in wants.items() if name in measured}
-    if not wants:
+    placement = {f"c{i}": d.name for i, d in enumerate(fleet.devices)}
+    sizes = {f"c{i}": len(shard[1]) for i, shard in enumerate(data.train)}
+    request = PlanRequest(
+        model=DEFAULT_MODEL, strategy=strategy, batch=DEMO_BATCH, epochs=args.epochs, optimizer=DEMO_OPTIMIZER,
+        examples=device_examples(placement, sizes), deadline="auto", unprofiled="smallest",
+        memory=memory_budgets_from_fleet(fleet), options=options,
+        configs={
+            d.name: ProfileConfig(DEMO_BATCH, backends.get(d.name, "ort"), DEMO_OPTIMIZER, d.threads)
+            for d in fleet.devices
+        },
+    )  # fmt: skip
+    try:
+        plan = run_plan(store, request, warn=progress.detail)
+    except InputError as exc:
+        progress.detail(f"cannot plan ({exc}); FL skipped")
+        return None
+    if not any(d.round_s is not None for d in plan.current.devices):
         progress.detail("no device has a profile; FL skipped")
         return None
-    try:
-        cost = round_cost_from_store(store, DEFAULT_MODEL, DEMO_BATCH, wants, warn=progress.detail)
-    except InputError as exc:
-        progress.detail(f"cannot predict rounds ({exc}); FL skipped")
-        return None
-    steps = {d: epochs * (examples[d] // DEMO_BATCH) for d in wants}
-    round_seconds = round_seconds_by_width(cost, get_model(DEFAULT_MODEL), steps)
-    full = sorted(round_seconds(d, 1.0) for d in wants)
-    deadline = full[len(full) // 2] * (1 + 1e-9)  # the median device meets it, rounding aside
-    plan = scheduling.assign_tiers(
-        cells, DEFAULT_MODEL, DEMO_WIDTHS, deadline_s=deadline, examples_per_round={d: examples[d] for d in wants},
-        epochs=epochs, batch=DEMO_BATCH, memory_budget_bytes=scheduling.memory_budgets_from_fleet(fleet), k=2,
-        backend=backends, round_seconds=round_seconds,
-    )  # fmt: skip
-    progress.detail(f"round deadline {deadline:.2f} s (the median device's predicted full-width round)")
-    capacities = []
-    for device in fleet.devices:
-        choice = plan.choice(device.name) if device.name in wants else None
-        width = choice.tier_width if choice is not None and choice.tier_width is not None else min(DEMO_WIDTHS)
-        capacities.append(width)
-        tier = "none" if choice is None or choice.tier is None else str(choice.tier)
-        predicted = (
-            ""
-            if choice is None or choice.round_seconds is None
-            else f", predicted round {choice.round_seconds:.2f} s (full width {round_seconds(device.name, 1.0):.3f} s)"
-        )
-        why = "no profile" if choice is None else (choice.reason or "meets the deadline")
-        progress.detail(f"{device.name}: tier {tier}, width {width:g}{predicted} ({why})")
-    return capacities
+    for line in format_plan(plan.current):
+        progress.detail(line)
+    return plan
 
 
 def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
@@ -441,16 +441,18 @@ def run_fl_rounds(
     fleet: Any,
     store: Any,
     data: Any,
-    capacities: list[float],
+    plan: Any,
     paths: tuple[Path, Path],
     args: argparse.Namespace,
     progress: Progress,
     options: dict[str, Any],
     backends: dict[str, str] | None = None,
 ) -> Any:
-    """Run ``strategy`` for ``args.rounds`` rounds on the devices, one client per device.
+    """Run ``strategy`` for ``args.rounds`` rounds on the devices, one client per device, with its plan.
 
-    ``backends`` (device name -> runner backend) is passed to the executor and logged
+    The plan (`fl.plan.RunPlan`) gives the clients' capacities and the strategy's planned
+    options, is stored with the run and revised when rounds drift from it, as ``fl run --plan``
+    does. ``backends`` (device name -> runner backend) is passed to the executor and logged
     with every client round.
 
     Returns
@@ -461,6 +463,7 @@ def run_fl_rounds(
     from exporters.arch import DEFAULT_MODEL
     from exporters.zoo import get_model
     from fl.executors.devices import DevicesExecutor
+    from fl.plan import strategy_options
     from fl.roundcost import executor_configs
     from fl.server import RunConfig, run_fl
     from harness import campaign
@@ -468,9 +471,12 @@ def run_fl_rounds(
     artifacts, work = paths
     model = get_model(DEFAULT_MODEL)
     placement = {f"c{i}": d for i, d in enumerate(fleet.devices)}
+    names = {cid: d.name for cid, d in placement.items()}
+    capacities = [plan.capacity(names[cid]) for cid in placement]
+    options = {**options, **strategy_options(plan.current, names)}
     config = RunConfig(
         strategy=strategy, model=model.name, dataset=DEMO_DATASET, clients=len(placement), rounds=args.rounds,
-        capacities="explicit:" + ",".join(f"{c:g}" for c in capacities), partition="iid", seed=args.seed,
+        capacities="explicit:" + ",".join(repr(float(c)) for c in capacities), partition="iid", seed=args.seed,
         epochs=args.epochs, batch_size=DEMO_BATCH, lr=0.05, executor="devices", db=str(store.path),
         options=options, optimizer=DEMO_OPTIMIZER,
     )  # fmt: skip
@@ -479,10 +485,9 @@ def run_fl_rounds(
         timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER, isolation=campaign.round_isolation(fleet),
     ) as executor:  # fmt: skip
         summary = run_fl(
-            config, store=store, executor=executor, data=data, capacities=capacities,
-            placement={cid: d.name for cid, d in placement.items()}, progress=progress.detail,
-            backends={cid: (backends or {}).get(d.name, "ort") for cid, d in placement.items()},
-            device_configs=executor_configs(executor, fleet.devices, DEMO_BATCH),
+            config, store=store, executor=executor, data=data, capacities=capacities, placement=names,
+            progress=progress.detail, backends={cid: (backends or {}).get(n, "ort") for cid, n in names.items()},
+            device_configs=executor_configs(executor, fleet.devices, DEMO_BATCH), plan=plan,
         )  # fmt: skip
     accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
     progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
