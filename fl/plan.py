@@ -387,15 +387,20 @@ def make_plan(
     notes: dict[str, list[str]] = {d: [] for d in request.examples}
     described: dict[str, str] = {}
     backends: dict[str, str | None] = {}
+    batches: dict[str, int | None] = {}
     costs: dict[str, RoundCostModel] = {}
     for device in request.examples:
-        match = match_profile(rows, device, request.model, request.config_of(device))
+        try:
+            match = match_profile(rows, device, request.model, request.config_of(device))
+        except InputError:  # no cell of the model on the device at all
+            continue
         ok = [r for r in match.rows if r.get("status") == "ok"]
         if not ok:
             continue
         matched[device] = list(match.rows)
         described[device] = ", ".join(f"{k} {v}" for k, v in match.config.items() if v is not None)
         backends[device] = match.config.get("backend")
+        batches[device] = match.config.get("batch")
         if not match.exact:
             notes[device].append(f"profile differs from the run in {', '.join(match.differences)}")
         measured = [float(r["measured_at"]) for r in ok if r.get("measured_at") is not None]
@@ -455,7 +460,7 @@ def make_plan(
     checks: dict[str, tuple[WidthCheck, ...]] = {}
     for device in profiled:
         found = width_checks(
-            all_rows, models, device, request.model, levels, request.batch, backends[device],
+            all_rows, models, device, request.model, levels, batches[device], backends[device],
             deadline if deadline is not None else math.inf, request.memory.get(device),
             functools.partial(client_round, device),
         )  # fmt: skip

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from fl.cli import parse_options
+from fl.runlog import RunLog
 from fleetbench.cli import main
+from harness.store import ProfileStore
 from tests.fl.scheduling.profiles import store_lines
 
 
@@ -347,3 +349,70 @@ def test_feddrop_on_a_fleet_with_a_backend_without_mask_inputs_is_refused(tmp_pa
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert f"--backend {backend} has no mask inputs (use --backend onnx or auto)" in err
     assert not db.exists() and not (tmp_path / "a").exists()
+
+
+def plan_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_plan_prints_each_devices_width_and_the_fleet_round(capsys, profiles):
+    argv = ("--population", "fast=0.5,slow=0.5", "--db", profiles, "--strategy", "heterofl", "--clients", "4",
+            "--deadline", "p50")  # fmt: skip
+    rc, out, err = plan_cli(capsys, *argv, "--examples", "400", "--optimizer", "adamw")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["device", "status", "level"]
+    assert sorted(line.split()[0] for line in lines[1:3]) == ["fast", "slow"]
+    assert any(line.startswith("deadline ") and "(p50)" in line for line in lines)
+    assert any(line.startswith("predicted fleet round") and "FedAvg at full width" in line for line in lines)
+    rc, out, err = plan_cli(capsys, *argv, "--examples", "400", "--optimizer", "adamw", "--json")
+    assert rc == 0, err
+    plan = json.loads(out)
+    widths = {d["device"]: d["width"] for d in plan["devices"]}
+    assert widths["fast"] == 1.0 and widths["slow"] < 1.0  # p50 of two: fast's full round, which slow misses
+    assert {d["examples"] for d in plan["devices"]} == {400}
+    # planned with SGD on profiles measured with AdamW: the difference is named
+    rc, out, err = plan_cli(capsys, *argv, "--examples", "400")
+    assert rc == 0 and "profile differs from the run in optimizer adamw (run: sgd)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("--population", "fast=0.5,gpu=0.5"), "device 'gpu' has no profile of fjord-cnn"),
+        (("--population", "fast=1", "--model", "fluid-cnn"), "no profile of model 'fluid-cnn'"),
+        (("--population", "fast=1", "--deadline", "soon"), "--deadline 'soon'"),
+    ],
+)
+def test_plan_bad_input_is_one_line(capsys, profiles, argv, words):
+    rc, out, err = plan_cli(capsys, *argv, "--db", profiles, "--examples", "100")
+    assert rc == 2 and err.startswith("fleetbench: error:") and len(err.strip().splitlines()) == 1
+    assert words in err
+
+
+def test_fl_run_plan_trains_with_the_plan_and_stores_it(tmp_path, capsys, profiles):
+    db = str(tmp_path / "fl.db")
+    pop = ("--population", "fast=0.5,slow=0.5", "--profiles", profiles)
+    rc, out, err = run(
+        capsys, "run", "--strategy", "heterofl", *SMALL, "--clients", "4", "--rounds", "1", *pop, "--plan", "p50", "--db", db
+    )
+    assert rc == 0, err
+    assert "fleetbench: plan: deadline" in err
+
+    with ProfileStore(db) as store:
+        log = RunLog(store)
+        stored = log.plans(1)
+        clients = log.clients(1)
+        config = log.run(1)["config"]
+    assert [p["revision"] for p in stored] == [0]
+    width = {d["device"]: d["width"] for d in stored[0]["plan"]["devices"]}
+    assert list(clients.capacity) == [width[d] for d in clients.device]
+    assert config["capacities"].startswith("explicit:")
+    assert width["slow"] < width["fast"]
+
+
+def test_fl_run_plan_needs_devices(tmp_path, capsys):
+    rc, out, err = run(capsys, "run", *SMALL, "--plan", "--db", str(tmp_path / "fl.db"))
+    assert rc == 2 and "--plan needs the devices it plans for" in err
