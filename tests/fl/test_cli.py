@@ -395,9 +395,8 @@ def test_plan_bad_input_is_one_line(capsys, profiles, argv, words):
 def test_fl_run_plan_trains_with_the_plan_and_stores_it(tmp_path, capsys, profiles):
     db = str(tmp_path / "fl.db")
     pop = ("--population", "fast=0.5,slow=0.5", "--profiles", profiles)
-    rc, out, err = run(
-        capsys, "run", "--strategy", "heterofl", *SMALL, "--clients", "4", "--rounds", "1", *pop, "--plan", "p50", "--db", db
-    )
+    argv = ("--strategy", "heterofl", *SMALL, "--clients", "4", "--rounds", "1", *pop, "--plan", "p50")
+    rc, out, err = run(capsys, "run", *argv, "--db", db)
     assert rc == 0, err
     assert "fleetbench: plan: deadline" in err
 
