@@ -113,8 +113,15 @@ def _journey(work: Path) -> list[str]:
     commands = journey_commands()
     assert [c[1:3] for c in commands[:4]] == [["fleet", "check"], ["fleet", "facts"], ["fleet", "provision"],
                                               ["fleet", "facts"]]
-    assert [c[1] for c in commands[4:]] == ["profile", "report", "fl"]
+    assert [c[1] for c in commands[4:]] == ["profile", "plan", "report", "fl"]
     return [_run(argv, work) for argv in commands]
+
+
+def _check_plan(plan: str, fl_run: str, device: str) -> None:
+    """One device: the median device is itself, so it plans full width and the run trains with that plan."""
+    assert re.search(rf"^{device}\s+planned\s+1\s+0\s", plan, re.M), plan
+    assert "deadline" in plan and "predicted fleet round" in plan, plan
+    assert re.search(rf"fleetbench: plan: {device}\s+planned\s+1\s+0\s", fl_run), fl_run
 
 
 def _check_fl_run(fl_run: str) -> None:
@@ -132,8 +139,9 @@ def test_the_readme_journey_on_a_fresh_board(board: Board, tmp_path: Path) -> No
         f"    port: {board.port}\n    user: root\n    key_file: {board.key}\n    known_hosts: {board.known_hosts}\n"
         f"    workdir: {board.workdir}\n    python: {SYSTEM_PYTHON}\n    threads: 1\n"
     )
-    check, facts, provision, facts_after, profile, report, fl_run = _journey(work)
+    check, facts, provision, facts_after, profile, plan, report, fl_run = _journey(work)
 
+    _check_plan(plan, fl_run, "board")
     assert "1 device OK" in check
     assert _facts_line(facts, "numpy") == "missing" and _facts_line(facts, "onnxruntime") == "missing"
     assert re.fullmatch(r"3\.\d+\.\d+", _facts_line(facts, "python"))
@@ -173,7 +181,7 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
     fleet = load_fleet(work / "my-fleet.yaml")
     try:
         assert emulate.up(fleet, say=lambda line: None).ok
-        check, facts, provision, facts_after, profile, report, fl_run = _journey(work)
+        check, facts, provision, facts_after, profile, plan, report, fl_run = _journey(work)
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
 
@@ -197,4 +205,5 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
     assert "(no headline: the cells of pi ran under an instruction-set emulator" in report
     assert "pi" in (work / "report" / "report.html").read_text()
     assert "backend of pi: onnx" in fl_run
+    _check_plan(plan, fl_run, "pi")
     _check_fl_run(fl_run)
