@@ -17,7 +17,7 @@ from tests.devices.conftest import require_tool
 
 
 def _check_tier_widths(out: Path, printed: str) -> None:
-    """FjORD's capacities are the tiers planned from the predicted rounds: demo widths, monotone in speed.
+    """FjORD's capacities are the p_max of the printed plan: demo widths, monotone in speed.
 
     The deadline is the median device's predicted full-width round, so the device whose
     full-width round is predicted slowest misses it and gets a narrower tier than the
@@ -29,9 +29,9 @@ def _check_tier_widths(out: Path, printed: str) -> None:
     run_id = db.execute("SELECT MIN(id) FROM fl_runs WHERE strategy = 'fjord'").fetchone()[0]
     capacity = dict(db.execute("SELECT device, capacity FROM fl_clients WHERE run_id = ?", (run_id,)).fetchall())
     assert set(capacity.values()) <= set(DEMO_WIDTHS)
-    # "fast: tier 0, width 1, predicted round 0.07 s (full width 0.070 s) (meets the deadline)"
-    line = r"(\w+): tier \S+, width ([\d.]+), predicted round [\d.]+ s \(full width ([\d.]+) s\)"
-    planned = re.findall(line, printed)
+    # the FjORD plan's rows: "fast  planned  1  0  0.234  0.374  fits  -  -  meets the deadline"
+    line = r"^\s+(\w+)\s+(?:planned|misses)\s+([\d.]+)\s+\d+\s+[\d.]+\s+([\d.]+)\s"
+    planned = re.findall(line, printed, re.M)
     assert {d for d, _, _ in planned} == set(capacity), printed
     assert all(float(w) == capacity[d] for d, w, _ in planned), (planned, capacity)
     full = {d: float(f) for d, _, f in planned}
@@ -83,7 +83,7 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     captured = capsys.readouterr()
     printed = captured.out
     assert rc == 0, printed + captured.err
-    assert f"report:  {out / 'report' / 'report.html'}" in printed and "[7/7]" in printed
+    assert f"report:  {out / 'report' / 'report.html'}" in printed and "[8/8]" in printed
     _check_outputs(out, EMULATED, rounds=2)
     _check_tier_widths(out, printed)
     # the fresh board (the distribution's python3, nothing installed) was provisioned before profiling
@@ -110,7 +110,9 @@ def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str
     printed = captured.out
     assert rc == 0, printed + captured.err
     _check_outputs(out, {"fast", "mid", "slow"}, rounds=1)
-    assert "[6/6]" in printed and "[7/" not in printed
+    assert "[8/8]" in printed and "[9/" not in printed
+    assert "yourself: fleetbench plan --fleet" in printed and "--plan" in printed
+    _check_tier_widths(out, printed)
     # each device uses its best backend (the host's Python has onnxruntime-training: ort), recorded everywhere
     assert all(f"backend of {name}: ort (best available)" in printed for name in ("fast", "mid", "slow"))
     db = sqlite3.connect(out / "fleetbench.db")
@@ -158,7 +160,7 @@ def test_a_killed_demo_stops_its_fleet_and_exits_143(tmp_path: Path) -> None:
         seen = []
         for line in proc.stdout:  # the fleet is up once the profiling step starts
             seen.append(line)
-            if line.startswith("[2/7]"):
+            if line.startswith("[2/8]"):
                 break
         state = emulate.load_state(out / "fleet" / "state")
         started = [rec for dev in state.devices for rec in dev.processes]
