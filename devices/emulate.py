@@ -1,13 +1,21 @@
 """The emulated fleet: ``fleetbench fleet up | down | status FILE``.
 
-Every device of a fleet file with an ``emulate:`` block is started on this machine:
+Every device of a fleet file with an ``emulate:`` block is started (or, a local one,
+confined) on this machine:
 
 - an SSH device is an OpenSSH ``sshd`` (`devices.sshd`) on its loopback port, with its
   own host key (written to the fleet's known_hosts, so host-key verification stays on)
   and the fleet's user key (``<state_dir>/id_ed25519`` by default) authorised;
 - an ADB device is ``python -m devices.adb_endpoint`` on the port of its
   ``HOST:PORT`` serial, attached to the adb server (``host:connect``) when ``adb``
-  is installed (server port from ``ANDROID_ADB_SERVER_PORT``, default 5037).
+  is installed (server port from ``ANDROID_ADB_SERVER_PORT``, default 5037);
+- a local device has no server: ``up`` creates its limits and records them, and every
+  command fleetbench runs on it (`devices.connect.connect` gives its `LocalTransport`
+  `local_confinement`) starts inside them, as an SSH session starts inside its sshd's.
+  Without cgroups each command gets a duty-cycle supervisor of its own; a device that
+  is not up refuses commands. `write_local_fleet` writes the example fleet's fast, mid
+  and slow as such devices (``devices/fleets/emulated-local.yaml``), for machines
+  without sshd.
 
 Each device's processes are held to its CPU share and memory limit (`devices.limits`:
 cgroup when permitted, else a SIGSTOP/SIGCONT duty-cycle supervisor and RLIMIT_AS).
