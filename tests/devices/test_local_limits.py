@@ -23,7 +23,7 @@ from devices.connect import connect
 from devices.errors import Unreachable
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
-from devices.local import LocalTransport
+from devices.local import LocalProcess, LocalTransport
 from tests.devices.test_limits import WORKLOAD, check_share
 
 #: Allocates 256 MiB and touches every page; prints ``survived`` when it could.
@@ -180,6 +180,7 @@ def test_a_device_that_is_not_up_refuses_commands_and_down_leaves_nothing(
 
     state = emulate.load_state(fleet.state_dir)
     left = connect(device).start([device.python, "-c", "import time; time.sleep(600)"])  # a runner nobody closes
+    assert isinstance(left, LocalProcess)
     detached = connect(device).run(["sh", "-c", "setsid sleep 600 >/dev/null 2>&1 & echo $!"], timeout=30)
     strays = [processes.record("left", left.pid), processes.record("detached", int(detached.stdout))]
     assert all(processes.running(rec) for rec in strays)
