@@ -4,9 +4,18 @@ Export path (see DESIGN.md, "Known facts about the stack"): the zoo module is
 exported (in its `exporters.export_forms.export_form`: LSTMs unrolled, same
 parameters) with ``torch.onnx.export(..., training=TrainingMode.TRAINING,
 do_constant_folding=False, dynamo=False)`` with the loss *outside* the graph and
-a fixed batch dimension, then `onnxruntime.training.artifacts.generate_artifacts`
+a variable batch dimension (`BATCH_DIM`), then `onnxruntime.training.artifacts.generate_artifacts`
 adds the cross-entropy loss, the gradient graph and the optimizer graph. Every
 parameter is trainable; nothing is frozen (BatchNorm in the zoo is static).
+
+Batch: every graph (training, eval, step model) and ``model.pt`` take a batch of any
+size, so an epoch's short last batch trains on a device as in PyTorch; the manifest's
+``inputs`` name the batch dimension ``"batch"``, and its ``batch`` is the batch the set is
+exported for: the one ``bench`` profiles and the one of the set's name and cache key. Two
+rewrites make that hold: the export forms (`exporters.export_forms`) take a static
+BatchNorm's statistics without the batch size, and the training-build kernels that size
+their output by the exported shape are swapped for standard operators
+(`exporters.step_model.lower_fixed_shape_kernels`).
 
 One artifact set is a directory holding::
 
@@ -99,7 +108,7 @@ from exporters.manifest import (
     write_json,
 )
 from exporters.ort_training import session_options
-from exporters.step_model import write_step_model
+from exporters.step_model import lower_fixed_shape_kernels, write_step_model
 from exporters.zoo import ZooModel
 
 #: ONNX opset of the exported forward graph.
@@ -129,6 +138,8 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, Any]] = {
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 LABELS_NAME = "labels"
+#: Symbolic name of the variable batch dimension of the graphs' inputs and outputs.
+BATCH_DIM = "batch"
 
 _ONNX_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 11: "float64"}
 
@@ -357,7 +368,8 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     arch : Arch
         The width to export; must belong to ``model``.
     batch : int
-        Training batch size, exported as a fixed dimension (>= 1).
+        Training batch size (>= 1): the batch the set is profiled with; the graphs take
+        any batch size.
     optimizer : {"adamw", "sgd"}
         ORT optimizer graph to generate (ORT defaults, see `OPTIMIZER_DEFAULTS`).
     out_dir : pathlib.Path
@@ -527,6 +539,7 @@ def _export_into(
             training=torch.onnx.TrainingMode.TRAINING,
             do_constant_folding=False,
             dynamo=False,
+            dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, OUTPUT_NAME: {0: BATCH_DIM}},
         )
     forward = onnx.load_from_string(buffer.getvalue())
     initializers = {init.name for init in forward.graph.initializer}
@@ -550,7 +563,7 @@ def _export_into(
 
     _fix_eval_batchnorm(directory / EVAL_MODEL)
     training = onnx.load(str(directory / TRAINING_MODEL), load_external_data=False)
-    if fuse_gradient_sums(training):
+    if fuse_gradient_sums(training) + lower_fixed_shape_kernels(training):
         onnx.save(training, str(directory / TRAINING_MODEL))
     shapes = {name: list(p.shape) for name, p in net.named_parameters()}
     order = [i.name for i in training.graph.input if i.name in shapes]
@@ -561,8 +574,8 @@ def _export_into(
     if [i["name"] for i in inputs] != [INPUT_NAME, LABELS_NAME]:
         raise ExportError(f"{arch.key()}: training graph inputs {[i['name'] for i in inputs]} lack input/labels")
     labels = inputs[1]
-    if labels["dtype"] != "int64" or labels["shape"] != [batch]:
-        raise ExportError(f"{arch.key()}: labels input is {labels}, expected int64 [{batch}]")
+    if labels["dtype"] != "int64" or labels["shape"] != [BATCH_DIM]:
+        raise ExportError(f"{arch.key()}: labels input is {labels}, expected int64 [{BATCH_DIM!r}]")
     outputs = [_value_info_json(o) for o in training.graph.output]
 
     parameters = []

@@ -10,9 +10,16 @@ exported graph differentiates through ``MatMul``/``Gemm`` and element-wise
 kernels instead.
 
 `export_form(module)` returns a deep copy of a module with every ``nn.LSTM``
-replaced by its `UnrolledLSTM`; parameter names and values are unchanged, so the
+replaced by its `UnrolledLSTM` and every static BatchNorm by its
+`BatchStatisticsNorm`; parameter names and values are unchanged, so the
 artifacts' parameters are exactly the zoo module's. PyTorch training keeps the
-native ``nn.LSTM`` (its fused kernel is the fast path there).
+native modules (the fused LSTM kernel is the fast path there).
+
+Variable batch: the graphs are exported with a batch dimension that each step
+gives, so an epoch's short last batch trains as in PyTorch. Both forms export
+without the batch size: the LSTM's zero states are shaped from the input, and
+`BatchStatisticsNorm` computes the batch mean and variance itself, where the
+exporter's own static BatchNorm reshapes by a constant batch size.
 
 `fuse_gradient_sums(model)` rewrites ORT's training graph where autodiff leaves
 a weight used at every time step: the recurrent weight's gradient comes out as
@@ -101,10 +108,11 @@ class UnrolledLSTM(nn.Module):
             h = seq.new_zeros(batch, hidden)
             c = seq.new_zeros(batch, hidden)
             outputs = []
-            # unbind / chunk export as one Split each, whose gradient is one Concat; indexing
-            # and slicing would export as Slice per step, whose gradients are full-size tensors.
+            # unbind and split by a size export as one Split each, whose gradient is one Concat;
+            # indexing and slicing would export as Slice per step, whose gradients are full-size
+            # tensors (and chunk as Slices at positions computed from the batch's shape).
             for step_input in projected.unbind(1):  # T tensors of (N, 4H)
-                i, f, g, o = (step_input + torch.matmul(h, w_hh_t)).chunk(4, 1)  # 4 x (N, H)
+                i, f, g, o = (step_input + torch.matmul(h, w_hh_t)).split(hidden, 1)  # 4 x (N, H)
                 c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
                 h = torch.sigmoid(o) * torch.tanh(c)
                 outputs.append(h)
@@ -115,8 +123,58 @@ class UnrolledLSTM(nn.Module):
         return output, (torch.stack(finals_h), torch.stack(finals_c))
 
 
+class BatchStatisticsNorm(nn.Module):
+    """A static BatchNorm (batch statistics, no running ones) that exports for any batch size.
+
+    ``torch.onnx.export`` exports a BatchNorm without running statistics by reshaping its
+    input to a constant ``(batch, channels, -1)`` to take the statistics, so the graph holds
+    one batch size. This module takes the batch mean and biased variance itself
+    (``ReduceMean`` nodes, as the exporter's) and gives them to a training-mode
+    ``BatchNormalization`` as its running-statistics inputs: the node normalises with the
+    batch's own statistics, whatever the batch size.
+
+    Parameters
+    ----------
+    norm : torch.nn.modules.batchnorm._BatchNorm
+        The module to mirror (``track_running_stats=False``); its affine parameters are
+        shared, not copied.
+
+    Raises
+    ------
+    InputError
+        For a BatchNorm that keeps running statistics.
+    """
+
+    def __init__(self, norm: nn.modules.batchnorm._BatchNorm) -> None:
+        super().__init__()
+        if norm.track_running_stats:
+            raise InputError("BatchStatisticsNorm mirrors BatchNorm without running statistics only")
+        self.eps = norm.eps
+        self.weight = norm.weight
+        self.bias = norm.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` ``(N, C, ...)`` per channel with the batch's mean and biased variance."""
+        axes = [0, *range(2, x.dim())]
+        mean = x.mean(dim=axes)
+        centred = x - mean.reshape([1, -1] + [1] * (x.dim() - 2))
+        var = (centred * centred).mean(dim=axes)
+        return nn.functional.batch_norm(
+            x, mean.detach(), var.detach(), self.weight, self.bias, training=True, momentum=0.0, eps=self.eps
+        )
+
+
+def _export_module(child: nn.Module) -> nn.Module | None:
+    """Return the export form of one module, or None when it exports as it is."""
+    if isinstance(child, nn.LSTM):
+        return UnrolledLSTM(child)
+    if isinstance(child, nn.modules.batchnorm._BatchNorm) and not child.track_running_stats:
+        return BatchStatisticsNorm(child)
+    return None
+
+
 def export_form(module: nn.Module) -> nn.Module:
-    """Return a copy of ``module`` with every ``nn.LSTM`` replaced by `UnrolledLSTM`.
+    """Return a copy of ``module`` with every ``nn.LSTM`` and static BatchNorm in its export form.
 
     Parameters
     ----------
@@ -126,16 +184,18 @@ def export_form(module: nn.Module) -> nn.Module:
     Returns
     -------
     torch.nn.Module
-        ``module`` itself when it holds no LSTM, else a deep copy whose LSTMs are
-        unrolled; ``named_parameters()`` yields the same names and values.
+        ``module`` itself when it holds neither, else a deep copy whose LSTMs are
+        `UnrolledLSTM` and whose BatchNorms without running statistics are
+        `BatchStatisticsNorm`; ``named_parameters()`` yields the same names and values.
     """
-    if not any(isinstance(m, nn.LSTM) for m in module.modules()):
+    if all(_export_module(m) is None for m in module.modules()):
         return module
     clone = copy.deepcopy(module)
     for parent in list(clone.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.LSTM):
-                setattr(parent, name, UnrolledLSTM(child))
+            replacement = _export_module(child)
+            if replacement is not None:
+                setattr(parent, name, replacement)
     return clone
 
 

@@ -60,6 +60,13 @@ Decisions
   training build given the same gradient and AdamW agrees to the last bits. The gradient
   lowerings reorder float32 sums (a ``ConvTranspose`` instead of ``ConvGrad``'s col2im),
   so the step differs from the training build's by float32 rounding only.
+* **Variable batch.** ``input`` and ``labels`` keep the training graph's named batch
+  dimension, and no lowering builds the batch size into a constant: reshapes take ``-1``,
+  and the counts and zero tensors that depend on it (the mean of the loss gradient, the
+  BatchNorm gradient's ``M``, the pools' and gathers' scatter targets) are computed from
+  the step's tensors (``Shape``, ``Size``, ``ConstantOfShape``) when they are not static.
+  The same lowerings replace the training build's `FIXED_SHAPE_KERNELS` in the training
+  graph itself (`lower_fixed_shape_kernels`).
 * **Interface.** Inputs are named after the training graph: ``input``, ``labels``, every
   parameter by its manifest name, ``learning_rate`` (float32 ``[1]``), and for AdamW
   ``step`` (int64 ``[1]``: steps already taken, 0 at the start; the update uses
@@ -143,23 +150,30 @@ class LoweringError(RuntimeError):
     """A training or optimizer graph holds something no lowering covers (a bug, not bad input)."""
 
 
+#: A tensor's shape while lowering: a number per dimension, None where it is the batch's (or
+#: otherwise known only when the step runs).
+Shape = tuple[int | None, ...]
+
+
 # --------------------------------------------------------------------------- interface
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, static shape and dtype of one graph input or output.
+    """Name, shape and dtype of one graph input or output.
 
     Attributes
     ----------
     name : str
-    shape : tuple of int
+    shape : tuple of int or str
+        A dimension is a number, or the name of a dimension whose size each run gives
+        (the batch's, ``"batch"``, on the inputs ``input`` and ``labels``).
     dtype : str
         numpy dtype name (``"float32"``, ``"int64"``).
     """
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
     dtype: str
 
     def to_json(self) -> dict[str, Any]:
@@ -264,7 +278,7 @@ class _Graph:
 
     def __init__(
         self,
-        shapes: Mapping[str, tuple[int, ...]],
+        shapes: Mapping[str, Shape],
         producers: Mapping[str, Any],
         constants: Mapping[str, np.ndarray],
         initializers: Sequence[Any] = (),
@@ -316,17 +330,37 @@ class _Graph:
         """Append a single-output node and return its output name."""
         return self.op(op_type, inputs, hint, outputs=None if output is None else [output], **attrs)[0]
 
-    def shape(self, name: str, node: Any) -> tuple[int, ...]:
-        """Return the static shape of ``name`` or fail naming the node that needs it.
+    def shape(self, name: str, node: Any) -> Shape:
+        """Return the shape of ``name`` (None for a dimension known only when the step runs).
 
         A gradient ``T_grad`` (ORT's naming) has the shape of ``T`` where inference stopped
-        at a non-standard node.
+        at a non-standard node, or knew fewer of its dimensions. Fails naming the node that
+        needs the shape when not even the rank is known.
         """
-        if name in self.shapes:
-            return self.shapes[name]
-        if name.endswith("_grad") and name[: -len("_grad")] in self.shapes:
-            return self.shapes[name[: -len("_grad")]]
-        raise LoweringError(f"{node.op_type} {node.name!r}: no static shape for {name!r}")
+        own = self.shapes.get(name)
+        forward = self.shapes.get(name[: -len("_grad")]) if name.endswith("_grad") else None
+        if own is not None and forward is not None and len(own) == len(forward):
+            return tuple(o if o is not None else f for o, f in zip(own, forward, strict=True))
+        if own is not None or forward is not None:
+            return own if own is not None else forward  # type: ignore[return-value]
+        raise LoweringError(f"{node.op_type} {node.name!r}: no shape for {name!r}")
+
+    def sizes(self, name: str, node: Any, axes: Iterable[int]) -> list[int]:
+        """Return the sizes of ``name`` along ``axes``, which must be known before the step runs.
+
+        Raises
+        ------
+        LoweringError
+            When one of them varies from step to step (the batch), naming the node.
+        """
+        shape = self.shape(name, node)
+        out = []
+        for axis in axes:
+            size = shape[axis]
+            if size is None:
+                raise LoweringError(f"{node.op_type} {node.name!r}: dimension {axis} of {name!r} is not static")
+            out.append(size)
+        return out
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -372,18 +406,21 @@ def _conv_attrs(
 
 def _lower_conv_grad(g: _Graph, node: Any) -> None:
     d_y, x, w = node.input[:3]
-    x_shape, y_shape, w_shape = g.shape(x, node), g.shape(d_y, node), g.shape(w, node)
+    w_shape = tuple(g.sizes(w, node, range(len(g.shape(w, node)))))
     kernel, strides, pads, dilations = _conv_attrs(g, node, w_shape)
     group = int(_attrs(node).get("group", 1))
     rank = len(kernel)
+    # Channels and spatial sizes, (C, *spatial); the batch (axis 0) may vary from step to step.
+    x_shape = g.sizes(x, node, range(1, 2 + rank))
+    y_shape = g.sizes(d_y, node, range(1, 2 + rank))
     hint = node.name
     d_x, d_w, d_b = _out(node, 0), _out(node, 1), _out(node, 2)
     if d_x:
         extra = [
-            x_shape[2 + i]
+            x_shape[1 + i]
             + pads[i]
             + pads[rank + i]
-            - ((y_shape[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1)
+            - ((y_shape[1 + i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1)
             for i in range(rank)
         ]
         g.op(
@@ -415,8 +452,8 @@ def _conv_weight_grad(
     d_y: str,
     x: str,
     d_w: str,
-    x_shape: tuple[int, ...],
-    y_shape: tuple[int, ...],
+    x_shape: Sequence[int],
+    y_shape: Sequence[int],
     kernel: Sequence[int],
     strides: Sequence[int],
     pads: Sequence[int],
@@ -432,13 +469,14 @@ def _conv_weight_grad(
     offset with no stacking copy and no kh*kw-times-larger buffer. Measured (20 images,
     1 thread) at 1.0-1.6x ORT's ``ConvGrad`` weight gradient, against 1.5-4x for a ``Conv``
     of the transposed tensors (whose GEMM is only kh*kw columns wide) and up to 9x for one
-    ``Gemm`` per offset on a one-channel input.
+    ``Gemm`` per offset on a one-channel input. ``x_shape`` and ``y_shape`` are the
+    (channels, *spatial) of X and dY; the batch N may vary from step to step.
     """
     rank = len(kernel)
-    n, c = x_shape[:2]
-    out_channels = y_shape[1]
-    out_spatial = list(y_shape[2:])
-    count = n * int(np.prod(out_spatial))
+    c = x_shape[0]
+    out_channels = y_shape[0]
+    out_spatial = list(y_shape[1:])
+    count = -1  # N * P, whatever the step's N
     perm = [1, 0, *range(2, 2 + rank)]
     x_t = g.one("Transpose", [x], hint, perm=perm)  # (C, N, *spatial)
     if any(pads):
@@ -504,10 +542,9 @@ def _lower_max_pool_grad(g: _Graph, node: Any) -> None:
     d_y, indices = node.input[:2]
     forward = _forward_node(g, node, "MaxPool", output=indices, index=1)
     _check_pool_attrs(node, forward)
-    x_shape = g.shape(forward.input[0], node)
     hint = node.name
     flat = g.const(hint + "/flat", np.asarray([-1], dtype=np.int64))
-    zeros = g.const(hint + "/zeros", np.zeros(int(np.prod(x_shape)), dtype=np.float32))
+    zeros, x_shape = _zeros_like(g, hint, forward.input[0], node)
     index = g.one("Reshape", [indices, flat], hint)  # MaxPool's indices are flat over the whole input
     update = g.one("Reshape", [d_y, flat], hint)
     attrs = _attrs(forward)
@@ -517,12 +554,39 @@ def _lower_max_pool_grad(g: _Graph, node: Any) -> None:
     # Windows that cannot overlap have distinct argmax positions: a plain scatter is exact (and faster).
     apart = all((k - 1) * d + 1 <= s for k, s, d in zip(kernel, strides, dilations, strict=True))
     summed = g.one("ScatterElements", [zeros, index, update], hint, axis=0, reduction="none" if apart else "add")
-    g.op(
-        "Reshape",
-        [summed, g.const(hint + "/shape", np.asarray(x_shape, dtype=np.int64))],
-        hint,
-        outputs=[node.output[0]],
-    )
+    g.op("Reshape", [summed, x_shape], hint, outputs=[node.output[0]])
+
+
+def _zeros_like(g: _Graph, hint: str, x: str, node: Any) -> tuple[str, str]:
+    """Return a flat float32 zero tensor of ``x``'s size and a tensor holding ``x``'s shape.
+
+    Constants when ``x``'s shape is static; else computed from ``x`` when the step runs
+    (``Shape``, ``Size`` and ``ConstantOfShape``: a variable batch).
+    """
+    from onnx import numpy_helper
+
+    shape = _static(g.shape(x, node))
+    if shape is not None:
+        zeros = g.const(hint + "/zeros", np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=np.float32))
+        return zeros, _shape_of(g, hint, x, node)
+    size = g.one("Reshape", [g.one("Size", [x], hint), _i64(g, hint, [1])], hint)
+    zero = numpy_helper.from_array(np.zeros(1, dtype=np.float32))
+    return g.one("ConstantOfShape", [size], hint, value=zero), _shape_of(g, hint, x, node)
+
+
+def _static(shape: Shape) -> tuple[int, ...] | None:
+    """Return ``shape`` when every dimension is known, else None."""
+    if any(d is None for d in shape):
+        return None
+    return tuple(int(d) for d in shape if d is not None)
+
+
+def _shape_of(g: _Graph, hint: str, x: str, node: Any) -> str:
+    """Return a 1-D int64 tensor of ``x``'s shape: a constant when static, else ``Shape(x)``."""
+    shape = g.shape(x, node)
+    if _static(shape) is not None:
+        return g.const(hint + "/shape", np.asarray(shape, dtype=np.int64))
+    return g.one("Shape", [x], hint)
 
 
 def _lower_average_pool_grad(g: _Graph, node: Any) -> None:
@@ -532,9 +596,10 @@ def _lower_average_pool_grad(g: _Graph, node: Any) -> None:
     forward = _forward_node(g, node, "AveragePool", output=d_y[: -len("_grad")])
     _check_pool_attrs(node, forward)
     attrs = _attrs(node)
-    x_shape, y_shape = g.shape(forward.input[0], node), g.shape(d_y, node)
     kernel = [int(k) for k in attrs["kernel_shape"]]
     rank = len(kernel)
+    x_spatial = g.sizes(forward.input[0], node, range(2, 2 + rank))
+    y_spatial = g.sizes(d_y, node, range(2, 2 + rank))
     strides = _spatial(attrs, "strides", rank, 1)
     pads = _spatial(attrs, "pads", 2 * rank, 0)
     if attrs.get("ceil_mode", 0) or attrs.get("auto_pad", "NOTSET") != "NOTSET":
@@ -542,24 +607,16 @@ def _lower_average_pool_grad(g: _Graph, node: Any) -> None:
     if any(pads) and not attrs.get("count_include_pad", 0):
         raise LoweringError(f"AveragePoolGrad {node.name!r}: padding excluded from the count is not lowered")
     hint = node.name
-    planes = int(np.prod(x_shape[:2]))
     # One plane per (n, c): a ConvTranspose by a 1/k kernel spreads each dY evenly over its window.
-    flat_y = g.one(
-        "Reshape", [d_y, g.const(hint + "/shape", np.asarray([planes, 1, *y_shape[2:]], dtype=np.int64))], hint
-    )
+    flat_y = g.one("Reshape", [d_y, g.const(hint + "/shape", np.asarray([-1, 1, *y_spatial], dtype=np.int64))], hint)
     weight = g.const(hint + "/weight", np.full((1, 1, *kernel), 1.0 / float(np.prod(kernel)), dtype=np.float32))
     extra = [
-        x_shape[2 + i] + pads[i] + pads[rank + i] - ((y_shape[2 + i] - 1) * strides[i] + kernel[i]) for i in range(rank)
+        x_spatial[i] + pads[i] + pads[rank + i] - ((y_spatial[i] - 1) * strides[i] + kernel[i]) for i in range(rank)
     ]
     spread = g.one(
         "ConvTranspose", [flat_y, weight], hint, strides=strides, pads=pads, kernel_shape=kernel, output_padding=extra
     )
-    g.op(
-        "Reshape",
-        [spread, g.const(hint + "/xshape", np.asarray(x_shape, dtype=np.int64))],
-        hint,
-        outputs=[node.output[0]],
-    )
+    g.op("Reshape", [spread, _shape_of(g, hint, forward.input[0], node)], hint, outputs=[node.output[0]])
 
 
 def _lower_softmax_cross_entropy_loss_grad(g: _Graph, node: Any) -> None:
@@ -574,12 +631,12 @@ def _lower_softmax_cross_entropy_loss_grad(g: _Graph, node: Any) -> None:
         raise LoweringError(f"SoftmaxCrossEntropyLossGrad {node.name!r}: logits of rank {len(shape)} are not lowered")
     reduction = attrs.get("reduction", "mean")
     hint = node.name
-    depth = g.const(hint + "/depth", np.asarray(shape[1], dtype=np.int64))
+    depth = g.const(hint + "/depth", np.asarray(g.sizes(log_prob, node, [1])[0], dtype=np.int64))
     values = g.const(hint + "/values", np.asarray([0.0, 1.0], dtype=np.float32))
     onehot = g.one("OneHot", [labels, depth, values], hint, axis=-1)
     diff = g.one("Sub", [g.one("Exp", [log_prob], hint), onehot], hint)
     if reduction == "mean":
-        scale = g.one("Div", [d_loss, g.const(hint + "/count", np.asarray(shape[0], dtype=np.float32))], hint)
+        scale = g.one("Div", [d_loss, _count(g, hint, log_prob, node, [0])], hint)
     elif reduction == "sum":
         scale = d_loss
     elif reduction == "none":
@@ -587,6 +644,19 @@ def _lower_softmax_cross_entropy_loss_grad(g: _Graph, node: Any) -> None:
     else:
         raise LoweringError(f"SoftmaxCrossEntropyLossGrad {node.name!r}: reduction {reduction!r} is not lowered")
     g.op("Mul", [diff, scale], hint, outputs=[node.output[0]])
+
+
+def _count(g: _Graph, hint: str, x: str, node: Any, axes: Sequence[int]) -> str:
+    """Return a float32 scalar: the product of ``x``'s sizes along ``axes``.
+
+    A constant when they are static, else computed from ``x``'s shape when the step runs.
+    """
+    shape = g.shape(x, node)
+    sizes = _static(tuple(shape[a] for a in axes))
+    if sizes is not None:
+        return g.const(hint + "/count", np.asarray(float(np.prod(sizes)), dtype=np.float32))
+    picked = g.one("Gather", [g.one("Shape", [x], hint), _i64(g, hint, axes)], hint, axis=0)
+    return g.one("Cast", [g.one("ReduceProd", [picked], hint, keepdims=0)], hint, to=_FLOAT)
 
 
 def _channel_axes(rank: int) -> list[int]:
@@ -621,9 +691,9 @@ def _lower_batch_norm_grad(g: _Graph, node: Any) -> None:
     shape = g.shape(x, node)
     rank = len(shape)
     hint = node.name
-    count = float(np.prod([shape[0], *shape[2:]]))
+    channels = g.sizes(x, node, [1])[0]
     axes = g.const(hint + "/axes", np.asarray(_channel_axes(rank), dtype=np.int64))
-    per_channel = g.const(hint + "/channel", np.asarray([1, shape[1], *([1] * (rank - 2))], dtype=np.int64))
+    per_channel = g.const(hint + "/channel", np.asarray([1, channels, *([1] * (rank - 2))], dtype=np.int64))
 
     def bcast(t: str) -> str:
         return g.one("Reshape", [t, per_channel], hint)
@@ -635,7 +705,7 @@ def _lower_batch_norm_grad(g: _Graph, node: Any) -> None:
         "ReduceSum", [g.one("Mul", [x_hat, d_y], hint), axes], hint, output=_out(node, 1) or None, keepdims=0
     )
     if _out(node, 0):
-        m = g.const(hint + "/count", np.asarray(count, dtype=np.float32))
+        m = _count(g, hint, x, node, _channel_axes(rank))
         coef = g.one("Div", [g.one("Mul", [scale, inv_std], hint), m], hint)  # scale * inv_std / M
         centred = g.one("Sub", [g.one("Mul", [d_y, m], hint), bcast(d_bias)], hint)
         centred = g.one("Sub", [centred, g.one("Mul", [x_hat, bcast(d_scale)], hint)], hint)
@@ -706,6 +776,12 @@ def _lower_concat_training(g: _Graph, node: Any) -> None:
         for name in inputs:
             shape = g.shape(name, node)
             sizes.append(shape[axis if axis >= 0 else len(shape) + axis])
+        if any(size is None for size in sizes):  # along the batch: the lengths of the step's tensors
+            rank = len(g.shape(inputs[0], node))
+            at = axis if axis >= 0 else rank + axis
+            parts = [g.one("Shape", [name], node.name, start=at, end=at + 1) for name in inputs]
+            g.op("Concat", parts, node.name, outputs=[lengths], axis=0)
+            return
         g.constants[lengths] = np.asarray(sizes, dtype=np.int64)
         g.const(lengths, g.constants[lengths], name=lengths)
 
@@ -723,6 +799,7 @@ def _lower_gather_grad(g: _Graph, node: Any) -> None:
     shape_in, indices, d_y = node.input[:3]
     axis = int(_attrs(node).get("axis", 0))
     producer = g.producers.get(shape_in)
+    data_shape: Shape
     if shape_in in g.constants:
         data_shape = tuple(int(v) for v in g.constants[shape_in])
     elif (
@@ -733,21 +810,33 @@ def _lower_gather_grad(g: _Graph, node: Any) -> None:
     ):
         data_shape = g.shape(producer.input[0], node)
     else:
-        raise LoweringError(f"GatherGrad {node.name!r}: the data shape {shape_in!r} is not static")
+        data_shape = (None,) * g.sizes(shape_in, node, [0])[0]
     rank = len(data_shape)
     axis = axis if axis >= 0 else axis + rank
-    count = int(np.prod(g.shape(indices, node), dtype=np.int64))
-    before, after = list(data_shape[:axis]), list(data_shape[axis + 1 :])
-    full = np.asarray([*before, count, *after], dtype=np.int64)
     hint = node.name
-    index = g.one(
-        "Reshape",
-        [indices, g.const(hint + "/ishape", np.asarray([1] * axis + [count] + [1] * len(after), dtype=np.int64))],
-        hint,
-    )
-    index = g.one("Expand", [index, g.const(hint + "/full", full)], hint)
-    update = g.one("Reshape", [d_y, g.const(hint + "/yshape", full)], hint)
-    zeros = g.const(hint + "/zeros", np.zeros(data_shape, dtype=np.float32))
+    # Every index (as many as the step's batch holds) along the axis: -1 in the shapes.
+    index = g.one("Reshape", [indices, _i64(g, hint, [1] * axis + [-1] + [1] * (rank - axis - 1))], hint)
+    known = _static(data_shape)
+    if known is not None:
+        before, after = list(known[:axis]), list(known[axis + 1 :])
+        full, flat = _i64(g, hint, [*before, 1, *after]), _i64(g, hint, [*before, -1, *after])
+        zeros = g.const(hint + "/zeros", np.zeros(known, dtype=np.float32))
+    else:  # the data's shape is known when the step runs (it depends on the batch)
+        from onnx import numpy_helper
+
+        def around(middle: int) -> str:
+            parts = [_i64(g, hint, [middle])]
+            if axis > 0:
+                parts.insert(0, g.one("Slice", [shape_in, _i64(g, hint, [0]), _i64(g, hint, [axis])], hint))
+            if axis < rank - 1:
+                parts.append(g.one("Slice", [shape_in, _i64(g, hint, [axis + 1]), _i64(g, hint, [rank])], hint))
+            return g.one("Concat", parts, hint, axis=0) if len(parts) > 1 else parts[0]
+
+        full, flat = around(1), around(-1)
+        zero = numpy_helper.from_array(np.zeros(1, dtype=np.float32))
+        zeros = g.one("ConstantOfShape", [shape_in], hint, value=zero)
+    index = g.one("Expand", [index, full], hint)
+    update = g.one("Reshape", [d_y, flat], hint)
     g.op("ScatterElements", [zeros, index, update], hint, outputs=[node.output[0]], axis=axis, reduction="add")
 
 
@@ -960,18 +1049,17 @@ def _apply_masks(
 # --------------------------------------------------------------------------- assembly
 
 
-def _static_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+def _shapes(model: Any) -> dict[str, Shape]:
+    """Return the shape ONNX inference gives each tensor whose rank it knows (None: a dimension it does not)."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    shapes: dict[str, tuple[int, ...]] = {}
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    shapes: dict[str, Shape] = {}
     for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         tensor = info.type.tensor_type
         if not tensor.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if all(d is not None for d in dims):
-            shapes[info.name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+        shapes[info.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tensor.shape.dim)
     for init in model.graph.initializer:
         shapes[init.name] = tuple(int(d) for d in init.dims)
     return shapes
@@ -1057,9 +1145,8 @@ def _fuse_activation_grads(g: _Graph, nodes: Sequence[Any]) -> list[Any]:
         if len(members) > 1 and all(position.get(id(producers.get(a)), -1) < first for a in activations):
             start = len(g.nodes)
             joined = _activation_slope(g, members[0].name + "/all", activations, layout * len(members), axis)
-            width = sum(shape[axis] for _, shape in layout)
-            split = g.const(members[0].name + "/split", np.full(len(members), width, dtype=np.int64))
-            pieces = g.op("Split", [joined, split], members[0].name, count=len(members), axis=axis)
+            # Equal parts (every member has the layout), so the sizes need not be known (a variable batch).
+            pieces = g.op("Split", [joined], members[0].name, count=len(members), axis=axis)
             slopes.update({id(m): piece for m, piece in zip(members, pieces, strict=True)})
             preludes[id(members[0])] = g.nodes[start:]
             del g.nodes[start:]
@@ -1094,16 +1181,26 @@ def _fuse_activation_grads(g: _Graph, nodes: Sequence[Any]) -> list[Any]:
 
 
 def _activation_slope(
-    g: _Graph, hint: str, activations: Sequence[str], layout: Sequence[tuple[str, tuple[int, ...]]], axis: int
+    g: _Graph, hint: str, activations: Sequence[str], layout: Sequence[tuple[str, Shape]], axis: int
 ) -> str:
-    """Return ``A * (c1 - A) + c0`` of the activations concatenated along ``axis`` (see `_SLOPES`)."""
+    """Return ``A * (c1 - A) + c0`` of the activations concatenated along ``axis`` (see `_SLOPES`).
+
+    One activation throughout: scalar constants (``axis`` may then be the batch's); a mix:
+    per-column constants, which need the sizes along ``axis``.
+    """
+    dims = [1] * len(layout[0][1])
     c1: list[float] = []
     c0: list[float] = []
-    for op_type, shape in layout:
-        c1 += [_SLOPES[op_type][0]] * shape[axis]
-        c0 += [_SLOPES[op_type][1]] * shape[axis]
-    dims = [1] * len(layout[0][1])
-    dims[axis] = len(c1)
+    if len({op_type for op_type, _ in layout}) == 1:
+        c1, c0 = [_SLOPES[layout[0][0]][0]], [_SLOPES[layout[0][0]][1]]
+    else:
+        for op_type, shape in layout:
+            size = shape[axis]
+            if size is None:
+                raise LoweringError(f"{hint}: activation gradients concatenated along a variable dimension")
+            c1 += [_SLOPES[op_type][0]] * size
+            c0 += [_SLOPES[op_type][1]] * size
+        dims[axis] = len(c1)
     joined = g.one("Concat", list(activations), hint, axis=axis) if len(activations) > 1 else activations[0]
     k1 = g.const(hint + "/c1", np.asarray(c1, dtype=np.float32).reshape(dims))
     slope = g.one("Mul", [joined, g.one("Sub", [k1, joined], hint)], hint)
@@ -1125,6 +1222,42 @@ def _lower_pass(g: _Graph, nodes: Sequence[Any], lowerings: Mapping[str, Lowerin
         lower(g, node)
         out.extend(g.nodes)
     return out
+
+
+#: Training-build kernels that size their output by the shape the graph was built with, not by
+#: their input: ``AveragePoolGrad`` allocates the exported input shape, whose variable batch is
+#: 0 there (ORT died of SIGFPE). `lower_fixed_shape_kernels` swaps them for their lowering.
+FIXED_SHAPE_KERNELS = ("AveragePoolGrad",)
+
+
+def lower_fixed_shape_kernels(training: Any) -> int:
+    """Replace every `FIXED_SHAPE_KERNELS` node of a training graph by its standard-op lowering (in place).
+
+    The lowering sizes its output by its inputs, so the training build's step takes any batch;
+    the other kernels stay the training build's own.
+
+    Parameters
+    ----------
+    training : onnx.ModelProto
+        ``training_model.onnx`` of a set (`onnxruntime.training.artifacts.generate_artifacts`).
+
+    Returns
+    -------
+    int
+        Nodes replaced.
+    """
+    import onnx
+
+    found = [n for n in training.graph.node if n.op_type in FIXED_SHAPE_KERNELS and not is_standard(n)]
+    if not found:
+        return 0
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in training.graph.initializer}
+    g = _Graph(_shapes(training), {}, constants)
+    nodes = _lower_pass(g, list(training.graph.node), {k: LOWERINGS[k] for k in FIXED_SHAPE_KERNELS})
+    del training.graph.node[:]
+    training.graph.node.extend(nodes)
+    training.graph.initializer.extend(g.initializers)
+    return len(found)
 
 
 def build_step_model(
@@ -1181,7 +1314,8 @@ def build_step_model(
         dtype = {_FLOAT: "float32", _INT64: "int64"}.get(tensor.elem_type)
         if dtype is None:
             raise LoweringError(f"training graph input {name!r} has element type {tensor.elem_type}")
-        batch.append(TensorSpec(name, tuple(int(d.dim_value) for d in tensor.shape.dim), dtype))
+        dims = tuple(int(d.dim_value) if d.HasField("dim_value") else str(d.dim_param) for d in tensor.shape.dim)
+        batch.append(TensorSpec(name, dims, dtype))
     missing = [n for n in names if n not in graph_inputs]
     if missing:
         raise LoweringError(f"training graph has no parameter inputs {missing}")
@@ -1192,14 +1326,14 @@ def build_step_model(
     # Pass 1 lowers the forward operators (their outputs stop shape inference of everything
     # downstream); pass 2 lowers the rest with the shapes of the then standard forward graph.
     nodes = [n for n in training.graph.node if n.op_type not in DROPPED]
-    g = _Graph(_static_shapes(training), {}, constants)
+    g = _Graph(_shapes(training), {}, constants)
     nodes = _lower_pass(g, nodes, FORWARD_LOWERINGS)
     staged = training.__class__()
     staged.CopyFrom(training)
     del staged.graph.node[:]
     staged.graph.node.extend(nodes)
     staged.graph.initializer.extend(g.initializers)
-    g = _Graph(_static_shapes(staged), {}, g.constants, g.initializers)
+    g = _Graph(_shapes(staged), {}, g.constants, g.initializers)
     nodes = _fuse_activation_grads(g, nodes)
     nodes = _lower_pass(g, nodes, LOWERINGS)
     g.nodes = nodes

@@ -7,8 +7,9 @@ keeps the zoo module's parameter names (``nn.LSTM`` stays the native, fused
 LSTM: `exporters.export_forms` only rewrites the ONNX export), so the runner can
 load the flat parameter vector into it by the manifest's names and shapes.
 
-The trace is taken in training mode on the manifest's fixed batch size; the
-runner only ever feeds that batch size. ``model.pt`` is not part of the
+The trace is taken in training mode on a batch of the manifest's ``batch``; the
+traced module takes any batch size (the zoo modules size nothing by the batch),
+as the runner's short last batch of an epoch needs. ``model.pt`` is not part of the
 manifest's file list (the set's cache key and sha256 check are unchanged); it is
 written atomically, so a crash never leaves a partial file.
 """

@@ -19,8 +19,9 @@ The first layer keeps its full input and the classifier its full output.
 The paper's reference code pools the LeNets with ``AdaptiveAvgPool2d(2)``; on the 5x5 (Fashion) and
 3x3 (SVHN) maps that equals ``AvgPool2d`` with kernel ``ceil(s / 2)`` and stride ``s - ceil(s / 2)``
 (3/2 and 2/1), which is what is built here because torch.onnx cannot export adaptive pooling
-with a non-dividing output size. (onnxruntime-training 1.19.2 crashes with SIGFPE in the
-AveragePool gradient when the batch dimension is symbolic; artifacts use a fixed batch.)
+with a non-dividing output size. (onnxruntime-training 1.19.2's AveragePool gradient kernel sizes
+its output by the exported shape and crashes with SIGFPE on the artifacts' variable batch
+dimension; `exporters.step_model.lower_fixed_shape_kernels` replaces it in the training graph.)
 Table 6 lists that pool as "2x2, stride 1", which cannot give its own 64x2x2 output from 5x5;
 the output shape (and the 132k parameters of the next layer) is what is reproduced. Table 8's VGG-9
 average-pools the 8x8 map of the last conv (no third max pool, unlike configuration "O" of the

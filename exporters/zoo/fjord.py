@@ -176,8 +176,8 @@ def block_plan(sizes: ResNetSizes) -> list[tuple[str, str, str, int]]:
 def static_bn(channels: int) -> nn.BatchNorm2d:
     """Return an affine BatchNorm with batch statistics in train and eval (no buffers).
 
-    The artifacts are exported with a fixed batch size, which the exporter's
-    ``BatchNormalization`` node needs; `exporters.artifacts` removes the unused
+    It is exported as `exporters.export_forms.BatchStatisticsNorm`, which takes the batch
+    statistics for any batch size; `exporters.artifacts` removes the unused
     running-statistics outputs from the eval model ORT generates.
     """
     return nn.BatchNorm2d(channels, track_running_stats=False)

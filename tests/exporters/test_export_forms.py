@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from exporters.errors import InputError
-from exporters.export_forms import UnrolledLSTM, export_form, fuse_gradient_sums
+from exporters.export_forms import BatchStatisticsNorm, UnrolledLSTM, export_form, fuse_gradient_sums
 from exporters.zoo import get_model, model_names
 
 
@@ -62,6 +62,46 @@ def test_export_form_of_text_models_keeps_names_values_and_outputs(name: str) ->
 def test_export_form_of_a_model_without_lstm_is_the_module_itself() -> None:
     net = get_model("cfd-cnn").build()
     assert export_form(net) is net
+
+
+# --------------------------------------------------------------------------- static BatchNorm
+
+
+@pytest.mark.parametrize(("norm", "shape"), [(nn.BatchNorm2d, (3, 4, 5, 5)), (nn.BatchNorm1d, (3, 4))])
+def test_batch_statistics_norm_is_static_batchnorm_with_its_gradients(norm: type, shape: tuple) -> None:
+    torch.manual_seed(0)
+    bn = norm(4, track_running_stats=False)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1.0, 1.0)
+    form = BatchStatisticsNorm(bn)
+    assert [(n, p) for n, p in form.named_parameters()] == [(n, p) for n, p in bn.named_parameters()]
+    x = torch.randn(shape, requires_grad=True)
+    y, y_form = bn(x), form(x)
+    torch.testing.assert_close(y_form, y, rtol=0, atol=0)
+    grads = torch.autograd.grad((y * y).sum(), [x, bn.weight, bn.bias])
+    grads_form = torch.autograd.grad((y_form * y_form).sum(), [x, bn.weight, bn.bias])
+    for g, g_form in zip(grads, grads_form, strict=True):
+        torch.testing.assert_close(g_form, g, rtol=0, atol=0)
+
+
+def test_batch_statistics_norm_refuses_running_statistics() -> None:
+    with pytest.raises(InputError, match="running statistics"):
+        BatchStatisticsNorm(nn.BatchNorm2d(4))
+
+
+@pytest.mark.parametrize("name", ["fjord-resnet18", "heterofl-resnet18"])
+def test_export_form_of_static_batchnorm_nets_keeps_names_values_and_outputs(name: str) -> None:
+    model = get_model(name)
+    net = model.build(model.arch(0.25)).train()
+    form = export_form(net)
+    assert form is not net
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in form.modules())
+    assert any(isinstance(m, BatchStatisticsNorm) for m in form.modules())
+    assert [(n, p.shape) for n, p in form.named_parameters()] == [(n, p.shape) for n, p in net.named_parameters()]
+    x, _ = model.example_batch(3)
+    with torch.no_grad():
+        torch.testing.assert_close(form(x), net(x), rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- fuse_gradient_sums

@@ -210,6 +210,35 @@ def test_ten_steps_give_the_same_loss_curve(root: Path, name: str, width: float,
     assert min(deviations.values()) <= CURVE_RTOL, deviations
 
 
+SHORT = 3  # an epoch's short last batch, on a set exported at BATCH
+
+
+@pytest.mark.parametrize(("name", "width", "optimizer"), CASES)
+def test_a_short_batch_steps_as_the_training_build_and_pytorch(
+    root: Path, name: str, width: float, optimizer: str
+) -> None:
+    run = _run(root, name, width, optimizer)
+    spec = run.manifest["step_model"]
+    assert [t["shape"][0] for t in spec["inputs"][:2]] == ["batch", "batch"]
+    model, lr = get_model(name), LR[optimizer]
+    x, y = model.example_batch(SHORT, seed=2)
+    out = StepRunner(run.directory, run.manifest, run.initial, lr).step(x.numpy(), y.numpy())
+    trainer = OrtTrainer(run.directory, lr=lr)
+    ort_loss = trainer.train_step(x.numpy(), y.numpy())
+    net = model.build(model.arch(width))
+    net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in run.initial.items()}, strict=True)
+    net.train()
+    opt = torch_optimizer(optimizer, net.parameters(), lr=lr)
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    loss.backward()
+    opt.step()
+    after = {"ort": trainer.get_parameters(), "torch": {p: t.detach().numpy() for p, t in net.named_parameters()}}
+    atol = _param_tolerance(optimizer, lr)
+    for other, other_loss in (("ort", ort_loss), ("torch", loss.item())):
+        assert float(out["loss"]) == pytest.approx(other_loss, rel=LOSS_RTOL, abs=1e-7), other
+        _assert_params_close({p: out[p + ".next"] for p in run.initial}, after[other], atol, f"batch {SHORT}: {other}")
+
+
 # --------------------------------------------------------------------------- portability
 
 
