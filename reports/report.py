@@ -54,6 +54,8 @@ class Sources:
         The FL tables as stored (empty when no run was logged).
     store : str
         Path of the store, for the header.
+    fl_plans : pandas.DataFrame
+        The runs' plans and their revisions (``fl_plans``; empty when no run was planned).
     """
 
     cells: pd.DataFrame
@@ -63,23 +65,25 @@ class Sources:
     fl_rounds: pd.DataFrame = field(default_factory=pd.DataFrame)
     fl_client_rounds: pd.DataFrame = field(default_factory=pd.DataFrame)
     store: str = ""
+    fl_plans: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def _read_fl(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def _read_fl(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     uri = f"{path.resolve().as_uri()}?mode=ro"
     conn = sqlite3.connect(uri, uri=True)
     try:
         found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         frames = []
-        for name in ("fl_runs", "fl_rounds", "fl_client_rounds"):
+        orders = {"fl_runs": "id", "fl_rounds": "run_id, round", "fl_client_rounds": "run_id, round",
+                  "fl_plans": "run_id, revision"}  # fmt: skip
+        for name, order in orders.items():
             if name in found:
-                order = "id" if name == "fl_runs" else "run_id, round"
                 frames.append(pd.read_sql_query(f"SELECT * FROM {name} ORDER BY {order}", conn))  # noqa: S608
             else:
                 frames.append(pd.DataFrame())
     finally:
         conn.close()
-    return frames[0], frames[1], frames[2]
+    return frames[0], frames[1], frames[2], frames[3]
 
 
 def load_sources(db: str | os.PathLike[str]) -> Sources:
@@ -109,8 +113,8 @@ def load_sources(db: str | os.PathLike[str]) -> Sources:
         for m in store.measurements(latest=True):
             if m.facts:
                 facts[m.spec.device] = dict(m.facts)
-    runs, rounds, client_rounds = _read_fl(path)
-    return Sources(cells, campaigns, facts, runs, rounds, client_rounds, str(path))
+    runs, rounds, client_rounds, plans = _read_fl(path)
+    return Sources(cells, campaigns, facts, runs, rounds, client_rounds, str(path), plans)
 
 
 # ---------------------------------------------------------------------------- sections
@@ -507,6 +511,7 @@ def _fl(src: Sources) -> list[Draft]:
     predictions = tables.fl_prediction_table(src.fl_client_rounds)
     straggler_rounds = tables.fl_straggler_table(src.fl_rounds, src.fl_client_rounds)
     feddrop = tables.fl_feddrop_time_table(src.fl_client_rounds)
+    planned = tables.fl_plan_table(src.fl_plans, src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
@@ -573,6 +578,21 @@ def _fl(src: Sources) -> list[Draft]:
                     f"fl_run{rid}_stragglers",
                     "FLuID per round: the straggler, its sub-model size, its round time against the target.",
                     st,
+                )
+            )
+        pl = planned[planned["run_id"] == rid] if not planned.empty else planned
+        if not pl.empty:
+            revisions = int(pl["revision"].max())
+            extra.append(
+                f"Planned on the measured profiles (fleetbench plan); revised {revisions} time(s) from the measured "
+                "rounds." if revisions else "Planned on the measured profiles (fleetbench plan); never revised."
+            )
+            blocks.append(
+                TableBlock(
+                    f"fl_run{rid}_plan",
+                    "The plan against what happened, per plan revision and device: planned width and round, the "
+                    "width trained and the measured round (medians over its rounds under that revision).",
+                    pl,
                 )
             )
         fd = feddrop[feddrop["run_id"] == rid] if not feddrop.empty else feddrop

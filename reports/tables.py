@@ -1076,3 +1076,61 @@ def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.
                 }
             )  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
+
+
+def fl_plan_table(plans: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
+    """Planned against realised, per run, plan revision and device.
+
+    Parameters
+    ----------
+    plans : pandas.DataFrame
+        ``fl_plans`` rows (``plan`` as the stored JSON text).
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``run_id, revision, from_round, device, status, planned_width, trained_width,
+        planned_s, measured_s, measured_vs_planned, rounds``: the revision's width and
+        predicted round of the device, and over the device's successful client rounds while
+        that revision was in force, the median width it trained and its median measured round
+        (download + compute + upload). Empty without plans.
+    """
+    columns = [
+        "run_id", "revision", "from_round", "device", "status", "planned_width", "trained_width", "planned_s",
+        "measured_s", "measured_vs_planned", "rounds",
+    ]  # fmt: skip
+    if plans is None or plans.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for rid, group in plans.sort_values(["run_id", "revision"]).groupby("run_id", sort=True):
+        starts = list(group["from_round"]) + [math.inf]
+        mine = client_rounds[client_rounds["run_id"] == rid] if not client_rounds.empty else client_rounds
+        for i, row in enumerate(group.itertuples(index=False)):
+            plan = json.loads(row.plan) if isinstance(row.plan, str) else row.plan
+            span = mine[(mine["round"] >= starts[i]) & (mine["round"] < starts[i + 1])] if not mine.empty else mine
+            for device in plan.get("devices", ()):
+                ok = span[(span["device"] == device["device"]) & (span["status"] == "ok")] if not span.empty else span
+                measured = (
+                    float((ok["download_seconds"] + ok["compute_seconds"] + ok["upload_seconds"]).median())
+                    if not ok.empty
+                    else math.nan
+                )
+                planned = device.get("round_s")
+                rows.append(
+                    {
+                        "run_id": rid,
+                        "revision": int(row.revision),
+                        "from_round": int(row.from_round),
+                        "device": device["device"],
+                        "status": device.get("status"),
+                        "planned_width": device.get("width"),
+                        "trained_width": float(ok["width"].median()) if not ok.empty else math.nan,
+                        "planned_s": planned,
+                        "measured_s": measured,
+                        "measured_vs_planned": measured / planned if planned else math.nan,
+                        "rounds": len(ok),
+                    }
+                )
+    return pd.DataFrame(rows, columns=columns)

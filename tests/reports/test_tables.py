@@ -509,3 +509,26 @@ def test_feddrop_time_table_puts_measured_time_beside_the_flops_the_masks_leave(
     assert pi4["time_ratio"] == pytest.approx(1.1) and pi4["mask_s"] == pytest.approx(0.01)
     assert pi3["expected_flops"] == pytest.approx(0.25) and pi3["time_ratio"] == pytest.approx(1.0)
     assert tables.fl_feddrop_time_table(pd.DataFrame([plain])).empty
+
+
+def test_fl_plan_table_sets_each_revision_against_the_rounds_it_was_in_force() -> None:
+    def plan(width: float, round_s: float) -> str:
+        return json.dumps({"devices": [{"device": "d", "status": "planned", "width": width, "round_s": round_s}]})
+
+    plans = pd.DataFrame(
+        {"run_id": [1, 1], "revision": [0, 1], "from_round": [0, 2], "plan": [plan(1.0, 2.0), plan(0.5, 1.0)]}
+    )
+    client_rounds = pd.DataFrame(
+        {
+            "run_id": [1] * 4, "round": [0, 1, 2, 3], "device": ["d"] * 4, "status": ["ok", "ok", "ok", "error"],
+            "width": [1.0, 1.0, 0.5, 0.5], "download_seconds": [0.5] * 4, "compute_seconds": [2.0, 3.0, 0.5, 9.0],
+            "upload_seconds": [0.5] * 4,
+        }
+    )  # fmt: skip
+    table = tables.fl_plan_table(plans, client_rounds)
+    first, revised = table.to_dict("records")
+    assert (first["planned_width"], first["trained_width"], first["rounds"]) == (1.0, 1.0, 2)
+    assert first["measured_s"] == pytest.approx(3.5) and first["measured_vs_planned"] == pytest.approx(1.75)
+    assert (revised["from_round"], revised["trained_width"], revised["rounds"]) == (2, 0.5, 1)  # round 3 failed
+    assert revised["measured_s"] == pytest.approx(1.5)
+    assert tables.fl_plan_table(pd.DataFrame(), client_rounds).empty
