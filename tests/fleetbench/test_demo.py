@@ -57,6 +57,9 @@ def _check_outputs(out: Path, devices: set[str], rounds: int) -> None:
     assert placed == devices
     html = (out / "report" / "report.html").read_text()
     assert "FL run 1" in html and "FL run 2" in html and "Latency vs width" in html
+    assert "fl_run1_plan" in html and "fl_run2_plan" in html  # each run's plan against what happened
+    plans = db.execute("SELECT run_id, revision, from_round FROM fl_plans WHERE revision = 0").fetchall()
+    assert plans == [(1, 0, 0), (2, 0, 0)]
 
 
 def _slowest_once_open(db: sqlite3.Connection, run_id: int, rnd: int) -> str:
