@@ -63,7 +63,8 @@ stderr while the runner works). Keys::
     matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train
                        and with --matmul-seconds 0)
     versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
-    train only:        epochs, lr, examples (examples trained on, all epochs), num_parameters, out,
+    train only:        epochs, lr, examples (examples trained on, all epochs), step_examples (the
+                       examples of every step in step_seconds), num_parameters, out,
                        loop_seconds and loop_cpu_seconds: wall and CPU time of the whole step loop
                        (steps, batch copies, width switches); their ratio is the share of a cpu
                        the device got. The CPU clock is read once per loop, not per step: reading
@@ -136,7 +137,8 @@ Serve decisions:
 
 Exit status (`EXIT_CODES`; the host reads it through ``harness.contract``): 0 ok, 2 bad arguments (also
 an artifact set that the backend cannot use, a parameter vector of the wrong
-length, a shard smaller than one batch), 3 missing runtime, 4 out of memory
+length, an empty shard, and a shard smaller than one batch for ``bench --data``
+or a set with a fixed batch), 3 missing runtime, 4 out of memory
 (``MemoryError``, and ORT / PyTorch allocation failures recognised by their
 message), 5 runner error (anything else; the traceback goes to stderr). A runner
 killed by the kernel's OOM killer prints nothing: the caller sees the signal
@@ -216,10 +218,18 @@ Decisions:
   and slowed the first steps by up to 45 % (fjord-cnn, 4 ms steps) when it ran first.
 * train: the shard is an ``.npz`` with ``x`` (inputs) and ``y`` (int64 labels);
   each epoch visits it in a fresh permutation drawn from ``--seed`` (default 0)
-  in batches of the artifact's fixed batch size; the last partial batch of an
-  epoch is dropped (the graphs have a fixed batch dimension). ``--batch``, when
-  given, must equal that size. ``--out`` is written atomically at exactly the
-  given path (``np.save``, ``allow_pickle=False``).
+  in batches of the manifest's ``batch``, the last one short where the shard is
+  not a whole number of batches, as in-process training (``fl.client``) batches
+  it: the graphs take a batch of any size (their inputs name the batch dimension,
+  `variable_batch`), so a shard smaller than one batch trains too, and the
+  steps, ``examples`` and ``step_examples`` count every example. The short step
+  binds the leading rows of the batch buffers and binds the whole buffers again
+  after it (both inside its time). An artifact set exported with a fixed batch
+  dimension (an older export) skips the short batch and needs at least one batch.
+  ``--batch``, when given, must equal the manifest's ``batch``, the batch the set
+  was exported and profiled with (``bench`` steps on batches of that size only).
+  ``--out`` is written atomically at exactly the given path (``np.save``,
+  ``allow_pickle=False``).
 * onnx backend (`OnnxBackend`): the set's ``step_model.onnx`` (``exporters.step_model``:
   forward, loss, backward and optimizer update in default-domain ONNX operators) on any
   ``onnxruntime`` build, CPU provider, default graph optimisation (``ORT_ENABLE_ALL``).
@@ -817,6 +827,24 @@ def load_manifest(directory: str, backend: str) -> dict:
     return manifest
 
 
+def variable_batch(manifest: dict) -> bool:
+    """Tell whether a set's graphs take a batch of any size.
+
+    Such a set names its inputs' first dimension (``"batch"``) where a set with a fixed
+    batch gives its size; its ``batch`` is the batch it was exported and profiled with.
+
+    Parameters
+    ----------
+    manifest : dict
+
+    Returns
+    -------
+    bool
+    """
+    shape = manifest["inputs"][0]["shape"]
+    return bool(shape) and isinstance(shape[0], str)
+
+
 def num_classes(manifest: dict) -> int | None:
     """Return the model's number of classes (also the vocabulary of int64 inputs).
 
@@ -847,17 +875,19 @@ def random_batch(np, manifest: dict, seed: int) -> tuple:
     Returns
     -------
     x, y : numpy.ndarray
-        C-contiguous inputs and int64 labels below ``num_classes``.
+        C-contiguous inputs and int64 labels below ``num_classes``, ``batch`` examples
+        (the manifest's: the profiled batch of a set that takes any).
     """
     rng = np.random.default_rng(seed)
     classes = num_classes(manifest)
-    spec, labels = manifest["inputs"][0], manifest["inputs"][1]
-    shape = tuple(int(d) for d in spec["shape"])
+    spec = manifest["inputs"][0]
+    batch = int(manifest["batch"])
+    shape = (batch,) + tuple(int(d) for d in spec["shape"][1:])
     if spec["dtype"] in ("int64", "int32"):
         x = rng.integers(0, classes, size=shape).astype(spec["dtype"])
     else:
         x = rng.standard_normal(shape).astype(spec["dtype"])
-    y = rng.integers(0, classes, size=tuple(int(d) for d in labels["shape"])).astype(np.int64)
+    y = rng.integers(0, classes, size=(batch,)).astype(np.int64)
     return np.ascontiguousarray(x), np.ascontiguousarray(y)
 
 
@@ -1296,6 +1326,11 @@ def _check_listed(directory: str, manifest: dict, name: str) -> str:
 _ORT_TYPES = {"float32": "tensor(float)", "int64": "tensor(int64)"}
 
 
+def _dims(shape) -> list:
+    """Return a shape as numbers, and names for the dimensions a run sizes (the batch)."""
+    return [d if isinstance(d, str) or d is None else int(d) for d in shape]
+
+
 class OnnxBackend:
     """The portable step model (``step_model.onnx``) on the plain ``onnxruntime`` package.
 
@@ -1363,10 +1398,10 @@ class OnnxBackend:
         self.reusable = True
 
     def _check_signature(self) -> None:
-        want_in = [(t["name"], [int(d) for d in t["shape"]], _ORT_TYPES.get(t["dtype"])) for t in self.spec["inputs"]]
-        want_out = [(t["name"], [int(d) for d in t["shape"]], _ORT_TYPES.get(t["dtype"])) for t in self.spec["outputs"]]
-        got_in = [(i.name, list(i.shape), i.type) for i in self.session.get_inputs()]
-        got_out = [(o.name, list(o.shape), o.type) for o in self.session.get_outputs()]
+        want_in = [(t["name"], _dims(t["shape"]), _ORT_TYPES.get(t["dtype"])) for t in self.spec["inputs"]]
+        want_out = [(t["name"], _dims(t["shape"]), _ORT_TYPES.get(t["dtype"])) for t in self.spec["outputs"]]
+        got_in = [(i.name, _dims(i.shape), i.type) for i in self.session.get_inputs()]
+        got_out = [(o.name, _dims(o.shape), o.type) for o in self.session.get_outputs()]
         for what, want, got in (("inputs", want_in, got_in), ("outputs", want_out, got_out)):
             if want != got:
                 pairs = zip(want, got)  # noqa: B905 - zip(strict=) needs Python 3.10
@@ -1894,6 +1929,8 @@ class BatchFeed:
     """A shard and the input buffers a backend binds once, filled with each step's batch.
 
     ``train`` and ``bench`` step through it alike, so a profile times the step a round runs.
+    An epoch's short last batch (``train`` on a set that takes any batch) fills the leading
+    rows of the same buffers.
 
     Parameters
     ----------
@@ -1909,10 +1946,20 @@ class BatchFeed:
         self.xb = np.empty((batch,) + x.shape[1:], dtype=x.dtype)
         self.yb = np.empty((batch,), dtype=np.int64)
 
-    def load(self, index) -> None:
-        """Copy the examples at ``index`` (``batch`` positions) into the bound buffers."""
-        self.np.take(self.x, index, axis=0, out=self.xb)
-        self.np.take(self.y, index, axis=0, out=self.yb)
+    def load(self, index) -> tuple:
+        """Copy the examples at ``index`` (at most ``batch`` positions) into the buffers.
+
+        Returns
+        -------
+        x, y : numpy.ndarray
+            The buffers holding them: the bound ones for a full batch, else views of their
+            leading rows (C-contiguous, sharing their memory).
+        """
+        n = len(index)
+        xb, yb = (self.xb, self.yb) if n == self.batch else (self.xb[:n], self.yb[:n])
+        self.np.take(self.x, index, axis=0, out=xb)
+        self.np.take(self.y, index, axis=0, out=yb)
+        return xb, yb
 
 
 def epoch_orders(np, n: int, seed: int) -> Iterator:
@@ -1937,7 +1984,7 @@ def epoch_orders(np, n: int, seed: int) -> Iterator:
 
 
 def shard_batches(np, n: int, batch: int, seed: int) -> Iterator:
-    """Yield the index arrays of the full batches ``train`` steps on, epoch after epoch, without end.
+    """Yield the index arrays of the full batches of ``train``'s epochs, epoch after epoch, without end.
 
     Parameters
     ----------
@@ -1950,8 +1997,8 @@ def shard_batches(np, n: int, batch: int, seed: int) -> Iterator:
     Yields
     ------
     numpy.ndarray
-        ``batch`` example indices; an epoch's short last batch is skipped, as the fixed-batch
-        graphs skip it in ``train``.
+        ``batch`` example indices. An epoch's short last batch is skipped: ``bench`` times
+        steps of the set's batch (``train`` trains the short batch too where the set takes it).
     """
     for order in epoch_orders(np, n, seed):
         for b in range(n // batch):
@@ -2077,11 +2124,15 @@ def _load_shard(np, path: str, manifest: dict):
     return x.astype(spec["dtype"], copy=False), y.astype(np.int64, copy=False)
 
 
-def _check_shard(path: str, shard: tuple, batch: int, manifest: dict) -> tuple:
-    """Return ``shard`` (x, y) when it holds a batch and its labels are classes of the model."""
+def _check_shard(path: str, shard: tuple, batch: int, manifest: dict, whole: bool = True) -> tuple:
+    """Return ``shard`` (x, y) when it holds a batch (any example unless ``whole``) and its labels are classes."""
     x, y = shard
-    if x.shape[0] < batch:
-        raise bad(f"--data {path}: {x.shape[0]} examples, fewer than one batch of {batch}")
+    if x.shape[0] < (batch if whole else 1):
+        raise bad(
+            f"--data {path}: {x.shape[0]} examples, fewer than one batch of {batch}"
+            if whole
+            else f"--data {path}: no examples"
+        )
     if y.size and (int(y.min()) < 0 or int(y.max()) >= num_classes(manifest)):  # type: ignore[operator]
         raise bad(f"--data {path}: labels outside [0, {num_classes(manifest)})")
     return x, y
@@ -2221,7 +2272,9 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
     """
     clock = time.perf_counter
     started = clock()
-    result.update(warmup=0, steps=0, epochs=args.epochs, lr=args.lr, examples=0, num_parameters=None, out=None)
+    result.update(
+        warmup=0, steps=0, epochs=args.epochs, lr=args.lr, examples=0, step_examples=[], num_parameters=None, out=None
+    )
     _check_common(args)
     inline_in = getattr(args, "params_inline", None)
     inline_out = getattr(args, "return_params", None) == "inline"
@@ -2246,7 +2299,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
     result["batch"] = batch
     result["num_parameters"] = size
     if args.batch is not None and args.batch != batch:
-        raise bad(f"--batch {args.batch}: the artifact set has a fixed batch of {batch}")
+        raise bad(f"--batch {args.batch}: the artifact set's batch is {batch}")
     np = import_numpy(args.threads)
     outer = _decode_inline(np, inline_in, size) if inline_in is not None else _load_params(np, args.params, size)
     outer = np.array(outer, dtype=np.float32)
@@ -2255,8 +2308,8 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
         if int(other["batch"]) != batch or other["inputs"][0] != manifest["inputs"][0]:
             raise bad(f"fjord: set {directory} has another batch or input than {args.artifacts}")
     x, y = _cached(args, "shard", args.data, lambda: _load_shard(np, args.data, manifest))
-    _check_shard(args.data, (x, y), batch, manifest)
-    per_epoch = x.shape[0] // batch
+    variable = variable_batch(manifest)
+    _check_shard(args.data, (x, y), batch, manifest, whole=not variable)
     backends = []
     for directory, other in zip(sets, manifests):  # noqa: B905 - Python 3.8
         backend = open_backend(argparse.Namespace(**{**vars(args), "artifacts": directory}), other, lr=args.lr)
@@ -2288,7 +2341,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
     orders = epoch_orders(np, x.shape[0], args.seed)
     width_rng = np.random.default_rng((args.seed, 1))
     per_pass = -(-x.shape[0] // batch)  # batches per epoch in process, the short last one included
-    seconds, losses = result["step_seconds"], result["loss"]
+    seconds, losses, sizes = result["step_seconds"], result["loss"], result["step_examples"]
     switches, picks, mask_means = [], [], []
     mask_seconds = 0.0
     current = None if fjord is not None else 0
@@ -2298,11 +2351,13 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
     for epoch in range(args.epochs):
         order = next(orders)
         for b in range(per_pass):
-            # Draws happen for every in-process batch, also the short last one that the fixed-batch
+            # Draws happen for every in-process batch, also a short last one that a fixed-batch
             # graph cannot take, so widths and masks stay those of in-process training step by step.
             pick = int(width_rng.integers(len(backends))) if fjord is not None else 0
             step_index = epoch * per_pass + b
-            if b >= per_epoch:
+            rows = order[b * batch : (b + 1) * batch]
+            short = len(rows) < batch
+            if short and not variable:
                 continue
             if pick != current:
                 start = clock()
@@ -2317,19 +2372,25 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
                 means = _apply_masks(np, backends[0], plan, step_index)
                 mask_seconds += clock() - start
                 mask_means.append(means)
+            backend = backends[current]
             start = clock()
-            feed.load(order[b * batch : (b + 1) * batch])
-            out = backends[current].step()
+            xb, yb = feed.load(rows)
+            if short:  # the backend takes the leading rows of its buffers for this step only
+                backend.bind(xb, yb)
+            out = backend.step()
+            if short:
+                backend.bind(feed.xb, feed.yb)
             elapsed = clock() - start
             seconds.append(elapsed)
-            losses.append(backends[current].loss_value(out))
+            losses.append(backend.loss_value(out))
             picks.append(current)
+            sizes.append(len(rows))
     result["loop_cpu_seconds"], result["loop_seconds"] = time.process_time() - loop_cpu_started, clock() - loop_started
     _after(result, passive)
     start = clock()
     switch(current, None)
     result["steps"] = len(seconds)
-    result["examples"] = len(seconds) * batch
+    result["examples"] = sum(sizes)
     if fjord is not None:
         result["step_sets"] = picks
         result["switch_seconds"] = switches

@@ -55,7 +55,7 @@ KEYS = {
     "matmul_gflops",
     "versions",
 }
-TRAIN_KEYS = {"epochs", "lr", "examples", "num_parameters", "out"}
+TRAIN_KEYS = {"epochs", "lr", "examples", "step_examples", "num_parameters", "out"}
 #: Keys only bench adds (`harness.runner.new_bench_keys`).
 BENCH_KEYS = set(runner_module.new_bench_keys())
 
@@ -417,14 +417,15 @@ def test_coverage_at_the_stopping_sample_stays_close_to_nominal() -> None:
 
 
 def test_train_changes_parameters_and_loss_decreases(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
-    data = learnable_shard(tmp_path / "shard.npz", n=18)  # 4 batches of 4 per epoch, 2 examples dropped
+    data = learnable_shard(tmp_path / "shard.npz", n=18)  # 4 batches of 4 per epoch and a short one of 2
     out = tmp_path / "out.npy"
     rc, doc, err = run_runner(*train_args(sets["cnn"], start, data, out, epochs=3, lr=0.05))
     assert rc == 0, (doc, err[-2000:])
     assert TRAIN_KEYS <= set(doc)
     assert doc["mode"] == "train" and doc["epochs"] == 3 and doc["lr"] == 0.05
-    assert doc["steps"] == 12 and len(doc["step_seconds"]) == 12 and len(doc["loss"]) == 12
-    assert doc["examples"] == 48 and doc["out"] == str(out)
+    assert doc["steps"] == 15 and len(doc["step_seconds"]) == 15 and len(doc["loss"]) == 15
+    assert doc["step_examples"] == [4, 4, 4, 4, 2] * 3 and doc["batch"] == 4
+    assert doc["examples"] == 54 and doc["out"] == str(out)
     # the step loop's wall time holds every step; its CPU time (one thread) stays within it
     assert sum(doc["step_seconds"]) <= doc["loop_seconds"]
     assert 0 < doc["loop_cpu_seconds"] <= doc["loop_seconds"] + 1e-3
@@ -433,7 +434,7 @@ def test_train_changes_parameters_and_loss_decreases(sets: dict[str, Path], star
     assert after.dtype == np.float32 and after.shape == before.shape == (doc["num_parameters"],)
     assert not np.allclose(after, before)
     losses = np.asarray(doc["loss"])
-    assert losses[-4:].mean() < 0.8 * losses[:4].mean(), losses
+    assert losses[-5:].mean() < 0.8 * losses[:5].mean(), losses
 
 
 def test_train_ort_and_torch_agree_from_the_same_start(sets: dict[str, Path], start: Path, tmp_path: Path) -> None:
@@ -476,11 +477,11 @@ def test_train_bad_arguments(sets: dict[str, Path], start: Path, tmp_path: Path)
     short = tmp_path / "short.npy"
     np.save(short, np.zeros(3, dtype=np.float32))
     data = learnable_shard(tmp_path / "shard.npz", n=8)
-    tiny = learnable_shard(tmp_path / "tiny.npz", n=3)  # fewer examples than one batch
+    empty = learnable_shard(tmp_path / "empty.npz", n=0)
     out = tmp_path / "out.npy"
     for argv, word in (
         (train_args(sets["cnn"], short, data, out), "--params"),
-        (train_args(sets["cnn"], start, tiny, out), "fewer than one batch"),
+        (train_args(sets["cnn"], start, empty, out), "no examples"),
         (train_args(sets["cnn"], start, data, out) + ["--batch", "8"], "--batch"),
         (train_args(sets["cnn"], start, data, out, epochs=0), "--epochs"),
     ):
@@ -643,15 +644,16 @@ def test_runner_runs_on_python38(tmp_path: Path) -> None:
 def test_bench_on_data_steps_through_its_batches_as_train_does(
     sets: dict[str, Path], start: Path, tmp_path: Path
 ) -> None:
-    shard = learnable_shard(tmp_path / "shard.npz", 3 * 4 + 2)  # three batches of 4 and a short last one per epoch
+    shard = learnable_shard(tmp_path / "shard.npz", 5 * 4 + 2)  # five batches of 4 and a short last one per epoch
     lr = OPTIMIZER_DEFAULTS["sgd"]["lr"]  # bench steps at the set's own rate
     rc, trained, _ = run_runner(*train_args(sets["cnn"], start, shard, tmp_path / "o.npy", epochs=3, lr=lr))
-    assert rc == 0 and len(trained["loss"]) == 9, trained  # the short batches are skipped
-    rc, bench, _ = run_runner(*bench_args(sets["cnn"], warmup=2, steps=5), "--data", str(shard))
-    assert rc == 0 and bench["bench_data"] == "shard", bench
-    # warm-up steps take their batches too: the timed steps are train's next ones, batch by batch
+    assert rc == 0 and trained["step_examples"] == [4, 4, 4, 4, 4, 2] * 3, trained
+    rc, bench, _ = run_runner(*bench_args(sets["cnn"], warmup=2, steps=3), "--data", str(shard))
+    assert rc == 0 and bench["bench_data"] == "shard" and bench["batch"] == 4, bench
+    # warm-up steps take their batches too: the timed steps are train's next ones, batch by batch (bench
+    # steps on whole batches only: up to an epoch's short last batch, which train trains and bench skips)
     first = bench["warmup_steps"]
-    np.testing.assert_allclose(bench["loss"], trained["loss"][first : first + 5], rtol=1e-5)
+    np.testing.assert_allclose(bench["loss"], trained["loss"][first : first + 3], rtol=1e-5)
     _, noise, _ = run_runner(*bench_args(sets["cnn"], warmup=0, steps=3))
     assert noise["bench_data"] == "random"
     assert not np.allclose(noise["loss"], trained["loss"][:3], rtol=1e-3)
