@@ -252,7 +252,9 @@ class DevicesExecutor(ClosingExecutor):
     work_dir : pathlib.Path
         Host scratch directory for shards and parameter files.
     batch : int
-        Training batch size (the artifact sets' fixed batch).
+        Training batch size: the artifact sets' ``batch`` (the one they are exported and
+        profiled with; their graphs also take an epoch's short last batch, which the
+        runner trains as in process).
     connect : callable
         ``connect(device) -> Transport`` (`devices.connect.connect` in production).
     timeout_s : float
@@ -668,6 +670,8 @@ class DevicesExecutor(ClosingExecutor):
             cid=ins.cid,
             submodel=ins.submodel,
             parameters=trained,
+            # the FedAvg weight: the examples of one epoch, every one the runner trained (its
+            # short last batch included, as in process), not whole batches
             num_examples=int(doc.get("examples", 0)) // max(1, epochs),
             compute_seconds=float(compute),
             download_seconds=download,
@@ -678,12 +682,9 @@ class DevicesExecutor(ClosingExecutor):
     def _metrics(self, job: _Job, doc: Mapping[str, Any], in_bytes: int, out_bytes: int) -> dict[str, float]:
         """Return the client round's metrics from the runner's document."""
         ins = job.ins
-        losses = [v for v in doc.get("loss", []) if isinstance(v, (int, float))]
         steps = len(doc.get("step_seconds", []))
-        per_epoch = max(1, steps // max(1, int(ins.config.get("epochs", 1))))
-        last = losses[-per_epoch:] if losses else []
         metrics: dict[str, float] = {
-            "loss": float(np.mean(last)) if last else float("nan"),
+            "loss": last_epoch_loss(doc, int(ins.config.get("epochs", 1))),
             "steps": float(steps),
             "step_seconds": float(sum(doc.get("step_seconds", []))),
             "trained_width": float(ins.submodel.arch.widths[0] / self.model.group_sizes[0]),
@@ -819,6 +820,63 @@ def device_turns(isolation: IsolationPlan | None, names: Sequence[str]) -> dict[
     }
 
 
+def step_examples(doc: Mapping[str, Any], batch: int) -> list[int]:
+    """Return the examples of each step of a runner's train document.
+
+    Parameters
+    ----------
+    doc : mapping
+        A train reply (``step_examples``; a runner without it trained whole batches).
+    batch : int
+        The artifact set's batch.
+
+    Returns
+    -------
+    list of int
+        One entry per step of ``step_seconds``.
+    """
+    sizes = doc.get("step_examples")
+    steps = len(doc.get("step_seconds", []))
+    if isinstance(sizes, list) and len(sizes) == steps:
+        return [int(n) for n in sizes]
+    return [int(batch)] * steps
+
+
+def last_epoch_loss(doc: Mapping[str, Any], epochs: int) -> float:
+    """Return the mean loss per example over a train document's last epoch, as in-process training reports it.
+
+    Each step's loss is its batch's mean, so the steps are weighted by their examples
+    (``step_examples``): an epoch's short last batch counts for its examples only, as in
+    `fl.client.sgd_epochs`.
+
+    Parameters
+    ----------
+    doc : mapping
+        A train reply (``loss``, ``step_seconds``, ``step_examples``, ``batch``).
+    epochs : int
+        The local epochs it trained.
+
+    Returns
+    -------
+    float
+        NaN without losses.
+    """
+    losses = list(doc.get("loss", []))
+    sizes = step_examples(doc, int(doc.get("batch") or 1))
+    if len(sizes) != len(losses):
+        sizes = [1] * len(losses)
+    per_epoch = max(1, len(losses) // max(1, epochs))
+    last = [(float(v), n) for v, n in zip(losses[-per_epoch:], sizes[-per_epoch:], strict=True) if _number(v)]
+    if not last:
+        return float("nan")
+    return sum(v * n for v, n in last) / max(sum(n for _, n in last), 1)
+
+
+def _number(value: Any) -> bool:
+    """Whether a document's value is a number (a non-finite float arrives as null)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     """Return the FjORD metrics of a runner document: widths trained, switches and their cost.
 
@@ -852,9 +910,10 @@ def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: 
     ----------
     model : ZooModel
     doc : mapping
-        A train reply with ``mask_means`` (kept fraction per group, per step).
+        A train reply with ``mask_means`` (kept fraction per group, per step) and
+        ``step_examples`` (examples per step).
     batch : int
-        Examples per step.
+        The artifact set's batch (examples per step of a runner that reports none).
     keep : mapping
         The request's ``syncdrop`` entry (its ``groups``' keep probabilities).
 
@@ -871,10 +930,13 @@ def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: 
 
     flops = cached_flops_model(model, "training")
     means = [np.asarray(m, dtype=np.float64) for m in doc.get("mask_means", [])]
-    sampled = [float(flops.flops(m)) * batch for m in means]
+    batches = step_examples(doc, batch)
+    if len(batches) != len(means):
+        batches = [batch] * len(means)
+    sampled = [float(flops.flops(m)) * n for m, n in zip(means, batches, strict=True)]
     sizes = np.asarray(model.group_sizes, dtype=np.float64)
     kept = [float((m * sizes).sum() / sizes.sum()) for m in means]
-    examples = max(1, batch * len(means))
+    examples = max(1, sum(batches))
     expected = float(flops.flops(np.array([np.mean(values) for _, values in keep["groups"]])))
     return {
         "expected_train_flops": expected,

@@ -4,7 +4,10 @@ The resident runner (one ``runner.py serve`` per device) is checked against the 
 mode (same parameters out for the same inputs), across rounds (one process, its pid
 stays), after a request that times out (killed, a new one next round), and on an SSH
 device that goes down and comes back (a new runner). FjORD per step and FedDrop's
-SyncDrop are checked against the in-process trainers on the same data and seeds.
+SyncDrop are checked against the in-process trainers on the same data and seeds, and so
+are clients whose shard is smaller than one batch or not a whole number of batches: the
+device trains the short last batch as in process, and reports every example (the FedAvg
+weight).
 """
 
 from __future__ import annotations
@@ -418,6 +421,73 @@ def test_syncdrop_masks_on_the_device_train_as_in_process(tmp_path: Path, one_to
     with _executor(tmp_path, {"c0": device}, backends={"loc": "onnx"}) as executor:
         plain, _ = executor.run({"c0": dense}, {"c0": (x, y)})
     assert any(not np.allclose(plain[0].parameters[k], res.parameters[k]) for k in expected)  # the masks acted
+
+
+@pytest.mark.parametrize("backend", ["ort", "onnx"])
+def test_a_short_last_batch_trains_on_the_device_as_in_process(
+    tmp_path: Path, one_torch_thread: None, backend: str
+) -> None:
+    from fl.client import train_plain
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    sub = model.static(0.5)
+    cfg = {"epochs": 2, "lr": 0.05, "seed": 3, "batch_size": 20}
+    shards = {"c7": _shard(7, 1), "c45": _shard(45, 2)}  # smaller than one batch of 20; two and a short one
+    instructions = {cid: TrainIns(cid, sub, model.extract(g, sub), cfg) for cid in shards}
+    with _executor(tmp_path, {cid: device for cid in shards}, backends={"loc": backend}) as executor:
+        results, failures = executor.run(instructions, shards)
+    assert not failures, failures
+    for res in results:
+        x, y = shards[res.cid]
+        expected, metrics = train_plain(model, instructions[res.cid], x, y)
+        assert res.num_examples == len(y)  # 7 and 45, not 0 and 40
+        assert res.metrics["steps"] == metrics["steps"] == 2 * -(-len(y) // 20)
+        assert res.metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-4)
+        for k in expected:
+            np.testing.assert_allclose(res.parameters[k], expected[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        assert any(not np.allclose(res.parameters[k], instructions[res.cid].parameters[k]) for k in expected)
+
+
+def test_fjord_and_syncdrop_train_the_short_last_batch_on_the_device_as_in_process(
+    tmp_path: Path, one_torch_thread: None
+) -> None:
+    from fl.strategies.feddrop import train_syncdrop
+    from fl.strategies.fjord import drawn_widths, train_ordered
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    x, y = _shard(45, 4)
+    fjord = {"trainer": "fjord", "widths": [0.2, 0.4, 0.6], "p_max": 0.6, "epochs": 2, "lr": 0.05, "seed": 7,
+             "batch_size": 20}  # fmt: skip
+    rng = np.random.default_rng(5)
+    keep = {group: rng.uniform(0.3, 1.0, size).tolist() for group, size in model.groups}
+    syncdrop = {"trainer": "syncdrop", "keep": keep, "sync_seed": 11, "epochs": 2, "lr": 0.05, "seed": 2,
+                "batch_size": 20}  # fmt: skip
+    instructions = {
+        "fj": TrainIns("fj", model.static(0.6), model.extract(g, model.static(0.6)), fjord),
+        "sd": TrainIns("sd", model.static(1.0), model.extract(g, model.static(1.0)), syncdrop),
+    }
+    expected = {"fj": train_ordered(model, instructions["fj"], x, y)}
+    expected["sd"] = train_syncdrop(model, instructions["sd"], x, y)
+    with _executor(tmp_path, {"fj": device, "sd": device}, backends={"loc": "onnx"}) as executor:
+        results, failures = executor.run(instructions, {"fj": (x, y), "sd": (x, y)})
+    assert not failures, failures
+    for res in results:
+        params, metrics = expected[res.cid]
+        assert res.num_examples == 45 and res.metrics["steps"] == metrics["steps"] == 6
+        assert res.metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-4)
+        for k in params:
+            np.testing.assert_allclose(res.parameters[k], params[k], rtol=1e-4, atol=1e-5, err_msg=f"{res.cid} {k}")
+    fj, sd = (next(r for r in results if r.cid == cid) for cid in ("fj", "sd"))
+    assert fj.metrics["mean_width"] == pytest.approx(expected["fj"][1]["mean_width"])
+    drawn = drawn_widths([0.2, 0.4, 0.6], 7, 45, 20, 2, whole_batches=False)  # every batch, the short ones too
+    per_width = {k: v for k, v in fj.metrics.items() if k.startswith("steps_at_width/")}
+    assert per_width == {f"steps_at_width/{w:g}": float(drawn.count(w)) for w in set(drawn)}
+    for key in ("expected_train_flops", "sampled_train_flops", "dense_train_flops", "train_flops", "kept_fraction"):
+        assert sd.metrics[key] == pytest.approx(expected["sd"][1][key], rel=1e-9), key
 
 
 def test_a_device_that_drops_and_comes_back_gets_a_new_runner(sshd_path: str, tmp_path: Path) -> None:
