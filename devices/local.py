@@ -95,7 +95,9 @@ class LocalTransport:
         CommandTimeout
             If the command did not finish in time.
         TransportError
-            If the program cannot be started (not found, not executable).
+            If the program cannot be started (not found, not executable), or, for a
+            confined transport, the device's limits are not in place (what ``confine``
+            raised, e.g. `devices.errors.Unreachable`).
         """
         start = time.monotonic()
         proc, duty = self._popen(argv, subprocess.DEVNULL, None)
@@ -133,7 +135,7 @@ class LocalTransport:
         Raises
         ------
         TransportError
-            If the program cannot be started.
+            If the program cannot be started, or its limits are not in place (as in `run`).
         """
         proc, duty = self._popen(argv, subprocess.PIPE, env)
         return LocalProcess(proc, f"{argv[0]} (local pid {proc.pid})", duty)
