@@ -49,9 +49,8 @@ from fl.population import local_steps
 from fl.roundcost import Link, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
-from fl.scheduling.kmeans import kmeans_1d
 from fl.scheduling.rows import profile_rows, width_flops
-from fl.scheduling.tiers import HETEROFL_LEVELS, WidthCheck, width_checks
+from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers, uniform_levels
 from harness.roundcost import RoundCost, RoundCostModel, round_cost
 
 #: Strategies whose clients train a static width chosen per device, and their level sets.
@@ -318,8 +317,7 @@ def deadline_seconds(policy: str, full_rounds: Sequence[float]) -> float:
 def levels_of(strategy: str, options: Mapping[str, Any]) -> tuple[float, ...]:
     """Return the widths a strategy's clients may be given, smallest first (``(1.0,)``: untiered)."""
     if strategy == "fjord":
-        k = int(options.get("k", FJORD_K))
-        return tuple(i / k for i in range(1, k + 1))
+        return tuple(sorted(uniform_levels(int(options.get("k", FJORD_K)))))
     if strategy in ("heterofl", "fedrolex"):
         return tuple(sorted(HETEROFL_LEVELS))
     return (1.0,)
@@ -458,17 +456,19 @@ def make_plan(
     full = {d: round_at(d, 1.0) for d in profiled}
     deadline = deadline_seconds(request.deadline, list(full.values())) if full else None
     checks: dict[str, tuple[WidthCheck, ...]] = {}
-    for device in profiled:
-        found = width_checks(
-            all_rows, models, device, request.model, levels, batches[device], backends[device],
-            deadline if deadline is not None else math.inf, request.memory.get(device),
-            functools.partial(client_round, device),
+    tiers: dict[str, DeviceChoice] = {}
+    if deadline is not None:
+        tier_plan = assign_tiers(
+            all_rows, request.model, levels, deadline_s=deadline, round_seconds=client_round, devices=profiled,
+            batch={d: batches[d] for d in profiled}, memory_budget_bytes=request.memory,
+            k=request.tiers, backend={d: backends[d] for d in profiled}, models=models,
         )  # fmt: skip
-        if isinstance(found, str):
-            notes[device].append(found)
-        else:
-            checks[device] = found
-    plans, target = _strategy_plans(request, zoo, checks, full, deadline, round_at, client_round)
+        for choice in tier_plan.choices:
+            if choice.checks:
+                checks[choice.device], tiers[choice.device] = choice.checks, choice
+            else:
+                notes[choice.device].append(choice.reason)
+    plans, target = _strategy_plans(request, zoo, checks, tiers, full, deadline, round_at, client_round)
     out = []
     for device in request.examples:
         if device in plans:
@@ -525,6 +525,7 @@ def _strategy_plans(
     request: PlanRequest,
     zoo: Any,
     checks: Mapping[str, tuple[WidthCheck, ...]],
+    tiers: Mapping[str, DeviceChoice],
     full: Mapping[str, float],
     deadline: float | None,
     round_at: Callable[..., float],
@@ -542,32 +543,24 @@ def _strategy_plans(
         )  # fmt: skip
 
     if request.strategy in TIERED:
-        chosen: dict[str, float] = {}
-        for device, cs in checks.items():
-            fitting = [c for c in cs if c.fits]
-            if fitting:
-                chosen[device] = fitting[-1].width
+        n = 1 + max((c.tier for c in tiers.values() if c.tier is not None), default=-1)
+        for device, choice in tiers.items():
+            if choice.tier_width is not None and choice.width is not None:
+                why = (
+                    "meets the deadline"
+                    if choice.tier_width >= choice.width
+                    else f"its tier's width (it meets {choice.width:g})"
+                )
+                out[device] = base(device, choice.tier_width, tier=choice.tier, notes=(why,))
                 continue
-            smallest = cs[0]
+            smallest = checks[device][0]
             miss = smallest.round_seconds - (deadline or 0.0)
             reason = (
                 f"misses the deadline by {miss:.3g} s at its smallest width {smallest.width:g}"
                 if not smallest.fits_deadline
                 else f"does not fit in memory at its smallest width {smallest.width:g}: {smallest.note}"
             )
-            out[device] = base(device, smallest.width, "misses", notes=(reason,))
-        names = sorted(chosen)
-        labels = dict(zip(names, kmeans_1d([chosen[d] for d in names], request.tiers), strict=True)) if names else {}
-        tier_widths = {t: min(chosen[d] for d in names if labels[d] == t) for t in set(labels.values())}
-        for device in names:
-            tier = labels[device]
-            width = tier_widths[tier]
-            why = "meets the deadline" if width >= chosen[device] else f"its tier's width (it meets {chosen[device]:g})"
-            out[device] = base(device, width, tier=tier, notes=(why,))
-        n = len(tier_widths)
-        for device, plan in list(out.items()):
-            if plan.status == "misses":
-                out[device] = dataclasses.replace(plan, tier=n)
+            out[device] = base(device, smallest.width, "misses", tier=n, notes=(reason,))
         return out, None
     if request.strategy == "feddrop":
         top = max(zoo.arch(1.0).widths)

@@ -37,7 +37,6 @@ from typing import Any
 
 from exporters.arch import Arch
 from exporters.errors import InputError
-from exporters.zoo import ZooModel
 from fl.executors.devices import modelled_transfer_seconds
 from fl.population import split_item
 from fl.records import ClientSpec
@@ -898,30 +897,6 @@ def cpu_starved(
     return host_disturbed(inverse, limit, span)
 
 
-def round_seconds_by_width(cost: RoundCost, model: ZooModel, steps: Mapping[str, int]) -> Callable[[str, float], float]:
-    """Return ``(device, width) -> predicted round seconds`` for planners that think in uniform widths.
-
-    Parameters
-    ----------
-    cost : RoundCost
-    model : ZooModel
-    steps : mapping of str to int
-        Each device's local steps per round.
-
-    Returns
-    -------
-    callable
-        The round at ``model.arch(width)``, its payload sent down and back.
-    """
-
-    def seconds(device: str, width: float) -> float:
-        arch = model.arch(width)
-        nbytes = payload_bytes_of(arch)
-        return float(cost(device, arch, int(steps[device]), nbytes, nbytes))
-
-    return seconds
-
-
 def executor_configs(executor: Any, devices: Iterable[Any], batch: int) -> dict[str, ProfileConfig]:
     """Return the configuration each device trains with under a devices executor.
 
@@ -943,26 +918,3 @@ def executor_configs(executor: Any, devices: Iterable[Any], batch: int) -> dict[
         )
         for d in devices
     }
-
-
-def round_overheads(cost: RoundCost, model: ZooModel, devices: Iterable[str], width: float = 1.0) -> dict[str, float]:
-    """Return each device's predicted round without training: fixed cost plus the transfers of ``width``'s payload.
-
-    FedDrop's budgets (`fl.scheduling.budgets_for_fleet`, ``round_overhead_s``) subtract it
-    from the round time budget: SyncDrop sends the dense model, so the transfers do not shrink.
-
-    Parameters
-    ----------
-    cost : RoundCost
-    model : ZooModel
-    devices : iterable of str
-    width : float
-        The width whose parameters travel (1.0: the dense model).
-
-    Returns
-    -------
-    dict of str to float
-    """
-    arch = model.arch(width)
-    nbytes = payload_bytes_of(arch)
-    return {d: float(cost(d, arch, 0, nbytes, nbytes)) for d in devices}

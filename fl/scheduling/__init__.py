@@ -14,21 +14,21 @@ rows into the decisions the FL methods need, one module per responsibility:
 `fl.scheduling.budgets`
     FedDrop's FLOPs-budget ratio per device.
 `fl.scheduling.sources`
-    The edge: profiles read from a store, memory budgets from a fleet.
+    The edge: memory budgets from a fleet.
 `fl.scheduling.checks`
     Argument checks the modules share.
 
 Straggler sizing (FLuID) is `fl.fluid.straggler_rate`, the project's only one.
 
 **Decision:** the package re-exports the public names of its modules, so that a caller
-composing a run (the demo, the benchmarks) imports them from one place; each name is
+composing a run (`fl.plan`, the benchmarks) imports them from one place; each name is
 defined once, in its module, and the tests import from the module they test.
 """
 
-from fl.scheduling.budgets import BudgetRatio, budgets_for_fleet, flops_budget_ratio
+from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.kmeans import kmeans_1d
 from fl.scheduling.rows import profile_rows, width_flops
-from fl.scheduling.sources import memory_budgets_from_fleet, profiles_from_store
+from fl.scheduling.sources import memory_budgets_from_fleet
 from fl.scheduling.tiers import (
     HETEROFL_LEVELS,
     Capacities,
@@ -42,19 +42,16 @@ from fl.scheduling.tiers import (
 
 __all__ = [
     "HETEROFL_LEVELS",
-    "BudgetRatio",
     "Capacities",
     "DeviceChoice",
     "TierPlan",
     "WidthCheck",
     "assign_tiers",
-    "budgets_for_fleet",
     "capacities_for",
-    "flops_budget_ratio",
     "kmeans_1d",
     "memory_budgets_from_fleet",
     "profile_rows",
-    "profiles_from_store",
+    "round_budget_ratio",
     "uniform_levels",
     "width_flops",
 ]

@@ -2,7 +2,7 @@
 
 Every scheduling function takes profiles as a pandas DataFrame
 (`harness.store.ProfileStore.latest_cells`), an iterable of row mappings, or the
-strategies' ``Profiles`` mapping ``{device: rows}`` (`fl.scheduling.sources.profiles_from_store`);
+strategies' ``Profiles`` mapping ``{device: rows}`` (`fl.server.profiles_for`);
 `profile_rows` turns any of them into one list of row dicts. Rows need ``device, model,
 width, batch, backend, median_us`` (``status``, ``train_flops``, ``peak_memory_bytes``,
 ``params``, ``activation_elements`` when present); rows whose status is not ``"ok"`` are

@@ -1,47 +1,15 @@
-"""Scheduling inputs from the other layers: profiles read from a store, memory budgets from a fleet.
+"""Scheduling inputs from the devices layer: memory budgets from a fleet.
 
 The edge of the scheduling package: everything else in it works on rows and numbers, and
-these functions are the only ones that take a `harness.store.ProfileStore` (which they
-read) or a `devices.fleet.Fleet`.
+this is the only function that takes a `devices.fleet.Fleet`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from fl.scheduling.rows import profile_rows, select
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from devices.fleet import Fleet
-    from harness.store import ProfileStore
-
-
-def profiles_from_store(
-    store: ProfileStore, model: str, batch: int | None = None, backend: str | None = "ort"
-) -> dict[str, list[dict[str, Any]]]:
-    """Read the measured (status ``ok``) cells of ``model`` from a store, grouped by device.
-
-    Parameters
-    ----------
-    store : harness.store.ProfileStore
-    model : str
-    batch : int, optional
-        Only this batch size.
-    backend : str or None
-        Only this backend (``None``: any).
-
-    Returns
-    -------
-    dict of str to list of dict
-        ``{device: rows}`` (the strategies' ``Profiles``), devices and rows in store
-        order; a device whose cells all failed is absent.
-    """
-    frame = store.latest_cells()
-    out: dict[str, list[dict[str, Any]]] = {}
-    for r in select(profile_rows(frame), model=model, batch=batch, backend=backend):
-        if r.get("status") == "ok":
-            out.setdefault(str(r["device"]), []).append(r)
-    return out
 
 
 def memory_budgets_from_fleet(fleet: Fleet) -> dict[str, int]:

@@ -4,15 +4,13 @@ Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
     For every device the largest candidate width whose predicted round time meets the
     deadline and whose predicted peak memory fits the device's memory budget::
 
-        round_seconds(w) = overhead_s + latency(w) * examples * epochs
+        round_seconds(device, w) = fixed + steps * batch * latency(w) + transfers(w)
 
-    or, given the round-cost model's prediction (``round_seconds``, `fl.roundcost`), that
-    prediction: fixed cost, steps at the width's architecture and the transfers of its
-    payload, so that the deadline is met by the whole round, not its training steps alone.
-
-    where ``latency(w)`` is the device's latency model's prediction of seconds per image at
-    width ``w``, measured or not (`harness.latency.LatencyModel.predict`: per-layer features
-    of the width's architecture, fitted once per device here) and the peak memory is the
+    the round-cost model's prediction (`fl.plan`), so that the deadline is met by the whole
+    round, not its training steps alone; ``latency(w)`` is the device's latency model's
+    prediction of seconds per image at width ``w``, measured or not
+    (`harness.latency.LatencyModel.predict`: per-layer features of the width's architecture,
+    fitted once per plan) and the peak memory is the
     device's fitted memory model (`harness.latency.MemoryModel`). A check says how
     uncertain the prediction is and whether it was extrapolated beyond the measured widths
     (a missed deadline's note then says so). A width whose latest
@@ -41,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fl.capacity import LEVELS
-from fl.scheduling.checks import WIDTH_TOL, check_widths, count, overhead, positive, same_width
+from fl.scheduling.checks import WIDTH_TOL, check_widths, count, positive, same_width
 from fl.scheduling.kmeans import kmeans_1d
 from fl.scheduling.rows import (
     OUT_OF_MEMORY,
@@ -188,14 +186,12 @@ def assign_tiers(
     widths: Iterable[float],
     *,
     deadline_s: float,
-    examples_per_round: Mapping[str, int],
-    epochs: int,
-    batch: int | None,
+    round_seconds: Callable[[str, float], float],
+    devices: Iterable[str],
+    batch: int | Mapping[str, int | None] | None,
     memory_budget_bytes: Mapping[str, int] | None,
     k: int,
-    backend: str | Mapping[str, str] | None = "ort",
-    round_overhead_s: float | Mapping[str, float] = 0.0,
-    round_seconds: Callable[[str, float], float] | None = None,
+    backend: str | Mapping[str, str | None] | None = "ort",
     models: Mapping[str, DeviceModels] | None = None,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
@@ -211,13 +207,14 @@ def assign_tiers(
         Candidate widths in (0, 1].
     deadline_s : float
         Round deadline in seconds.
-    examples_per_round : mapping of str to int
-        Training examples each device's client holds; its keys are the devices planned.
-    epochs : int
-        Local epochs per round.
-    batch : int or None
-        Training batch size of the profile to use; ``None`` when each device was
-        measured at one batch size only.
+    round_seconds : callable
+        ``(device, width) -> seconds``: the round-cost model's predicted round (fixed cost,
+        local steps at the width's architecture, transfers; `fl.plan`).
+    devices : iterable of str
+        The devices planned.
+    batch : int, mapping of str to int, or None
+        Training batch of the profile to use, one for all devices or one per device;
+        ``None`` when each device was measured at one batch size only.
     memory_budget_bytes : mapping of str to int, or None
         Memory budget per device; a device without an entry (or ``None``) is unconstrained.
     k : int
@@ -227,125 +224,64 @@ def assign_tiers(
         per device (a phone on a runtime bundle trains with ``"onnx"``); None, and a device
         the mapping leaves out, take the device's one measured backend (devices profiled
         with their own best backend).
-    round_overhead_s : float or mapping of str to float
-        Fixed per-round cost (transfer, set-up) added to every predicted round time,
-        one value for all devices or per device (missing devices: 0).
-    round_seconds : callable, optional
-        ``(device, width) -> seconds``: the predicted round of the round-cost model (fixed cost,
-        steps and transfers; `fl.roundcost.round_seconds_by_width`), used instead of
-        ``round_overhead_s + latency * examples * epochs``.
     models : mapping of str to DeviceModels, optional
         The rows' fitted models, when the caller fitted them already (a plan fits once).
 
     Returns
     -------
     TierPlan
+        An excluded device keeps its checks when it had a profile to check.
 
     Raises
     ------
     InputError
-        On a bad width, deadline, epoch count, example count or ``k``.
+        On a bad width, deadline or ``k``.
     """
     candidates = tuple(sorted(set(check_widths(widths))))
     deadline = positive(deadline_s, "deadline_s")
-    epochs = count(epochs, "epochs")
     k = count(k, "k")
 
     def backend_of(device: str) -> str | None:
         return backend if backend is None or isinstance(backend, str) else backend.get(device)
 
+    def batch_of(device: str) -> int | None:
+        return batch if batch is None or isinstance(batch, int) else batch.get(device)
+
     rows = select(profile_rows(profiles), model=model)
     rows = [r for r in rows if backend_of(str(r.get("device"))) in (None, str(r.get("backend")))]
     models = fit(rows) if models is None else models
-    picks: dict[str, tuple[WidthCheck, tuple[WidthCheck, ...]] | str] = {}
-    for device in sorted(examples_per_round):
-        examples = count(examples_per_round[device], f"examples_per_round[{device!r}]")
+    picks: dict[str, tuple[WidthCheck | None, tuple[WidthCheck, ...], str]] = {}
+    for device in sorted(devices):
         budget = None if memory_budget_bytes is None else memory_budget_bytes.get(device)
-        picks[device] = _device_checks(
-            rows,
-            models,
-            device,
-            model,
-            candidates,
-            batch,
-            backend_of(device),
-            round_seconds_per_us=1e-6 * examples * epochs,
-            overhead_s=overhead(round_overhead_s, device),
-            deadline_s=deadline,
-            budget=budget,
-            round_seconds=None if round_seconds is None else functools.partial(round_seconds, device),
-        )
-    fitting = {d: p[0].width for d, p in picks.items() if not isinstance(p, str)}
-    names = sorted(fitting)
-    labels = dict(zip(names, kmeans_1d([fitting[d] for d in names], k), strict=True))
-    n_tiers = len(set(labels.values()))
-    tier_widths = tuple(min(fitting[d] for d in names if labels[d] == t) for t in range(n_tiers))
-    choices = []
-    for device, pick in picks.items():
-        if isinstance(pick, str):
-            choices.append(DeviceChoice(device, None, None, None, None, None, pick))
+        checks = width_checks(
+            rows, models, device, model, candidates, batch_of(device), backend_of(device), deadline, budget,
+            functools.partial(round_seconds, device),
+        )  # fmt: skip
+        if isinstance(checks, str):
+            picks[device] = (None, (), checks)
             continue
-        best, checks = pick
+        fitting = [c for c in checks if c.fits]
+        reason = "" if fitting else f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"
+        picks[device] = (fitting[-1] if fitting else None, checks, reason)
+    fitting_width = {d: p[0].width for d, p in picks.items() if p[0] is not None}
+    names = sorted(fitting_width)
+    labels = dict(zip(names, kmeans_1d([fitting_width[d] for d in names], k), strict=True))
+    n_tiers = len(set(labels.values()))
+    tier_widths = tuple(min(fitting_width[d] for d in names if labels[d] == t) for t in range(n_tiers))
+    choices = []
+    for device, (best, checks, reason) in picks.items():
+        if best is None:
+            choices.append(DeviceChoice(device, None, None, None, None, None, reason, checks))
+            continue
         tier = labels[device]
         at_tier = next(c for c in checks if same_width(c.width, tier_widths[tier]))
         choices.append(
             DeviceChoice(
-                device,
-                best.width,
-                tier,
-                tier_widths[tier],
-                at_tier.round_seconds,
-                at_tier.peak_memory_bytes,
-                "",
+                device, best.width, tier, tier_widths[tier], at_tier.round_seconds, at_tier.peak_memory_bytes, "",
                 checks,
-            )
+            )  # fmt: skip
         )
     return TierPlan(model, deadline, k, tier_widths, tuple(choices))
-
-
-def _device_checks(
-    rows: Sequence[dict[str, Any]],
-    models: Mapping[str, DeviceModels],
-    device: str,
-    model: str,
-    candidates: tuple[float, ...],
-    batch: int | None,
-    backend: str | None,
-    *,
-    round_seconds_per_us: float,
-    overhead_s: float,
-    deadline_s: float,
-    budget: int | None,
-    round_seconds: Callable[[float], float] | None = None,
-) -> tuple[WidthCheck, tuple[WidthCheck, ...]] | str:
-    """Return ``(best fitting check, all checks)`` of one device, or why it is excluded."""
-    if round_seconds is None:
-        latency_of = functools.partial(_latency_round, rows, models, device, model, batch, backend)
-
-        def fallback(width: float) -> float:
-            return overhead_s + latency_of(width) * 1e6 * round_seconds_per_us
-
-        round_seconds = fallback
-    checks = width_checks(rows, models, device, model, candidates, batch, backend, deadline_s, budget, round_seconds)
-    if isinstance(checks, str):
-        return checks
-    fitting = [c for c in checks if c.fits]
-    if not fitting:
-        return f"no width fits; smallest width {checks[0].width:g}: {checks[0].note}"
-    return fitting[-1], checks
-
-
-def _latency_round(
-    rows: Sequence[dict[str, Any]],
-    models: Mapping[str, DeviceModels],
-    device: str,
-    model: str,
-    batch: int | None,
-    backend: str | None,
-    width: float,
-) -> float:
-    dm = models[device]
-    return predicted_latency(dm.latency[dm.key(model, batch, backend)], model, width, rows).value
 
 
 def width_checks(

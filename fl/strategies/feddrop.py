@@ -24,7 +24,7 @@ the layers producing a dropout site with the initial uniform ``p``. Partial part
 budget constraint couples the clients of one round (eq. 5); clients keep their last ``p``.
 
 Per-device budgets (option ``budgets``, fleetbench issue 8): a mapping client id -> ``r_c`` (e.g.
-from `fl.scheduling.budgets_for_fleet`); clients missing from it use ``budget``. With it, every
+from `fl.plan`, ``fleetbench plan`` and ``fl run --plan``); clients missing from it use ``budget``. With it, every
 sampled client's own expected FLOPs must stay within its own ``r_c`` (`fl.feddrop.optimise_keep`
 with a budget vector), UniDrop and Caldas give each client its own uniform ``p`` (``g_c = 0``), and
 a client's first keep vector is its own uniform ``p``. Without it the paper's mean constraint holds.

@@ -14,11 +14,33 @@ from exporters.zoo import get_model
 from fl.scheduling.tiers import HETEROFL_LEVELS, assign_tiers, capacities_for, uniform_levels
 from tests.fl.scheduling.profiles import FLOPS, WIDTHS, failed_rows, line_rows
 
-# Round seconds = a + b * F (us) * 1e-6 * examples * epochs.
+# The rounds the tests give (a round-cost model's, here of latency alone):
+# round seconds = a + b * F (us) * 1e-6 * examples * epochs.
 # A: a=100, b=1e-4 -> 200/300/400/500 us; 1000 examples x 2 epochs -> 0.4/0.6/0.8/1.0 s.
 # B: a=200, b=2e-3 -> 2200/4200/6200/8200 us; 150 x 2 -> 0.66/1.26/1.86/2.46 s.
 # With a 0.9 s deadline A fits 0.75 (0.8 s) but not 1.0 (1.0 s); B fits only 0.25 (0.66 s).
 EXAMPLES = {"A": 1000, "B": 150}
+LINES = {"A": (100.0, 1e-4), "B": (200.0, 2e-3), "E": (0.0, 1e-4), "G": (200.0, 2e-3)}
+
+
+def rounds(examples: dict[str, int], epochs: int = 2, extra: dict[str, float] | None = None):
+    """``(device, width) -> seconds`` of the lines above, plus a fixed cost per device."""
+
+    def seconds(device: str, width: float) -> float:
+        a, b = LINES[device]
+        return (extra or {}).get(device, 0.0) + (a + b * FLOPS[width]) * 1e-6 * examples[device] * epochs
+
+    return seconds
+
+
+def tiers(rows, deadline: float, examples: dict[str, int], k: int = 2, **kw):
+    """`assign_tiers` of ``rows`` at batch 20 with the rounds of `rounds`."""
+    kw.setdefault("memory_budget_bytes", None)
+    seconds = kw.pop("round_seconds", rounds(examples))
+    return assign_tiers(
+        rows, "m", kw.pop("widths", WIDTHS), deadline_s=deadline, round_seconds=seconds, devices=examples, batch=20,
+        k=k, **kw,
+    )  # fmt: skip
 
 
 def two_devices() -> list[dict[str, object]]:
@@ -26,10 +48,7 @@ def two_devices() -> list[dict[str, object]]:
 
 
 def test_largest_width_meeting_the_deadline() -> None:
-    plan = assign_tiers(
-        two_devices(), "m", WIDTHS, deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2,
-    )  # fmt: skip
+    plan = tiers(two_devices(), 0.9, EXAMPLES)
     a, b = plan.choice("A"), plan.choice("B")
     assert (a.width, b.width) == (0.75, 0.25)
     assert a.round_seconds == pytest.approx(0.8, rel=1e-2)
@@ -42,49 +61,29 @@ def test_largest_width_meeting_the_deadline() -> None:
 
 
 def test_a_backend_per_device_reads_each_devices_own_rows() -> None:
-    # B (a phone on a runtime bundle) was profiled with onnx only; its slow ort rows are another
-    # device's history and must not count. With onnx rows as fast as A's, B fits 0.75 too.
-    rows = line_rows("A", 100.0, 1e-4) + line_rows("B", 200.0, 2e-3) + line_rows("B", 100.0, 1e-4, backend="onnx")
-    common = dict(deadline_s=0.9, examples_per_round={"A": 1000, "B": 1000}, epochs=2, batch=20,
-                  memory_budget_bytes=None, k=2)  # fmt: skip
-    plan = assign_tiers(rows, "m", WIDTHS, backend={"B": "onnx"}, **common)  # type: ignore[arg-type]
-    assert (plan.choice("A").width, plan.choice("B").width) == (0.75, 0.75)
-    only_ort = assign_tiers(rows, "m", WIDTHS, **common)  # type: ignore[arg-type]
-    assert only_ort.choice("B").width is None  # its ort rows meet the deadline at no width
-    # None: each device's one measured backend; B has two, so it must be named
-    any_one = assign_tiers(rows, "m", WIDTHS, backend=None, **common)  # type: ignore[arg-type]
-    assert any_one.choice("A").width == 0.75 and any_one.choice("B").width is None
-    assert "2 fitted configuration(s)" in any_one.excluded["B"]
+    # B (a phone on a runtime bundle) was profiled with onnx only; A with ort.
+    rows = line_rows("A", 100.0, 1e-4) + line_rows("B", 200.0, 2e-3, backend="onnx")
+    plan = tiers(rows, 0.9, EXAMPLES, backend={"B": "onnx", "A": "ort"})
+    assert (plan.choice("A").width, plan.choice("B").width) == (0.75, 0.25)
+    only_ort = tiers(rows, 0.9, EXAMPLES)
+    assert "no measured profile" in only_ort.excluded["B"]  # its onnx rows are not the ort profile
+    # None: each device's one measured backend; B with two must be named
+    rows += line_rows("B", 100.0, 1e-4)
+    any_one = tiers(rows, 0.9, EXAMPLES, backend=None)
+    assert any_one.choice("A").width == 0.75 and "2 fitted configuration(s)" in any_one.excluded["B"]
 
 
-def test_a_device_the_backend_mapping_leaves_out_takes_its_one_measured_backend() -> None:
-    # A was measured with onnx only (a phone on a runtime bundle); the mapping names only B
-    rows = line_rows("A", 100.0, 1e-4, backend="onnx") + line_rows("B", 200.0, 2e-3) + line_rows("B", 100.0, 1e-4,
-                                                                                                 backend="onnx")
-    common = dict(deadline_s=0.9, examples_per_round={"A": 1000, "B": 1000}, epochs=2, batch=20,
-                  memory_budget_bytes=None, k=2)  # fmt: skip
-    plan = assign_tiers(rows, "m", WIDTHS, backend={"B": "ort"}, **common)  # type: ignore[arg-type]
-    assert (plan.choice("A").width, plan.choice("B").width) == (0.75, None)
-
-
-def test_round_overhead_is_added_to_the_round_time() -> None:
-    # A at 0.75: 0.8 + 0.15 = 0.95 s > 0.9 -> 0.5 (0.6 + 0.15 = 0.75 s).
-    plan = assign_tiers(
-        two_devices(), "m", WIDTHS, deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2, round_overhead_s={"A": 0.15},
-    )  # fmt: skip
-    assert plan.choice("A").width == 0.5
-    assert plan.choice("A").round_seconds == pytest.approx(0.75, rel=1e-2)
+def test_the_round_cost_models_rounds_decide() -> None:
+    # A has a 0.3 s fixed cost on top of its steps: at 0.75, 0.8 + 0.3 > 0.9 -> 0.5 (0.9 s meets it)
+    plan = tiers(two_devices(), 0.9, EXAMPLES, round_seconds=rounds(EXAMPLES, extra={"A": 0.3}))
+    assert plan.choice("A").width == 0.5 and plan.choice("A").round_seconds == pytest.approx(0.9, rel=1e-2)
     assert plan.choice("B").width == 0.25
 
 
 def test_memory_budget_excludes_a_width() -> None:
     # A's peak = 1e6 + 10 * 16 * params: 2.6e6 / 4.2e6 / 5.8e6 / 7.4e6 bytes; budget 5e6 rules out 0.75.
     rows = line_rows("A", 100.0, 1e-4, memory=(1e6, 10.0)) + line_rows("B", 200.0, 2e-3)
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20,
-        memory_budget_bytes={"A": 5_000_000, "B": 1}, k=2,
-    )  # fmt: skip
+    plan = tiers(rows, 0.9, EXAMPLES, memory_budget_bytes={"A": 5_000_000, "B": 1})
     a = plan.choice("A")
     assert a.width == 0.5
     assert a.peak_memory_bytes == pytest.approx(4.2e6, rel=1e-2)
@@ -97,33 +96,24 @@ def test_memory_budget_excludes_a_width() -> None:
 
 def test_memory_budget_below_every_width_excludes_with_reason() -> None:
     rows = line_rows("A", 100.0, 1e-4, memory=(1e6, 10.0)) + line_rows("B", 200.0, 2e-3)
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20,
-        memory_budget_bytes={"A": 2_000_000}, k=2,
-    )  # fmt: skip
+    plan = tiers(rows, 0.9, EXAMPLES, memory_budget_bytes={"A": 2_000_000})
     assert plan.choice("A").excluded and plan.choice("A").tier is None
     assert "memory" in plan.excluded["A"] and "0.25" in plan.excluded["A"]
     assert plan.included == ("B",)
     assert plan.tier_widths == (0.25,)
 
 
-def test_deadline_below_every_width_excludes_with_reason() -> None:
-    plan = assign_tiers(
-        two_devices(), "m", WIDTHS, deadline_s=0.5, examples_per_round=EXAMPLES, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2,
-    )  # fmt: skip
+def test_deadline_below_every_width_excludes_with_reason_and_keeps_the_checks() -> None:
+    plan = tiers(two_devices(), 0.5, EXAMPLES)
     assert plan.choice("A").width == 0.25
-    assert plan.choice("B").excluded
-    assert "deadline" in plan.excluded["B"]
+    b = plan.choice("B")
+    assert b.excluded and "deadline" in plan.excluded["B"]
+    assert b.checks[0].width == 0.25 and b.checks[0].round_seconds == pytest.approx(0.66, rel=1e-2)
 
 
 def test_failed_cells_only_and_unprofiled_devices_are_excluded_with_reasons() -> None:
     rows = two_devices() + failed_rows("C", "timeout")
-    examples = {**EXAMPLES, "C": 10, "D": 10}
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round=examples, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2,
-    )  # fmt: skip
+    plan = tiers(rows, 0.9, {**EXAMPLES, "C": 10, "D": 10})
     assert set(plan.excluded) == {"C", "D"}
     assert "no successful measurement" in plan.excluded["C"] and "4 x timeout" in plan.excluded["C"]
     assert "no measured profile" in plan.excluded["D"]
@@ -134,29 +124,17 @@ def test_out_of_memory_cell_rules_its_width_out() -> None:
     # E: a=0, b=1e-4, 1000 x 2 -> 0.2/0.4/0.6/0.8 s: the deadline allows 1.0 but its 1.0 cell ran out of memory.
     rows = [r for r in line_rows("E", 0.0, 1e-4) if r["width"] != 1.0]
     rows += [{**r, "train_flops": FLOPS[1.0]} for r in failed_rows("E", "out of memory") if r["width"] == 1.0]
-    plan = assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round={"E": 1000}, epochs=2, batch=20,
-        memory_budget_bytes=None, k=1,
-    )  # fmt: skip
+    plan = tiers(rows, 0.9, {"E": 1000}, k=1)
     e = plan.choice("E")
     assert e.width == 0.75
     assert e.checks[-1].fits_deadline and not e.checks[-1].fits_memory
     assert e.checks[-1].note == "measured out of memory"
 
 
-def fleet_rows() -> tuple[list[dict[str, object]], dict[str, int]]:
-    # Chosen widths at a 0.9 s deadline, 2 epochs: A 0.75, B 0.25, E 1.0 (0.8 s), G 0.25.
-    rows = two_devices() + line_rows("E", 0.0, 1e-4) + line_rows("G", 200.0, 2e-3)
-    return rows, {**EXAMPLES, "E": 1000, "G": 150}
-
-
 def fleet_plan(k: int, **more_examples: int):
-    """`assign_tiers` of `fleet_rows` at the 0.9 s deadline, 2 epochs, batch 20, no memory budget."""
-    rows, examples = fleet_rows()
-    return assign_tiers(
-        rows, "m", WIDTHS, deadline_s=0.9, examples_per_round={**examples, **more_examples}, epochs=2, batch=20,
-        memory_budget_bytes=None, k=k,
-    )  # fmt: skip
+    """Chosen widths at a 0.9 s deadline, 2 epochs: A 0.75, B 0.25, E 1.0 (0.8 s), G 0.25."""
+    rows = two_devices() + line_rows("E", 0.0, 1e-4) + line_rows("G", 200.0, 2e-3)
+    return tiers(rows, 0.9, {**EXAMPLES, "E": 1000, "G": 150, **more_examples}, k=k)
 
 
 def test_k2_tiers_cluster_chosen_widths_and_tier_width_is_the_smallest_member() -> None:
@@ -189,7 +167,7 @@ def test_more_tiers_than_distinct_widths() -> None:
     assert plan.tiers == (("E",), ("A",), ("B", "G"))
 
 
-def test_unmeasured_widths_are_predicted_from_the_fit_with_zoo_flops() -> None:
+def test_an_unmeasured_width_is_checked_and_says_it_is_interpolated() -> None:
     model = get_model("fjord-cnn")
     flops = {w: count(model, model.arch(w)).train_flops for w in (0.25, 0.5, 0.6, 1.0)}
     rows = [
@@ -197,27 +175,27 @@ def test_unmeasured_widths_are_predicted_from_the_fit_with_zoo_flops() -> None:
          "median_us": 50.0 + 1e-3 * flops[w], "train_flops": flops[w]}
         for w in (0.25, 0.5, 1.0)
     ]  # fmt: skip
-    # 100 examples, 1 epoch: round = (50 + 1e-3 F) * 1e-4 s. The deadline sits between 0.6 and 1.0.
-    deadline = (50.0 + 1e-3 * (flops[0.6] + flops[1.0]) / 2) * 1e-4
+
+    def seconds(device: str, width: float) -> float:
+        return (50.0 + 1e-3 * flops[width]) * 1e-4
+
+    deadline = (50.0 + 1e-3 * (flops[0.6] + flops[1.0]) / 2) * 1e-4  # between 0.6 and 1.0
     plan = assign_tiers(
-        rows, "fjord-cnn", (0.25, 0.6, 1.0), deadline_s=deadline, examples_per_round={"P": 100}, epochs=1,
-        batch=20, memory_budget_bytes=None, k=1,
+        rows, "fjord-cnn", (0.25, 0.6, 1.0), deadline_s=deadline, round_seconds=seconds, devices=["P"], batch=20,
+        memory_budget_bytes=None, k=1,
     )  # fmt: skip
     p = plan.choice("P")
-    assert p.width == 0.6
-    assert p.round_seconds == pytest.approx((50.0 + 1e-3 * flops[0.6]) * 1e-4, rel=1e-2)
+    assert p.width == 0.6 and not p.checks[1].extrapolated
+    assert p.checks[1].train_flops == pytest.approx(flops[0.6])
 
 
 def test_bad_tier_inputs_raise() -> None:
-    kw = dict(deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20, memory_budget_bytes=None, k=2)
     with pytest.raises(InputError, match="1.5"):
-        assign_tiers(two_devices(), "m", (0.5, 1.5), **kw)  # type: ignore[arg-type]
+        tiers(two_devices(), 0.9, EXAMPLES, widths=(0.5, 1.5))
     with pytest.raises(InputError, match="k must"):
-        assign_tiers(two_devices(), "m", WIDTHS, **{**kw, "k": 0})  # type: ignore[arg-type]
+        tiers(two_devices(), 0.9, EXAMPLES, k=0)
     with pytest.raises(InputError, match="deadline_s"):
-        assign_tiers(two_devices(), "m", WIDTHS, **{**kw, "deadline_s": -1.0})  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="examples_per_round"):
-        assign_tiers(two_devices(), "m", WIDTHS, **{**kw, "examples_per_round": {"A": 0}})  # type: ignore[arg-type]
+        tiers(two_devices(), -1.0, EXAMPLES)
 
 
 def test_level_sets() -> None:
@@ -226,18 +204,3 @@ def test_level_sets() -> None:
     assert uniform_levels(1) == (1.0,)
     with pytest.raises(InputError):
         uniform_levels(0)
-
-
-def test_the_predicted_round_replaces_latency_times_examples() -> None:
-    # a round-cost model's rounds: A has a 0.3 s fixed cost on top of its steps, B none
-    def round_seconds(device: str, width: float) -> float:
-        steps = {"A": (0.4, 0.6, 0.8, 1.0), "B": (0.66, 1.26, 1.86, 2.46)}[device][WIDTHS.index(width)]
-        return steps + (0.3 if device == "A" else 0.0)
-
-    plan = assign_tiers(
-        two_devices(), "m", WIDTHS, deadline_s=0.9, examples_per_round=EXAMPLES, epochs=2, batch=20,
-        memory_budget_bytes=None, k=2, round_seconds=round_seconds,
-    )  # fmt: skip
-    # A at 0.75: 0.8 + 0.3 > 0.9 -> 0.5 (0.9 s meets it); B unchanged
-    assert plan.choice("A").width == 0.5 and plan.choice("A").round_seconds == pytest.approx(0.9)
-    assert plan.choice("B").width == 0.25
