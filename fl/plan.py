@@ -55,8 +55,6 @@ from harness.roundcost import RoundCost, RoundCostModel, round_cost
 
 #: Strategies whose clients train a static width chosen per device, and their level sets.
 TIERED = ("fjord", "heterofl", "fedrolex")
-#: FjORD's default number of uniform widths (its ``k`` option).
-FJORD_K = 4
 #: What a device without a profile of the model gets: refuse the plan, the smallest width, or no client.
 UNPROFILED = ("refuse", "smallest", "exclude")
 #: Default number of tiers of a tiered strategy.
@@ -317,7 +315,9 @@ def deadline_seconds(policy: str, full_rounds: Sequence[float]) -> float:
 def levels_of(strategy: str, options: Mapping[str, Any]) -> tuple[float, ...]:
     """Return the widths a strategy's clients may be given, smallest first (``(1.0,)``: untiered)."""
     if strategy == "fjord":
-        return tuple(sorted(uniform_levels(int(options.get("k", FJORD_K)))))
+        from fl.strategies.fjord import FjORD
+
+        return tuple(sorted(uniform_levels(int(options.get("k", FjORD.defaults["k"])))))
     if strategy in ("heterofl", "fedrolex"):
         return tuple(sorted(HETEROFL_LEVELS))
     return (1.0,)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -144,7 +145,9 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
     return dataclasses.replace(fleet, devices=tuple(up)), True
 
 
-def user_command(command: str, fleet: Any, db: Path, strategy: str, args: argparse.Namespace) -> str:
+def user_command(
+    command: str, fleet: Any, db: Path, strategy: str, args: argparse.Namespace, options: dict[str, Any] | None = None
+) -> str:
     """Return the command a user types to do one of the demo's steps on their own fleet."""
     common = f"--fleet {fleet.path} --db {db}"
     widths = ",".join(f"{w:g}" for w in DEMO_WIDTHS)
@@ -154,11 +157,12 @@ def user_command(command: str, fleet: Any, db: Path, strategy: str, args: argpar
             f"--optimizer {DEMO_OPTIMIZER} --data bench-data.npz  (bench-data.npz: fleetbench fl data --out ...)"
         )
     clients = len(fleet.devices)
+    opts = "".join(f" --opt {key}={json.dumps(value, separators=(',', ':'))}" for key, value in (options or {}).items())
     if command == "plan":
-        return f"fleetbench plan {common} --strategy {strategy} --clients {clients} --epochs {args.epochs}"
+        return f"fleetbench plan {common} --strategy {strategy} --clients {clients} --epochs {args.epochs}{opts}"
     return (
         f"fleetbench fl run {common} --strategy {strategy} --clients {clients} --rounds {args.rounds} "
-        f"--epochs {args.epochs} --plan"
+        f"--epochs {args.epochs}{opts} --plan"
     )
 
 
@@ -228,14 +232,14 @@ def run_demo(args: argparse.Namespace) -> int:
             )
             for strategy, title, options in runs:
                 progress.step(f"planning {strategy} from the profiles")
-                progress.detail("yourself: " + user_command("plan", fleet, db, strategy, args))
+                progress.detail("yourself: " + user_command("plan", fleet, db, strategy, args, options))
                 plan = plan_run(strategy, fleet, store, data, args, progress, backends, options)
                 if plan is None:
                     status = 1
                     progress.step(f"hardware-in-the-loop FL: {title} (skipped)")
                     continue
                 progress.step(f"hardware-in-the-loop FL: {title}")
-                progress.detail("yourself: " + user_command("fl run", fleet, db, strategy, args))
+                progress.detail("yourself: " + user_command("fl run", fleet, db, strategy, args, options))
                 summary = run_fl_rounds(strategy, fleet, store, data, plan, paths, args, progress, options, backends)
                 if strategy == "fjord":
                     show_predictions(store, summary.run_id, progress)

@@ -76,7 +76,7 @@ def test_deadline_policies() -> None:
 
 
 def test_fjord_widths_tiers_and_rounds_follow_the_latency_lines(store: ProfileStore) -> None:
-    plan = plan_of(store, "fjord", deadline="auto", tiers=2)
+    plan = plan_of(store, "fjord", deadline="auto", tiers=2, options={"k": 4})
     full = {d: round_s(d, 1.0) for d in LINES}
     assert plan.deadline_s == pytest.approx(full["mid"], rel=0.02)
     fast, mid, slow = (plan.device(d) for d in ("fast", "mid", "slow"))
@@ -112,7 +112,7 @@ def test_devices_without_a_profile(store: ProfileStore) -> None:
     with pytest.raises(InputError, match="device 'pi' has no profile of fjord-cnn.*--unprofiled"):
         plan_of(store, "fjord", examples=examples)
     smallest = plan_of(store, "fjord", examples=examples, unprofiled="smallest").device("pi")
-    assert (smallest.status, smallest.width, smallest.round_s) == ("unprofiled", 0.25, None)
+    assert (smallest.status, smallest.width, smallest.round_s) == ("unprofiled", 0.2, None)  # FjORD's k=5: 1/5
     excluded = plan_of(store, "fjord", examples=examples, unprofiled="exclude")
     assert excluded.device("pi").status == "excluded"
     assert [d.device for d in excluded.planned] == ["fast", "mid", "slow"]
