@@ -38,7 +38,7 @@ from typing import Any
 from exporters.arch import Arch
 from exporters.errors import InputError
 from fl.executors.devices import modelled_transfer_seconds
-from fl.population import split_item
+from fl.population import local_steps, split_item
 from fl.records import ClientSpec
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import profile_rows, select
@@ -267,21 +267,16 @@ class ClientRoundPredictor:
         Local epochs.
     devices : frozenset of str
         The devices ``cost`` knows; clients elsewhere (or without a device) get None.
-    whole_batches : bool
-        Steps per epoch are ``examples // batch`` (the on-device runner drops a short last
-        batch) instead of ``ceil(examples / batch)``.
     """
 
     cost: RoundCost
     batch: int
     epochs: int
     devices: frozenset[str]
-    whole_batches: bool = True
 
     def steps(self, examples: int) -> int:
-        """Return the local steps of a client with ``examples`` examples."""
-        per_epoch = examples // self.batch if self.whole_batches else math.ceil(examples / self.batch)
-        return int(self.epochs) * max(per_epoch, 1)
+        """Return the local steps of a client with ``examples`` examples (the short last batch included)."""
+        return local_steps(examples, self.batch, self.epochs)
 
     def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
         """Return the predicted seconds of ``client``'s round at ``arch`` (None: not predictable).
@@ -918,3 +913,76 @@ def executor_configs(executor: Any, devices: Iterable[Any], batch: int) -> dict[
         )
         for d in devices
     }
+
+
+def run_predictor(
+    store: Any,
+    model: str,
+    batch: int,
+    epochs: int,
+    devices: Iterable[str],
+    profiles: Mapping[str, Sequence[Mapping[str, Any]]],
+    device_configs: Mapping[str, ProfileConfig] | None,
+    cost: RoundCost | None,
+    *,
+    warn: Callable[[str], None],
+    now: float,
+) -> CalibratedPredictor | None:
+    """Return the calibrated predictor of a run's client rounds, or None when nothing can be predicted.
+
+    The round cost is ``cost`` when given (a plan's), else built from the store's profiles
+    and round costs of the clients' devices in the configuration each trains with
+    (`round_cost_from_store`). Each predicted device's profile age and export format are
+    checked once (a warning each through ``warn``).
+
+    Parameters
+    ----------
+    store : harness.store.ProfileStore
+    model : str
+    batch, epochs : int
+        The run's local batch and epochs.
+    devices : iterable of str
+        The clients' devices.
+    profiles : mapping of str to rows
+        The devices' profile rows the run uses (``fl.server.profiles_for``).
+    device_configs : mapping of str to ProfileConfig, optional
+    cost : RoundCost, optional
+    warn : callable
+    now : float
+        Unix time the profiles' ages are judged at.
+
+    Returns
+    -------
+    CalibratedPredictor or None
+    """
+    from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
+
+    wanted = set(devices)
+    if cost is None:
+        measured = {d for d, ok in measured_models(profiles).items() if model in ok and d in wanted}
+        if not measured:
+            return None
+        configs = device_configs or {}
+        wants = {d: configs.get(d, ProfileConfig(batch=batch)) for d in sorted(measured)}
+        try:
+            cost = round_cost_from_store(store, model, batch, wants, warn=warn)
+        except InputError as exc:
+            warn(f"client rounds are not predicted: {exc}")
+            return None
+        wanted = measured
+    predictor = ClientRoundPredictor(cost, batch, epochs, frozenset(wanted))
+    measured_at = profiled_at(profiles)
+    formats = profiled_export_formats(profiles)
+    for device in sorted(predictor.devices):
+        for line in (
+            profile_age_warning(device, measured_at.get(device), now),
+            export_format_warning(
+                device, formats.get(device, ()), EXPORT_FORMAT_VERSION, EXPORT_FORMAT_CHANGES,
+                FIRST_RECORDED_EXPORT_FORMAT,
+            ),  # fmt: skip
+        ):
+            if line is not None:
+                warn(line)
+    return CalibratedPredictor(
+        predictor, cpu_reference=cpu_reference_from_rows(profiles, model, batch), warn=warn, measured_at=measured_at
+    )

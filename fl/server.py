@@ -40,7 +40,6 @@ import numpy as np
 
 from exporters.arch import Arch
 from exporters.errors import InputError
-from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
 from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
 from fl.population import (
@@ -53,25 +52,11 @@ from fl.population import (
     payload_bytes,
 )
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
-from fl.roundcost import (
-    CalibratedPredictor,
-    ClientRoundPredictor,
-    cpu_reference_from_rows,
-    drawn_steps,
-    export_format_warning,
-    loop_cpu_per_step,
-    measured_models,
-    payload_bytes_of,
-    profile_age_warning,
-    profiled_at,
-    profiled_export_formats,
-    round_cost_from_store,
-)
+from fl.roundcost import drawn_steps, loop_cpu_per_step, payload_bytes_of, run_predictor
 from fl.runlog import ClientRound, RunLog
 from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
 from fl.strategies.base import Profiles, Strategy
-from fl.strategies.fjord import drawn_widths
 from harness.roundcost import RoundCost
 from harness.store import DEFAULT_DB, ProfileStore
 
@@ -454,34 +439,6 @@ def profiles_for(
     return {str(device): group.to_dict("records") for device, group in cells.groupby("device")}
 
 
-def _round_predictor(
-    store: ProfileStore,
-    config: RunConfig,
-    executor: Executor,
-    clients: Sequence[ClientSpec],
-    profiles: Profiles,
-    device_configs: Mapping[str, ProfileConfig] | None,
-    cost: RoundCost | None,
-    warn: Callable[[str], None],
-) -> ClientRoundPredictor | None:
-    """Return the predictor of the clients' rounds, or None when nothing can be predicted."""
-    devices = {c.device for c in clients if c.device}
-    whole_batches = getattr(executor, "name", "") == "devices"
-    if cost is not None:
-        return ClientRoundPredictor(cost, config.batch_size, config.epochs, frozenset(devices), whole_batches)
-    measured = {d for d, ok in measured_models(profiles).items() if config.model in ok and d in devices}
-    if not measured:
-        return None
-    configs = device_configs or {}
-    wants = {d: configs.get(d, ProfileConfig(batch=config.batch_size)) for d in sorted(measured)}
-    try:
-        cost = round_cost_from_store(store, config.model, config.batch_size, wants, warn=warn)
-    except InputError as exc:
-        warn(f"client rounds are not predicted: {exc}")
-        return None
-    return ClientRoundPredictor(cost, config.batch_size, config.epochs, frozenset(measured), whole_batches)
-
-
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -641,30 +598,10 @@ def run_fl(
         if profiles is None:
             profiles = profiles_for(store, clients, config.model, device_configs, warn=warn)
         if virtual is None:
-            predictor = _round_predictor(store, config, executor, clients, profiles, device_configs, round_cost, warn)
-            measured_at = profiled_at(profiles)
-            if predictor is not None:
-                formats = profiled_export_formats(profiles)
-                for device in sorted(predictor.devices):
-                    for line in (
-                        profile_age_warning(device, measured_at.get(device), wall_clock()),
-                        export_format_warning(
-                            device, formats.get(device, ()), EXPORT_FORMAT_VERSION, EXPORT_FORMAT_CHANGES,
-                            FIRST_RECORDED_EXPORT_FORMAT,
-                        ),  # fmt: skip  # fmt: skip
-                    ):
-                        if line is not None:
-                            warn(line)
-            strategy.round_predictor = (
-                None
-                if predictor is None
-                else CalibratedPredictor(
-                    predictor,
-                    cpu_reference=cpu_reference_from_rows(profiles, config.model, config.batch_size),
-                    warn=warn,
-                    measured_at=measured_at,
-                )
-            )
+            strategy.round_predictor = run_predictor(
+                store, config.model, config.batch_size, config.epochs, [c.device for c in clients if c.device],
+                profiles, device_configs, round_cost, warn=warn, now=wall_clock(),
+            )  # fmt: skip
         by_cid = {c.cid: c for c, _ in zip(clients, shards, strict=True)}
         shard_of = {c.cid: shard for c, shard in zip(clients, shards, strict=True)}
         error: str | None = None
@@ -965,15 +902,15 @@ def _predict_and_calibrate(
 ) -> tuple[dict[str, float], list[TrainRes]]:
     """Return the logged prediction of every instructed client's round, and the results to log.
 
-    With a `CalibratedPredictor`, the profile's predictions are made once and each is
-    scaled by its device's factor so far; each predicted result gains
+    With a calibrated predictor (`fl.roundcost.CalibratedPredictor`), the profile's
+    predictions are made once and each is scaled by its device's factor so far; each predicted result gains
     ``profile_predicted_seconds`` and ``calibration`` in its metrics, and then, unless
     the round opened a session on the runner (a once-per-run cost the profile leaves
     out), its device's ratio measured / profile-predicted is recorded for the rounds to
     come. Otherwise `_predictions` with the strategy's predictor, results unchanged.
     """
-    predictor = strategy.round_predictor
-    if not isinstance(predictor, CalibratedPredictor):
+    predictor: Any = strategy.round_predictor
+    if getattr(predictor, "base", None) is None:  # not calibrated
         return _predictions(strategy, instructions, results, by_cid), list(results)
     profile = _predictions(strategy, instructions, results, by_cid, predictor.base)
     factors = {cid: predictor.factor(by_cid[cid].device) for cid in profile}
@@ -1034,11 +971,10 @@ def _predictions(
 
     The architecture is the one the client trains:
 
-    - FjORD per step (a ``widths`` list in its instruction): a width is drawn at every
-      step from the instruction's seed (`fl.strategies.fjord.drawn_widths`), so the round
-      is the mean of the rounds at each width weighted by the steps drawn at it (the fixed
-      cost and the payload, ``p_max``'s, are the same in each; the step time averages);
-      a predictor that does not say how it counts steps gets the widths' plain mean;
+    - a strategy whose steps train several widths (`fl.strategies.base.Strategy.step_widths`,
+      FjORD's widths drawn from the instruction's seed): the mean of the rounds at each width
+      weighted by its steps (the fixed cost and the payload, what was sent, are the same in
+      each; the step time averages); without the counts, the widths' plain mean;
     - a result's ``trained_width`` when it trained a narrower prefix than it was sent;
     - else its instruction's.
 
@@ -1055,36 +991,17 @@ def _predictions(
         trained = _trained_arch(strategy, ins, by_result.get(cid))
         value: float | None
         if drawn:
-            steps = _drawn_steps(predictor, ins, by_cid[cid], drawn)
-            rounds = {w: _call_predictor(predictor, by_cid[cid], strategy.model.arch(w), sent) for w in steps}
+            steps = strategy.step_widths(ins, by_cid[cid]) or {w: 1 for w in drawn}
+            rounds = {w: predictor(by_cid[cid], strategy.model.arch(w), bytes_down=sent) for w in steps}
             known = {w: r for w, r in rounds.items() if r is not None}
             value = sum(known[w] * n for w, n in steps.items()) / sum(steps.values()) if known == rounds else None
         elif trained is not None and trained.widths != ins.submodel.arch.widths:
-            value = _call_predictor(predictor, by_cid[cid], trained, sent)
+            value = predictor(by_cid[cid], trained, bytes_down=sent)
         else:
             value = predictor(by_cid[cid], ins.submodel.arch)
         if value is not None:
             out[cid] = float(value)
     return out
-
-
-def _drawn_steps(predictor: Any, ins: TrainIns, client: ClientSpec, widths: Sequence[float]) -> dict[float, int]:
-    """Return how many of a FjORD client's steps its round draws at each width (1 each: unknown)."""
-    base = getattr(predictor, "base", predictor)
-    if not isinstance(base, ClientRoundPredictor) or "seed" not in ins.config:
-        return {w: 1 for w in widths}
-    draws = drawn_widths(
-        widths, int(ins.config["seed"]), client.num_examples, base.batch, base.epochs, base.whole_batches
-    )
-    return {w: draws.count(w) for w in widths if w in draws} or {w: 1 for w in widths}
-
-
-def _call_predictor(predictor: Any, client: ClientSpec, arch: Any, sent: int) -> float | None:
-    """Ask a predictor for a round whose payload is not the trained architecture's (when it can say so)."""
-    if isinstance(predictor, ClientRoundPredictor | CalibratedPredictor):
-        return predictor(client, arch, bytes_down=sent)
-    value = predictor(client, arch)
-    return None if value is None else float(value)
 
 
 def _virtual_timings(

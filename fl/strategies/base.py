@@ -108,6 +108,14 @@ class Strategy:
         """
         return {c: self.model.static(c) for c in sorted({cl.capacity for cl in clients}, reverse=True)}
 
+    def step_widths(self, ins: TrainIns, client: ClientSpec) -> dict[float, int] | None:
+        """Return how many of a client's local steps train at each width, when they differ by step.
+
+        The round-cost model predicts such a round as the mean of its rounds at each width,
+        weighted by the steps. None (the default): every step trains the instruction's sub-model.
+        """
+        return None
+
     def client_config(self, rnd: int, cid: str, **extra: Any) -> dict[str, Any]:
         """Return the local config for one client: defaults, a per-(round, client) seed, extras."""
         config = dict(self.local)

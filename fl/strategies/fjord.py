@@ -153,6 +153,17 @@ class FjORD(FedAvg):
             "kd": bool(self.options["kd"]),
         }
 
+    def step_widths(self, ins: TrainIns, client: ClientSpec) -> dict[float, int] | None:
+        """Return the steps the client's round draws at each width (`drawn_widths` of its instruction)."""
+        config = ins.config
+        if not config.get("widths") or "seed" not in config:
+            return None
+        draws = drawn_widths(
+            [float(w) for w in config["widths"]], int(config["seed"]), client.num_examples,
+            int(config["batch_size"]), int(config["epochs"]),
+        )  # fmt: skip
+        return {w: draws.count(w) for w in sorted(set(draws))}
+
     def eval_submodels(self, clients: Sequence[ClientSpec]) -> dict[float, SubModel]:
         """Evaluate every width of the set up to the largest client ``p_max``, largest first."""
         if not clients:
@@ -198,15 +209,12 @@ def _views(
     return out
 
 
-def drawn_widths(
-    widths: Sequence[float], seed: int, examples: int, batch: int, epochs: int, whole_batches: bool
-) -> list[float]:
+def drawn_widths(widths: Sequence[float], seed: int, examples: int, batch: int, epochs: int) -> list[float]:
     """Return the width each local step of a client's round trains, in order.
 
     `train_ordered` and the devices' runner draw one index per batch of the shuffled
-    shard from ``default_rng((seed, 1))``, the short last batch included; a device's
-    fixed-batch graph skips that batch's step but not its draw. So the server knows a
-    round's widths before it runs.
+    shard from ``default_rng((seed, 1))``, the short last batch included, so the server
+    knows a round's widths before it runs.
 
     Parameters
     ----------
@@ -216,22 +224,13 @@ def drawn_widths(
         The instruction's ``seed``.
     examples, batch, epochs : int
         The client's shard size, the local batch size and the local epochs.
-    whole_batches : bool
-        Steps of whole batches only (on a device) instead of every batch (in process).
 
     Returns
     -------
     list of float
     """
     rng = np.random.default_rng((seed, 1))
-    per_pass, whole = -(-examples // batch), examples // batch
-    out = []
-    for _ in range(epochs):
-        for b in range(per_pass):
-            pick = widths[int(rng.integers(len(widths)))]
-            if b < whole or not whole_batches:
-                out.append(float(pick))
-    return out
+    return [float(widths[int(rng.integers(len(widths)))]) for _ in range(epochs * -(-examples // batch))]
 
 
 def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) -> tuple[Params, dict[str, float]]:
@@ -280,7 +279,7 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     epochs, batch = int(cfg.get("epochs", 1)), int(cfg.get("batch_size", 20))
-    step_rates = drawn_widths(rates, seed, len(y), batch, epochs, whole_batches=False)
+    step_rates = drawn_widths(rates, seed, len(y), batch, epochs)
 
     leaves = {k: torch.tensor(np.asarray(v, dtype=np.float32), requires_grad=True) for k, v in ins.parameters.items()}
     modules: dict[tuple[int, ...], nn.Module] = {}

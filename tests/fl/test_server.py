@@ -688,8 +688,20 @@ def test_a_profile_of_another_configuration_is_planned_with_a_warning(tmp_path, 
     assert pd.isna(rows.loc["c1", "predicted_seconds"])  # nothing to plan with
 
 
+#: The local configuration every instruction carries (`fl.strategies.base.Strategy.client_config`).
+LOCAL = {"batch_size": 20, "epochs": 1}
+
+
+def fjord_with(model: ZooModel, predictor):
+    """A FjORD strategy whose round predictor is ``predictor``."""
+    from fl.strategies.fjord import FjORD
+
+    strategy = FjORD(model, server.initial_parameters(model, 0))
+    strategy.round_predictor = predictor
+    return strategy
+
+
 def test_a_fjord_client_round_is_predicted_from_the_widths_its_seed_draws():
-    from types import SimpleNamespace
 
     from fl.records import ClientSpec
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
@@ -701,17 +713,18 @@ def test_a_fjord_client_round_is_predicted_from_the_widths_its_seed_draws():
     def cost(device, arch, steps, down, up):  # 1 s fixed, 10 s per step per unit of width
         return 1.0 + steps * 10.0 * arch.widths[0] / model.group_sizes[0]
 
-    base = ClientRoundPredictor(cost, 20, 1, frozenset({"d"}), whole_batches=True)
+    base = ClientRoundPredictor(cost, 20, 1, frozenset({"d"}))
     client = {"a": ClientSpec("a", capacity=1.0, num_examples=90, device="d")}
     widths = [0.25, 0.5, 0.75, 1.0]
     for seed in (3, 4):
-        ins = {"a": TrainIns("a", model.static(1.0), {}, {"trainer": "fjord", "widths": widths, "seed": seed})}
-        drawn = drawn_widths(widths, seed, 90, 20, 1, whole_batches=True)
-        expected = 1.0 + 10.0 * sum(drawn)  # the four whole batches' steps at the widths drawn
+        config = {"trainer": "fjord", "widths": widths, "seed": seed, "batch_size": 20, "epochs": 1}
+        ins = {"a": TrainIns("a", model.static(1.0), {}, config)}
+        drawn = drawn_widths(widths, seed, 90, 20, 1)
+        expected = 1.0 + 10.0 * sum(drawn)  # the five batches' steps (the short one too) at the widths drawn
         for predictor in (base, CalibratedPredictor(base)):
-            strategy = SimpleNamespace(model=model, round_predictor=predictor)
+            strategy = fjord_with(model, predictor)
             assert _predictions(strategy, ins, [], client)["a"] == pytest.approx(expected)
-    uniform = 1.0 + 4 * 10.0 * np.mean(widths)
+    uniform = 1.0 + 5 * 10.0 * np.mean(widths)
     assert expected != pytest.approx(uniform)  # the draws, not the mean over widths
 
 
@@ -724,10 +737,10 @@ def test_a_fjord_client_round_is_predicted_over_the_widths_it_draws_from():
     model = get_model("fjord-cnn")
     step_cost = {w: 10.0 * w for w in (0.25, 0.5, 0.75, 1.0)}
 
-    def predictor(client, arch):  # fixed 1 s plus a step cost growing with the width
+    def predictor(client, arch, bytes_down=None):  # fixed 1 s plus a step cost growing with the width
         return 1.0 + step_cost[arch.widths[0] / model.group_sizes[0]]
 
-    strategy = SimpleNamespace(model=model, round_predictor=predictor)
+    strategy = SimpleNamespace(model=model, round_predictor=predictor, step_widths=lambda ins, client: None)
     clients = {c: ClientSpec(c, capacity=1.0, num_examples=40, device="d") for c in ("a", "b")}
     sub = model.static(0.75)
     instructions = {
@@ -753,7 +766,6 @@ def test_say_once_passes_each_distinct_line_once() -> None:
 
 
 def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_not_calibrate():
-    from types import SimpleNamespace
 
     from fl.records import ClientSpec, TrainRes
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
@@ -768,12 +780,12 @@ def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_no
         return 0.01 * arch.widths[0] / model.group_sizes[0]
 
     predictor = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"d"})), cpu_reference=reference)
-    strategy = SimpleNamespace(model=model, round_predictor=predictor)
+    strategy = fjord_with(model, predictor)
     clients = {c: ClientSpec(c, capacity=1.0, num_examples=40, device="d") for c in ("a", "b")}  # 2 steps
     sub = model.static(0.5)
     instructions = {
         "a": TrainIns("a", sub, {}, {}),
-        "b": TrainIns("b", model.static(1.0), {}, {"trainer": "fjord", "widths": [0.5, 1.0], "seed": 1}),
+        "b": TrainIns("b", model.static(1.0), {}, {"trainer": "fjord", "widths": [0.5, 1.0], "seed": 1, **LOCAL}),
     }
 
     def result(cid, seconds, cpu, **metrics):
@@ -794,7 +806,6 @@ def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_no
 
 
 def test_a_fjord_round_is_judged_against_the_profile_at_its_draws_and_its_own_earlier_rounds():
-    from types import SimpleNamespace
 
     from fl.records import ClientSpec, TrainRes
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor
@@ -808,9 +819,9 @@ def test_a_fjord_round_is_judged_against_the_profile_at_its_draws_and_its_own_ea
     predictor = CalibratedPredictor(
         ClientRoundPredictor(lambda *a: 0.1 * a[2], 20, 1, frozenset({"d"})), cpu_reference=reference
     )
-    strategy = SimpleNamespace(model=model, round_predictor=predictor)
+    strategy = fjord_with(model, predictor)
     clients = {"b": ClientSpec("b", capacity=1.0, num_examples=40, device="d")}  # 2 steps
-    fjord = {"trainer": "fjord", "widths": [0.5, 1.0], "seed": 1}
+    fjord = {"trainer": "fjord", "widths": [0.5, 1.0], "seed": 1, **LOCAL}
     instructions = {"b": TrainIns("b", model.static(1.0), {}, fjord)}
 
     def result(cpu, drawn):

@@ -120,12 +120,14 @@ def test_drawn_widths_are_the_widths_train_ordered_trains_step_by_step():
     widths = [0.2, 0.4, 0.6]
     ins = _ins(model, 0.6, widths, batch_size=10, epochs=3, seed=5)
     _, metrics = train_ordered(model, ins, x, y)
-    in_process = drawn_widths(widths, 5, 45, 10, 3, whole_batches=False)
-    assert len(in_process) == metrics["steps"] == 15
-    assert np.mean(in_process) == pytest.approx(metrics["mean_width"])
-    on_device = drawn_widths(widths, 5, 45, 10, 3, whole_batches=True)
-    assert on_device == [w for i, w in enumerate(in_process) if i % 5 != 4]  # the short batches' steps dropped
-    assert drawn_widths(widths, 6, 45, 10, 3, whole_batches=False) != in_process
+    drawn = drawn_widths(widths, 5, 45, 10, 3)
+    assert len(drawn) == metrics["steps"] == 15  # the short batches train too
+    assert np.mean(drawn) == pytest.approx(metrics["mean_width"])
+    assert drawn_widths(widths, 6, 45, 10, 3) != drawn
+    client = ClientSpec("c0", 45, capacity=0.6)
+    assert FjORD(model, initial_params(model)).step_widths(ins, client) == {
+        w: drawn.count(w) for w in widths if w in drawn
+    }
 
 
 def test_train_ordered_is_deterministic_given_the_seed():
