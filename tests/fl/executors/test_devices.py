@@ -386,7 +386,7 @@ def test_fjord_samples_a_width_per_step_on_the_device_as_in_process(tmp_path: Pa
     assert res.metrics["steps"] == in_metrics["steps"] == 8
     per_width = {k: v for k, v in res.metrics.items() if k.startswith("steps_at_width/")}
     assert sum(per_width.values()) == 8 and len(per_width) >= 2  # more than one width within one round
-    drawn = drawn_widths([0.2, 0.4, 0.6], 7, 80, 20, 2, whole_batches=True)  # what the server predicts with
+    drawn = drawn_widths([0.2, 0.4, 0.6], 7, 80, 20, 2)  # what the server predicts with
     assert per_width == {f"steps_at_width/{w:g}": float(drawn.count(w)) for w in set(drawn)}
     assert res.metrics["width_switches"] >= 1
     for k in expected:
@@ -483,7 +483,7 @@ def test_fjord_and_syncdrop_train_the_short_last_batch_on_the_device_as_in_proce
             np.testing.assert_allclose(res.parameters[k], params[k], rtol=1e-4, atol=1e-5, err_msg=f"{res.cid} {k}")
     fj, sd = (next(r for r in results if r.cid == cid) for cid in ("fj", "sd"))
     assert fj.metrics["mean_width"] == pytest.approx(expected["fj"][1]["mean_width"])
-    drawn = drawn_widths([0.2, 0.4, 0.6], 7, 45, 20, 2, whole_batches=False)  # every batch, the short ones too
+    drawn = drawn_widths([0.2, 0.4, 0.6], 7, 45, 20, 2)  # every batch, the short ones too
     per_width = {k: v for k, v in fj.metrics.items() if k.startswith("steps_at_width/")}
     assert per_width == {f"steps_at_width/{w:g}": float(drawn.count(w)) for w in set(drawn)}
     for key in ("expected_train_flops", "sampled_train_flops", "dense_train_flops", "train_flops", "kept_fraction"):
