@@ -48,7 +48,8 @@ Decisions
   ``FusedMatMul``                  ``Gemm`` (2-D) or ``Transpose`` + ``MatMul``, times alpha
   ``ConcatTraining``               ``Concat`` (its lengths output becomes a constant)
   ``SplitTraining``                ``Split``
-  ``GatherGrad``                   ``ScatterElements(reduction=add)`` into zeros
+  ``GatherGrad``                   ``ScatterElements(reduction=add)`` into zeros; one constant
+                                   position of a tensor with a variable batch: ``Pad`` of dY
   ``InPlaceAccumulatorV2``         dropped: the gradient goes straight to the optimizer
   ``SGDOptimizerV2``               ``p - lr * g``
   ``AdamWOptimizer``               ORT's kernel, spelled out (`_adamw_update`)
@@ -65,8 +66,12 @@ Decisions
   and the counts and zero tensors that depend on it (the mean of the loss gradient, the
   BatchNorm gradient's ``M``, the pools' and gathers' scatter targets) are computed from
   the step's tensors (``Shape``, ``Size``, ``ConstantOfShape``) when they are not static.
-  The same lowerings replace the training build's `FIXED_SHAPE_KERNELS` in the training
-  graph itself (`lower_fixed_shape_kernels`).
+  Tensors keep the batch dimension's name where ONNX shape inference can follow it (no
+  ``Concat`` along the batch, no zeros shaped at run time on the LSTM's path): ONNX
+  Runtime fuses ``MatMul`` + ``Add`` and ``Gemm`` + ``Sum`` only where the shapes match, and
+  the step model optimises to the same compute nodes as with the batch fixed. The same
+  lowerings replace the training build's `FIXED_SHAPE_KERNELS` in the training graph itself
+  (`lower_fixed_shape_kernels`).
 * **Interface.** Inputs are named after the training graph: ``input``, ``labels``, every
   parameter by its manifest name, ``learning_rate`` (float32 ``[1]``), and for AdamW
   ``step`` (int64 ``[1]``: steps already taken, 0 at the start; the update uses
@@ -814,15 +819,24 @@ def _lower_gather_grad(g: _Graph, node: Any) -> None:
     rank = len(data_shape)
     axis = axis if axis >= 0 else axis + rank
     hint = node.name
+    known, picked, size = _static(data_shape), g.constants.get(indices), data_shape[axis]
+    if known is None and picked is not None and np.ndim(picked) == 0 and size is not None:
+        # One position of a static axis of a tensor with a variable batch (an LSTM's last step):
+        # dY padded with zeros around it. A scatter needs zeros of the data's shape, which ONNX
+        # Runtime's shape inference cannot relate to the batch, and that stops its Gemm fusions.
+        at = int(picked) % size
+        pads = [0] * (2 * rank)
+        pads[axis], pads[rank + axis] = at, size - at - 1
+        widened = g.one("Unsqueeze", [d_y, _i64(g, hint, [axis])], hint)
+        g.op("Pad", [widened, _i64(g, hint, pads)], hint, outputs=[node.output[0]])
+        return
     # Every index (as many as the step's batch holds) along the axis: -1 in the shapes.
     index = g.one("Reshape", [indices, _i64(g, hint, [1] * axis + [-1] + [1] * (rank - axis - 1))], hint)
-    known = _static(data_shape)
     if known is not None:
         before, after = list(known[:axis]), list(known[axis + 1 :])
         full, flat = _i64(g, hint, [*before, 1, *after]), _i64(g, hint, [*before, -1, *after])
         zeros = g.const(hint + "/zeros", np.zeros(known, dtype=np.float32))
     else:  # the data's shape is known when the step runs (it depends on the batch)
-        from onnx import numpy_helper
 
         def around(middle: int) -> str:
             parts = [_i64(g, hint, [middle])]
@@ -833,8 +847,7 @@ def _lower_gather_grad(g: _Graph, node: Any) -> None:
             return g.one("Concat", parts, hint, axis=0) if len(parts) > 1 else parts[0]
 
         full, flat = around(1), around(-1)
-        zero = numpy_helper.from_array(np.zeros(1, dtype=np.float32))
-        zeros = g.one("ConstantOfShape", [shape_in], hint, value=zero)
+        zeros = g.one("Expand", [g.const(hint + "/zero", np.zeros((), dtype=np.float32)), shape_in], hint)
     index = g.one("Expand", [index, full], hint)
     update = g.one("Reshape", [d_y, flat], hint)
     g.op("ScatterElements", [zeros, index, update], hint, outputs=[node.output[0]], axis=axis, reduction="add")
@@ -1135,7 +1148,11 @@ def _fuse_activation_grads(g: _Graph, nodes: Sequence[Any]) -> list[Any]:
     for node in nodes:
         if node.op_type in _SLOPES and not is_standard(node) and id(node) not in fused:
             blocks[id(node)] = [node]
-            layouts.setdefault(("alone", 0, ((node.op_type, g.shape(node.input[1], node)),)), []).append(node)
+            shape = g.shape(node.input[1], node)
+            # Joined along the last axis, not the batch's: a Concat along a variable batch has a
+            # shape that ONNX Runtime cannot name, and its pieces would not match the tensors they
+            # multiply, which stops its Gemm fusions downstream.
+            layouts.setdefault(("alone", len(shape) - 1, ((node.op_type, shape),)), []).append(node)
 
     slopes: dict[int, str] = {}  # anchor -> its block's slope tensor
     preludes: dict[int, list[Any]] = {}  # anchor -> nodes to place right before it

@@ -239,6 +239,31 @@ def test_a_short_batch_steps_as_the_training_build_and_pytorch(
         _assert_params_close({p: out[p + ".next"] for p in run.initial}, after[other], atol, f"batch {SHORT}: {other}")
 
 
+#: Operators that do a step's arithmetic (shape computations aside).
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Sum", "Add", "Concat", "Split", "Transpose")
+
+
+def _optimised_ops(path: Path, batch: int | None, tmp_path: Path) -> dict[str, int]:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    if batch is not None:
+        options.add_free_dimension_override_by_name("batch", batch)
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    nodes = onnx.load(str(tmp_path / "optimised.onnx")).graph.node
+    return {op: sum(n.op_type == op for n in nodes) for op in COMPUTE_OPS}
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_a_variable_batch_costs_the_runtime_no_fusion(root: Path, name: str, tmp_path: Path) -> None:
+    """ONNX Runtime optimises the step model as it does with the batch fixed (its Gemm fusions match shapes)."""
+    model = get_model(name)
+    width = WIDTHS.get(name, DEFAULT_WIDTHS)[0]
+    result = export_artifacts(model, model.arch(width), batch=BATCH, optimizer="sgd", out_dir=root)
+    path = result.directory / STEP_MODEL
+    assert _optimised_ops(path, None, tmp_path) == _optimised_ops(path, BATCH, tmp_path)
+
+
 # --------------------------------------------------------------------------- portability
 
 
