@@ -59,6 +59,11 @@ TIERED = ("fjord", "heterofl", "fedrolex")
 UNPROFILED = ("refuse", "smallest", "exclude")
 #: Default number of tiers of a tiered strategy.
 DEFAULT_TIERS = 2
+#: FedDrop's rounds are planned on the plain step model's profile, though its devices train the masked one.
+MASKED_PROFILE_WARNING = (
+    "FedDrop trains the masked step model (a SyncDrop mask input per layer), and profiles measure the plain "
+    "one, whose steps are faster: its rounds are predicted short until two measured rounds calibrate them"
+)
 #: A device's measured / predicted rounds beyond this relative drift revise the plan.
 DRIFT_LIMIT = 0.15
 
@@ -487,6 +492,8 @@ def make_plan(
         for note in plan.notes:
             if plan.status != "planned" or "differs" in note or "profiled" in note or "round cost" in note:
                 say(f"{plan.device}: {note}")
+    if request.strategy == "feddrop" and profiled:
+        say(MASKED_PROFILE_WARNING)
     predicted = [d for d in out if d.round_s is not None]
     return FleetPlan(
         model=request.model, strategy=request.strategy, batch=request.batch, epochs=request.epochs,
