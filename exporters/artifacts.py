@@ -81,6 +81,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -408,6 +409,11 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     return _write_set(out_dir, target, key, key_inputs, fill)
 
 
+#: One export at a time in a process: the torch ONNX exporter keeps its state in module globals,
+#: and two threads exporting at once (provisioning checks devices concurrently) break each other.
+_EXPORTING = threading.RLock()
+
+
 def _write_set(
     out_dir: Path, target: Path, key: str, key_inputs: Mapping[str, Any], fill: Callable[[Path], dict[str, Any]]
 ) -> ExportResult:
@@ -418,7 +424,8 @@ def _write_set(
     except OSError as exc:
         raise InputError(f"cannot write artifacts to {out_dir}: {exc.strerror or type(exc).__name__}") from None
     try:
-        manifest = fill(tmp)
+        with _EXPORTING:
+            manifest = fill(tmp)
         manifest["cache_key"] = key
         manifest["cache_key_inputs"] = dict(key_inputs)
         write_json(tmp / MANIFEST, manifest)

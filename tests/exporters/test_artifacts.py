@@ -446,3 +446,27 @@ def test_set_name_lists_layer_widths_of_a_non_uniform_arch() -> None:
 
     model = get_model("fjord-cnn")
     assert set_name(model, Arch("fjord-cnn", (1, 15)), 4, "sgd", "0" * 64) == "fjord-cnn-w1.15-b4-sgd-000000000000"
+
+
+def test_exports_in_threads_at_once_all_succeed(tmp_path: Path) -> None:
+    """Provisioning exports its check set from one thread per device; the torch exporter's globals are shared."""
+    import threading
+
+    model = get_model("fjord-cnn")
+    errors: list[str] = []
+    results: list[Path] = []
+
+    def export(width: float) -> None:
+        try:
+            result = export_artifacts(model, model.arch(width), batch=2, optimizer="sgd", out_dir=tmp_path)
+            results.append(result.directory)
+        except Exception as exc:  # noqa: BLE001 - the test reports every thread's failure
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=export, args=(w,)) for w in (0.25, 0.5, 0.25, 0.75)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == 4 and all(load_valid_manifest(d) is not None for d in set(results))
