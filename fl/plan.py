@@ -45,7 +45,7 @@ from typing import Any
 
 from exporters.errors import InputError
 from exporters.zoo import get_model
-from fl.population import local_steps
+from fl.population import full_batch_steps
 from fl.roundcost import Link, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
@@ -445,7 +445,7 @@ def make_plan(
         scale or {},
     )
     zoo = get_model(request.model)
-    steps = {d: local_steps(request.examples[d], request.batch, request.epochs) for d in request.examples}
+    steps = {d: full_batch_steps(request.examples[d], request.batch, request.epochs) for d in request.examples}
 
     def round_at(device: str, width: float, payload: float | None = None) -> float:
         arch = zoo.arch(width)
@@ -508,7 +508,7 @@ def _scaled(cost: RoundCost, scale: Mapping[str, float]) -> RoundCost:
     if not scale:
         return cost
 
-    def scaled(device: str, arch: Any, steps: int, down: int, up: int) -> float:
+    def scaled(device: str, arch: Any, steps: float, down: int, up: int) -> float:
         return float(scale.get(device, 1.0)) * cost(device, arch, steps, down, up)
 
     return scaled

@@ -293,7 +293,7 @@ class Timing:
 
 
 def client_timing(
-    cost: RoundCost, device: str, arch: Arch, steps: int, bytes_down: int, bytes_up: int, factor: float = 1.0
+    cost: RoundCost, device: str, arch: Arch, steps: float, bytes_down: int, bytes_up: int, factor: float = 1.0
 ) -> Timing:
     """Split a client's round time into its parts (see the module docstring) and scale them by ``factor``.
 
@@ -303,8 +303,8 @@ def client_timing(
     device : str
     arch : Arch
         The architecture the client trains.
-    steps : int
-        Local training steps.
+    steps : float
+        Local training work in full-batch steps (`full_batch_steps`).
     bytes_down, bytes_up : int
         Payload sizes each way.
     factor : float
@@ -374,9 +374,14 @@ def schedule_round(times: Mapping[str, float], keep: int, deadline_s: float | No
     return RoundSchedule(kept, late, cut, seconds)
 
 
-def local_steps(examples: int, batch: int, epochs: int) -> int:
-    """Return the local steps of ``epochs`` over ``examples`` in batches of ``batch`` (last batch short)."""
-    return int(epochs) * math.ceil(int(examples) / max(int(batch), 1))
+def full_batch_steps(examples: int, batch: int, epochs: int) -> float:
+    """Return a round's training work in full batches: ``epochs * examples / batch``.
+
+    Every batch trains, the short last one of an epoch too, and a step's time grows with the
+    examples in its batch; so a round trains ``epochs * examples`` images, which the round-cost
+    model prices as this many full-batch steps (``steps * batch * latency``).
+    """
+    return int(epochs) * int(examples) / max(int(batch), 1)
 
 
 def payload_bytes(parameters: Mapping[str, np.ndarray]) -> int:
@@ -427,7 +432,7 @@ class VirtualClock:
         """Return round ``rnd``'s sampled client indices (`sample_round`)."""
         return sample_round(self.population, rnd, self.seed, per_round, self.overcommit)
 
-    def timing(self, index: int, arch: Arch, steps: int, bytes_down: int, bytes_up: int) -> Timing:
+    def timing(self, index: int, arch: Arch, steps: float, bytes_down: int, bytes_up: int) -> Timing:
         """Return client ``index``'s virtual round on its device, with its speed factor."""
         device = self.population.devices[index]
         return client_timing(self.cost, device, arch, steps, bytes_down, bytes_up, self.population.factors[index])

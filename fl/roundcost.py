@@ -38,7 +38,7 @@ from typing import Any
 from exporters.arch import Arch
 from exporters.errors import InputError
 from fl.executors.devices import modelled_transfer_seconds
-from fl.population import local_steps, split_item
+from fl.population import full_batch_steps, split_item
 from fl.records import ClientSpec
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import profile_rows, select
@@ -274,9 +274,9 @@ class ClientRoundPredictor:
     epochs: int
     devices: frozenset[str]
 
-    def steps(self, examples: int) -> int:
-        """Return the local steps of a client with ``examples`` examples (the short last batch included)."""
-        return local_steps(examples, self.batch, self.epochs)
+    def steps(self, examples: int) -> float:
+        """Return the training work of a client with ``examples`` examples, in full-batch steps."""
+        return full_batch_steps(examples, self.batch, self.epochs)
 
     def __call__(self, client: ClientSpec, arch: Arch, bytes_down: int | None = None) -> float | None:
         """Return the predicted seconds of ``client``'s round at ``arch`` (None: not predictable).

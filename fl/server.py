@@ -48,7 +48,7 @@ from fl.population import (
     Timing,
     VirtualClock,
     client_index,
-    local_steps,
+    full_batch_steps,
     payload_bytes,
 )
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
@@ -716,7 +716,7 @@ def run_clock_only(
     def timing(client: ClientSpec) -> Timing:
         if client.cid not in timings:
             sub = model.static(client.capacity)
-            steps = local_steps(client.num_examples, config.batch_size, config.epochs)
+            steps = full_batch_steps(client.num_examples, config.batch_size, config.epochs)
             nbytes = payload_bytes(model.extract(initial, sub))
             timings[client.cid] = virtual.timing(client_index(client.cid), sub.arch, steps, nbytes, nbytes)
         return timings[client.cid]
@@ -1010,7 +1010,7 @@ def _virtual_timings(
     """Return every instructed client's virtual round at the sub-model it was given."""
     out = {}
     for cid, ins in instructions.items():
-        steps = local_steps(
+        steps = full_batch_steps(
             len(shards[cid][1]), int(ins.config.get("batch_size", batch)), int(ins.config.get("epochs", epochs))
         )
         nbytes = payload_bytes(ins.parameters)

@@ -95,8 +95,10 @@ BACKEND_PREFERENCE: tuple[str, ...] = ("ort", "onnx", "torch")
 MEASURE_LR = 0.05
 
 #: ``(device, arch, steps, bytes_down, bytes_up) -> seconds``: the round-cost model's one type,
-#: taken by the planner, the server's predictions, the virtual clock, FLuID and FedDrop.
-RoundCost = Callable[[str, "Arch", int, int, int], float]
+#: taken by the planner, the server's predictions, the virtual clock, FLuID and FedDrop. ``steps``
+#: is the training work in full-batch steps (``epochs * examples / batch``: a short batch counts
+#: its share), so the round trains ``steps * batch`` images.
+RoundCost = Callable[[str, "Arch", float, int, int], float]
 #: ``(device, nbytes) -> seconds`` or None: an override of a device's transfer time.
 TransferFn = Callable[[str, int], "float | None"]
 
@@ -284,7 +286,7 @@ def transfer_seconds(nbytes: int, s_per_byte: float, latency_s: float) -> float:
 
 
 def round_seconds(
-    cost: RoundCostModel | None, per_image_s: float, batch: int, steps: int, bytes_down: int, bytes_up: int
+    cost: RoundCostModel | None, per_image_s: float, batch: int, steps: float, bytes_down: int, bytes_up: int
 ) -> float:
     """Return the predicted wall time of one client round (the module docstring's equation).
 
@@ -294,14 +296,16 @@ def round_seconds(
         None: the latency-only cost (no fixed cost, no transfers).
     per_image_s : float
         Predicted seconds per image at the round's architecture.
-    batch, steps : int
+    batch : int
+    steps : float
+        Training work in full-batch steps (`RoundCost`).
     bytes_down, bytes_up : int
 
     Returns
     -------
     float
     """
-    compute = max(int(steps), 0) * int(batch) * float(per_image_s)
+    compute = max(float(steps), 0.0) * int(batch) * float(per_image_s)
     if cost is None:
         return compute
     return cost.fixed_s + compute + cost.down_seconds(bytes_down) + cost.up_seconds(bytes_up)
@@ -466,7 +470,7 @@ def round_cost(
                 return float(modelled)
         return 0.0 if measured is None else measured(nbytes)
 
-    def cost_of(device: str, arch: Arch, steps: int, bytes_down: int, bytes_up: int) -> float:
+    def cost_of(device: str, arch: Arch, steps: float, bytes_down: int, bytes_up: int) -> float:
         measured = costs.get(device)
         compute = round_seconds(None, per_image(device, arch), batch, steps, 0, 0) if steps > 0 else 0.0
         fixed = measured.fixed_s if measured is not None else 0.0

@@ -108,11 +108,11 @@ class Strategy:
         """
         return {c: self.model.static(c) for c in sorted({cl.capacity for cl in clients}, reverse=True)}
 
-    def step_widths(self, ins: TrainIns, client: ClientSpec) -> dict[float, int] | None:
-        """Return how many of a client's local steps train at each width, when they differ by step.
+    def step_widths(self, ins: TrainIns, client: ClientSpec) -> dict[float, float] | None:
+        """Return the work a client's round trains at each width (in full-batch steps), when it differs by step.
 
         The round-cost model predicts such a round as the mean of its rounds at each width,
-        weighted by the steps. None (the default): every step trains the instruction's sub-model.
+        weighted by that work. None (the default): every step trains the instruction's sub-model.
         """
         return None
 

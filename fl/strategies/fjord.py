@@ -153,16 +153,24 @@ class FjORD(FedAvg):
             "kd": bool(self.options["kd"]),
         }
 
-    def step_widths(self, ins: TrainIns, client: ClientSpec) -> dict[float, int] | None:
-        """Return the steps the client's round draws at each width (`drawn_widths` of its instruction)."""
+    def step_widths(self, ins: TrainIns, client: ClientSpec) -> dict[float, float] | None:
+        """Return the work the client's round trains at each width, in full-batch steps.
+
+        The widths are `drawn_widths` of its instruction; an epoch's short last batch counts
+        its share of a full one.
+        """
         config = ins.config
         if not config.get("widths") or "seed" not in config:
             return None
+        batch, examples = int(config["batch_size"]), client.num_examples
         draws = drawn_widths(
-            [float(w) for w in config["widths"]], int(config["seed"]), client.num_examples,
-            int(config["batch_size"]), int(config["epochs"]),
-        )  # fmt: skip
-        return {w: draws.count(w) for w in sorted(set(draws))}
+            [float(w) for w in config["widths"]], int(config["seed"]), examples, batch, int(config["epochs"])
+        )
+        per_epoch = -(-examples // batch)
+        out: dict[float, float] = {}
+        for i, width in enumerate(draws):
+            out[width] = out.get(width, 0.0) + min(batch, examples - (i % per_epoch) * batch) / batch
+        return dict(sorted(out.items()))
 
     def eval_submodels(self, clients: Sequence[ClientSpec]) -> dict[float, SubModel]:
         """Evaluate every width of the set up to the largest client ``p_max``, largest first."""

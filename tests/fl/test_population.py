@@ -16,7 +16,7 @@ from fl.population import (
     check_devices,
     client_timing,
     draw_population,
-    local_steps,
+    full_batch_steps,
     online,
     parse_population,
     payload_bytes,
@@ -180,7 +180,7 @@ def test_virtual_clock_refuses_bad_rules(kwargs, words):
 
 
 def test_steps_and_payload_bytes():
-    assert local_steps(45, 20, 2) == 6  # ceil(45 / 20) = 3 per epoch
-    assert local_steps(0, 20, 1) == 0
+    assert full_batch_steps(45, 20, 2) == 4.5  # 90 images: two full batches and a quarter per epoch
+    assert full_batch_steps(0, 20, 1) == 0
     assert payload_bytes({"w": np.zeros((3, 4), np.float32), "b": np.zeros(5, np.float32)}) == 68
-    assert math.isclose(local_steps(20, 20, 1), 1)
+    assert math.isclose(full_batch_steps(20, 20, 1), 1)

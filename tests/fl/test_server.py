@@ -431,7 +431,7 @@ def hand_times(cfg, devices, factors, capacities, sizes):
     out = {}
     for i, (device, factor, cap, n) in enumerate(zip(devices, factors, capacities, sizes, strict=True)):
         nbytes = 4 * sum(v.size for v in model.extract(initial, model.static(cap)).values())
-        steps = cfg.epochs * -(-n // cfg.batch_size)
+        steps = cfg.epochs * n / cfg.batch_size  # full-batch steps: the short batch counts its share
         out[f"c{i}"] = factor * hand_cost(device, None, steps, nbytes, nbytes)
     return out
 
@@ -594,7 +594,7 @@ def test_every_client_round_logs_the_round_cost_model_s_prediction(tmp_path, reg
             continue
         device = placement[row.cid]
         arch = model.static(CAPACITIES[client]).arch
-        steps = 2 * -(-len(data.train[client][1]) // 10)  # 2 epochs, the in-process trainer keeps a short batch
+        steps = 2 * len(data.train[client][1]) / 10  # 2 epochs of its examples, in batches of 10
         per_image = models[device].latency_model("fjord-cnn", 10, "ort").predict(arch).value
         expected = steps * 10 * per_image
         if device == "pi4":  # measured round cost: fixed cost and both transfers on top
@@ -720,11 +720,11 @@ def test_a_fjord_client_round_is_predicted_from_the_widths_its_seed_draws():
         config = {"trainer": "fjord", "widths": widths, "seed": seed, "batch_size": 20, "epochs": 1}
         ins = {"a": TrainIns("a", model.static(1.0), {}, config)}
         drawn = drawn_widths(widths, seed, 90, 20, 1)
-        expected = 1.0 + 10.0 * sum(drawn)  # the five batches' steps (the short one too) at the widths drawn
+        expected = 1.0 + 10.0 * (sum(drawn[:4]) + 0.5 * drawn[4])  # four batches of 20 and one of 10
         for predictor in (base, CalibratedPredictor(base)):
             strategy = fjord_with(model, predictor)
             assert _predictions(strategy, ins, [], client)["a"] == pytest.approx(expected)
-    uniform = 1.0 + 5 * 10.0 * np.mean(widths)
+    uniform = 1.0 + 4.5 * 10.0 * np.mean(widths)
     assert expected != pytest.approx(uniform)  # the draws, not the mean over widths
 
 
