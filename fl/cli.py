@@ -711,6 +711,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             device_configs=executor_configs(executor, fleet.devices, config.batch_size),
             capacities=capacities,
             plan=plan,
+            round_cost=None if plan is None else plan.cost,
         )
 
 

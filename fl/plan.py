@@ -342,16 +342,44 @@ def check_store_has(cells: Any, model: str, where: str) -> None:
         raise InputError(f"{where}: no profile of model {model!r} (profiled models: {held}); run fleetbench profile")
 
 
-def make_plan(
-    cells: Any,
-    stored_costs: Any,
-    request: PlanRequest,
-    *,
-    warn: Callable[[str], None] | None = None,
-    now: float | None = None,
-    scale: Mapping[str, float] | None = None,
-) -> FleetPlan:
-    """Plan a run from profile rows and round-cost measurements (see the module docstring).
+@dataclass(frozen=True)
+class ProfileFit:
+    """The profiles a plan is made on, matched to the run and fitted once.
+
+    Attributes
+    ----------
+    request : PlanRequest
+    rows : list of dict
+        Every matched device's cells of the model in its chosen configuration.
+    models : mapping of str to harness.latency.DeviceModels
+        The rows' fitted models.
+    matched : tuple of str
+        The devices with a profile of the model (``profiled``: those with a usable one).
+    profiled : tuple of str
+    cost : RoundCost
+        The round-cost model of the profiled devices.
+    backends, batches : mapping of str to str or int
+        Each device's profile backend and batch.
+    described : mapping of str to str
+        Each device's profile configuration, for the table.
+    notes : mapping of str to tuple of str
+        Each device's warnings about its profile.
+    """
+
+    request: PlanRequest
+    rows: list[dict[str, Any]]
+    models: Mapping[str, Any]
+    matched: tuple[str, ...]
+    profiled: tuple[str, ...]
+    cost: RoundCost
+    backends: Mapping[str, str | None]
+    batches: Mapping[str, int | None]
+    described: Mapping[str, str]
+    notes: Mapping[str, tuple[str, ...]]
+
+
+def fit_profiles(cells: Any, stored_costs: Any, request: PlanRequest, *, now: float | None = None) -> ProfileFit:
+    """Match each device's profile and round cost to the run's configuration and fit the models once.
 
     Parameters
     ----------
@@ -360,32 +388,26 @@ def make_plan(
     stored_costs : sequence of RoundCostModel
         The store's round-cost measurements.
     request : PlanRequest
-    warn : callable, optional
-        Receives every warning line (they are in the devices' notes as well).
     now : float, optional
         Unix time the profiles' ages are judged at (default: now).
-    scale : mapping of str to float, optional
-        Each device's measured / predicted factor (a revision).
 
     Returns
     -------
-    FleetPlan
+    ProfileFit
 
     Raises
     ------
     InputError
-        A device without a profile under ``unprofiled="refuse"``; a bad deadline,
-        tier count or ``unprofiled``.
+        A device without a profile under ``unprofiled="refuse"``; a bad deadline, tier count
+        or ``unprofiled``.
     """
     if request.unprofiled not in UNPROFILED:
         raise InputError(f"--unprofiled {request.unprofiled!r}: one of {', '.join(UNPROFILED)}")
     if request.tiers < 1:
         raise InputError(f"--tiers {request.tiers}: at least 1")
     parse_deadline(request.deadline)
-    say = warn or (lambda line: None)
     now = time.time() if now is None else now
     rows = profile_rows(cells)
-    levels = levels_of(request.strategy, request.options)
     matched: dict[str, list[dict[str, Any]]] = {}
     notes: dict[str, list[str]] = {d: [] for d in request.examples}
     described: dict[str, str] = {}
@@ -428,22 +450,82 @@ def make_plan(
 
     all_rows = [r for d in matched for r in matched[d]]
     models = fit(all_rows)
-    profiled = [d for d in matched if d in models]
+    profiled = tuple(d for d in matched if d in models)
     for device in matched:
         if device not in models:
             notes[device].append("no usable measurement of the model (every cell failed)")
-    cost_fn = _scaled(
-        round_cost(
-            all_rows,
-            request.model,
-            request.batch,
-            costs={d: c for d, c in costs.items() if d in profiled},
-            transfer=_link_transfer(request.links),
-            warn=None,
-            models=models,
-        ),  # fmt: skip
-        scale or {},
-    )
+    cost_fn = round_cost(
+        all_rows, request.model, request.batch, costs={d: c for d, c in costs.items() if d in profiled},
+        transfer=_link_transfer(request.links), warn=None, models=models,
+    )  # fmt: skip
+    return ProfileFit(
+        request, all_rows, models, tuple(matched), profiled, cost_fn, backends, batches, described,
+        {d: tuple(n) for d, n in notes.items()},
+    )  # fmt: skip
+
+
+def make_plan(
+    cells: Any,
+    stored_costs: Any,
+    request: PlanRequest,
+    *,
+    warn: Callable[[str], None] | None = None,
+    now: float | None = None,
+    scale: Mapping[str, float] | None = None,
+) -> FleetPlan:
+    """Plan a run from profile rows and round-cost measurements (see the module docstring).
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame or rows
+        The store's latest cells.
+    stored_costs : sequence of RoundCostModel
+        The store's round-cost measurements.
+    request : PlanRequest
+    warn : callable, optional
+        Receives every warning line (they are in the devices' notes as well).
+    now : float, optional
+        Unix time the profiles' ages are judged at (default: now).
+    scale : mapping of str to float, optional
+        Each device's measured / predicted factor (a revision).
+
+    Returns
+    -------
+    FleetPlan
+
+    Raises
+    ------
+    InputError
+        A device without a profile under ``unprofiled="refuse"``; a bad deadline,
+        tier count or ``unprofiled``.
+    """
+    return plan_on(fit_profiles(cells, stored_costs, request, now=now), warn=warn, scale=scale)
+
+
+def plan_on(
+    fitted: ProfileFit, *, warn: Callable[[str], None] | None = None, scale: Mapping[str, float] | None = None
+) -> FleetPlan:
+    """Plan a run on fitted profiles (`make_plan` without the fitting).
+
+    Parameters
+    ----------
+    fitted : ProfileFit
+    warn : callable, optional
+        Receives every warning line.
+    scale : mapping of str to float, optional
+        Each device's measured / predicted factor (a revision).
+
+    Returns
+    -------
+    FleetPlan
+    """
+    request, all_rows, models, profiled = fitted.request, fitted.rows, fitted.models, list(fitted.profiled)
+    batches, backends, described = fitted.batches, fitted.backends, fitted.described
+    matched = set(fitted.matched)
+    notes = {d: list(n) for d, n in fitted.notes.items()}
+    say = warn or (lambda line: None)
+    levels = levels_of(request.strategy, request.options)
+    cost_fn = _scaled(fitted.cost, scale or {})
     zoo = get_model(request.model)
     steps = {d: full_batch_steps(request.examples[d], request.batch, request.epochs) for d in request.examples}
 
@@ -674,12 +756,18 @@ class RunPlan:
         cost scaled by its factor (`make_plan` with ``scale``).
     limit : float
         Relative drift of a device's factor that revises the plan (`revise`).
+    cost : RoundCost, optional
+        The round-cost model the plan was made on.
     """
 
     def __init__(
-        self, current: FleetPlan, make: Callable[[Mapping[str, float]], FleetPlan], limit: float = DRIFT_LIMIT
+        self,
+        current: FleetPlan,
+        make: Callable[[Mapping[str, float]], FleetPlan],
+        limit: float = DRIFT_LIMIT,
+        cost: RoundCost | None = None,
     ) -> None:
-        self.current, self.make, self.limit = current, make, limit
+        self.current, self.make, self.limit, self.cost = current, make, limit, cost
 
     def revise(self, factors: Mapping[str, float]) -> FleetPlan | None:
         """Revise the plan when a device's factor drifted beyond the limit; return the revision or None."""
@@ -785,7 +873,7 @@ def device_examples(placement: Mapping[str, str], shard_sizes: Mapping[str, int]
 
 
 def run_plan(store: Any, request: PlanRequest, warn: Callable[[str], None] | None = None) -> RunPlan:
-    """Read a profile store once and plan on it; the `RunPlan` revises on the same rows.
+    """Read a profile store once, fit its profiles once, and plan on them; revisions reuse the fit.
 
     Parameters
     ----------
@@ -796,18 +884,19 @@ def run_plan(store: Any, request: PlanRequest, warn: Callable[[str], None] | Non
     Returns
     -------
     RunPlan
+        Its ``cost`` is the round-cost model the plan was made on (the run predicts its
+        client rounds with it).
 
     Raises
     ------
     InputError
-        When the store holds no profile of the model, or `make_plan` refuses.
+        When the store holds no profile of the model, or `fit_profiles` refuses.
     """
     cells = store.latest_cells()
     check_store_has(cells, request.model, str(store.path))
-    costs = store.round_costs()
-    current = make_plan(cells, costs, request, warn=warn)
+    fitted = fit_profiles(cells, store.round_costs(), request)
 
     def again(scale: Mapping[str, float]) -> FleetPlan:
-        return make_plan(cells, costs, request, scale=scale)
+        return plan_on(fitted, scale=scale)
 
-    return RunPlan(current, again)
+    return RunPlan(plan_on(fitted, warn=warn), again, cost=fitted.cost)

@@ -930,10 +930,11 @@ def run_predictor(
 ) -> CalibratedPredictor | None:
     """Return the calibrated predictor of a run's client rounds, or None when nothing can be predicted.
 
-    The round cost is ``cost`` when given (a plan's), else built from the store's profiles
-    and round costs of the clients' devices in the configuration each trains with
-    (`round_cost_from_store`). Each predicted device's profile age and export format are
-    checked once (a warning each through ``warn``).
+    The round cost is ``cost`` when given (a plan's, whose fit it reuses), else built from the
+    store's profiles and round costs of the clients' devices in the configuration each trains
+    with (`round_cost_from_store`); either predicts the devices with a usable profile of
+    ``model``. Each predicted device's profile age and export format are checked once (a
+    warning each through ``warn``).
 
     Parameters
     ----------
@@ -957,11 +958,10 @@ def run_predictor(
     """
     from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
 
-    wanted = set(devices)
+    measured = {d for d, ok in measured_models(profiles).items() if model in ok and d in set(devices)}
+    if not measured:
+        return None
     if cost is None:
-        measured = {d for d, ok in measured_models(profiles).items() if model in ok and d in wanted}
-        if not measured:
-            return None
         configs = device_configs or {}
         wants = {d: configs.get(d, ProfileConfig(batch=batch)) for d in sorted(measured)}
         try:
@@ -969,8 +969,7 @@ def run_predictor(
         except InputError as exc:
             warn(f"client rounds are not predicted: {exc}")
             return None
-        wanted = measured
-    predictor = ClientRoundPredictor(cost, batch, epochs, frozenset(wanted))
+    predictor = ClientRoundPredictor(cost, batch, epochs, frozenset(measured))
     measured_at = profiled_at(profiles)
     formats = profiled_export_formats(profiles)
     for device in sorted(predictor.devices):

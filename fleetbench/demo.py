@@ -491,7 +491,7 @@ def run_fl_rounds(
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities, placement=names,
             progress=progress.detail, backends={cid: (backends or {}).get(n, "ort") for cid, n in names.items()},
-            device_configs=executor_configs(executor, fleet.devices, DEMO_BATCH), plan=plan,
+            device_configs=executor_configs(executor, fleet.devices, DEMO_BATCH), plan=plan, round_cost=plan.cost,
         )  # fmt: skip
     accuracy = ", ".join(f"width {w:g}: {a:.1%}" for w, a in sorted(summary.accuracy.items()))
     progress.detail(f"run {summary.run_id} ({strategy}): final accuracy {accuracy}")
