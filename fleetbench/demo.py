@@ -191,6 +191,7 @@ def run_demo(args: argparse.Namespace) -> int:
     progress.step("bringing up the fleet")
     fleet, emulated = prepare_fleet(out, args.local, progress)
     progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
+    progress.detail(f"yourself: fleetbench fleet up {fleet.path} && fleetbench fleet provision {fleet.path} --install")
     status = 0
     started = fleet
     try:
@@ -247,6 +248,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     show_stragglers(store, summary.run_id, progress)
 
         progress.step("writing the report")
+        progress.detail(f"yourself: fleetbench report --db {db} --out {report_dir}")
         from reports.report import format_headline, load_sources, write_report
 
         html, headline = write_report(load_sources(db), report_dir)

@@ -108,7 +108,9 @@ def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert rc == 0, printed + captured.err
     _check_outputs(out, {"fast", "mid", "slow"}, rounds=1)
     assert "[8/8]" in printed and "[9/" not in printed
-    assert "yourself: fleetbench plan --fleet" in printed and "--plan" in printed
+    for command in ("fleet up", "profile", "plan", "fl run", "report"):  # every step says how to do it yourself
+        assert f"yourself: fleetbench {command} " in printed, command
+    assert "--plan" in printed
     _check_tier_widths(out, printed)
     # each device uses its best backend (the host's Python has onnxruntime-training: ort), recorded everywhere
     assert all(f"backend of {name}: ort (best available)" in printed for name in ("fast", "mid", "slow"))
