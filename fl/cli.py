@@ -370,13 +370,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plan is not None and fleet is None and config.population is None:
         raise InputError("--plan needs the devices it plans for: --fleet FILE or --population SPEC --profiles DB")
     virtual, profiles = _virtual_clock(config) if config.population is not None else (None, None)
-    plan, capacities = None, None
+    plan, capacities, fed = None, None, None
     if virtual is not None and args.plan is not None:
         from fl.scheduling.configs import ProfileConfig
 
+        fed = _federated(config)
         placement = virtual.population.placement()
         configs = {d: ProfileConfig(batch=config.batch_size, optimizer=config.optimizer) for d in placement.values()}
-        config, plan, capacities = _planned(args, config, placement, configs, {}, config.profiles)
+        config, plan, capacities = _planned(args, config, placement, configs, {}, config.profiles, fed)
     import torch
 
     # Small models train fastest on one thread; more only oversubscribe a shared machine.
@@ -394,12 +395,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         ) as executor:
             summary = run_fl(
                 config, executor=executor, resume_run=args.resume, virtual=virtual, profiles=profiles,
-                capacities=capacities, plan=plan,
+                capacities=capacities, plan=plan, data=fed,
             )  # fmt: skip
     else:
         summary = run_fl(
-            config, resume_run=args.resume, virtual=virtual, profiles=profiles, capacities=capacities, plan=plan
-        )
+            config, resume_run=args.resume, virtual=virtual, profiles=profiles, capacities=capacities, plan=plan,
+            data=fed,
+        )  # fmt: skip
     if summary.status != "finished":
         print(f"FL run {summary.run_id} failed after {summary.rounds} round(s): {summary.error}", file=sys.stderr)
         for rnd in summary.history:
@@ -464,7 +466,7 @@ def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
             costs[device] = measured
     cost = round_cost_from_rows(
         cells, config.model, config.batch_size, devices, links=links, costs=costs,
-        warn=lambda line: print(f"fleetbench: warning: {line}", file=sys.stderr),
+        warn=_warning,
     )  # fmt: skip
     clock = VirtualClock(population, cost, seed=config.seed, overcommit=config.overcommit, deadline_s=config.deadline_s)
     profiles: dict[str, list[dict[str, Any]]] = {}
@@ -478,16 +480,16 @@ def _warning(line: str) -> None:
     print(f"fleetbench: warning: {line}", file=sys.stderr, flush=True)
 
 
-def _shard_sizes(
-    dataset: str, model: str, clients: int, partition: str, seed: int, examples: int | None
-) -> dict[str, int]:
-    """Return each client's training examples: ``examples`` for all, else the partition's shards."""
-    if examples is not None:
-        return {f"c{i}": int(examples) for i in range(clients)}
+def _federated(config: Any) -> Any:
+    """Return the run's federated data, as `fl.server.run_fl` loads it (the plan's shards are the run's)."""
     from exporters.zoo import get_model
     from fl.data import load_federated
 
-    fed = load_federated(dataset, get_model(model), clients, partition, seed)
+    return load_federated(config.dataset, get_model(config.model), config.clients, config.partition, config.seed)
+
+
+def _shard_sizes(fed: Any) -> dict[str, int]:
+    """Return each client's training examples in the federated data."""
     return {f"c{i}": len(y) for i, (_, y) in enumerate(fed.train)}
 
 
@@ -498,7 +500,7 @@ def plan_request(
     memory: dict[str, int],
     deadline: str,
     args: argparse.Namespace,
-    examples: int | None = None,
+    sizes: dict[str, int],
 ) -> Any:
     """Return the `fl.plan.PlanRequest` of a run's configuration and client placement.
 
@@ -515,12 +517,11 @@ def plan_request(
         The deadline policy.
     args : argparse.Namespace
         ``tiers`` and ``unprofiled``.
-    examples : int, optional
-        Examples every client holds (default: the partition's shards).
+    sizes : dict of str to int
+        Client id -> training examples.
     """
     from fl.plan import PlanRequest, device_examples
 
-    sizes = _shard_sizes(config.dataset, config.model, config.clients, config.partition, config.seed, examples)
     return PlanRequest(
         model=config.model, strategy=config.strategy, batch=config.batch_size, epochs=config.epochs,
         optimizer=config.optimizer, examples=device_examples(placement, sizes), configs=configs, deadline=deadline,
@@ -574,7 +575,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seed=args.seed, epochs=args.epochs, batch_size=args.batch, optimizer=args.optimizer,
         options=parse_options(args.opt),
     )  # fmt: skip
-    request = plan_request(config, placement, configs, memory, args.deadline, args, examples=args.examples)
+    sizes = (
+        {f"c{i}": int(args.examples) for i in range(clients)}
+        if args.examples is not None
+        else _shard_sizes(_federated(config))
+    )
+    request = plan_request(config, placement, configs, memory, args.deadline, args, sizes)
     with ProfileStore(args.db, create=False) as store:
         plan = run_plan(store, request, warn=None if args.json else _warning).current
     if args.json:
@@ -662,7 +668,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     config = dataclasses.replace(config, executor="devices")
     backend = backend_for_strategy(config.strategy, args.backend)
     placement, backends = fleet_placement(fleet, backend, config.clients)
-    plan, capacities = None, None
+    plan, capacities, fed = None, None, None
     if args.plan is not None:
         from fl.scheduling import memory_budgets_from_fleet
         from fl.scheduling.configs import ProfileConfig
@@ -675,8 +681,9 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
                 for d in placement.values()
             }
             names = {cid: d.name for cid, d in placement.items()}
-            return _planned(args, config, names, configs, memory_budgets_from_fleet(fleet), config.db)
+            return _planned(args, config, names, configs, memory_budgets_from_fleet(fleet), config.db, fed)
 
+        fed = _federated(config)
         planned_config, plan, capacities = planned(placement)
         excluded = {d.device for d in plan.current.devices if d.status == "excluded"}
         if excluded:
@@ -712,6 +719,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
             capacities=capacities,
             plan=plan,
             round_cost=None if plan is None else plan.cost,
+            data=fed,
         )
 
 
@@ -722,8 +730,11 @@ def _planned(
     configs: dict[str, Any],
     memory: dict[str, int],
     db: str,
+    fed: Any,
 ) -> tuple[Any, Any, list[float] | None]:
     """Plan ``fl run --plan`` on the store ``db``; return the planned configuration, the plan and the capacities.
+
+    ``fed`` is the run's federated data (`_federated`): the plan assumes its shards.
 
     The plan's table goes to stderr. A new run gets the plan's capacities (``explicit:...``)
     and strategy options (FedDrop's budgets, FLuID's start); a resumed run keeps its stored
@@ -734,7 +745,7 @@ def _planned(
     from fl.plan import format_plan, run_plan, strategy_options
     from harness.store import ProfileStore
 
-    request = plan_request(config, placement, configs, memory, args.plan, args)
+    request = plan_request(config, placement, configs, memory, args.plan, args, _shard_sizes(fed))
     with ProfileStore(db, create=False) as store:
         plan = run_plan(store, request, warn=_warning)
     for line in format_plan(plan.current):

@@ -46,7 +46,7 @@ from typing import Any
 from exporters.errors import InputError
 from exporters.zoo import get_model
 from fl.population import full_batch_steps
-from fl.roundcost import Link, payload_bytes_of, profile_age_warning
+from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import profile_rows, width_flops
@@ -181,11 +181,6 @@ class FleetPlan:
         """
         width = self.device(device).width
         return float(width) if self.strategy in TIERED and width is not None else 1.0
-
-    @property
-    def planned(self) -> tuple[DevicePlan, ...]:
-        """The devices that get clients (every status but ``excluded``)."""
-        return tuple(d for d in self.devices if d.status != "excluded")
 
     def to_json(self) -> dict[str, Any]:
         """Return the plan as a JSON-ready dict (`from_json` reads it back)."""
@@ -456,7 +451,7 @@ def fit_profiles(cells: Any, stored_costs: Any, request: PlanRequest, *, now: fl
             notes[device].append("no usable measurement of the model (every cell failed)")
     cost_fn = round_cost(
         all_rows, request.model, request.batch, costs={d: c for d, c in costs.items() if d in profiled},
-        transfer=_link_transfer(request.links), warn=None, models=models,
+        transfer=link_transfer(request.links), warn=None, models=models,
     )  # fmt: skip
     return ProfileFit(
         request, all_rows, models, tuple(matched), profiled, cost_fn, backends, batches, described,
@@ -596,20 +591,6 @@ def _scaled(cost: RoundCost, scale: Mapping[str, float]) -> RoundCost:
     return scaled
 
 
-def _link_transfer(links: Mapping[str, Link] | None) -> Callable[[str, int], float | None] | None:
-    if not links:
-        return None
-    from fl.executors.devices import modelled_transfer_seconds
-
-    def transfer(device: str, nbytes: int) -> float | None:
-        if device not in links:
-            return None
-        rate, delay = links[device]
-        return float(modelled_transfer_seconds(nbytes, rate, delay) or 0.0)  # type: ignore[arg-type]
-
-    return transfer
-
-
 def _strategy_plans(
     request: PlanRequest,
     zoo: Any,
@@ -737,11 +718,6 @@ def revise(
     new = make(scale)
     reason = ", ".join(f"{d} at {f:.2f} x its prediction" for d, f in sorted(drifted.items()))
     return dataclasses.replace(new, revision=plan.revision + 1, reason=f"rounds drifted: {reason}")
-
-
-def capacities_of(plan: FleetPlan, placement: Mapping[str, str]) -> dict[str, float]:
-    """Return each client's capacity under the plan (`FleetPlan.capacity` of its device)."""
-    return {cid: plan.capacity(device) for cid, device in placement.items()}
 
 
 class RunPlan:

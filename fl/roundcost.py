@@ -116,6 +116,23 @@ def _link(text: str, spec: str) -> Link:
     return rate, delay
 
 
+def link_transfer(links: Mapping[str, Link] | None) -> Callable[[str, int], float | None]:
+    """Return ``(device, nbytes) -> seconds or None``: the modelled transfer time of a device with a link.
+
+    ``bytes * 8 / rate + delay`` (`fl.executors.devices.modelled_transfer_seconds`) for a
+    device of ``links``; None for the others (their measured transfer time stands).
+    """
+    link_of = dict(links or {})
+
+    def transfer(device: str, nbytes: int) -> float | None:
+        if device not in link_of:
+            return None
+        rate, delay = link_of[device]
+        return float(modelled_transfer_seconds(nbytes, rate, delay) or 0.0)  # type: ignore[arg-type]
+
+    return transfer
+
+
 def round_cost_from_rows(
     rows: Any,
     model: str,
@@ -169,17 +186,9 @@ def round_cost_from_rows(
         if device not in models:
             raise InputError(f"device {device!r} has no usable profile of model {model!r}")
         config_key(models[device], model, batch, backend)  # several batches, none the run's: refused now
-    link_of = dict(links or {})
-
-    def transfer(device: str, nbytes: int) -> float | None:
-        if device not in link_of:
-            return None
-        rate, delay = link_of[device]
-        return float(modelled_transfer_seconds(nbytes, rate, delay) or 0.0)  # type: ignore[arg-type]
-
     wanted = {d: c for d, c in (costs or {}).items() if d in names}
     return round_cost(
-        [r for r in chosen if r["device"] in names], model, batch, backend, costs=wanted, transfer=transfer,
+        [r for r in chosen if r["device"] in names], model, batch, backend, costs=wanted, transfer=link_transfer(links),
         warn=warn if costs is not None else None,
     )  # fmt: skip
 

@@ -15,7 +15,6 @@ from fl.plan import (
     MASKED_PROFILE_WARNING,
     FleetPlan,
     PlanRequest,
-    capacities_of,
     deadline_seconds,
     device_examples,
     make_plan,
@@ -96,7 +95,7 @@ def test_fjord_widths_tiers_and_rounds_follow_the_latency_lines(store: ProfileSt
     assert slow.full_round_s == pytest.approx(full["slow"], rel=0.02)
     assert plan.fedavg_round_s == pytest.approx(full["slow"], rel=0.02)
     assert plan.fleet_round_s == pytest.approx(max(d.round_s for d in plan.devices))
-    assert capacities_of(plan, {"c0": "slow", "c1": "fast"}) == {"c0": widest_for_slow, "c1": 1.0}
+    assert (plan.capacity("slow"), plan.capacity("fast")) == (widest_for_slow, 1.0)
 
 
 def test_a_deadline_no_width_meets_gives_the_smallest_and_says_by_how_much(store: ProfileStore) -> None:
@@ -116,7 +115,7 @@ def test_devices_without_a_profile(store: ProfileStore) -> None:
     assert (smallest.status, smallest.width, smallest.round_s) == ("unprofiled", 0.2, None)  # FjORD's k=5: 1/5
     excluded = plan_of(store, "fjord", examples=examples, unprofiled="exclude")
     assert excluded.device("pi").status == "excluded"
-    assert [d.device for d in excluded.planned] == ["fast", "mid", "slow"]
+    assert [d.device for d in excluded.devices if d.status != "excluded"] == ["fast", "mid", "slow"]
 
 
 def test_a_store_without_the_model_is_refused(store: ProfileStore) -> None:
