@@ -50,7 +50,7 @@ from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warn
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import profile_rows, width_flops
-from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers, uniform_levels
+from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers
 from harness.roundcost import RoundCost, RoundCostModel, round_cost
 
 #: Strategies whose clients train a static width chosen per device, and their level sets.
@@ -315,9 +315,9 @@ def deadline_seconds(policy: str, full_rounds: Sequence[float]) -> float:
 def levels_of(strategy: str, options: Mapping[str, Any]) -> tuple[float, ...]:
     """Return the widths a strategy's clients may be given, smallest first (``(1.0,)``: untiered)."""
     if strategy == "fjord":
-        from fl.strategies.fjord import FjORD
+        from fl.strategies.fjord import FjORD, width_set
 
-        return tuple(sorted(uniform_levels(int(options.get("k", FjORD.defaults["k"])))))
+        return tuple(sorted(width_set(int(options.get("k", FjORD.defaults["k"])))))
     if strategy in ("heterofl", "fedrolex"):
         return tuple(sorted(HETEROFL_LEVELS))
     return (1.0,)
