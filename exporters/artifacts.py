@@ -1,6 +1,7 @@
 """ONNX Runtime training artifacts, one content-addressed directory per width.
 
-Export path (see DESIGN.md, "Known facts about the stack"): the zoo module is
+Export path (the one this stack's versions support: onnxruntime-training 1.19.2, onnx 1.16,
+torch 2.13 with the TorchScript-based exporter): the zoo module is
 exported (in its `exporters.export_forms.export_form`: LSTMs unrolled, same
 parameters) with ``torch.onnx.export(..., training=TrainingMode.TRAINING,
 do_constant_folding=False, dynamo=False)`` with the loss *outside* the graph and

@@ -11,7 +11,7 @@ LFSR polynomials give the ``2^n + 1`` Gold sequences ``a``, ``b`` and
 cross-correlation (in +-1 form) takes only the three values
 ``{-t, -1, t - 2}`` with ``t = 1 + 2^floor((n + 2) / 2)``; degrees that are
 multiples of 4 have no preferred pair. The pairs used here are `GOLD_PAIRS`; each
-one is checked by ``tests/fl/test_codes.py``. (ALGORITHMS.md warns that a degree-10
+one is checked by ``tests/fl/test_codes.py``. (A degree-10
 tap table circulating in public code is not a preferred pair; a table is only trusted
 here after the three-value check. For instance ``x^10 + x^3 + 1`` with
 ``x^10 + x^9 + x^8 + x^5 + 1`` are both primitive, yet their cross-correlation takes

@@ -10,8 +10,8 @@ neurons and a client of capacity ``beta``, keeping ``ceil(beta * K_i)`` neurons
   round and ``K_i``, so every client of a round shares it (a smaller client's
   window is a prefix of a larger one's) and layers of equal size get equal windows.
   The paper prints the length as ``beta*K_i`` rounded down; this project rounds up
-  everywhere (ALGORITHMS.md), which is the same at the paper's power-of-two
-  capacities and sizes;
+  everywhere (as every width of the project, `exporters.arch.width_for_rate`), which is
+  the same at the paper's power-of-two capacities and sizes;
 * random (Federated Dropout; FedRolex eq. 5): ``ceil(beta*K_i)`` neurons drawn
   uniformly without replacement.
 

@@ -33,7 +33,7 @@ holds after the round, over dense, in the constraint's FLOPs model), ``budget/<c
 ``max_budget_excess`` (max over the round's clients of ratio minus budget; <= 0 up to rounding
 whenever every client's constraint holds, positive when the mean constraint lets one exceed).
 
-On a device (DESIGN.md open point): the masks could enter the ONNX graph as inputs; that trains
+On a device the masks enter the step model as inputs (`fl.executors.devices`, onnx backend); that trains
 correctly but saves no time without sparse kernels, so the reported FLOPs are *expected* (and
 sampled) FLOPs, never measured time.
 """
