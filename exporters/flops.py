@@ -15,7 +15,8 @@ Convention
 ----------
 MACs (multiply-accumulates) are those of the matrix products only:
 
-* ``Conv2d``: ``out_elements * (C_in / groups) * k_h * k_w``;
+* ``Conv1d`` / ``Conv2d`` / ``Conv3d``: ``out_elements * (C_in / groups) * prod(kernel)``
+  (a depthwise conv: one input channel per output);
 * ``Linear``: ``out_elements * in_features`` (``out_elements`` includes sequence positions);
 * ``LSTM``: per time step and layer ``4H(I + H)`` for the four gate matmuls (``I`` the
   layer's input size, ``H`` the hidden size), times the sequence length (times 2 when
@@ -32,7 +33,9 @@ one FLOP per element (so a sigmoid or tanh is one FLOP):
 * BatchNorm (batch statistics, as the zoo's static BN): 2 per element for the statistics
   (sum and sum of squares), 2 to normalise (subtract the mean, multiply by 1/std) and 2 for
   the affine transform when ``affine=True``; per-channel work (sqrt, ...) is neglected;
-* ReLU, sigmoid, tanh, dropout (mask multiply, training mode), residual / other additions,
+* ReLU, sigmoid, tanh and the other activations (ReLU6 / hardtanh, hardswish, hardsigmoid,
+  SiLU, GELU, leaky ReLU, ELU, softplus, Mish), dropout (mask multiply, training mode),
+  residual / other additions,
   products and the scaler's multiplication or division: 1 per output element;
 * max pooling: ``k_h*k_w - 1`` comparisons per output element; average pooling: ``k_h*k_w``
   (``k_h*k_w - 1`` adds and one division) per output element; adaptive average pooling: the
@@ -153,6 +156,22 @@ _ELEMENTWISE: Mapping[str, str] = {
     "sigmoid_": "activation",
     "tanh": "activation",
     "tanh_": "activation",
+    "hardtanh": "activation",
+    "hardtanh_": "activation",
+    "relu6": "activation",
+    "hardswish": "activation",
+    "hardswish_": "activation",
+    "hardsigmoid": "activation",
+    "hardsigmoid_": "activation",
+    "silu": "activation",
+    "silu_": "activation",
+    "gelu": "activation",
+    "leaky_relu": "activation",
+    "leaky_relu_": "activation",
+    "elu": "activation",
+    "elu_": "activation",
+    "softplus": "activation",
+    "mish": "activation",
     "add": "add",
     "add_": "add",
     "__add__": "add",
@@ -517,7 +536,7 @@ class _Tracer(TorchFunctionMode):
             return
         n = _per_example(out, self.batch)
         params = self.new_params([*args, *kwargs.values()])
-        if op == "conv2d":
+        if op in ("conv1d", "conv2d", "conv3d"):
             weight = _arg(args, kwargs, 1, "weight")
             bias = _arg(args, kwargs, 2, "bias")
             self.add(op, "conv", conv2d_cost(n, tuple(weight.shape), bias is not None), params, out)

@@ -440,11 +440,9 @@ def _lower_conv_grad(g: _Graph, node: Any) -> None:
             kernel_shape=kernel,
             output_padding=extra,
         )
-    if d_w:
-        if group != 1:
-            raise LoweringError(
-                f"ConvGrad {node.name!r}: weight gradient of a grouped conv (group {group}) is not lowered"
-            )
+    if d_w and group != 1:
+        _grouped_conv_weight_grad(g, hint, d_y, x, d_w, group, x_shape, y_shape, kernel, strides, pads, dilations)
+    elif d_w:
         _conv_weight_grad(g, hint, d_y, x, d_w, x_shape, y_shape, kernel, strides, pads, dilations)
     if d_b:
         axes = g.const(hint + "/axes", np.asarray([0, *range(2, 2 + rank)], dtype=np.int64))
@@ -514,6 +512,70 @@ def _conv_weight_grad(
     g.op("Reshape", [joined, _i64(g, hint, [out_channels, c, *kernel])], hint, outputs=[d_w])
 
 
+def _conv_windows(
+    g: _Graph,
+    hint: str,
+    x: str,
+    y_spatial: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+) -> list[str]:
+    """Return, per kernel offset, the (C, N, *spatial_out) window of X that the offset sees."""
+    rank = len(kernel)
+    x_t = g.one("Transpose", [x], hint, perm=[1, 0, *range(2, 2 + rank)])  # (C, N, *spatial)
+    if any(pads):
+        padding = g.const(hint + "/pads", np.asarray([0, 0, *pads[:rank], 0, 0, *pads[rank:]], dtype=np.int64))
+        x_t = g.one("Pad", [x_t, padding], hint)
+    axes = _i64(g, hint, range(2, 2 + rank))
+    steps = _i64(g, hint, strides)
+    windows = []
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        begin = [o * d for o, d in zip(offset, dilations, strict=True)]
+        stop = [b + (y - 1) * s + 1 for b, y, s in zip(begin, y_spatial, strides, strict=True)]
+        windows.append(g.one("Slice", [x_t, _i64(g, hint, begin), _i64(g, hint, stop), axes, steps], hint))
+    return windows
+
+
+def _grouped_conv_weight_grad(
+    g: _Graph,
+    hint: str,
+    d_y: str,
+    x: str,
+    d_w: str,
+    group: int,
+    x_shape: Sequence[int],
+    y_shape: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+) -> None:
+    """DW of a grouped (or depthwise) conv: per kernel offset, one batched ``MatMul`` over the groups.
+
+    With ``G`` groups of ``cg`` input and ``og`` output channels, offset ``k`` contributes
+    ``DW[:, :, k] = window_k (G, cg, N*P) @ dY^T (G, N*P, og)``, a (G, cg, og) block; the
+    blocks of all offsets are stacked and transposed once to (O, cg, *kernel).
+    """
+    rank = len(kernel)
+    c, out_channels = x_shape[0], y_shape[0]
+    cg, og = c // group, out_channels // group
+    count = -1  # N * P, whatever the step's N
+    dy_t = g.one("Transpose", [d_y], hint, perm=[1, 0, *range(2, 2 + rank)])  # (O, N, *spatial_out)
+    dy_g = g.one("Reshape", [dy_t, _i64(g, hint, [group, og, count])], hint)
+    dy_gt = g.one("Transpose", [dy_g], hint, perm=[0, 2, 1])  # (G, N*P, og)
+    last = _i64(g, hint, [3])
+    blocks = []
+    for window in _conv_windows(g, hint, x, y_shape[1:], kernel, strides, pads, dilations):
+        columns = g.one("Reshape", [window, _i64(g, hint, [group, cg, count])], hint)
+        product = g.one("MatMul", [columns, dy_gt], hint)  # (G, cg, og)
+        blocks.append(g.one("Unsqueeze", [product, last], hint))
+    stacked = g.one("Concat", blocks, hint, axis=3) if len(blocks) > 1 else blocks[0]  # (G, cg, og, K)
+    ordered = g.one("Transpose", [stacked], hint, perm=[0, 2, 1, 3])  # (G, og, cg, K)
+    g.op("Reshape", [ordered, _i64(g, hint, [out_channels, cg, *kernel])], hint, outputs=[d_w])
+
+
 def _i64(g: _Graph, hint: str, values: Iterable[int]) -> str:
     """Add a 1-D int64 constant and return its name."""
     return g.const(hint + "/i64", np.asarray(list(values), dtype=np.int64))
@@ -526,6 +588,16 @@ def _lower_relu_grad(g: _Graph, node: Any) -> None:
     zero = g.const(node.name + "/zero", np.zeros((), dtype=np.float32))
     positive = g.one("Cast", [g.one("Greater", [x, zero], node.name)], node.name, to=_FLOAT)
     g.op("Mul", [d_y, positive], node.name, outputs=[node.output[0]])
+
+
+def _lower_dropout_grad(g: _Graph, node: Any) -> None:
+    # dX = dY * mask / (1 - ratio), the forward Dropout's kept elements scaled back up.
+    d_y, mask = node.input[:2]
+    ratio = node.input[2] if len(node.input) > 2 and node.input[2] else g.const(node.name + "/ratio", np.asarray(0.5, dtype=np.float32))
+    one = g.const(node.name + "/one", np.ones((), dtype=np.float32))
+    scale = g.one("Div", [one, g.one("Sub", [one, ratio], node.name)], node.name)
+    kept = g.one("Mul", [d_y, g.one("Cast", [mask], node.name, to=_FLOAT)], node.name)
+    g.op("Mul", [kept, scale], node.name, outputs=[node.output[0]])
 
 
 def _forward_node(g: _Graph, node: Any, op_type: str, *, output: str, index: int = 0) -> Any:
@@ -869,6 +941,7 @@ LOWERINGS: dict[str, Lowering] = {
     "ConcatTraining": _lower_concat_training,
     "SplitTraining": _lower_split_training,
     "GatherGrad": _lower_gather_grad,
+    "DropoutGrad": _lower_dropout_grad,
 }
 
 #: Forward operators among them, lowered first (see `build_step_model`).

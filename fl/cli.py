@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from exporters.cli import non_negative_int, positive_float, positive_int
+from exporters.cli import add_model_arguments, non_negative_int, positive_float, positive_int
 from exporters.errors import InputError
 
 #: Defaults of ``fl run`` (also the `RunConfig` defaults).
@@ -91,7 +91,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     run = actions.add_parser("run", help="run (or resume) FL rounds in process, logged in the profile store")
     run.add_argument("--strategy", choices=sorted(STRATEGIES), help="FL method (default fedavg)")
-    run.add_argument("--model", help="zoo model (default fjord-cnn)")
+    add_model_arguments(run, None)
     run.add_argument("--dataset", help="mnist5k, digits, shakespeare or synthetic (default mnist5k)")
     run.add_argument("--clients", type=positive_int, help="number of clients (default 10)")
     run.add_argument("--rounds", type=positive_int, help="rounds in total (default 5)")
@@ -177,7 +177,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     where.add_argument("--fleet", help="fleet file (memory budgets and threads from it)")
     where.add_argument("--population", metavar="SPEC", help="virtual clients on measured devices: device=share,...")
     plan.add_argument("--db", default=DEFAULTS["db"], help="profile store the devices were measured in")
-    plan.add_argument("--model", default=DEFAULTS["model"], help=f"zoo model (default {DEFAULTS['model']})")
+    add_model_arguments(plan, DEFAULTS["model"])
     plan.add_argument("--strategy", choices=sorted(STRATEGIES), default="fjord", help="FL method (default fjord)")
     plan.add_argument("--batch", type=positive_int, default=DEFAULTS["batch"], help="local batch (default 20)")
     plan.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="optimizer graph (default sgd)")
@@ -206,7 +206,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "data", help="write the FL data as a model reads it, for fleetbench profile --data (profiles of FL's job)"
     )
     data.add_argument("--out", required=True, help=".npz to write (x, y)")
-    data.add_argument("--model", default=DEFAULTS["model"], help=f"zoo model (default {DEFAULTS['model']})")
+    add_model_arguments(data, DEFAULTS["model"])
     data.add_argument("--dataset", default=DEFAULTS["dataset"], help=f"data set (default {DEFAULTS['dataset']})")
     data.add_argument("--examples", type=positive_int, default=None, help="examples to write (default 520)")
     data.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")

@@ -57,6 +57,7 @@ from fl.runlog import ClientRound, RunLog
 from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
 from fl.strategies.base import Profiles, Strategy
+from harness.records import model_record
 from harness.roundcost import RoundCost
 from harness.store import DEFAULT_DB, ProfileStore
 
@@ -578,6 +579,7 @@ def run_fl(
                 plan.restore(stored[-1]["plan"])
                 clients = _replanned(clients, plan)
         else:
+            _record_model(log, model)
             run_id = log.start_run(
                 strategy=config.strategy,
                 model=config.model,
@@ -725,6 +727,7 @@ def run_clock_only(
     store = ProfileStore(config.db) if store is None else store
     try:
         log = RunLog(store, clock=wall_clock)
+        _record_model(log, model)
         run_id = log.start_run(
             strategy=config.strategy,
             model=config.model,
@@ -1279,3 +1282,9 @@ def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
             )
         )
     return out
+
+
+def _record_model(log: RunLog, model: ZooModel) -> None:
+    record = model_record(model)
+    if record is not None:
+        log.store.record_model(record)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from devices.errors import EmulationError, FleetFileError, SshdError, TransportError
 from devices.processes import Terminated, terminate_as_interrupt
+from exporters.cli import settle_model
 from exporters.errors import InputError
 from harness.store import StoreUnavailable
 
@@ -216,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with terminate_as_interrupt():
             args = build_parser().parse_args(argv)
+            settle_model(args)
             return resolve_handler(args.handler)(args)
     except INPUT_ERRORS as exc:
         _say(f"error: {describe(exc)}", exc, debug)

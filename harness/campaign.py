@@ -110,7 +110,7 @@ from devices.limits import format_cpu_list, parse_cpu_list
 from devices.transport import Transport
 from exporters.manifest import EXPORT_FORMAT_VERSION
 from harness import contract
-from harness.records import Backend, BenchSpec, Measurement
+from harness.records import Backend, BenchSpec, Measurement, model_record
 from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, DISTURBANCE_LIMIT
 
 if TYPE_CHECKING:
@@ -1707,6 +1707,12 @@ def run_campaign(
             fleet=str(fleet.path), model=",".join(models) or None, versions=versions, commit=commit,
             started_at=clock(), plan=plan.to_dict(),
         )  # fmt: skip
+    from exporters.zoo import get_model
+
+    for name in sorted({s.model for s in specs}):
+        record = model_record(get_model(name))
+        if record is not None:
+            store.record_model(record)
     result = CampaignResult(campaign_id=campaign_id, skipped=skipped, plan=plan if todo or cost_specs else None)
     if not todo and not cost_specs:
         return result

@@ -40,11 +40,12 @@ def register(commands: Any) -> None:
         The subparsers of the ``fleetbench`` parser, on which ``fleet`` is already registered.
     """
     from exporters.arch import DEFAULT_MODEL, DEFAULT_WIDTHS
+    from exporters.cli import add_model_arguments
     from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, MIN_SAMPLES
 
     profile = commands.add_parser("profile", help="measure training latency and memory per device and width")
     profile.add_argument("--fleet", required=True, help="fleet YAML file")
-    profile.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model (default {DEFAULT_MODEL})")
+    add_model_arguments(profile, DEFAULT_MODEL)
     profile.add_argument(
         "--widths",
         default=",".join(f"{w:g}" for w in DEFAULT_WIDTHS),

@@ -171,3 +171,45 @@ class Measurement:
         Read from the facts snapshot (``emulated_isa``, `devices.facts.DeviceFacts`).
         """
         return bool(self.facts.get("emulated_isa", False))
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A user's model as the store keeps it: where it is defined and the hash of its definition.
+
+    Attributes
+    ----------
+    name : str
+        ``factory@digest``, the name its cells and runs carry.
+    source : str
+        ``file.py:factory`` or ``module:factory``.
+    digest : str
+        sha256 of the definition.
+    groups : tuple of (str, int)
+        The channel groups the dependency graph found: root layer and size.
+    notes : tuple of str
+        Layers kept at full width, BatchNorm made static.
+    """
+
+    name: str
+    source: str
+    digest: str
+    groups: tuple[tuple[str, int], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def model_record(model: Any) -> ModelRecord | None:
+    """Return the store's record of a user's model, ``None`` for a zoo model.
+
+    Parameters
+    ----------
+    model : exporters.zoo.ZooModel
+
+    Returns
+    -------
+    ModelRecord or None
+    """
+    if not model.source:
+        return None
+    return ModelRecord(model.name, model.source, model.digest, tuple(model.groups), tuple(model.notes))
+

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from devices.files import atomic_path
 from exporters.errors import InputError
-from harness.records import BenchSpec, Measurement
+from harness.records import BenchSpec, Measurement, ModelRecord
 from harness.roundcost import RoundCostModel
 from harness.runner import DEFAULT_MAX_SECONDS
 from harness.stats import summarize
@@ -167,6 +167,17 @@ MIGRATIONS: tuple[str, ...] = (
     # v7: the bench data a cell's steps trained on (`BenchSpec.data`; NULL: a random batch).
     """
     ALTER TABLE cells ADD COLUMN data TEXT;
+    """,
+    # v8: users' own models: the source and definition hash behind each ``factory@digest`` name.
+    """
+    CREATE TABLE models (
+        name TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        groups TEXT NOT NULL DEFAULT '[]',
+        notes TEXT NOT NULL DEFAULT '[]',
+        recorded_at REAL NOT NULL
+    );
     """,
 )
 
@@ -1061,6 +1072,38 @@ class ProfileStore:
             )
             for row in self.round_cost_rows(latest=latest)
             if row["status"] == "ok"
+        ]
+
+    def record_model(self, record: ModelRecord) -> None:
+        """Record a user's model once (a name is a definition: a second record is ignored).
+
+        Parameters
+        ----------
+        record : ModelRecord
+        """
+        row = (record.name, record.source, record.digest, _dumps([list(g) for g in record.groups]),
+               _dumps(list(record.notes)), time.time())  # fmt: skip
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO models (name, source, digest, groups, notes, recorded_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                row,
+            )
+
+    def models(self) -> list[ModelRecord]:
+        """Return the users' models recorded in this store, by name.
+
+        Returns
+        -------
+        list of ModelRecord
+        """
+        with self._locked() as conn:
+            rows = conn.execute("SELECT name, source, digest, groups, notes FROM models ORDER BY name").fetchall()
+        return [
+            ModelRecord(
+                name, source, digest, tuple((g, int(k)) for g, k in json.loads(groups)), tuple(json.loads(notes))
+            )
+            for name, source, digest, groups, notes in rows
         ]
 
     def campaigns(self) -> pd.DataFrame:

@@ -59,6 +59,13 @@ class ZooModel:
         Number of output logits.
     paper_widths : tuple of float
         Widths the paper itself reports (listed by ``fleetbench models``).
+    source : str
+        Where a user's model is defined (``file.py:factory``); empty for the zoo.
+    digest : str
+        sha256 of a user's model's definition (`exporters.user_model.definition_digest`).
+    notes : tuple of str
+        What a listing should say about the model: layers kept at full width, BatchNorm
+        layers made static.
     """
 
     name: str
@@ -70,6 +77,9 @@ class ZooModel:
     input_dtype: str
     num_classes: int
     paper_widths: tuple[float, ...] = field(default=())
+    source: str = ""
+    digest: str = ""
+    notes: tuple[str, ...] = ()
 
     @property
     def group_names(self) -> tuple[str, ...]:
@@ -144,7 +154,10 @@ def model_names() -> tuple[str, ...]:
 
 @cache
 def get_model(name: str) -> ZooModel:
-    """Return the zoo model called ``name``.
+    """Return the zoo model called ``name``, or the user's model it names.
+
+    A name that is not the zoo's is resolved by `exporters.user_model.user_model`:
+    ``file.py:factory``, ``module:factory``, an entry point, or ``factory@digest``.
 
     Raises
     ------
@@ -152,6 +165,21 @@ def get_model(name: str) -> ZooModel:
         If no model has that name (the message lists the known names).
     """
     factories = _factories()
-    if name not in factories:
-        raise InputError(f"unknown model {name!r}; known models: {', '.join(sorted(factories))}")
-    return factories[name]()
+    if name in factories:
+        return factories[name]()
+    from exporters.user_model import is_user_spec, user_model
+
+    if not is_user_spec(name) and not _registered(name):
+        raise InputError(
+            f"unknown model {name!r}; known models: {', '.join(sorted(factories))}; "
+            f"or your own: FILE.py:FACTORY or MODULE:FACTORY"
+        )
+    return user_model(name)
+
+
+def _registered(name: str) -> bool:
+    import importlib.metadata
+
+    from exporters.user_model import ENTRY_POINT_GROUP
+
+    return any(entry.name == name for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
