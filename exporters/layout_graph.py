@@ -95,7 +95,7 @@ class UnsliceableGroup(InputError):
 def _graph(model: nn.Module, example: torch.Tensor, ignored: Sequence[nn.Module] = ()) -> object:
     import torch_pruning as tp
 
-    with warnings.catch_warnings(), _quiet():
+    with warnings.catch_warnings(), _quiet(), torch.enable_grad():  # the graph is traced through autograd
         warnings.simplefilter("ignore")
         try:
             return tp.DependencyGraph().build_dependency(
@@ -269,7 +269,10 @@ def _refuse_grouped(root: str, param: str, modules: Mapping[str, nn.Module]) -> 
     owner = param.rpartition(".")[0]
     layer = modules.get(owner)
     if isinstance(layer, nn.modules.conv._ConvNd) and layer.groups > 1 and layer.groups != layer.out_channels:
-        raise UnsliceableGroup(root, f"it feeds {owner}, a grouped convolution (groups {layer.groups})")
+        raise UnsliceableGroup(
+            root,
+            f"its channels meet {owner}, a grouped convolution (groups {layer.groups}), cut only in multiples of those",
+        )
 
 
 def _name_in(model: nn.Module, module: nn.Module) -> str:

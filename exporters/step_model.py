@@ -593,7 +593,8 @@ def _lower_relu_grad(g: _Graph, node: Any) -> None:
 def _lower_dropout_grad(g: _Graph, node: Any) -> None:
     # dX = dY * mask / (1 - ratio), the forward Dropout's kept elements scaled back up.
     d_y, mask = node.input[:2]
-    ratio = node.input[2] if len(node.input) > 2 and node.input[2] else g.const(node.name + "/ratio", np.asarray(0.5, dtype=np.float32))
+    given = len(node.input) > 2 and node.input[2]
+    ratio = node.input[2] if given else g.const(node.name + "/ratio", np.asarray(0.5, dtype=np.float32))
     one = g.const(node.name + "/one", np.ones((), dtype=np.float32))
     scale = g.one("Div", [one, g.one("Sub", [one, ratio], node.name)], node.name)
     kept = g.one("Mul", [d_y, g.one("Cast", [mask], node.name, to=_FLOAT)], node.name)

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from devices.files import atomic_write
+from harness.records import ModelRecord
 from harness.store import ProfileStore, StoreError
 from reports import plots, tables
 from reports.html import EmbeddedFigure, Page, Section, TableBlock, render_page
@@ -56,6 +57,8 @@ class Sources:
         Path of the store, for the header.
     fl_plans : pandas.DataFrame
         The runs' plans and their revisions (``fl_plans``; empty when no run was planned).
+    models : tuple of ModelRecord
+        The users' own models measured or trained in the store (`ProfileStore.models`).
     """
 
     cells: pd.DataFrame
@@ -66,6 +69,7 @@ class Sources:
     fl_client_rounds: pd.DataFrame = field(default_factory=pd.DataFrame)
     store: str = ""
     fl_plans: pd.DataFrame = field(default_factory=pd.DataFrame)
+    models: tuple[ModelRecord, ...] = ()
 
 
 def _read_fl(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -109,12 +113,13 @@ def load_sources(db: str | os.PathLike[str]) -> Sources:
     with ProfileStore(path) as store:
         cells = store.latest_cells()
         campaigns = store.campaigns()
+        models = tuple(store.models())
         facts: dict[str, Mapping[str, Any]] = {}
         for m in store.measurements(latest=True):
             if m.facts:
                 facts[m.spec.device] = dict(m.facts)
     runs, rounds, client_rounds, plans = _read_fl(path)
-    return Sources(cells, campaigns, facts, runs, rounds, client_rounds, str(path), plans)
+    return Sources(cells, campaigns, facts, runs, rounds, client_rounds, str(path), plans, models)
 
 
 # ---------------------------------------------------------------------------- sections
@@ -640,9 +645,27 @@ def _feddrop_note(feddrop: pd.DataFrame) -> str:
     )
 
 
-def _provenance(campaigns: pd.DataFrame) -> Draft:
+def _models_block(models: Sequence[ModelRecord]) -> tuple[TableBlock, ...]:
+    if not models:
+        return ()
+    frame = pd.DataFrame(
+        {
+            "model": [m.name for m in models],
+            "source": [m.source for m in models],
+            "definition sha256": [m.digest for m in models],
+            "channel groups": [len(m.groups) for m in models],
+            "notes": ["; ".join(m.notes) or "—" for m in models],
+        }
+    )
+    caption = "Your own models: where each is defined and the hash of its definition (a changed model is a new name)."
+    return (TableBlock("models", caption, frame),)
+
+
+def _provenance(campaigns: pd.DataFrame, models: Sequence[ModelRecord] = ()) -> Draft:
     if campaigns.empty:
-        return Draft("provenance", "Provenance", notes=("No campaign is recorded in the store.",))
+        return Draft(
+            "provenance", "Provenance", notes=("No campaign is recorded in the store.",), tables=_models_block(models)
+        )
     frame = campaigns.copy()
     frame["started"] = [
         datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") for t in frame["started_at"]
@@ -661,6 +684,7 @@ def _provenance(campaigns: pd.DataFrame) -> Draft:
                 "Campaigns (cells = attempts recorded).",
                 frame[["id", "started", "fleet", "model", "cells", "git_commit", "versions"]],
             ),
+            *_models_block(models),
         ),
     )
 
@@ -696,7 +720,7 @@ def build_sections(src: Sources, log_scale: bool = False) -> tuple[list[Draft], 
         _measurement(cells, tables.isolation_table(cells)),
         _devices(tables.device_table(cells, src.facts), tables.failures_table(cells)),
         *_fl(src),
-        _provenance(src.campaigns),
+        _provenance(src.campaigns, src.models),
     ]
     return drafts, headline
 

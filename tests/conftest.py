@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,18 @@ from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every t
     sshd_path,
     sshd_server,
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Register the users' models the tests resolve in the session's directory, not the home directory."""
+    old = os.environ.get("FLEETBENCH_MODELS_DIR")
+    os.environ["FLEETBENCH_MODELS_DIR"] = str(tmp_path_factory.mktemp("models"))
+    yield
+    if old is None:
+        os.environ.pop("FLEETBENCH_MODELS_DIR", None)
+    else:
+        os.environ["FLEETBENCH_MODELS_DIR"] = old
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ from exporters.flops import (
     optimizer_flops,
 )
 from exporters.zoo import ZooModel, get_model, model_names
+from tests.exporters.examples import ALL as EXAMPLES
 
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
 NAMES = model_names()
@@ -589,3 +590,22 @@ def test_feddrop_table_9_lstm() -> None:
     assert abs(per_step + decoder.macs + 80 - 296e3) <= 0.003 * 296e3
     # 293 k printed; 640 + 272,384 + 20,560 = 293,584 (the table truncates).
     assert counts.params == 293_584 and 293e3 <= counts.params < 294e3
+
+
+# --------------------------------------------------------------------------- users' models
+
+USER_CASES = [
+    pytest.param(spec, width, id=f"{spec.rpartition(':')[2]}-{width:g}") for spec in EXAMPLES for width in (0.25, 1.0)
+]
+
+
+@pytest.mark.parametrize(("spec", "width"), USER_CASES)
+def test_users_models_count_every_layer_and_match_fvcore(cache: _Cache, spec: str, width: float) -> None:
+    """Depthwise convs, ReLU6, residual adds and global pooling: no layer of the example models
+    goes uncounted, and the conv + linear MACs are fvcore's exactly."""
+    counts = cache.count(spec, width)
+    assert {layer.kind for layer in counts.layers} <= KNOWN_KINDS - {"untracked"}
+    ops = cache.fvcore_ops(spec, width)
+    fv_matmul = sum(ops.get(op, 0) for op in ("conv", "linear", "addmm", "matmul", "bmm", "einsum"))
+    assert fv_matmul == _kind_sum(counts, MATMUL_KINDS)
+    assert counts.params == sum(p.numel() for p in cache.module(spec, width).parameters())
