@@ -415,3 +415,65 @@ def test_fl_run_plan_trains_with_the_plan_and_stores_it(tmp_path, capsys, profil
 def test_fl_run_plan_needs_devices(tmp_path, capsys):
     rc, out, err = run(capsys, "run", *SMALL, "--plan", "--db", str(tmp_path / "fl.db"))
     assert rc == 2 and "--plan needs the devices it plans for" in err
+
+
+# --------------------------------------------------------------------------- a user's own model
+
+
+def test_your_model_trains_with_fjord_heterofl_and_fedrolex_and_resumes(tmp_path, capsys):
+    from tests.exporters.examples import SMALL_CNN
+
+    db = str(tmp_path / "fl.db")
+    names = set()
+    for strategy in ("fjord", "heterofl", "fedrolex"):
+        argv = ("run", "--strategy", strategy, "--model", SMALL_CNN, *SMALL, "--rounds", "1", "--db", db, "--json")
+        extra = () if strategy == "fjord" else ("--capacities", "uniform:1,0.5")
+        rc, out, err = run(capsys, *argv, *extra)
+        assert rc == 0, err
+        summary = json.loads(out)
+        assert summary["history"][0]["clients_ok"] == 3
+        widths = set(summary["accuracy"])
+        assert widths == ({"0.2", "0.4", "0.6", "0.8", "1.0"} if strategy == "fjord" else {"0.5", "1.0"})
+        names.add(err.split("model ", 1)[1].split(":", 1)[0])
+    (name,) = names  # one definition, one name
+    assert name.startswith("small_cnn@")
+    with ProfileStore(db) as store:
+        runs = RunLog(store).runs()
+        assert set(runs["model"]) == {name}
+        (record,) = store.models()
+    assert record.name == name and record.source == SMALL_CNN
+    assert record.groups == (("features.0", 16), ("features.4", 32), ("hidden", 64))
+    rc, out, err = run(capsys, "run", "--resume", "1", "--rounds", "2", "--db", db, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["rounds"] == 2
+
+
+def test_your_model_is_profiled_planned_and_trained_on_a_fleet(tmp_path, capsys):
+    import sys
+
+    from tests.exporters.examples import SMALL_CNN
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "devices:\n"
+        + "".join(
+            f"  - name: {name}\n    kind: local\n    python: {sys.executable}\n    workdir: {tmp_path / name}\n"
+            for name in ("a", "b")
+        )
+    )
+    db = str(tmp_path / "fl.db")
+    artifacts = str(tmp_path / "artifacts")
+    profile = ["profile", "--fleet", str(fleet), "--model", SMALL_CNN, "--widths", "0.25,0.5,1", "--db", db]
+    rc = main([*profile, "--artifacts", artifacts, "--optimizer", "sgd", "--max-seconds", "2", "--passes", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.count(" ok") >= 6
+    rc = main(["plan", "--fleet", str(fleet), "--db", db, "--model", SMALL_CNN, "--strategy", "fjord", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert {d["device"] for d in plan["devices"]} == {"a", "b"}
+    argv = ["run", "--fleet", str(fleet), "--artifacts", artifacts, "--model", SMALL_CNN, "--strategy", "fjord"]
+    rc, out, err = run(capsys, *argv, "--plan", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--db", db)
+    assert rc == 0, err
+    assert "round 1/1: clients ok 2 failed 0" in err

@@ -268,3 +268,18 @@ def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks
     assert "leave 45% of the dense model's training FLOPs" in text and "took 1.00x the profile's dense" in text
     shown = {r["device"]: r for r in table_dicts(read_page(path.read_text()), f"fl_run{run_id}_feddrop")}
     assert set(shown) == {"pi4", "jetson"}
+
+
+def test_a_users_model_is_listed_with_its_source_and_definition_hash(tmp_path: Path) -> None:
+    from harness.records import ModelRecord
+
+    db = build_store(tmp_path / "s.db", fl=False)
+    record = ModelRecord("net@0123456789ab", "/src/net.py:net", "0123456789ab" + "f" * 52, (("conv", 8),), ("a note",))
+    with ProfileStore(db) as store:
+        store.record_model(record)
+        store.record_model(ModelRecord(record.name, "/elsewhere.py:net", "0" * 64))  # a name is one definition
+        assert store.models() == [record]
+    out = tmp_path / "out"
+    write_report(load_sources(db), out, now=NOW)
+    rows = (out / "models.csv").read_text().splitlines()
+    assert len(rows) == 2 and "/src/net.py:net" in rows[1] and record.digest in rows[1] and "a note" in rows[1]
