@@ -43,12 +43,15 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from exporters.errors import InputError
+
+if TYPE_CHECKING:
+    from exporters.zoo import ZooModel
 
 #: Entry point group under which packages register models.
 ENTRY_POINT_GROUP = "fleetbench.models"
@@ -463,24 +466,11 @@ def resolve(spec: str, options: ModelOptions | None = None) -> tuple[str, ModelS
     return "", parse_source(spec), options or ModelOptions()
 
 
-def registry_names() -> Mapping[str, RegistryEntry]:
-    """Return every model name in the registry (unreadable entries are skipped)."""
-    found = {}
-    directory = registry_dir()
-    if directory.is_dir():
-        for path in sorted(directory.glob("*@*.json")):
-            try:
-                found[path.stem] = read_entry(path.stem)
-            except InputError:
-                continue
-    return found
-
-
 #: User models resolved in this process, by canonical name.
-_RESOLVED: dict[str, Any] = {}
+_RESOLVED: dict[str, ZooModel] = {}
 
 
-def user_model(spec: str, options: ModelOptions | None = None) -> Any:
+def user_model(spec: str, options: ModelOptions | None = None) -> ZooModel:
     """Resolve a user's model to a width-scalable `exporters.zoo.ZooModel`.
 
     The factory builds the full model, its BatchNorm layers are made static, the input
