@@ -112,7 +112,8 @@ Decisions
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -478,33 +479,20 @@ def _conv_weight_grad(
     rank = len(kernel)
     c = x_shape[0]
     out_channels = y_shape[0]
-    out_spatial = list(y_shape[1:])
     count = -1  # N * P, whatever the step's N
-    perm = [1, 0, *range(2, 2 + rank)]
-    x_t = g.one("Transpose", [x], hint, perm=perm)  # (C, N, *spatial)
-    if any(pads):
-        padding = g.const(hint + "/pads", np.asarray([0, 0, *pads[:rank], 0, 0, *pads[rank:]], dtype=np.int64))
-        x_t = g.one("Pad", [x_t, padding], hint)
-    dy_t = g.one("Transpose", [d_y], hint, perm=perm)  # (O, N, *spatial_out)
+    dy_t = g.one("Transpose", [d_y], hint, perm=[1, 0, *range(2, 2 + rank)])  # (O, N, *spatial_out)
     a = g.one("Reshape", [dy_t, _i64(g, hint, [out_channels, count])], hint)
-    axes = _i64(g, hint, range(2, 2 + rank))
-    steps = _i64(g, hint, strides)
     second = _i64(g, hint, [1])
-    offsets = list(itertools.product(*(range(k) for k in kernel)))
+    windows = _conv_windows(g, hint, x, y_shape[1:], kernel, strides, pads, dilations)  # each (C, N, *spatial_out)
     chunk = max(1, -(-DW_GEMM_WIDTH // c))
     blocks = []
-    for first in range(0, len(offsets), chunk):
-        windows = []
-        for offset in offsets[first : first + chunk]:
-            begin = [o * d for o, d in zip(offset, dilations, strict=True)]
-            stop = [b + (y - 1) * s + 1 for b, y, s in zip(begin, out_spatial, strides, strict=True)]
-            window = g.one("Slice", [x_t, _i64(g, hint, begin), _i64(g, hint, stop), axes, steps], hint)
-            windows.append(window)  # (C, N, *spatial_out)
-        size = len(windows)
+    for _ in range(0, math.prod(kernel), chunk):
+        part = list(itertools.islice(windows, chunk))
+        size = len(part)
         if size > 1:
-            stacked = g.one("Concat", [g.one("Unsqueeze", [w, second], hint) for w in windows], hint, axis=1)
+            stacked = g.one("Concat", [g.one("Unsqueeze", [w, second], hint) for w in part], hint, axis=1)
         else:
-            stacked = windows[0]  # (C, size, N, *spatial_out)
+            stacked = part[0]  # (C, size, N, *spatial_out)
         columns = g.one("Reshape", [stacked, _i64(g, hint, [c * size, count])], hint)
         product = g.one("Gemm", [a, columns], hint, transB=1)  # (O, C * size)
         blocks.append(g.one("Reshape", [product, _i64(g, hint, [out_channels, c, size])], hint))
@@ -521,8 +509,12 @@ def _conv_windows(
     strides: Sequence[int],
     pads: Sequence[int],
     dilations: Sequence[int],
-) -> list[str]:
-    """Return, per kernel offset, the (C, N, *spatial_out) window of X that the offset sees."""
+) -> Iterator[str]:
+    """Yield, per kernel offset, the (C, N, *spatial_out) window of X that the offset sees.
+
+    Lazily: a caller that consumes a few windows at a time adds each window's ``Slice`` next
+    to the product that reads it, so the windows need not all be alive at once.
+    """
     rank = len(kernel)
     x_t = g.one("Transpose", [x], hint, perm=[1, 0, *range(2, 2 + rank)])  # (C, N, *spatial)
     if any(pads):
@@ -530,12 +522,10 @@ def _conv_windows(
         x_t = g.one("Pad", [x_t, padding], hint)
     axes = _i64(g, hint, range(2, 2 + rank))
     steps = _i64(g, hint, strides)
-    windows = []
     for offset in itertools.product(*(range(k) for k in kernel)):
         begin = [o * d for o, d in zip(offset, dilations, strict=True)]
         stop = [b + (y - 1) * s + 1 for b, y, s in zip(begin, y_spatial, strides, strict=True)]
-        windows.append(g.one("Slice", [x_t, _i64(g, hint, begin), _i64(g, hint, stop), axes, steps], hint))
-    return windows
+        yield g.one("Slice", [x_t, _i64(g, hint, begin), _i64(g, hint, stop), axes, steps], hint)
 
 
 def _grouped_conv_weight_grad(

@@ -203,8 +203,8 @@ def test_options_parse_as_json_else_strings():
     }
 
 
-def test_fleet_runs_clients_on_its_devices_with_the_runner(tmp_path, capsys):
-    import sqlite3
+def _local_fleet(tmp_path):
+    """A fleet file of two local devices, ``a`` and ``b``, running this interpreter."""
     import sys
 
     fleet = tmp_path / "fleet.yaml"
@@ -215,6 +215,13 @@ def test_fleet_runs_clients_on_its_devices_with_the_runner(tmp_path, capsys):
             for name in ("a", "b")
         )
     )
+    return fleet
+
+
+def test_fleet_runs_clients_on_its_devices_with_the_runner(tmp_path, capsys):
+    import sqlite3
+
+    fleet = _local_fleet(tmp_path)
     db = str(tmp_path / "fl.db")
     argv = ["run", "--fleet", str(fleet), "--artifacts", str(tmp_path / "artifacts"), "--model", "fjord-cnn"]
     rc, out, err = run(capsys, *argv, "--dataset", "digits", "--clients", "3", "--rounds", "1", "--db", db, "--json")
@@ -449,18 +456,9 @@ def test_your_model_trains_with_fjord_heterofl_and_fedrolex_and_resumes(tmp_path
 
 
 def test_your_model_is_profiled_planned_and_trained_on_a_fleet(tmp_path, capsys):
-    import sys
-
     from tests.exporters.examples import SMALL_CNN
 
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        "devices:\n"
-        + "".join(
-            f"  - name: {name}\n    kind: local\n    python: {sys.executable}\n    workdir: {tmp_path / name}\n"
-            for name in ("a", "b")
-        )
-    )
+    fleet = _local_fleet(tmp_path)
     db = str(tmp_path / "fl.db")
     artifacts = str(tmp_path / "artifacts")
     profile = ["profile", "--fleet", str(fleet), "--model", SMALL_CNN, "--widths", "0.25,0.5,1", "--db", db]
