@@ -62,6 +62,9 @@ REGISTRY_ENV = "FLEETBENCH_MODELS_DIR"
 #: Input dtypes a model may take.
 INPUT_DTYPES = ("float32", "int64")
 
+#: Prefix of the module names under which model files are imported.
+_FILE_MODULE_PREFIX = "fleetbench_user_"
+
 _CANONICAL = re.compile(r"^(?P<factory>[A-Za-z_][A-Za-z0-9_.]*)@(?P<digest>[0-9a-f]{12})$")
 
 
@@ -165,7 +168,7 @@ def parse_source(spec: str) -> ModelSource:
 
 def _module_of(source: ModelSource) -> Any:
     if source.is_file:
-        name = "fleetbench_user_" + hashlib.sha256(source.target.encode()).hexdigest()[:12]
+        name = _FILE_MODULE_PREFIX + hashlib.sha256(source.target.encode()).hexdigest()[:12]
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, source.target)
@@ -355,7 +358,9 @@ def definition_digest(source: ModelSource, module: nn.Module, spec: InputSpec, o
         the unsliceable policy.
     """
     target_file = source.target if source.is_file else getattr(sys.modules.get(source.target), "__file__", None)
-    classes = sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in module.modules()})
+    # A file's classes live in a module named after the file's path: name them by the file's
+    # content instead, so that the same file elsewhere is the same model.
+    classes = sorted({f"{_module_label(type(m).__module__)}.{type(m).__qualname__}" for m in module.modules()})
     class_files = sorted(
         {_file_digest(inspect.getsourcefile(type(m)) if not _is_torch(type(m)) else None) for m in module.modules()}
         - {""}
@@ -371,6 +376,10 @@ def definition_digest(source: ModelSource, module: nn.Module, spec: InputSpec, o
         "unsliceable": options.unsliceable,
     }
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def _module_label(name: str) -> str:
+    return "<file>" if name.startswith(_FILE_MODULE_PREFIX) else name
 
 
 def _is_torch(cls: type) -> bool:

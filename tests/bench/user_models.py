@@ -17,7 +17,8 @@ ResNet18, all through ``--model FILE.py:FACTORY``) it prints:
   rounds at capacities 1, 0.5 and 0.25, in process (10 clients on scikit-learn's digits, shaped
   for the model);
 - with ``--fleet``: per-image training latency per width on the example emulated fleet, typed as
-  a user types it (``fleet up``, ``profile``, ``plan``, ``fleet down``), ResNet18 at widths 0.25
+  a user types it (``fleet up``, ``fleet provision --install`` for its fresh board, ``profile``,
+  ``plan``, ``fleet down``), ResNet18 at widths 0.25
   and 0.5 only and next to ``fjord-resnet18`` (the ratio of the two, measured in the same
   campaign), and each device's FjORD width as ``plan`` chooses it.
 """
@@ -117,6 +118,9 @@ def _fleet_profiles(work: Path) -> None:
         print(f"fleet up failed: {up.stderr.strip()}")
         return
     try:
+        provision = _fleetbench("fleet", "provision", str(FLEET), "--install", cwd=work)  # the fresh board
+        if provision.returncode:
+            print(f"fleet provision failed: {provision.stderr.strip().splitlines()[-1]}")
         for spec in ALL:
             widths = "0.25,0.5" if spec == RESNET18 else ",".join(f"{w:g}" for w in WIDTHS)
             models = [spec, "fjord-resnet18"] if spec == RESNET18 else [spec]

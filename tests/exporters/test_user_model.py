@@ -99,6 +99,13 @@ def test_a_changed_model_is_a_new_model_and_its_old_name_is_refused(tmp_path: Pa
     assert "has changed since" in stale.stderr and second in stale.stderr
 
 
+def test_the_same_file_in_another_place_is_the_same_model(tmp_path: Path) -> None:
+    here = _name_of(_cli("models", "--model", f"{_write_tiny(tmp_path / 'a.py')}:tiny", "--json"))
+    (tmp_path / "elsewhere").mkdir()
+    there = _name_of(_cli("models", "--model", f"{_write_tiny(tmp_path / 'elsewhere' / 'b.py')}:tiny", "--json"))
+    assert here == there
+
+
 def test_module_and_entry_point_forms_name_the_same_model(tmp_path: Path) -> None:
     package = tmp_path / "mymodels"
     package.mkdir()
