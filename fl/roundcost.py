@@ -311,9 +311,9 @@ CALIBRATION_WINDOW = 3
 #: would swing it: the same client round on an emulated device varies by 15 % and more).
 CALIBRATION_MIN_ROUNDS = 2
 #: A calibration factor further than this from 1 says the device's profile no longer
-#: describes it (`stale_profile_warning`): on this project's 2-core VM the same cell moved
-#: by 24 % over two hours, and a run's factors stay within 0.9 to 1.1 on a profile measured
-#: just before.
+#: describes it (`stale_profile_warning`): a shared host can move the same cell by a fifth
+#: within hours, while a run's factors stay within 0.9 to 1.1 on a profile measured just
+#: before it.
 STALE_PROFILE_LIMIT = 0.20
 #: A profile older than this is called stale before the run's first round (`profile_age_warning`).
 STALE_PROFILE_AGE_S = 7 * 24 * 3600.0
@@ -790,9 +790,9 @@ def host_disturbed(
     A training step at one configuration is the same work every round, and a CPU quota
     stops a process without charging it CPU time, so a round's CPU time per step rises
     only when something outside the device slows the cpu it runs on (a neighbour on the
-    host's caches and memory bandwidth, an SMT sibling): on this project's 2-core VM,
-    windows of 0.3 to 1 s in which a step costs 10 to 90 % more CPU, on either core. Such
-    a round is slower than any round-cost model predicts, and it says so.
+    host's caches and memory bandwidth, an SMT sibling), in windows of a fraction of a
+    second to a second in which a step costs up to nearly twice its CPU time. Such a round
+    is slower than any round-cost model predicts, and it says so.
 
     Parameters
     ----------
