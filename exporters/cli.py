@@ -156,7 +156,7 @@ def settle_model(args: argparse.Namespace) -> None:
     if spec is None or not hasattr(args, "unsliceable"):
         return
     from exporters.errors import InputError
-    from exporters.user_model import ModelOptions, is_user_spec, user_model
+    from exporters.user_model import ModelOptions, is_model_name, is_user_spec, user_model
     from exporters.zoo import get_model, model_names
 
     options = ModelOptions(args.input_shape, args.input_dtype, args.num_classes, args.unsliceable)
@@ -167,7 +167,7 @@ def settle_model(args: argparse.Namespace) -> None:
                 f"--input-shape, --input-dtype, --num-classes and --unsliceable are for your own model, not {spec}"
             )
         return
-    if given and is_user_spec(spec) and "@" in spec and ":" not in spec:
+    if given and is_model_name(spec):
         raise InputError(f"model {spec} was named with its options; give FILE.py:FACTORY to change them")
     model = user_model(spec, options if given else None) if is_user_spec(spec) else get_model(spec)
     args.model = model.name

@@ -92,14 +92,14 @@ class UnsliceableGroup(InputError):
         self.root = root
 
 
-def _graph(model: nn.Module, example: torch.Tensor, ignored: Sequence[nn.Module] = ()) -> object:
+def _graph(model: nn.Module, example: torch.Tensor) -> object:
     import torch_pruning as tp
 
     with warnings.catch_warnings(), _quiet(), torch.enable_grad():  # the graph is traced through autograd
         warnings.simplefilter("ignore")
         try:
             return tp.DependencyGraph().build_dependency(
-                model, example_inputs=example, ignored_layers=list(ignored), verbose=False
+                model, example_inputs=example, verbose=False
             )
         except Exception as exc:  # the tracer raises anything a forward pass can
             raise InputError(f"the dependency graph cannot trace the model: {exc}") from exc

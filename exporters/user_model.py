@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from exporters.errors import InputError
+from exporters.manifest import sha256_file
 
 if TYPE_CHECKING:
     from exporters.zoo import ZooModel
@@ -127,7 +128,17 @@ def is_user_spec(spec: str) -> bool:
         True for ``...:factory`` and ``factory@digest``; a plain name may still be an
         entry point (`parse_source`).
     """
-    return ":" in spec or bool(_CANONICAL.match(spec))
+    return ":" in spec or is_model_name(spec)
+
+
+def registered_entry(name: str) -> importlib.metadata.EntryPoint | None:
+    """Return the ``fleetbench.models`` entry point called ``name``, if a package registers one."""
+    return next((e for e in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == name), None)
+
+
+def is_model_name(spec: str) -> bool:
+    """Return whether ``spec`` is a name fleetbench gave a user's model (``factory@digest``)."""
+    return bool(_CANONICAL.match(spec))
 
 
 def parse_source(spec: str) -> ModelSource:
@@ -156,10 +167,10 @@ def parse_source(spec: str) -> ModelSource:
                 raise InputError(f"model {spec!r}: no such file {path}")
             return ModelSource(spec, str(path.resolve()), factory)
         return ModelSource(spec, target, factory)
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name == spec:
-            module, _, attr = entry.value.partition(":")
-            return ModelSource(spec, module.strip(), attr.strip())
+    entry = registered_entry(spec)
+    if entry is not None:
+        module, _, attr = entry.value.partition(":")
+        return ModelSource(spec, module.strip(), attr.strip())
     raise InputError(
         f"unknown model {spec!r}: not a zoo model, not FILE.py:FACTORY or MODULE:FACTORY, "
         f"and no package registers it under the {ENTRY_POINT_GROUP!r} entry points"
@@ -334,9 +345,7 @@ def input_spec(factory: Any, module: nn.Module, source: ModelSource, options: Mo
 
 
 def _file_digest(path: str | None) -> str:
-    if not path or not os.path.isfile(path):
-        return ""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return sha256_file(Path(path)) if path and os.path.isfile(path) else ""
 
 
 def definition_digest(source: ModelSource, module: nn.Module, spec: InputSpec, options: ModelOptions) -> str:
@@ -467,8 +476,7 @@ def resolve(spec: str, options: ModelOptions | None = None) -> tuple[str, ModelS
     source : ModelSource
     options : ModelOptions
     """
-    match = _CANONICAL.match(spec)
-    if match:
+    if is_model_name(spec):
         entry = read_entry(spec)
         source = parse_source(entry.source)
         return spec, source, entry.options

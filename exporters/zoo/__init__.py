@@ -167,19 +167,12 @@ def get_model(name: str) -> ZooModel:
     factories = _factories()
     if name in factories:
         return factories[name]()
-    from exporters.user_model import is_user_spec, user_model
+    from exporters.user_model import is_user_spec, registered_entry, user_model
 
-    if not is_user_spec(name) and not _registered(name):
+    if not is_user_spec(name) and registered_entry(name) is None:
         raise InputError(
             f"unknown model {name!r}; known models: {', '.join(sorted(factories))}; "
             f"or your own: FILE.py:FACTORY or MODULE:FACTORY"
         )
     return user_model(name)
 
-
-def _registered(name: str) -> bool:
-    import importlib.metadata
-
-    from exporters.user_model import ENTRY_POINT_GROUP
-
-    return any(entry.name == name for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
