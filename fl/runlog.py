@@ -30,6 +30,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -556,6 +557,75 @@ class RunLog:
             columns = [d[0] for d in cursor.description]
             rows = cursor.fetchall()
         return pd.DataFrame(rows, columns=columns)
+
+
+#: The tables `read_history` returns, each with the order its rows come in.
+_HISTORY_ORDER = {
+    "fl_runs": "id",
+    "fl_rounds": "run_id, round",
+    "fl_client_rounds": "run_id, round",
+    "fl_plans": "run_id, revision",
+}
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """Every FL run of a store, as stored: one DataFrame per table.
+
+    The columns are the tables' own (`FL_MIGRATIONS`); JSON columns (``config``,
+    ``metrics``, ``evaluation``, ``arch_widths``, ``plan``) hold the stored text. A table
+    the store does not have (no FL run was ever logged) is an empty DataFrame.
+
+    Attributes
+    ----------
+    runs : pandas.DataFrame
+        ``fl_runs``, by id.
+    rounds : pandas.DataFrame
+        ``fl_rounds``, by run then round.
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds``, by run then round.
+    plans : pandas.DataFrame
+        ``fl_plans``, by run then revision.
+    """
+
+    runs: pd.DataFrame
+    rounds: pd.DataFrame
+    client_rounds: pd.DataFrame
+    plans: pd.DataFrame
+
+
+def read_history(path: str | Path) -> RunHistory:
+    """Read every FL run of the store at ``path`` without writing to it.
+
+    Unlike `RunLog`, which creates or upgrades the FL tables when it opens a store,
+    this opens the file read-only, so a report can be built from a store another
+    process is writing, or from a copy on read-only media.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        An existing profile store.
+
+    Returns
+    -------
+    RunHistory
+    """
+    import sqlite3
+
+    import pandas as pd
+
+    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        frames = {
+            name: pd.read_sql_query(f"SELECT * FROM {name} ORDER BY {order}", conn)  # noqa: S608
+            if name in found
+            else pd.DataFrame()
+            for name, order in _HISTORY_ORDER.items()
+        }
+    finally:
+        conn.close()
+    return RunHistory(frames["fl_runs"], frames["fl_rounds"], frames["fl_client_rounds"], frames["fl_plans"])
 
 
 def _jsonable(value: Any) -> Any:

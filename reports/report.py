@@ -1,8 +1,8 @@
 """Build the report from stored records: sources in, sections out, files written.
 
 `load_sources` is the only function that reads the store (the cells through
-`harness.store.ProfileStore`, the ``fl_*`` tables with read-only SQL, so the report
-depends on the FL schema of migration 3, not on `fl.runlog`'s API). `build_sections`
+`harness.store.ProfileStore`, the FL runs through `fl.runlog.read_history`, which
+opens the file read-only). `build_sections`
 turns `Sources` into page sections (tables from `reports.tables`, figures from
 `reports.plots`), and `write_report` writes ``report.html`` with every figure as PNG
 and SVG and every table as CSV, each file through a temporary file and a rename.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from devices.files import atomic_write
+from fl.runlog import read_history
 from harness.records import ModelRecord
 from harness.store import ProfileStore, StoreError
 from reports import plots, tables
@@ -72,24 +72,6 @@ class Sources:
     models: tuple[ModelRecord, ...] = ()
 
 
-def _read_fl(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    uri = f"{path.resolve().as_uri()}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True)
-    try:
-        found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        frames = []
-        orders = {"fl_runs": "id", "fl_rounds": "run_id, round", "fl_client_rounds": "run_id, round",
-                  "fl_plans": "run_id, revision"}  # fmt: skip
-        for name, order in orders.items():
-            if name in found:
-                frames.append(pd.read_sql_query(f"SELECT * FROM {name} ORDER BY {order}", conn))  # noqa: S608
-            else:
-                frames.append(pd.DataFrame())
-    finally:
-        conn.close()
-    return frames[0], frames[1], frames[2], frames[3]
-
-
 def load_sources(db: str | os.PathLike[str]) -> Sources:
     """Read the store for the report.
 
@@ -118,8 +100,8 @@ def load_sources(db: str | os.PathLike[str]) -> Sources:
         for m in store.measurements(latest=True):
             if m.facts:
                 facts[m.spec.device] = dict(m.facts)
-    runs, rounds, client_rounds, plans = _read_fl(path)
-    return Sources(cells, campaigns, facts, runs, rounds, client_rounds, str(path), plans, models)
+    fl = read_history(path)
+    return Sources(cells, campaigns, facts, fl.runs, fl.rounds, fl.client_rounds, str(path), fl.plans, models)
 
 
 # ---------------------------------------------------------------------------- sections

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from fl.records import ClientSpec
-from fl.runlog import CheckpointError, ClientRound, RunLog, decode_state, encode_state
+from fl.runlog import CheckpointError, ClientRound, RunLog, decode_state, encode_state, read_history
 from harness.store import ProfileStore
 
 
@@ -193,6 +193,33 @@ def test_round_rows_and_checkpoint_replace(store):
     with store.transaction() as conn:
         assert conn.execute("SELECT COUNT(*) FROM fl_checkpoints").fetchone()[0] == 2
     assert log.runs().set_index("id").loc[run_id, "rounds_done"] == 2
+
+
+def test_history_reads_every_run_in_order_without_writing(tmp_path):
+    path = tmp_path / "fl.db"
+    with ProfileStore(path) as opened:
+        log = RunLog(opened, clock=Tick())
+        first, second = start(log), start(log, seed=8)
+        log_bare_round(log, second, 1, round_rows(), {"round": 1})
+        log_bare_round(log, second, 0, [], {"round": 0})
+        log.log_plan(first, 0, 0, {"devices": []})
+    before = path.read_bytes()
+    history = read_history(path)
+    assert list(history.runs["id"]) == [first, second] and list(history.runs["seed"]) == [7, 8]
+    assert list(history.rounds["round"]) == [0, 1]  # by run, then round: not in the order logged
+    assert len(history.client_rounds) == 2 and set(history.client_rounds["run_id"]) == {second}
+    assert history.plans.iloc[0]["plan"] == '{"devices": []}'  # JSON as stored
+    assert path.read_bytes() == before
+
+
+def test_history_of_a_store_without_runs_is_empty_and_creates_no_table(tmp_path):
+    path = tmp_path / "cells.db"
+    with ProfileStore(path):
+        pass
+    history = read_history(path)
+    assert all(frame.empty for frame in (history.runs, history.rounds, history.client_rounds, history.plans))
+    tables = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not any(name.startswith("fl_") for name in tables)
 
 
 def test_a_failed_round_write_leaves_no_partial_round(store):
