@@ -22,6 +22,10 @@ from exporters.arch import SubModel
 #: Parameters by name, float32, in the model's parameter order.
 Params = dict[str, np.ndarray]
 
+#: A strategy's metrics of one round: a number each, or a number per client id (e.g. each
+#: client's FLOPs budget) as one mapping, never encoded in the metric's name.
+RoundMetrics = Mapping[str, float | Mapping[str, float]]
+
 #: Why a client produced no result (stored in the round log). ``refused``: the executor or
 #: the device's backend cannot run what the client was asked to do.
 FAILURE_REASONS = ("unreachable", "timeout", "out_of_memory", "refused", "error")
@@ -105,6 +109,9 @@ class TrainRes:
     metrics : mapping of str to float
         At least ``loss`` (mean training loss of the last epoch) and
         ``accuracy`` (training accuracy of the last epoch) and ``steps``.
+    steps_at_width : mapping of float to int
+        FjORD per step: how many steps trained at each width drawn. Empty when every
+        step trained the sub-model sent (or the client did not report its draws).
     """
 
     cid: str
@@ -115,6 +122,7 @@ class TrainRes:
     download_seconds: float = 0.0
     upload_seconds: float = 0.0
     metrics: Mapping[str, float] = field(default_factory=dict)
+    steps_at_width: Mapping[float, int] = field(default_factory=dict)
 
     @property
     def round_seconds(self) -> float:

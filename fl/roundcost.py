@@ -736,12 +736,14 @@ def slowed_by_host(cpu_vs_profile: float | None) -> bool:
 
 
 def drawn_steps(metrics: Mapping[str, Any]) -> dict[float, float]:
-    """Return the steps a client round trained at each width, from its ``steps_at_width/<w>`` metrics (pure).
+    """Return the steps a logged client round trained at each width (pure).
 
     Parameters
     ----------
     metrics : Mapping
-        A client round's metrics (FjORD per step logs one count per width it drew).
+        A client round's logged metrics: ``steps_at_width`` maps each width a FjORD
+        per-step round drew (as text) to its steps. Rounds logged by earlier versions
+        carry one ``steps_at_width/<w>`` key per width instead; both are read.
 
     Returns
     -------
@@ -749,16 +751,17 @@ def drawn_steps(metrics: Mapping[str, Any]) -> dict[float, float]:
         Width to steps, for the widths with at least one step; empty for a round that did
         not log its draws.
     """
+    nested = metrics.get("steps_at_width")
+    pairs = list(nested.items()) if isinstance(nested, Mapping) else []
+    pairs += [(key.split("/", 1)[1], value) for key, value in metrics.items() if key.startswith("steps_at_width/")]
     out: dict[float, float] = {}
-    for key, value in metrics.items():
-        if not key.startswith("steps_at_width/"):
-            continue
+    for width, value in pairs:
         try:
-            width, steps = float(key.split("/", 1)[1]), float(value)
+            w, steps = float(width), float(value)
         except (TypeError, ValueError):
             continue
         if math.isfinite(steps) and steps > 0:
-            out[width] = steps
+            out[w] = steps
     return out
 
 

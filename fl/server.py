@@ -52,7 +52,7 @@ from fl.population import (
     payload_bytes,
 )
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
-from fl.roundcost import drawn_steps, loop_cpu_per_step, payload_bytes_of, run_predictor
+from fl.roundcost import loop_cpu_per_step, payload_bytes_of, run_predictor
 from fl.runlog import ClientRound, RunLog
 from fl.scheduling.configs import ProfileConfig, matched_profiles
 from fl.strategies import STRATEGIES, strategy_class
@@ -927,7 +927,7 @@ def _predict_and_calibrate(
         metrics = {**res.metrics, "profile_predicted_seconds": profile[res.cid], "calibration": factors[res.cid]}
         arch = _trained_arch(strategy, instructions[res.cid], res)
         cpu_per_step = loop_cpu_per_step(res.metrics)
-        drawn = drawn_steps(res.metrics) if arch is None else {}
+        drawn = dict(res.steps_at_width) if arch is None else {}
         slowdown = predictor.cpu_slowdown(device, arch, cpu_per_step)
         if slowdown is not None:
             metrics["cpu_vs_profile"] = slowdown
@@ -951,10 +951,10 @@ def _trained_arch(strategy: Strategy, ins: TrainIns, res: TrainRes | None) -> Ar
 
     The result's ``trained_width`` where it trained a narrower prefix than it was sent, else
     its instruction's. For FjORD per step (a ``widths`` list), the one width the result's
-    steps drew (`fl.roundcost.drawn_steps`), else None: they drew several, or did not say.
+    steps drew (`fl.records.TrainRes.steps_at_width`), else None: they drew several, or did not say.
     """
     if ins.config.get("widths"):
-        drawn = drawn_steps(res.metrics) if res is not None else {}
+        drawn = dict(res.steps_at_width) if res is not None else {}
         return strategy.model.arch(next(iter(drawn))) if len(drawn) == 1 else None
     width = None if res is None else res.metrics.get("trained_width")
     arch = ins.submodel.arch
@@ -1228,7 +1228,7 @@ def _client_rows(
                     download_seconds=res.download_seconds,
                     upload_seconds=res.upload_seconds,
                     train_flops=None if per_example is None else per_example * res.num_examples * epochs_run,
-                    metrics=dict(res.metrics),
+                    metrics=_logged_metrics(res),
                 )
             )
         else:
@@ -1247,6 +1247,19 @@ def _client_rows(
 
 def _speed_factors(virtual: VirtualClock) -> dict[str, float]:
     return {f"c{i}": factor for i, factor in enumerate(virtual.population.factors)}
+
+
+def _logged_metrics(res: TrainRes) -> dict[str, Any]:
+    """Return a client result's metrics as the run log stores them.
+
+    The steps per width of a FjORD per-step round are one object, ``steps_at_width``,
+    keyed by the width as text (JSON keys are strings), so a reader gets them back
+    with `fl.roundcost.drawn_steps`.
+    """
+    logged: dict[str, Any] = dict(res.metrics)
+    if res.steps_at_width:
+        logged["steps_at_width"] = {f"{width:g}": int(n) for width, n in res.steps_at_width.items()}
+    return logged
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -677,6 +677,7 @@ class DevicesExecutor(ClosingExecutor):
             download_seconds=download,
             upload_seconds=upload,
             metrics=metrics,
+            steps_at_width=steps_at_width(doc) if job.widths else {},
         )
 
     def _metrics(self, job: _Job, doc: Mapping[str, Any], in_bytes: int, out_bytes: int) -> dict[str, float]:
@@ -888,8 +889,8 @@ def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     Returns
     -------
     dict of str to float
-        ``mean_width`` (as `fl.strategies.fjord.train_ordered`), ``width_switches``,
-        ``switch_seconds`` (total), and ``steps_at_width/<w>`` per width trained.
+        ``mean_width`` (as `fl.strategies.fjord.train_ordered`), ``width_switches`` and
+        ``switch_seconds`` (total); the steps per width are `steps_at_width`.
     """
     widths = [float(w) for w in doc.get("step_widths", [])]
     switches = [float(s) for s in doc.get("switch_seconds", [])]
@@ -898,9 +899,23 @@ def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
         "width_switches": float(len(switches)),
         "switch_seconds": float(sum(switches)),
     }
-    for width in sorted(set(widths)):
-        out[f"steps_at_width/{width:g}"] = float(widths.count(width))
     return out
+
+
+def steps_at_width(doc: Mapping[str, Any]) -> dict[float, int]:
+    """Return how many steps of a FjORD train reply trained at each width, by width.
+
+    Parameters
+    ----------
+    doc : mapping
+        A train reply; ``step_widths`` is the width each step drew (absent: no draws).
+
+    Returns
+    -------
+    dict of float to int
+    """
+    widths = [float(w) for w in doc.get("step_widths", [])]
+    return {width: widths.count(width) for width in sorted(set(widths))}
 
 
 def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: Mapping[str, Any]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from exporters.arch import SubModel
-from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 
 if TYPE_CHECKING:
     from exporters.arch import Arch
@@ -97,7 +97,7 @@ class Strategy:
 
     def aggregate_round(
         self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]
-    ) -> tuple[Params, dict[str, float]]:
+    ) -> tuple[Params, RoundMetrics]:
         """Fold the clients' results into the global state; return it and round metrics."""
         raise NotImplementedError
 

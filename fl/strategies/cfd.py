@@ -40,7 +40,7 @@ from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.aggregate import selective_average
 from fl.codes import assign_rows, constant_weight_code, gold_code_matrix, random_rows
-from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.server_opt import ServerOptimizer, mean_update
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
@@ -137,7 +137,7 @@ class CodedFD(Strategy):
 
     def aggregate_round(
         self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]
-    ) -> tuple[Params, dict[str, float]]:
+    ) -> tuple[Params, RoundMetrics]:
         """Average per weight over the holders, then apply the server optimiser to the mean update."""
         metrics: dict[str, float] = {"clients": float(len(results)), "failures": float(len(failures))}
         if not results:

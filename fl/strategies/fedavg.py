@@ -23,7 +23,7 @@ from exporters.arch import SubModel, static_submodel
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.aggregate import selective_average, updates_from_results
-from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -169,7 +169,7 @@ class FedAvg(Strategy):
 
     def aggregate_round(
         self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]
-    ) -> tuple[Params, dict[str, float]]:
+    ) -> tuple[Params, RoundMetrics]:
         """Average every weight over the clients that held it; failed clients count as absent.
 
         Returns the new global state and ``clients``, ``failures``, ``examples`` and the

@@ -28,8 +28,8 @@ from `fl.plan`, ``fleetbench plan`` and ``fl run --plan``); clients missing from
 sampled client's own expected FLOPs must stay within its own ``r_c`` (`fl.feddrop.optimise_keep`
 with a budget vector), UniDrop and Caldas give each client its own uniform ``p`` (``g_c = 0``), and
 a client's first keep vector is its own uniform ``p``. Without it the paper's mean constraint holds.
-Round metrics report per client ``flops_ratio/<cid>`` (expected FLOPs of the keep probabilities it
-holds after the round, over dense, in the constraint's FLOPs model), ``budget/<cid>`` and
+Round metrics report ``flops_ratio`` (per client id: expected FLOPs of the keep probabilities it
+holds after the round, over dense, in the constraint's FLOPs model), ``budget`` (per client id) and
 ``max_budget_excess`` (max over the round's clients of ratio minus budget; <= 0 up to rounding
 whenever every client's constraint holds, positive when the mean constraint lets one exceed).
 
@@ -73,7 +73,7 @@ from fl.feddrop import (
     sync_thresholds,
     uniform_keep,
 )
-from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
 
@@ -460,9 +460,12 @@ class FedDrop(Strategy):
 
     def aggregate_round(
         self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]
-    ) -> tuple[Params, dict[str, float]]:
+    ) -> tuple[Params, RoundMetrics]:
         """FedAvg with data weights, then (``feddrop``) optimise next round's keep probabilities."""
-        metrics: dict[str, float] = {"clients": float(len(results)), "failures": float(len(failures))}
+        metrics: dict[str, float | dict[str, float]] = {
+            "clients": float(len(results)),
+            "failures": float(len(failures)),
+        }
         if not results:
             return self.global_state, metrics
         counts = np.array([r.num_examples for r in results], dtype=np.float64)
@@ -485,8 +488,9 @@ class FedDrop(Strategy):
         metrics.update(self._budget_metrics(results))
         return self.global_state, metrics
 
-    def _budget_metrics(self, results: Sequence[TrainRes]) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _budget_metrics(self, results: Sequence[TrainRes]) -> dict[str, float | dict[str, float]]:
+        ratios: dict[str, float] = {}
+        budgets: dict[str, float] = {}
         excess = -math.inf
         for r in results:
             if self.mode == "caldas":  # the sub-model it trained (next round's is drawn afresh)
@@ -495,11 +499,10 @@ class FedDrop(Strategy):
                 means = self.flops.channel_means(self.client_keep(r.cid))
             ratio = float(self.flops.flops(means)) / self.flops.dense
             budget = self.client_budget(r.cid)
-            out[f"flops_ratio/{r.cid}"] = ratio
-            out[f"budget/{r.cid}"] = budget
+            ratios[r.cid] = ratio
+            budgets[r.cid] = budget
             excess = max(excess, ratio - budget)
-        out["max_budget_excess"] = excess
-        return out
+        return {"flops_ratio": ratios, "budget": budgets, "max_budget_excess": excess}
 
     def _flops_metrics(self, results: Sequence[TrainRes]) -> dict[str, float]:
         epochs = float(self.local.get("epochs", 1))

@@ -60,7 +60,7 @@ from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl import fluid
 from fl.aggregate import selective_average
-from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
+from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
 from fl.submodels import random_submodel
@@ -205,7 +205,7 @@ class FLuID(Strategy):
 
     def aggregate_round(
         self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]
-    ) -> tuple[Params, dict[str, float]]:
+    ) -> tuple[Params, RoundMetrics]:
         """Update invariance scores and round times, then average per weight over its holders."""
         full_results = [r for r in results if self.assigned.get(r.cid, 1.0) >= 1.0]
         if full_results:

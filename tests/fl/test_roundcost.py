@@ -286,9 +286,12 @@ def test_rounds_the_host_slowed_do_not_calibrate_unless_the_slowdown_lasts() -> 
 def test_a_round_that_drew_several_widths_is_set_against_the_profile_s_mean_over_its_draws() -> None:
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor, drawn_steps
 
-    metrics = {"steps_at_width/0.25": 3.0, "steps_at_width/1": 1, "steps_at_width/0.5": 0, "steps": 4, "x": "y"}
+    metrics = {"steps_at_width": {"0.25": 3, "1": 1, "0.5": 0}, "steps": 4, "x": "y"}
     assert drawn_steps(metrics) == {0.25: 3.0, 1.0: 1.0}
-    assert drawn_steps({"steps_at_width/oops": 2, "steps_at_width/0.5": "n/a"}) == {}
+    assert drawn_steps({"steps_at_width": {"oops": 2, "0.5": "n/a"}, "steps_at_width/x": 1}) == {}
+    # a round logged with one key per width (stores written before the nested form) reads the same
+    legacy = {"steps_at_width/0.25": 3.0, "steps_at_width/1": 1, "steps_at_width/0.5": 0, "steps": 4}
+    assert drawn_steps(legacy) == {0.25: 3.0, 1.0: 1.0}
 
     def reference(device, arch):  # 1 ms of CPU per step per unit of the first layer's width
         return 0.001 * arch.widths[0] / MODEL.group_sizes[0] if device == "pi" else None

@@ -825,8 +825,8 @@ def test_a_fjord_round_is_judged_against_the_profile_at_its_draws_and_its_own_ea
     instructions = {"b": TrainIns("b", model.static(1.0), {}, fjord)}
 
     def result(cpu, drawn):
-        metrics = {"loop_cpu_seconds": cpu, "steps": 2, **{f"steps_at_width/{w:g}": n for w, n in drawn.items()}}
-        return TrainRes("b", model.static(1.0), [], 40, compute_seconds=0.2, metrics=metrics)
+        metrics = {"loop_cpu_seconds": cpu, "steps": 2}
+        return TrainRes("b", model.static(1.0), [], 40, compute_seconds=0.2, metrics=metrics, steps_at_width=drawn)
 
     both = {0.5: 1, 1.0: 1}  # the profile's mean: 7.5 ms per step
     logged_mix = []
@@ -840,3 +840,17 @@ def test_a_fjord_round_is_judged_against_the_profile_at_its_draws_and_its_own_ea
     # one width drawn at every step: judged against the profile at that width, as any round
     _, logged = _predict_and_calibrate(strategy, instructions, [result(0.0125, {0.5: 2})], clients)
     assert logged[0].metrics["cpu_vs_profile"] == pytest.approx(1.25) and predictor.rounds["d"][-1][1] is True
+
+
+def test_a_round_s_steps_per_width_are_logged_as_one_object_a_reader_gets_back() -> None:
+    import json
+
+    from fl.roundcost import drawn_steps
+    from fl.server import _logged_metrics
+
+    model = get_model("fjord-cnn")
+    res = TrainRes("b", model.static(1.0), {}, 40, metrics={"steps": 3.0}, steps_at_width={0.25: 2, 1.0: 1})
+    logged = json.loads(json.dumps(_logged_metrics(res)))
+    assert logged == {"steps": 3.0, "steps_at_width": {"0.25": 2, "1": 1}}
+    assert drawn_steps(logged) == {0.25: 2.0, 1.0: 1.0}
+    assert "steps_at_width" not in _logged_metrics(TrainRes("b", model.static(1.0), {}, 40, metrics={"steps": 3.0}))

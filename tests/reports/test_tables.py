@@ -372,7 +372,7 @@ def test_client_rounds_with_more_cpu_per_step_than_their_neighbours_are_flagged_
             "metrics": json.dumps(metrics),
         }  # fmt: skip
 
-    mixed = {"steps_at_width/0.25": 20, "steps_at_width/1.0": 20}
+    mixed = {"steps_at_width": {"0.25": 20, "1": 20}}
     client_rounds = pd.DataFrame(
         [
             row(0, "pi3", 0.52, 0.7, straggler=1),  # 13 ms per step against 10 ms in rounds 1 and 2: disturbed
@@ -381,7 +381,7 @@ def test_client_rounds_with_more_cpu_per_step_than_their_neighbours_are_flagged_
             row(3, "pi3", 0.10, 1.0, width=0.25),  # another width: compared with nothing, not flagged
             row(0, "pi4", 0.30, 1.0),
             row(1, "pi4", 0.60, 1.0, metrics=mixed),  # FjORD rounds that drew two widths are not judged
-            row(2, "pi4", 0.30, 1.0, metrics={"steps_at_width/1.0": 40}),
+            row(2, "pi4", 0.30, 1.0, metrics={"steps_at_width": {"1": 40}}),
         ]
     )
     flags = tables.host_disturbed_rounds(client_rounds)
@@ -447,7 +447,7 @@ def test_fjord_rounds_that_drew_several_widths_are_judged_against_their_draws_pr
             "metrics": json.dumps(metrics),
         }  # fmt: skip
 
-    one = {"steps_at_width/0.25": 18, "steps_at_width/1": 22}
+    one = {"steps_at_width": {"0.25": 18, "1": 22}}
     other = {"steps_at_width/0.5": 30, "steps_at_width/1": 10}
     # switching widths puts every round above 1; only the round 25 % above its neighbours was slowed
     client_rounds = pd.DataFrame(
