@@ -36,9 +36,9 @@ DEFAULT_WIDTHS = (0.25, 0.5, 0.75, 1.0)
 #: The model the quickstart and the demo use.
 DEFAULT_MODEL = "fjord-cnn"
 
-#: Tolerance used when turning a rate into a width, so that e.g. 0.6 * 5 (which is
+#: Tolerance used when turning a width into a size, so that e.g. 0.6 * 5 (which is
 #: 3.0000000000000004 in binary floating point) gives 3 neurons, not 4.
-RATE_EPSILON = 1e-9
+WIDTH_EPSILON = 1e-9
 
 
 @dataclass(frozen=True)
@@ -71,22 +71,26 @@ ParamLayout = tuple[Dim | None, ...]
 
 @dataclass(frozen=True)
 class Arch:
-    """A model name plus one width per prunable layer.
+    """A model name plus the size of every neuron group.
+
+    A width is a fraction of the full model; a size is a count of neurons. An
+    architecture holds sizes: the width ``w`` of a group of ``K`` neurons is the size
+    ``size_at_width(w, K)``.
 
     Attributes
     ----------
     model : str
         Zoo name of the model.
-    widths : tuple of int
+    sizes : tuple of int
         Number of kept neurons per neuron group, in the model's group order.
     """
 
     model: str
-    widths: tuple[int, ...]
+    sizes: tuple[int, ...]
 
     def key(self) -> str:
         """Return a stable string key, e.g. ``"cfd-cnn[16,32,1024]"``."""
-        return f"{self.model}[{','.join(str(w) for w in self.widths)}]"
+        return f"{self.model}[{','.join(str(n) for n in self.sizes)}]"
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +100,7 @@ class SubModel:
     Attributes
     ----------
     arch : Arch
-        The architecture; ``len(indices[g]) == arch.widths[g]``.
+        The architecture; ``len(indices[g]) == arch.sizes[g]``.
     indices : tuple of numpy.ndarray
         Sorted, unique int64 global neuron indices per group.
     """
@@ -105,15 +109,15 @@ class SubModel:
     indices: tuple[np.ndarray, ...]
 
 
-def width_for_rate(rate: float, size: int) -> int:
-    """Return the width ``ceil(rate * size)`` of a layer kept at ``rate``, never 0.
+def size_at_width(width: float, size: int) -> int:
+    """Return the size ``ceil(width * size)`` of a group of ``size`` neurons kept at ``width``, never 0.
 
     Parameters
     ----------
-    rate : float
+    width : float
         Kept fraction in (0, 1].
     size : int
-        Full number of neurons of the layer.
+        Full number of neurons of the group.
 
     Returns
     -------
@@ -123,15 +127,15 @@ def width_for_rate(rate: float, size: int) -> int:
     Raises
     ------
     InputError
-        If ``rate`` is outside (0, 1].
+        If ``width`` is outside (0, 1].
     """
-    if not (0.0 < rate <= 1.0) or math.isnan(rate):
-        raise InputError(f"width {rate!r} is outside (0, 1]")
-    return max(1, min(size, math.ceil(rate * size - RATE_EPSILON)))
+    if not (0.0 < width <= 1.0) or math.isnan(width):
+        raise InputError(f"width {width!r} is outside (0, 1]")
+    return max(1, min(size, math.ceil(width * size - WIDTH_EPSILON)))
 
 
-def arch_for_rate(model: str, group_sizes: Sequence[int], rate: float) -> Arch:
-    """Return the `Arch` keeping ``ceil(rate * K)`` neurons of every group.
+def arch_at_width(model: str, group_sizes: Sequence[int], width: float) -> Arch:
+    """Return the `Arch` keeping ``ceil(width * K)`` neurons of every group.
 
     Parameters
     ----------
@@ -139,18 +143,18 @@ def arch_for_rate(model: str, group_sizes: Sequence[int], rate: float) -> Arch:
         Zoo name of the model.
     group_sizes : sequence of int
         Full size ``K`` of every neuron group, in group order.
-    rate : float
+    width : float
         Kept fraction in (0, 1].
 
     Returns
     -------
     Arch
     """
-    return Arch(model, tuple(width_for_rate(rate, k) for k in group_sizes))
+    return Arch(model, tuple(size_at_width(width, k) for k in group_sizes))
 
 
 def static_submodel(arch: Arch) -> SubModel:
-    """Return the prefix sub-model ``0 .. width-1`` per group (HeteroFL, FjORD).
+    """Return the prefix sub-model ``0 .. size-1`` per group (HeteroFL, FjORD).
 
     Parameters
     ----------
@@ -160,7 +164,7 @@ def static_submodel(arch: Arch) -> SubModel:
     -------
     SubModel
     """
-    return SubModel(arch, tuple(np.arange(w, dtype=np.int64) for w in arch.widths))
+    return SubModel(arch, tuple(np.arange(w, dtype=np.int64) for w in arch.sizes))
 
 
 def make_submodel(arch: Arch, group_sizes: Sequence[int], indices: Sequence[Sequence[int]]) -> SubModel:
@@ -183,12 +187,12 @@ def make_submodel(arch: Arch, group_sizes: Sequence[int], indices: Sequence[Sequ
     InputError
         If a set has the wrong length, repeats an index or leaves ``[0, K)``.
     """
-    if len(indices) != len(group_sizes) or len(arch.widths) != len(group_sizes):
+    if len(indices) != len(group_sizes) or len(arch.sizes) != len(group_sizes):
         raise InputError(
             f"{arch.model}: expected {len(group_sizes)} index sets, got {len(indices)}"
         )
     kept = []
-    for g, (idx, size, width) in enumerate(zip(indices, group_sizes, arch.widths, strict=True)):
+    for g, (idx, size, width) in enumerate(zip(indices, group_sizes, arch.sizes, strict=True)):
         arr = np.unique(np.asarray(idx, dtype=np.int64))
         if arr.size != len(idx) or arr.size != width:
             raise InputError(

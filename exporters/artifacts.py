@@ -229,7 +229,7 @@ def _width_label(model: ZooModel, arch: Arch) -> str:
     for hundredths in range(100, 0, -1):
         if model.arch(hundredths / 100) == arch:
             return f"{hundredths / 100:g}"
-    label = ".".join(str(w) for w in arch.widths)
+    label = ".".join(str(w) for w in arch.sizes)
     return label if len(label) <= 40 else label[:40] + "_"
 
 
@@ -313,7 +313,7 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         "module": repr(net),
         "parameters": [[name, list(p.shape)] for name, p in net.named_parameters()],
         "sources": sources,
-        "widths": list(arch.widths),
+        "widths": list(arch.sizes),
         "seed": seed_for(arch),
         "batch": batch,
         "optimizer": optimizer,
@@ -489,7 +489,7 @@ def export_masked_artifacts(
         for name in ARTIFACT_FILES:
             shutil.copyfile(base.directory / name, tmp / name)
         initial = unflatten(base.manifest, np.load(tmp / INITIAL_PARAMETERS, allow_pickle=False))
-        widths = dict(zip(model.group_names, arch.widths, strict=True))
+        widths = dict(zip(model.group_names, arch.sizes, strict=True))
         try:
             step = write_step_model(
                 tmp, base.manifest["parameters"], initial, mask_groups=groups, layouts=model.layouts, widths=widths
@@ -604,7 +604,7 @@ def _export_into(
         "paper": model.paper,
         "arch": {
             "key": arch.key(),
-            "widths": list(arch.widths),
+            "widths": list(arch.sizes),
             "groups": list(model.group_names),
             "group_sizes": list(model.group_sizes),
         },

@@ -283,7 +283,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     rows = []
     for i, width in enumerate(widths, 1):
         arch = model.arch(width)
-        print(f"[{i}/{len(widths)}] {model.name} width {width:.2f} {arch.widths} ...", file=sys.stderr, flush=True)
+        print(f"[{i}/{len(widths)}] {model.name} width {width:.2f} {arch.sizes} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         result = export_artifacts(model, arch, batch=args.batch, optimizer=args.optimizer, out_dir=out_dir)
         seconds = time.perf_counter() - start
@@ -294,7 +294,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"{header}  directory")
     for width, arch, counts, result, seconds in rows:
         status = "cached" if result.cached else f"{seconds:.2f} s"
-        layer_widths = ",".join(str(w) for w in arch.widths)
+        layer_widths = ",".join(str(w) for w in arch.sizes)
         print(
             f"{width:>6.2f} {layer_widths:<24} {counts.params:>11,} {counts.macs:>13,} "
             f"{counts.train_flops:>14,} {status:>10}  {result.directory}"

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from exporters.arch import SubModel, make_submodel, width_for_rate
+from exporters.arch import SubModel, make_submodel, size_at_width
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 
@@ -733,7 +733,7 @@ def invariant_submodel(
     """
     arch = model.arch(rate)
     indices: list[Any] = []
-    for (group, size), width in zip(model.groups, arch.widths, strict=True):
+    for (group, size), width in zip(model.groups, arch.sizes, strict=True):
         layer = np.full(size, np.inf) if scores is None or group not in scores else scores[group]
         indices.append(invariant_keep(layer, float(thresholds.get(group, -np.inf)), width, rng))
     return make_submodel(arch, model.group_sizes, indices)
@@ -741,4 +741,4 @@ def invariant_submodel(
 
 def neurons_to_drop(model: ZooModel, rates: Sequence[float]) -> dict[str, int]:
     """Return per group the most neurons any of ``rates`` drops (``K - ceil(r*K)``)."""
-    return {group: max((size - width_for_rate(r, size) for r in rates), default=0) for group, size in model.groups}
+    return {group: max((size - size_at_width(r, size) for r in rates), default=0) for group, size in model.groups}

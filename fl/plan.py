@@ -633,7 +633,7 @@ def _strategy_plans(
             out[device] = base(device, smallest.width, "misses", tier=n, notes=(reason,))
         return out, None
     if request.strategy == "feddrop":
-        top = max(zoo.arch(1.0).widths)
+        top = max(zoo.arch(1.0).sizes)
         for device in checks:
             ratio, note = round_budget_ratio(
                 functools.partial(_at_payload, round_at, device), functools.partial(width_flops, request.model),

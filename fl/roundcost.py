@@ -489,7 +489,7 @@ def cpu_reference_from_rows(rows: Any, model: str, batch: int) -> Callable[[str,
     cache: dict[tuple[str, tuple[int, ...]], float | None] = {}
 
     def reference(device: str, arch: Arch) -> float | None:
-        key = (device, arch.widths)
+        key = (device, arch.sizes)
         if key not in cache:
             try:
                 fitted = models[device]

@@ -958,7 +958,7 @@ def _trained_arch(strategy: Strategy, ins: TrainIns, res: TrainRes | None) -> Ar
         return strategy.model.arch(next(iter(drawn))) if len(drawn) == 1 else None
     width = None if res is None else res.metrics.get("trained_width")
     arch = ins.submodel.arch
-    if width is not None and strategy.model.arch(float(width)).widths != arch.widths:
+    if width is not None and strategy.model.arch(float(width)).sizes != arch.sizes:
         return strategy.model.arch(float(width))
     return arch
 
@@ -998,7 +998,7 @@ def _predictions(
             rounds = {w: predictor(by_cid[cid], strategy.model.arch(w), bytes_down=sent) for w in steps}
             known = {w: r for w, r in rounds.items() if r is not None}
             value = sum(known[w] * n for w, n in steps.items()) / sum(steps.values()) if known == rounds else None
-        elif trained is not None and trained.widths != ins.submodel.arch.widths:
+        elif trained is not None and trained.sizes != ins.submodel.arch.sizes:
             value = predictor(by_cid[cid], trained, bytes_down=sent)
         else:
             value = predictor(by_cid[cid], ins.submodel.arch)
@@ -1162,9 +1162,9 @@ def _width_of(model: ZooModel, ins: TrainIns, capacity: float) -> float:
     """Return the rate a client trained: the config's ``width``, else its capacity when the shapes match it."""
     if "width" in ins.config:
         return float(ins.config["width"])
-    if model.arch(capacity).widths == ins.submodel.arch.widths:
+    if model.arch(capacity).sizes == ins.submodel.arch.sizes:
         return float(capacity)
-    ratios = [w / k for w, k in zip(ins.submodel.arch.widths, model.group_sizes, strict=True)]
+    ratios = [w / k for w, k in zip(ins.submodel.arch.sizes, model.group_sizes, strict=True)]
     return round(min(ratios), 6) if ratios else capacity
 
 
@@ -1207,7 +1207,7 @@ def _client_rows(
             status="ok",
             device=client.device,
             backend=client.backend,
-            arch_widths=tuple(ins.submodel.arch.widths),
+            arch_widths=tuple(ins.submodel.arch.sizes),
             tier=client.tier,
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),
             virtual_seconds=virtual_of.get(cid),

@@ -2,7 +2,7 @@
 
 The three index rules of the FedRolex paper (section 3), per layer ``i`` with ``K_i``
 neurons and a client of capacity ``beta``, keeping ``ceil(beta * K_i)`` neurons
-(`exporters.arch.width_for_rate`):
+(`exporters.arch.size_at_width`):
 
 * static (HeteroFL, FjORD; FedRolex eq. 6): ``{0, ..., ceil(beta*K_i) - 1}`` in every round;
 * rolling (FedRolex eq. 4): in round ``j`` the window of that length starting at
@@ -10,7 +10,7 @@ neurons and a client of capacity ``beta``, keeping ``ceil(beta * K_i)`` neurons
   round and ``K_i``, so every client of a round shares it (a smaller client's
   window is a prefix of a larger one's) and layers of equal size get equal windows.
   The paper prints the length as ``beta*K_i`` rounded down; this project rounds up
-  everywhere (as every width of the project, `exporters.arch.width_for_rate`), which is
+  everywhere (as every width of the project, `exporters.arch.size_at_width`), which is
   the same at the paper's power-of-two capacities and sizes;
 * random (Federated Dropout; FedRolex eq. 5): ``ceil(beta*K_i)`` neurons drawn
   uniformly without replacement.
@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from exporters.arch import SubModel, width_for_rate
+from exporters.arch import SubModel, size_at_width
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 
@@ -165,7 +165,7 @@ def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> S
 def _per_group_submodel(model: ZooModel, rate: float, indices: Callable[[int, int], np.ndarray]) -> SubModel:
     """Return the sub-model at ``rate`` keeping ``indices(group size, kept width)`` of each group, in group order."""
     arch = model.arch(rate)
-    return SubModel(arch, tuple(indices(k, w) for k, w in zip(model.group_sizes, arch.widths, strict=True)))
+    return SubModel(arch, tuple(indices(k, w) for k, w in zip(model.group_sizes, arch.sizes, strict=True)))
 
 
 def width_rate(rate: float) -> float:
@@ -184,5 +184,5 @@ def width_rate(rate: float) -> float:
     InputError
         If ``rate`` is outside (0, 1].
     """
-    width_for_rate(rate, 1)
+    size_at_width(rate, 1)
     return float(rate)

@@ -268,7 +268,7 @@ def plan_cells(
     for backend in {b for listed in per_device.values() for b in listed}:
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
-    archs = [(width, tuple(zoo_model.arch(width).widths)) for width in widths]
+    archs = [(width, tuple(zoo_model.arch(width).sizes)) for width in widths]
     return [
         BenchSpec(
             device=device.name,
@@ -740,8 +740,8 @@ def export_sets(specs: Sequence[BenchSpec], artifacts_dir: Path) -> dict[tuple[s
             continue
         model = get_model(spec.model)
         arch = model.arch(spec.width)
-        if tuple(arch.widths) != spec.arch_widths:
-            arch = replace(arch, widths=spec.arch_widths)
+        if tuple(arch.sizes) != spec.arch_widths:
+            arch = replace(arch, sizes=spec.arch_widths)
         exported = export_artifacts(model, arch, batch=spec.batch, optimizer=spec.optimizer, out_dir=artifacts_dir)
         sets[key] = exported.directory
     for key in torch_sets:

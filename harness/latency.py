@@ -195,7 +195,7 @@ def arch_counts(arch: Arch) -> ArchCounts:
     -------
     ArchCounts
     """
-    return _zoo_counts(arch.model, tuple(int(w) for w in arch.widths))
+    return _zoo_counts(arch.model, tuple(int(w) for w in arch.sizes))
 
 
 def train_flops_per_example(model_name: str, width: float) -> int:

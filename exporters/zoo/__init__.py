@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from exporters.arch import Arch, ParamLayout, SubModel, arch_for_rate, extract, static_submodel
+from exporters.arch import Arch, ParamLayout, SubModel, arch_at_width, extract, static_submodel
 from exporters.errors import InputError
 
 _PAPER_MODULES = ("cfd", "fjord", "heterofl", "feddrop", "fluid")
@@ -97,13 +97,13 @@ class ZooModel:
 
     def arch(self, rate: float) -> Arch:
         """Return the `Arch` keeping ``ceil(rate * K)`` neurons of every group."""
-        return arch_for_rate(self.name, self.group_sizes, rate)
+        return arch_at_width(self.name, self.group_sizes, rate)
 
     def build(self, arch: Arch | None = None) -> nn.Module:
         """Build the torch module for ``arch`` (full width when ``None``)."""
         arch = arch or self.full_arch()
         self._check(arch)
-        return self.builder(dict(zip(self.group_names, arch.widths, strict=True)))
+        return self.builder(dict(zip(self.group_names, arch.sizes, strict=True)))
 
     def extract(self, global_state: Mapping[str, np.ndarray], submodel: SubModel) -> dict[str, np.ndarray]:
         """Slice full-width parameters to ``submodel``'s (see `exporters.arch.extract`)."""
@@ -131,9 +131,9 @@ class ZooModel:
     def _check(self, arch: Arch) -> None:
         if arch.model != self.name:
             raise InputError(f"arch is for {arch.model!r}, not {self.name!r}")
-        if len(arch.widths) != len(self.groups):
-            raise InputError(f"{self.name}: arch has {len(arch.widths)} widths, model {len(self.groups)} groups")
-        for width, (group, size) in zip(arch.widths, self.groups, strict=True):
+        if len(arch.sizes) != len(self.groups):
+            raise InputError(f"{self.name}: arch has {len(arch.sizes)} widths, model {len(self.groups)} groups")
+        for width, (group, size) in zip(arch.sizes, self.groups, strict=True):
             if not 1 <= width <= size:
                 raise InputError(f"{self.name}: width {width} of {group!r} outside [1, {size}]")
 

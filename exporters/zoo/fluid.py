@@ -18,7 +18,7 @@ Neurons are conv filters, dense units and LSTM hidden units (paper section 3), e
 is a group, the first layer keeps its full input and the classifier its full output. The flatten
 is NCHW (channel-major), where Keras flattens NHWC: same parameters, permuted columns.
 The reference builds a sub-model of size p with ``int(p * K)`` (floor) neurons per layer; this
-project uses ``ceil(p * K)`` everywhere (`exporters.arch.width_for_rate`; a layer never drops to
+project uses ``ceil(p * K)`` everywhere (`exporters.arch.size_at_width`; a layer never drops to
 zero neurons), so e.g. p = 0.95 keeps 16 of 16 first-layer filters
 here and 15 there. The softmax of the output layers is part of the loss, not of the modules.
 """

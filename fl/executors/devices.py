@@ -437,9 +437,9 @@ class DevicesExecutor(ClosingExecutor):
         widths = []
         for rate in rates:
             arch = outer if not cfg.get("widths") else self.model.arch(rate)
-            if any(w > o for w, o in zip(arch.widths, outer.widths, strict=True)):
+            if any(w > o for w, o in zip(arch.sizes, outer.sizes, strict=True)):
                 raise InputError(f"fjord: width {rate} does not fit in the client's sub-model {outer.key()}")
-            if arch.widths == outer.widths:
+            if arch.sizes == outer.sizes:
                 widths.append(_Width(rate, outer_dir, None))
                 continue
             set_dir, manifest = self._artifact_set(arch)
@@ -688,7 +688,7 @@ class DevicesExecutor(ClosingExecutor):
             "loss": last_epoch_loss(doc, int(ins.config.get("epochs", 1))),
             "steps": float(steps),
             "step_seconds": float(sum(doc.get("step_seconds", []))),
-            "trained_width": float(ins.submodel.arch.widths[0] / self.model.group_sizes[0]),
+            "trained_width": float(ins.submodel.arch.sizes[0] / self.model.group_sizes[0]),
             "download_bytes": float(in_bytes),
             "upload_bytes": float(out_bytes),
         }
@@ -980,4 +980,4 @@ def cut_prefix(model: ZooModel, outer: Arch, outer_params: Mapping[str, np.ndarr
     -------
     Params
     """
-    return extract(outer_params, static_submodel(inner), model.layouts, model.group_names, outer.widths)
+    return extract(outer_params, static_submodel(inner), model.layouts, model.group_names, outer.sizes)

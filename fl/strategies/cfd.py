@@ -103,7 +103,7 @@ class CodedFD(Strategy):
         Row ``i`` is client ``i``'s mask; every row has ``ceil(rate * K)`` ones.
         """
         out = []
-        for g, (size, width) in enumerate(zip(self.model.group_sizes, self.arch.widths, strict=True)):
+        for g, (size, width) in enumerate(zip(self.model.group_sizes, self.arch.sizes, strict=True)):
             rng = np.random.default_rng((self.seed, rnd, g))
             if self.code == "random":
                 out.append(random_rows(size, width, clients, rng))

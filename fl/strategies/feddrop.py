@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from exporters.arch import Arch, SubModel, make_submodel, width_for_rate
+from exporters.arch import Arch, SubModel, make_submodel, size_at_width
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.aggregate import selective_average
@@ -453,7 +453,7 @@ class FedDrop(Strategy):
         widths = []
         indices: list[list[int]] = []
         for (_, size), site in zip(self.model.groups, self.sites, strict=True):
-            width = width_for_rate(keep, size) if site else size
+            width = size_at_width(keep, size) if site else size
             widths.append(width)
             indices.append([int(i) for i in rng.choice(size, size=width, replace=False)])
         return make_submodel(Arch(self.model.name, tuple(widths)), self.model.group_sizes, indices)
@@ -494,7 +494,7 @@ class FedDrop(Strategy):
         excess = -math.inf
         for r in results:
             if self.mode == "caldas":  # the sub-model it trained (next round's is drawn afresh)
-                means = np.array(r.submodel.arch.widths, dtype=np.float64) / np.array(self.model.group_sizes)
+                means = np.array(r.submodel.arch.sizes, dtype=np.float64) / np.array(self.model.group_sizes)
             else:
                 means = self.flops.channel_means(self.client_keep(r.cid))
             ratio = float(self.flops.flops(means)) / self.flops.dense
@@ -509,7 +509,7 @@ class FedDrop(Strategy):
         expected = sampled = 0.0
         for r in results:
             if self.mode == "caldas":
-                means = np.array(r.submodel.arch.widths, dtype=np.float64) / np.array(self.model.group_sizes)
+                means = np.array(r.submodel.arch.sizes, dtype=np.float64) / np.array(self.model.group_sizes)
             else:
                 means = self.flops.channel_means(self._issued.get(r.cid, self.start_keep(r.cid)))
             per_example = float(self.train_flops.flops(means))

@@ -184,7 +184,7 @@ def _prefix_index(model: ZooModel, arch: Arch, outer: Arch) -> dict[str, list[tu
     """Per parameter, per sliced axis: a prefix length (narrow) or a position tensor (index select).
 
     Positions are relative to the ``outer`` (``p_max``) tensors, whose group sizes are
-    ``outer.widths``.
+    ``outer.sizes``.
     """
     order = {g: i for i, g in enumerate(model.group_names)}
     out: dict[str, list[tuple[int, int | torch.Tensor]]] = {}
@@ -194,12 +194,12 @@ def _prefix_index(model: ZooModel, arch: Arch, outer: Arch) -> dict[str, list[tu
             if dim is None:
                 continue
             g = order[dim.group]
-            if arch.widths[g] == outer.widths[g]:
+            if arch.sizes[g] == outer.sizes[g]:
                 continue
             if dim.blocks == 1:
-                steps.append((axis, arch.widths[g] * dim.inner))
+                steps.append((axis, arch.sizes[g] * dim.inner))
             else:
-                pos = expand_indices(np.arange(arch.widths[g], dtype=np.int64), dim, outer.widths[g])
+                pos = expand_indices(np.arange(arch.sizes[g], dtype=np.int64), dim, outer.sizes[g])
                 steps.append((axis, torch.from_numpy(pos)))
         out[name] = steps
     return out
@@ -279,7 +279,7 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     archs = [model.arch(r) for r in rates] or [outer]
     rates = rates or [float(cfg.get("p_max", 1.0))]
     for rate, arch in zip(rates, archs, strict=True):
-        if any(w > o for w, o in zip(arch.widths, outer.widths, strict=True)):
+        if any(w > o for w, o in zip(arch.sizes, outer.sizes, strict=True)):
             raise InputError(f"fjord trainer: width {rate} does not fit in the client's sub-model {outer.key()}")
     seed = int(cfg.get("seed", 0))
     lr = float(cfg.get("lr", 0.05))
@@ -294,10 +294,10 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     indices: dict[tuple[int, ...], dict[str, list[tuple[int, int | torch.Tensor]]]] = {}
 
     def forward(arch: Arch, xb: torch.Tensor) -> torch.Tensor:
-        if arch.widths not in modules:
-            modules[arch.widths] = model.build(arch).train()
-            indices[arch.widths] = _prefix_index(model, arch, outer)
-        out: torch.Tensor = functional_call(modules[arch.widths], _views(leaves, indices[arch.widths]), (xb,))
+        if arch.sizes not in modules:
+            modules[arch.sizes] = model.build(arch).train()
+            indices[arch.sizes] = _prefix_index(model, arch, outer)
+        out: torch.Tensor = functional_call(modules[arch.sizes], _views(leaves, indices[arch.sizes]), (xb,))
         return out
 
     xt, yt = to_tensors(model, x, y)
@@ -313,7 +313,7 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
                 teacher = forward(outer, xb)
                 loss = nn.functional.cross_entropy(teacher, yb)
                 out = teacher
-                if arch.widths != outer.widths:
+                if arch.sizes != outer.sizes:
                     out = forward(arch, xb)
                     target = torch.softmax(teacher.detach(), dim=1)
                     loss = loss + nn.functional.kl_div(torch.log_softmax(out, dim=1), target, reduction="batchmean")

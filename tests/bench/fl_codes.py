@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from exporters.arch import width_for_rate
+from exporters.arch import size_at_width
 from fl.codes import assign_rows, constant_weight_code, gold_code_matrix, min_pairwise_distance, random_rows
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     width, clients = args.width, args.clients
-    weight = width_for_rate(args.rate, width)
+    weight = size_at_width(args.rate, width)
     print(f"layer {width} units, weight {weight} (rate {args.rate}), {clients} clients, seed {args.seed}")
 
     t_random, rand = timed(lambda: random_rows(width, weight, clients, np.random.default_rng(args.seed)), args.repeats)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporters.arch import Arch, expand_indices, make_submodel, tensor_index, width_for_rate
+from exporters.arch import Arch, expand_indices, make_submodel, size_at_width, tensor_index
 from exporters.errors import InputError
 from exporters.zoo import ZooModel, get_model, model_names
 
@@ -88,20 +88,20 @@ def test_extracted_submodel_equals_zeroed_global_model(zoo_model: ZooModel) -> N
 def test_static_submodel_is_a_prefix(zoo_model: ZooModel) -> None:
     sub = zoo_model.static(0.5)
     for idx, size in zip(sub.indices, zoo_model.group_sizes, strict=True):
-        assert idx.tolist() == list(range(width_for_rate(0.5, size)))
+        assert idx.tolist() == list(range(size_at_width(0.5, size)))
 
 
 @pytest.mark.parametrize(
     ("rate", "size", "width"), [(0.6, 5, 3), (0.2, 5, 1), (0.01, 10, 1), (1.0, 7, 7), (0.25, 64, 16), (0.3, 10, 3)]
 )
 def test_width_for_rate_is_ceil_without_float_noise(rate: float, size: int, width: int) -> None:
-    assert width_for_rate(rate, size) == width
+    assert size_at_width(rate, size) == width
 
 
 @pytest.mark.parametrize("rate", [0.0, -0.5, 1.5, float("nan")])
 def test_width_for_rate_rejects_rates_outside_unit_interval(rate: float) -> None:
     with pytest.raises(InputError):
-        width_for_rate(rate, 10)
+        size_at_width(rate, 10)
 
 
 def test_expand_indices_covers_gate_blocks_and_flatten_columns() -> None:

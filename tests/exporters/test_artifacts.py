@@ -84,7 +84,7 @@ def test_exports_loads_and_trains(root: Path, name: str, width: float) -> None:
     arch = model.arch(width)
 
     assert sorted(p.name for p in result.directory.iterdir()) == sorted((*ARTIFACT_FILES, MANIFEST))
-    assert manifest["model"] == name and manifest["arch"]["widths"] == list(arch.widths)
+    assert manifest["model"] == name and manifest["arch"]["widths"] == list(arch.sizes)
     assert manifest["arch"]["groups"] == list(model.group_names)
     assert manifest["batch"] == BATCH and manifest["optimizer"] == "adamw" and manifest["loss"] == "cross_entropy"
     assert manifest["inputs"] == [  # any batch size; `batch` is the one it was exported for

@@ -470,7 +470,7 @@ def test_fjord_table_1b_cnn() -> None:
     got = []
     for p in FJORD_P:
         arch = model.arch(p)
-        c1, c2 = arch.widths
+        c1, c2 = arch.sizes
         by_hand = 26 * 26 * c1 * 9 + 11 * 11 * c2 * 9 * c1 + 62 * c2 * 25  # 28 -> 26 -> 13 -> 11 -> 5
         macs = count(model, arch).macs
         assert macs == by_hand

@@ -79,7 +79,7 @@ def test_pruned_module_has_the_builders_shapes_at_every_width(derived: dict[str,
     x, _ = model.example_batch(2)
     for rate in sorted(set(DEFAULT_WIDTHS) | set(model.paper_widths) | {0.1, 0.3}):
         arch = model.arch(rate)
-        widths = {pairs[g]: w for g, w in zip(model.group_names, arch.widths, strict=True)}
+        widths = {pairs[g]: w for g, w in zip(model.group_names, arch.sizes, strict=True)}
         pruned = prune_to_widths(model.build(), x, layout.groups, widths)
         built = model.build(arch)
         assert {n: p.shape for n, p in pruned.named_parameters()} == {n: p.shape for n, p in built.named_parameters()}
@@ -97,7 +97,7 @@ def test_extract_through_derived_layouts_equals_hand_layouts(derived: dict[str, 
     for rate in (0.3, 0.5, 0.8):
         arch = model.arch(rate)
         indices = [
-            np.sort(rng.choice(k, size=w, replace=False)) for (_, k), w in zip(model.groups, arch.widths, strict=True)
+            np.sort(rng.choice(k, size=w, replace=False)) for (_, k), w in zip(model.groups, arch.sizes, strict=True)
         ]
         hand = model.extract(state, make_submodel(arch, model.group_sizes, indices))
         by_derived = {pairs[g]: idx for g, idx in zip(model.group_names, indices, strict=True)}

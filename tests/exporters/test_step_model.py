@@ -355,7 +355,7 @@ def test_syncdrop_masks_train_as_pytorch_hooks(root: Path) -> None:
     model = get_model(name)
     run = _run(root, name, width, "sgd")
     arch = model.arch(width)
-    widths = dict(zip(model.group_names, arch.widths, strict=True))
+    widths = dict(zip(model.group_names, arch.sizes, strict=True))
     training = onnx.load(str(run.directory / "training_model.onnx"))
     optimizer = onnx.load(str(run.directory / "optimizer_model.onnx"))
     params = [(p["name"], p["shape"]) for p in run.manifest["parameters"]]
@@ -399,7 +399,7 @@ def test_masks_need_a_conv_or_linear_producer(root: Path) -> None:
     training = onnx.load(str(run.directory / "training_model.onnx"))
     optimizer = onnx.load(str(run.directory / "optimizer_model.onnx"))
     params = [(p["name"], p["shape"]) for p in run.manifest["parameters"]]
-    widths = dict(zip(model.group_names, model.arch(width).widths, strict=True))
+    widths = dict(zip(model.group_names, model.arch(width).sizes, strict=True))
     with pytest.raises(LoweringError, match="lstm1"):
         build_step_model(training, optimizer, params, mask_groups=["lstm1"], layouts=model.layouts, widths=widths)
 

@@ -106,7 +106,7 @@ def test_cnn_output_shape() -> None:
 def test_resnet18_channels_at_quarter_width() -> None:
     model = get_model("fjord-resnet18")
     arch = model.arch(0.25)
-    assert dict(zip(model.group_names, arch.widths, strict=True)) == {
+    assert dict(zip(model.group_names, arch.sizes, strict=True)) == {
         "layer1": 16, "layer1.0": 16, "layer1.1": 16,
         "layer2": 32, "layer2.0": 32, "layer2.1": 32,
         "layer3": 64, "layer3.0": 64, "layer3.1": 64,

@@ -146,8 +146,8 @@ def test_slice_and_fancy_paths_agree(monkeypatch):
         (
             s,
             {
-                "w": rng.normal(size=(s.arch.widths[0],) * 2).astype(np.float32),
-                "b": rng.normal(size=s.arch.widths[0]).astype(np.float32),
+                "w": rng.normal(size=(s.arch.sizes[0],) * 2).astype(np.float32),
+                "b": rng.normal(size=s.arch.sizes[0]).astype(np.float32),
             },
             float(i + 1),
         )

@@ -325,7 +325,7 @@ def test_invariant_keep_drops_invariant_first_then_random():
 def test_invariant_submodel_widths_and_random_fill_without_scores():
     model = get_model("fluid-cnn")
     sub = fluid.invariant_submodel(model, 0.5, None, {}, np.random.default_rng(1))
-    assert sub.arch.widths == (8, 32, 60)
+    assert sub.arch.sizes == (8, 32, 60)
     assert [len(i) for i in sub.indices] == [8, 32, 60]
     scores = {g: np.arange(k, dtype=np.float64) for g, k in model.groups}  # neuron i changed by i
     sub = fluid.invariant_submodel(

@@ -157,7 +157,7 @@ def test_a_calibrated_prediction_follows_the_device_s_measured_rounds() -> None:
     model = get_model("fjord-cnn")
 
     def cost(device, arch, steps, down, up):  # fixed 0.1 s + 10 ms per step at full width, scaled by width
-        return 0.1 + steps * 0.01 * arch.widths[0] / model.group_sizes[0]
+        return 0.1 + steps * 0.01 * arch.sizes[0] / model.group_sizes[0]
 
     base = ClientRoundPredictor(cost, batch=20, epochs=1, devices=frozenset({"pi", "phone"}))
     predictor = CalibratedPredictor(base, window=3)
@@ -294,7 +294,7 @@ def test_a_round_that_drew_several_widths_is_set_against_the_profile_s_mean_over
     assert drawn_steps(legacy) == {0.25: 3.0, 1.0: 1.0}
 
     def reference(device, arch):  # 1 ms of CPU per step per unit of the first layer's width
-        return 0.001 * arch.widths[0] / MODEL.group_sizes[0] if device == "pi" else None
+        return 0.001 * arch.sizes[0] / MODEL.group_sizes[0] if device == "pi" else None
 
     predictor = CalibratedPredictor(
         ClientRoundPredictor(lambda *a: 0.2, 20, 1, frozenset({"pi"})), cpu_reference=reference

@@ -711,7 +711,7 @@ def test_a_fjord_client_round_is_predicted_from_the_widths_its_seed_draws():
     model = get_model("fjord-cnn")
 
     def cost(device, arch, steps, down, up):  # 1 s fixed, 10 s per step per unit of width
-        return 1.0 + steps * 10.0 * arch.widths[0] / model.group_sizes[0]
+        return 1.0 + steps * 10.0 * arch.sizes[0] / model.group_sizes[0]
 
     base = ClientRoundPredictor(cost, 20, 1, frozenset({"d"}))
     client = {"a": ClientSpec("a", capacity=1.0, num_examples=90, device="d")}
@@ -738,7 +738,7 @@ def test_a_fjord_client_round_is_predicted_over_the_widths_it_draws_from():
     step_cost = {w: 10.0 * w for w in (0.25, 0.5, 0.75, 1.0)}
 
     def predictor(client, arch, bytes_down=None):  # fixed 1 s plus a step cost growing with the width
-        return 1.0 + step_cost[arch.widths[0] / model.group_sizes[0]]
+        return 1.0 + step_cost[arch.sizes[0] / model.group_sizes[0]]
 
     strategy = SimpleNamespace(model=model, round_predictor=predictor, step_widths=lambda ins, client: None)
     clients = {c: ClientSpec(c, capacity=1.0, num_examples=40, device="d") for c in ("a", "b")}
@@ -777,7 +777,7 @@ def test_a_round_the_host_slowed_is_logged_against_the_profile_s_cpu_and_does_no
         return 0.1 * steps
 
     def reference(device, arch):  # the profile's CPU per step: 10 ms per unit of width
-        return 0.01 * arch.widths[0] / model.group_sizes[0]
+        return 0.01 * arch.sizes[0] / model.group_sizes[0]
 
     predictor = CalibratedPredictor(ClientRoundPredictor(cost, 20, 1, frozenset({"d"})), cpu_reference=reference)
     strategy = fjord_with(model, predictor)
@@ -814,7 +814,7 @@ def test_a_fjord_round_is_judged_against_the_profile_at_its_draws_and_its_own_ea
     model = get_model("fjord-cnn")
 
     def reference(device, arch):  # the profile's CPU per step: 10 ms at full width, 5 ms at half
-        return 0.01 * arch.widths[0] / model.group_sizes[0]
+        return 0.01 * arch.sizes[0] / model.group_sizes[0]
 
     predictor = CalibratedPredictor(
         ClientRoundPredictor(lambda *a: 0.1 * a[2], 20, 1, frozenset({"d"})), cpu_reference=reference

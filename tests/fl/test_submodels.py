@@ -55,7 +55,7 @@ def test_rolling_rejects_bad_input(bad):
 def test_rolling_submodel_per_layer_size():
     model = get_model("fjord-cnn")  # conv1: 20, conv2: 15
     sub = rolling_submodel(model, 0.25, 17)
-    assert sub.arch.widths == (5, 4)  # ceil(5.0), ceil(3.75)
+    assert sub.arch.sizes == (5, 4)  # ceil(5.0), ceil(3.75)
     assert sub.indices[0].tolist() == [0, 1, 17, 18, 19]  # start 17 mod 20 = 17
     assert sub.indices[1].tolist() == [2, 3, 4, 5]  # start 17 mod 15 = 2
 
@@ -101,7 +101,7 @@ def test_random_indices_are_roughly_uniform():
 def test_static_submodel_is_prefix():
     model = get_model("fjord-cnn")
     sub = static_submodel(model, 0.5)
-    assert sub.arch.widths == (10, 8)
+    assert sub.arch.sizes == (10, 8)
     assert sub.indices[1].tolist() == list(range(8))
 
 

@@ -84,7 +84,7 @@ def test_masks_change_across_rounds_and_replay_after_restart():
     for x, y in zip(m1, b.masks(1, 4), strict=True):
         assert np.array_equal(x, y)
     # Rows keep the required weight after the row and column shuffles.
-    for mask, width in zip(m1, model.arch(0.5).widths, strict=True):
+    for mask, width in zip(m1, model.arch(0.5).sizes, strict=True):
         assert (mask.sum(axis=1) == width).all()
 
 

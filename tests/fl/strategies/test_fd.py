@@ -22,7 +22,7 @@ def test_same_mask_for_every_client_of_a_round_and_new_each_round():
     clients = _clients([0.5, 0.5, 0.25])
     r0 = strategy.configure_round(0, clients)
     a, b, small = (r0[c.cid].submodel for c in clients)
-    assert a.arch.widths == (20, 20) and small.arch.widths == (10, 10)
+    assert a.arch.sizes == (20, 20) and small.arch.sizes == (10, 10)
     for g in range(2):
         assert a.indices[g].tolist() == b.indices[g].tolist()
         assert set(small.indices[g].tolist()) <= set(a.indices[g].tolist())
@@ -40,7 +40,7 @@ def test_per_client_masks_differ_and_rate_option_overrides_capacity():
     strategy = FederatedDropout(model, initial_params(model), mask="per_client", rate="0.25")
     ins = strategy.configure_round(0, _clients([1.0, 1.0]))
     a, b = ins["c0"].submodel, ins["c1"].submodel
-    assert a.arch.widths == b.arch.widths == (10, 10)
+    assert a.arch.sizes == b.arch.sizes == (10, 10)
     assert a.indices[0].tolist() != b.indices[0].tolist()
     again = FederatedDropout(model, initial_params(model), mask="per_client", rate=0.25).configure_round(
         0, _clients([1.0, 1.0])

@@ -22,7 +22,7 @@ def test_configure_round_sends_the_full_model_to_everyone():
     ins = strategy.configure_round(0, _clients(3, capacity=0.25))
     assert set(ins) == {"c0", "c1", "c2"}
     for i in ins.values():
-        assert i.submodel.arch.widths == model.group_sizes
+        assert i.submodel.arch.sizes == model.group_sizes
         for k, v in i.parameters.items():
             assert np.array_equal(v, strategy.global_state[k])
         assert i.config["epochs"] == 2 and i.config["trainer"] == "plain"
@@ -102,4 +102,4 @@ def test_end_to_end_learns_separable_blobs():
     history = run_rounds(strategy, clients, 4, data)
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert accuracy(strategy, x_test, y_test) > max(0.9, before)
-    assert strategy.eval_submodels(clients)[1.0].arch.widths == model.group_sizes
+    assert strategy.eval_submodels(clients)[1.0].arch.sizes == model.group_sizes

@@ -181,7 +181,7 @@ def test_caldas_sends_random_unscaled_submodels():
         ins = strategy.configure_round(rnd, CLIENTS)
         for item in ins.values():
             assert item.config["trainer"] == "plain"
-            assert item.submodel.arch.widths == (1, 1)
+            assert item.submodel.arch.sizes == (1, 1)
             # the kept channel's global parameters, as they are (no dropout scaling)
             np.testing.assert_array_equal(item.parameters["conv1.bias"], old[item.submodel.indices[0]])
         c0, c1 = (int(ins[cid].submodel.indices[0][0]) for cid in ("c0", "c1"))
@@ -342,8 +342,8 @@ def test_caldas_widths_follow_each_clients_uniform_keep():
     strategy = _strategy("caldas", budgets={"c0": 0.9, "c1": 0.3})
     ins = strategy.configure_round(0, CLIENTS)
     # p_c = 0.934 -> ceil(1.87) = 2 of 2 channels; p_c = 0.436 -> ceil(0.87) = 1
-    assert ins["c0"].submodel.arch.widths == (2, 2)
-    assert ins["c1"].submodel.arch.widths == (1, 1)
+    assert ins["c0"].submodel.arch.sizes == (2, 2)
+    assert ins["c1"].submodel.arch.sizes == (1, 1)
 
 
 def test_convention_option_picks_the_constraint_flops_model():

@@ -35,7 +35,7 @@ def test_configure_round_sends_p_max_prefix_and_the_widths_to_sample():
     strategy = FjORD(model, initial_params(model), kd="true")
     ins = strategy.configure_round(0, [ClientSpec("c0", 10, 0.7), ClientSpec("c1", 10, 1.0)])
     c0 = ins["c0"]
-    assert c0.submodel.arch.widths == (6, 5)  # p_max 0.6: ceil(6), ceil(4.8)
+    assert c0.submodel.arch.sizes == (6, 5)  # p_max 0.6: ceil(6), ceil(4.8)
     assert c0.submodel.indices[0].tolist() == list(range(6))
     assert c0.config["trainer"] == "fjord" and c0.config["kd"] is True
     assert c0.config["widths"] == pytest.approx([0.2, 0.4, 0.6])
@@ -177,7 +177,7 @@ def test_train_ordered_on_lstm_gate_blocks():
     ins = TrainIns("c0", sub, params, {"epochs": 1, "batch_size": 6, "lr": 0.5, "seed": 1, "widths": [0.2]})
     trained, _ = train_ordered(model, ins, x, y)
     small = model.static(0.2)  # 26 of the 52 units kept by p_max 0.4
-    h = small.arch.widths[0]
+    h = small.arch.sizes[0]
     w = trained["lstm1.weight_ih_l0"]  # (4 * 52, 8): gate blocks i, f, g, o
     old = params["lstm1.weight_ih_l0"]
     for block in range(4):

@@ -58,7 +58,7 @@ def play(strategy, rnd, seconds, changes=None):
     results = []
     for i, client in enumerate(CLIENTS):
         scale = None
-        if changes is not None and ins[client.cid].submodel.arch.widths == (4,):
+        if changes is not None and ins[client.cid].submodel.arch.sizes == (4,):
             scale = changes[i]
         results.append(result(ins[client.cid], seconds[client.cid], scale))
     strategy.aggregate_round(rnd, results, [])
@@ -72,7 +72,7 @@ def test_registered_under_fluid():
 def test_round_zero_trains_everyone_full():
     strategy = FLuID(tiny_model(), initial())
     ins = strategy.configure_round(0, CLIENTS, None)
-    assert all(i.submodel.arch.widths == (4,) for i in ins.values())
+    assert all(i.submodel.arch.sizes == (4,) for i in ins.values())
     assert not any(i.config["straggler"] for i in ins.values())
 
 
@@ -84,10 +84,10 @@ def test_straggler_and_linear_rate_from_times():
     assert strategy.stragglers == ["c0"]
     assert strategy.target_seconds == 8.0
     assert strategy.rates == {"c0": 0.65}
-    assert ins["c0"].submodel.arch.widths == (3,)
+    assert ins["c0"].submodel.arch.sizes == (3,)
     assert ins["c0"].config["straggler"] is True and ins["c0"].config["width"] == 0.65
     assert ins["c0"].parameters["fc1.weight"].shape == (3, 2)
-    assert all(ins[c].submodel.arch.widths == (4,) for c in ("c1", "c2", "c3"))
+    assert all(ins[c].submodel.arch.sizes == (4,) for c in ("c1", "c2", "c3"))
 
 
 def play_with_device_metrics(strategy, seconds, cid, metrics):
@@ -138,15 +138,15 @@ def test_straggler_switching_after_recalibration_reestimates_time_over_rate():
     assert strategy.stragglers == ["c0"] and strategy.last_calibration == 1
     # round 2: not a calibration round (period 2): c0 stays the straggler
     ins = play(strategy, 2, {"c0": 6.0, "c1": 4.0, "c2": 20.0, "c3": 5.0})
-    assert strategy.stragglers == ["c0"] and ins["c0"].submodel.arch.widths == (2,)
+    assert strategy.stragglers == ["c0"] and ins["c0"].submodel.arch.sizes == (2,)
     # round 3: recalibration. c0's full-model time is re-estimated as 6 / 0.5 = 12 s, so c2 (20 s)
     # becomes the straggler with target 12 s and c0 trains the full model again.
     ins = strategy.configure_round(3, CLIENTS, None)
     assert strategy.last_calibration == 3
     assert strategy.stragglers == ["c2"]
     assert strategy.target_seconds == pytest.approx(12.0)
-    assert ins["c0"].submodel.arch.widths == (4,)
-    assert ins["c2"].submodel.arch.widths == (2,)
+    assert ins["c0"].submodel.arch.sizes == (4,)
+    assert ins["c2"].submodel.arch.sizes == (2,)
 
 
 def test_no_straggler_switch_when_old_straggler_is_still_slowest_at_full_size():
@@ -230,7 +230,7 @@ def test_fixed_rate_overrides_time_based_size():
     strategy = FLuID(tiny_model(), initial(), rate=0.75, sizes=0.5)  # a bare number, as --opt sizes=0.5 gives
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     ins = strategy.configure_round(1, CLIENTS, None)
-    assert strategy.rates == {"c0": 0.75} and ins["c0"].submodel.arch.widths == (3,)
+    assert strategy.rates == {"c0": 0.75} and ins["c0"].submodel.arch.sizes == (3,)
 
 
 def test_aggregation_denominator_counts_only_holders():
@@ -295,7 +295,7 @@ def test_target_and_size_come_from_the_predicted_round_when_there_is_a_predictor
     # a round-cost model: c0 has a 3 s fixed cost, its steps cost 2 s per neuron; the others 1 s + 1 s per neuron
     fixed = {"c0": 3.0, "c1": 1.0, "c2": 1.0, "c3": 1.0}
     per_neuron = {"c0": 2.0, "c1": 1.0, "c2": 1.0, "c3": 1.0}
-    strategy.round_predictor = lambda client, arch: fixed[client.cid] + per_neuron[client.cid] * arch.widths[0]
+    strategy.round_predictor = lambda client, arch: fixed[client.cid] + per_neuron[client.cid] * arch.sizes[0]
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})  # measured: c0 straggles, c2 next slowest
     strategy.configure_round(1, CLIENTS, None)
     assert strategy.stragglers == ["c0"]
@@ -339,7 +339,7 @@ def test_a_round_that_opened_the_runners_sessions_is_judged_without_that_cost():
 def test_a_measured_straggler_the_model_puts_under_the_target_is_sized_by_its_measured_time():
     strategy = FLuID(tiny_model(), initial())
     # the model predicts c0 (1 s) faster than c2 (5 s); the measurement has c0 straggle (12 s against 8 s)
-    strategy.round_predictor = lambda client, arch: 1.0 if client.cid == "c0" else 1.0 + arch.widths[0]
+    strategy.round_predictor = lambda client, arch: 1.0 if client.cid == "c0" else 1.0 + arch.sizes[0]
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     strategy.configure_round(1, CLIENTS, None)
     assert strategy.stragglers == ["c0"] and strategy.rates == {"c0": 0.65}  # 12 s / 8 s measured, as without a model

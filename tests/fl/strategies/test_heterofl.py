@@ -22,8 +22,8 @@ def test_static_extraction_at_each_clients_capacity_in_every_round():
     clients = [ClientSpec("c0", 20, 1.0), ClientSpec("c1", 20, 0.5), ClientSpec("c2", 20, 0.25)]
     for rnd in (0, 3):
         ins = strategy.configure_round(rnd, clients)
-        assert ins["c1"].submodel.arch.widths == (5, 4)
-        assert ins["c2"].submodel.arch.widths == (3, 2)  # ceil(2.5), ceil(2)
+        assert ins["c1"].submodel.arch.sizes == (5, 4)
+        assert ins["c2"].submodel.arch.sizes == (3, 2)  # ceil(2.5), ceil(2)
         assert ins["c2"].submodel.indices[0].tolist() == [0, 1, 2]
         assert np.array_equal(ins["c1"].parameters["fc2.weight"], strategy.global_state["fc2.weight"][:4, :5])
 
@@ -76,7 +76,7 @@ def test_eval_submodels_per_capacity():
     model = tiny_model()
     strategy = HeteroFL(model, initial_params(model))
     subs = strategy.eval_submodels([ClientSpec("a", 1, 0.5), ClientSpec("b", 1, 1.0), ClientSpec("c", 1, 0.5)])
-    assert list(subs) == [1.0, 0.5] and subs[0.5].arch.widths == (5, 4)
+    assert list(subs) == [1.0, 0.5] and subs[0.5].arch.sizes == (5, 4)
 
 
 def test_end_to_end_mixed_capacities_learn():
