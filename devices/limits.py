@@ -22,7 +22,7 @@ two fleets with a device of the same name never share them.
   child may hold cpus; v2 ``cpuset.cpus`` with ``+cpuset`` in ``subtree_control``), else the
   started process's cpu affinity (``sched_setaffinity``), which its children inherit.
   The method is recorded (``Plan.cpuset``) so that a campaign knows which devices really
-  have disjoint cpus (`harness.campaign.plan_isolation`).
+  have disjoint cpus (`harness.isolation.plan_isolation`).
 - Idle cpus (`start_latency_hold`): a quota stops a throttled device for most of every
   period, and the cpu it ran on goes idle. A virtual machine's idle cpu halts its vCPU,
   and the host then runs other work on that core: the device's next steps find cold

@@ -663,7 +663,7 @@ def _run_on_fleet(args: argparse.Namespace, config: Any, fleet: Any) -> Any:
     from fl.executors.devices import DevicesExecutor, backend_for_strategy
     from fl.roundcost import executor_configs
     from fl.server import run_fl
-    from harness.campaign import round_isolation
+    from harness.isolation import round_isolation
 
     config = dataclasses.replace(config, executor="devices")
     backend = backend_for_strategy(config.strategy, args.backend)

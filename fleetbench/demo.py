@@ -172,7 +172,10 @@ def run_demo(args: argparse.Namespace) -> int:
     from exporters.arch import DEFAULT_MODEL
     from exporters.artifacts import check_writable
     from exporters.errors import InputError
-    from harness import campaign
+    from harness.bench_data import bench_data_label
+    from harness.campaign import run_campaign
+    from harness.cells import export_sets, plan_cells
+    from harness.progress import format_event
     from harness.store import ProfileStore
 
     if not 0 <= args.precision < 1:
@@ -203,16 +206,16 @@ def run_demo(args: argparse.Namespace) -> int:
 
         # the cells train on the FL rounds' data (step time depends on it)
         bench_data = write_bench_data(DEMO_DATASET, get_model(model), out / "bench-data.npz", seed=args.seed)
-        specs = campaign.plan_cells(
+        specs = plan_cells(
             fleet, model, DEMO_WIDTHS, [DEMO_BATCH], backends, args.steps, 20, DEMO_OPTIMIZER, precision=args.precision,
-            max_seconds=args.max_seconds, data=campaign.bench_data_label(bench_data),
+            max_seconds=args.max_seconds, data=bench_data_label(bench_data),
         )  # fmt: skip
-        sets = campaign.export_sets(specs, artifacts)
+        sets = export_sets(specs, artifacts)
         progress.detail(f"{len(sets)} artifact sets in {artifacts}")
         with ProfileStore(db) as store:
-            result = campaign.run_campaign(
+            result = run_campaign(
                 fleet, specs, store, artifacts_dir=artifacts, timeout=args.timeout,
-                progress=lambda event: progress.detail(campaign.format_event(event)), announce=progress.detail,
+                progress=lambda event: progress.detail(format_event(event)), announce=progress.detail,
                 round_cost=True, data=bench_data, passes=args.passes,
             )  # fmt: skip
             ok = sum(m.ok for m in result.measurements)
@@ -472,7 +475,7 @@ def run_fl_rounds(
     from fl.plan import strategy_options
     from fl.roundcost import executor_configs
     from fl.server import RunConfig, run_fl
-    from harness import campaign
+    from harness.isolation import round_isolation
 
     artifacts, work = paths
     model = get_model(DEFAULT_MODEL)
@@ -488,7 +491,7 @@ def run_fl_rounds(
     )  # fmt: skip
     with DevicesExecutor(
         model, placement, artifacts_dir=artifacts, work_dir=work, batch=DEMO_BATCH, connect=connect,
-        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER, isolation=campaign.round_isolation(fleet),
+        timeout_s=args.timeout, backends=backends, optimizer=DEMO_OPTIMIZER, isolation=round_isolation(fleet),
     ) as executor:  # fmt: skip
         summary = run_fl(
             config, store=store, executor=executor, data=data, capacities=capacities, placement=names,

@@ -467,7 +467,8 @@ def campaign_measure(
     callable
         ``measure(share) -> {width: per-image us}``.
     """
-    from harness.campaign import plan_cells, run_campaign
+    from harness.campaign import run_campaign
+    from harness.cells import plan_cells
     from harness.store import ProfileStore
 
     del db  # the target was read from it already; trial cells go to the scratch store

@@ -19,7 +19,7 @@ def add_passes_argument(parser: argparse.ArgumentParser) -> None:
     ----------
     parser : argparse.ArgumentParser
     """
-    from harness.campaign import DEFAULT_PASSES
+    from harness.passes import DEFAULT_PASSES
 
     parser.add_argument(
         "--passes",
@@ -98,7 +98,7 @@ def register(commands: Any) -> None:
     profile.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
     profile.add_argument("--artifacts", default="artifacts", help="artifact cache directory (default ./artifacts)")
     profile.add_argument("--resume", action="store_true", help="measure only cells the store does not have yet")
-    profile.set_defaults(handler="harness.campaign:cmd_profile")
+    profile.set_defaults(handler="harness.profile_cli:cmd_profile")
 
     profiles = commands.add_parser("profiles", help="stored profiles")
     actions = profiles.add_subparsers(dest="profiles_command", required=True, parser_class=type(profiles))

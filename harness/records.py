@@ -68,7 +68,7 @@ class BenchSpec:
         flagged imprecise.
     data : str or None
         The bench data the steps train on, ``<file name>@<sha256 prefix>``
-        (`harness.campaign.bench_data_label`); None: a random batch.
+        (`harness.bench_data.bench_data_label`); None: a random batch.
     """
 
     device: str
@@ -137,7 +137,7 @@ class Measurement:
     isolation : Mapping
         How the cell was measured with respect to the other devices of the campaign:
         ``alone`` (bool), ``concurrent_with`` (device names), ``cpus`` and ``reason``
-        (`harness.campaign.IsolationPlan`).
+        (`harness.isolation.IsolationPlan`).
     """
 
     spec: BenchSpec

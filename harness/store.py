@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from devices.files import atomic_path
 from exporters.errors import InputError
+from harness.passes import undisturbed
 from harness.records import BenchSpec, Measurement, ModelRecord
 from harness.roundcost import RoundCostModel
 from harness.runner import DEFAULT_MAX_SECONDS
@@ -262,8 +263,6 @@ def cell_cpu_seconds(measurement: Measurement) -> list[float]:
         The undisturbed samples' CPU seconds per step, as `Measurement.step_seconds` keeps
         their wall seconds; empty for a failed cell or a runner without CPU times.
     """
-    from harness.campaign import undisturbed
-
     runner = measurement.runner
     cpu = [float(v) for v in runner.get("cpu_step_seconds") or ()]
     if measurement.status != "ok" or len(cpu) != len(runner.get("step_seconds") or ()):
@@ -660,7 +659,7 @@ class ProfileStore:
         started_at : float, optional
             Unix time; default now.
         plan : mapping, optional
-            The campaign's isolation plan (`harness.campaign.IsolationPlan.to_dict`).
+            The campaign's isolation plan (`harness.isolation.IsolationPlan.to_dict`).
 
         Returns
         -------

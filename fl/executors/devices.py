@@ -95,7 +95,7 @@ from fl.records import ClientFailure, Params, TrainIns, TrainRes
 from harness.contract import RunnerStart
 
 if TYPE_CHECKING:
-    from harness.campaign import IsolationPlan
+    from harness.isolation import IsolationPlan
 
 #: Seconds allowed for one remote command when the caller gives no timeout.
 DEFAULT_TIMEOUT_S = 300.0
@@ -274,7 +274,7 @@ class DevicesExecutor(ClosingExecutor):
     optimizer : str
         The optimizer graph clients train with (``"sgd"`` or ``"adamw"``); profile with the same.
     isolation : IsolationPlan, optional
-        Which devices must not train at the same time (`harness.campaign.round_isolation`:
+        Which devices must not train at the same time (`harness.isolation.round_isolation`:
         every device on this host): in a round, a device starts its clients when the
         devices it conflicts with have finished theirs, so each client round sees the cpu
         its profile saw. None: every device at once (devices that are really apart).
@@ -802,7 +802,7 @@ def device_turns(isolation: IsolationPlan | None, names: Sequence[str]) -> dict[
     Parameters
     ----------
     isolation : IsolationPlan or None
-        The fleet's plan (`harness.campaign.round_isolation`); None: nobody waits.
+        The fleet's plan (`harness.isolation.round_isolation`); None: nobody waits.
     names : sequence of str
         The devices with clients this round, in fleet order.
 

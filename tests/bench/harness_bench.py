@@ -40,7 +40,12 @@ from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
 from devices.sshd import free_port
 from exporters.arch import DEFAULT_MODEL, parse_widths
-from harness import campaign
+from harness.bench_data import bench_data_label
+from harness.campaign import run_campaign
+from harness.cells import export_sets, plan_cells
+from harness.device_run import CampaignResult
+from harness.isolation import pinned_cpus, plan_isolation
+from harness.passes import DEFAULT_PASSES
 from harness.records import BenchSpec
 from harness.stats import summarize
 from harness.store import ProfileStore
@@ -58,10 +63,10 @@ def demo_cells(fleet: Fleet, args: argparse.Namespace) -> list[BenchSpec]:
     """The demo's cells (`fleetbench.demo`) at this bench's widths."""
     from fleetbench.demo import DEMO_BATCH
 
-    return campaign.plan_cells(
+    return plan_cells(
         fleet, args.model, parse_widths(args.widths), [DEMO_BATCH], ["ort"], args.steps, 20, "sgd",
         precision=args.precision, max_seconds=args.max_seconds,
-        data=campaign.bench_data_label(args.data) if args.data else None,
+        data=bench_data_label(args.data) if args.data else None,
     )  # fmt: skip
 
 
@@ -71,8 +76,8 @@ def run(
     store: ProfileStore,
     artifacts: Path,
     data: Path | None = None,
-    variant: str = str(campaign.DEFAULT_PASSES),
-) -> campaign.CampaignResult:
+    variant: str = str(DEFAULT_PASSES),
+) -> CampaignResult:
     """One campaign, silent (its cells on ``data``, the demo's bench data, measured as ``variant`` says).
 
     ``variant`` is a ``--passes`` item: ``K`` passes per cell, devices taking turns pass by
@@ -81,7 +86,7 @@ def run(
     count, _, turns = variant.partition(":")
     if turns not in ("", "one-turn"):
         raise SystemExit(f"--passes item {variant!r}: K or K:one-turn")
-    return campaign.run_campaign(
+    return run_campaign(
         fleet, specs, store, artifacts_dir=artifacts, timeout=300, progress=lambda e: None,
         announce=lambda line: None, data=data, passes=int(count), interleave=turns != "one-turn",
     )  # fmt: skip
@@ -91,9 +96,9 @@ def wall(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Name
     """Print the wall time of one campaign of the demo's cells per ``--passes`` value, one after the other."""
     specs = demo_cells(fleet, args)
     start = time.perf_counter()
-    campaign.export_sets(specs, artifacts)
+    export_sets(specs, artifacts)
     print(f"export (host, once): {time.perf_counter() - start:.1f} s")
-    print("\n".join(campaign.plan_isolation(fleet.devices, campaign.pinned_cpus(fleet)).describe()))
+    print("\n".join(plan_isolation(fleet.devices, pinned_cpus(fleet)).describe()))
     ok = True
     for passes in args.passes:
         before = load()
@@ -173,7 +178,7 @@ def _cv(values: Sequence[float]) -> float:
 def deploy(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
     """Print a campaign with cold device caches and one with warm caches: bytes pushed and wall time."""
     specs = demo_cells(fleet, args)
-    campaign.export_sets(specs, artifacts)
+    export_sets(specs, artifacts)
     ok = True
     for label in ("cold cache", "warm cache"):
         if label == "cold cache":
@@ -240,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=DEMO_MAX_SECONDS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--passes", default=str(campaign.DEFAULT_PASSES),
+        "--passes", default=str(DEFAULT_PASSES),
         help="passes per cell, comma-separated to compare values side by side (e.g. 1,4); "
         "K:one-turn: each device runs all its passes in one turn instead of taking turns pass by pass",
     )  # fmt: skip

@@ -24,8 +24,11 @@ from devices.sshd import free_port
 from exporters.arch import parse_widths
 from exporters.zoo import get_model
 from fl.data import write_bench_data
-from harness import campaign
+from harness.bench_data import bench_data_label
+from harness.campaign import run_campaign
+from harness.cells import plan_cells
 from harness.latency import leave_one_out_error
+from harness.progress import print_progress
 from harness.store import ProfileStore
 from tests.devices.conftest import copy_example_fleet
 
@@ -96,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
             with ProfileStore(db) as store:
                 for model in models:
                     data = write_bench_data(DATASETS.get(model, "synthetic"), get_model(model), root / f"{model}.npz")
-                    specs = campaign.plan_cells(
+                    specs = plan_cells(
                         fleet, model, widths, [20], ["ort"], 6, 20, max_seconds=args.max_seconds,
-                        data=campaign.bench_data_label(data),
+                        data=bench_data_label(data),
                     )  # fmt: skip
-                    result = campaign.run_campaign(
+                    result = run_campaign(
                         fleet, specs, store, artifacts_dir=artifacts, timeout=600, resume=True,
-                        progress=campaign.print_progress, data=data,
+                        progress=print_progress, data=data,
                     )  # fmt: skip
                     complete &= result.complete
                 cells = store.latest_cells()

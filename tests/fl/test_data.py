@@ -501,7 +501,7 @@ def test_bench_data_is_the_data_set_shaped_for_the_model_with_classes_mixed(tmp_
     assert x.shape == (60, 3, 32, 32) and x.dtype == np.float32 and y.dtype == np.int64  # padded, 3 channels
     assert len(set(y[:20].tolist())) >= 5  # a random subset: the batches a cell steps through mix classes
     again = data.write_bench_data("mnist5k", get_model("feddrop-vgg9"), tmp_path / "again.npz", examples=60)
-    from harness.campaign import bench_data_label
+    from harness.bench_data import bench_data_label
 
     # seeded: the same examples, so the same label (a digest of the arrays) and the same cell keys
     assert bench_data_label(again).split("@")[1] == bench_data_label(path).split("@")[1]

@@ -523,7 +523,7 @@ def test_a_device_that_drops_and_comes_back_gets_a_new_runner(sshd_path: str, tm
 
 def test_device_turns_follow_the_isolation_plan() -> None:
     from fl.executors.devices import device_turns
-    from harness.campaign import plan_isolation
+    from harness.isolation import plan_isolation
 
     a, b, c, remote = (
         Device("a", "local", workdir="/tmp/a"),
@@ -542,7 +542,7 @@ def test_devices_that_share_cpus_train_in_turns(tmp_path: Path) -> None:
     import threading
     import time
 
-    from harness.campaign import plan_isolation
+    from harness.isolation import plan_isolation
 
     model = get_model("fjord-cnn")
     g = _global("fjord-cnn")
@@ -575,7 +575,7 @@ def test_devices_that_share_cpus_train_in_turns(tmp_path: Path) -> None:
 
 
 def test_a_dead_device_ahead_in_the_turns_does_not_hold_up_the_round(tmp_path: Path) -> None:
-    from harness.campaign import plan_isolation
+    from harness.isolation import plan_isolation
 
     model = get_model("fjord-cnn")
     g = _global("fjord-cnn")
