@@ -62,7 +62,7 @@ def plan_cells(
     max_seconds : float
         Per-cell cap on warm-up plus sampling.
     data : str, optional
-        The bench data's label (`bench_data_label`); None: random batches.
+        The bench data's label (`harness.bench_data.bench_data_label`); None: random batches.
 
     Returns
     -------

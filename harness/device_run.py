@@ -553,7 +553,7 @@ class DeviceRun:
         return True
 
     def _next_turn(self, turn: int) -> bool:
-        """End the device's turn ``turn - 1`` and take turn ``turn`` (with ``interleave``); False when stopped."""
+        """End turn ``turn - 1`` and take turn ``turn`` (with `Campaign.interleave`); False when stopped."""
         if not self.campaign.interleave:
             return not self._stopped()
         self.campaign.activity.device_finished(self.device.name)

@@ -179,9 +179,9 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
     seconds = [float(v) for doc in docs for v in doc.get("step_seconds") or ()]
     cpu = [float(v) for doc in docs for v in doc.get("cpu_step_seconds") or ()]
     judged = all(len(doc.get("disturbed") or ()) == len(doc.get("step_seconds") or ()) for doc in docs)
-    # A pool's samples come from stretches of time apart, so it is judged from `MIN_SAMPLES` on
-    # (a single run from `DISTURBANCE_MIN_SAMPLES`): a device held to a small CPU share takes
-    # few, long samples.
+    # A pool's samples come from stretches of time apart, so it is judged from `MIN_SAMPLES` on (a
+    # single run from `harness.runner.DISTURBANCE_MIN_SAMPLES`): a device held to a small CPU share
+    # takes few, long samples.
     flags = disturbed_samples(cpu, min_samples=MIN_SAMPLES) if judged and len(cpu) == len(seconds) else []
     merged: dict[str, Any] = dict(first)
     merged.update(
