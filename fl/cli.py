@@ -446,7 +446,7 @@ def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
     from fl.population import VirtualClock, check_devices, draw_population, parse_population
     from fl.roundcost import measured_models, parse_links, round_cost_from_rows
     from fl.scheduling.configs import ProfileConfig, match_round_cost
-    from fl.scheduling.rows import profile_rows
+    from harness.latency import profile_rows
     from harness.store import ProfileStore
 
     shares = parse_population(config.population)

@@ -49,8 +49,9 @@ from fl.population import full_batch_steps
 from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
-from fl.scheduling.rows import profile_rows, width_flops
+from fl.scheduling.rows import width_flops
 from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers
+from harness.latency import profile_rows
 from harness.roundcost import RoundCost, RoundCostModel, round_cost
 
 #: Strategies whose clients train a static width chosen per device, and their level sets.

@@ -41,8 +41,8 @@ from fl.executors.devices import modelled_transfer_seconds
 from fl.population import full_batch_steps, split_item
 from fl.records import ClientSpec
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
-from fl.scheduling.rows import profile_rows, select
-from harness.latency import arch_counts, usable_rows
+from fl.scheduling.rows import select
+from harness.latency import arch_counts, profile_rows, usable_rows
 from harness.roundcost import RoundCost, RoundCostModel, round_cost
 
 #: A device's link: rate in kbit/s and one-way delay in milliseconds.

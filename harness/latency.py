@@ -97,11 +97,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from exporters.arch import Arch
 
 #: Bytes per trainable parameter during training: weight + gradient + 2 Adam moments.
@@ -133,7 +135,10 @@ Z95 = 1.959964
 
 #: (model, batch, backend): one measured configuration of a device.
 ConfigKey = tuple[str, int, str]
-Rows = Any  # Iterable[Mapping[str, Any]] or a pandas DataFrame
+#: Profile rows as the fits and the schedulers take them: a DataFrame of
+#: `harness.store.CELL_COLUMNS` (`harness.store.ProfileStore.latest_cells`), row mappings with
+#: those keys, or rows per device (``{device: rows}``, a row's ``device`` filled from its key).
+ProfileRows = Union["pd.DataFrame", Iterable[Mapping[str, Any]], Mapping[str, Sequence[Mapping[str, Any]]], None]
 
 
 # ---------------------------------------------------------------------------- analytic counts
@@ -684,10 +689,42 @@ class DeviceModels:
 # ---------------------------------------------------------------------------- rows
 
 
-def _records(rows: Rows) -> list[dict[str, Any]]:
-    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):
-        return list(rows.to_dict("records"))
-    return [dict(r) for r in rows]
+def profile_rows(profiles: ProfileRows) -> list[dict[str, Any]]:
+    """Return profiles in any accepted form as a flat list of row dicts.
+
+    Parameters
+    ----------
+    profiles : pandas.DataFrame, iterable of mapping, mapping of str to rows, or None
+        A ``{device: rows}`` mapping fills a row's missing ``device`` with its key.
+        ``None`` gives no rows.
+
+    Returns
+    -------
+    list of dict
+        pandas missing values (``pd.NA``, ``pd.NaT``) become ``None``.
+    """
+    if profiles is None:
+        return []
+    if hasattr(profiles, "to_dict") and hasattr(profiles, "columns"):
+        records = [dict(r) for r in profiles.to_dict("records")]
+    elif isinstance(profiles, Mapping):
+        records = []
+        for device, rows in profiles.items():
+            for r in rows:
+                row = dict(r)
+                row.setdefault("device", device)
+                records.append(row)
+    else:
+        records = [dict(r) for r in profiles]
+    return [{k: _clean(v) for k, v in r.items()} for r in records]
+
+
+def _clean(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    import pandas as pd
+
+    return None if value is pd.NA or value is pd.NaT else value
 
 
 def finite_positive(value: Any) -> bool:
@@ -729,7 +766,7 @@ def cell_latency_us(r: Mapping[str, Any]) -> float:
     return float(value) if value is not None and finite_positive(value) else float(r["median_us"])
 
 
-def usable_rows(rows: Rows) -> list[dict[str, Any]]:
+def usable_rows(rows: ProfileRows) -> list[dict[str, Any]]:
     """Return the rows a fit may use: status ``ok`` (or absent) and a finite positive ``median_us``.
 
     Parameters
@@ -741,7 +778,7 @@ def usable_rows(rows: Rows) -> list[dict[str, Any]]:
     list of dict
     """
     out = []
-    for r in _records(rows):
+    for r in profile_rows(rows):
         status = r.get("status")
         if status is not None and not (isinstance(status, float) and math.isnan(status)) and status != "ok":
             continue
@@ -876,7 +913,7 @@ def _fit_grouped(device: str, groups: Mapping[ConfigKey, list[dict[str, Any]]]) 
     return models
 
 
-def fit(rows: Rows) -> dict[str, DeviceModels]:
+def fit(rows: ProfileRows) -> dict[str, DeviceModels]:
     """Fit latency and memory models for every device in ``rows``.
 
     Parameters
@@ -891,7 +928,7 @@ def fit(rows: Rows) -> dict[str, DeviceModels]:
     return {device: _fit_grouped(device, groups) for device, groups in _group(usable_rows(rows)).items()}
 
 
-def fit_device(rows: Rows, device: str | None = None) -> DeviceModels:
+def fit_device(rows: ProfileRows, device: str | None = None) -> DeviceModels:
     """Fit the models of one device.
 
     Parameters
@@ -1063,7 +1100,7 @@ class LooReport:
     max_abs_error: float = math.nan
 
 
-def leave_one_out_error(rows: Rows) -> dict[str, LooReport]:
+def leave_one_out_error(rows: ProfileRows) -> dict[str, LooReport]:
     """Measure prediction error by refitting each configuration without one width at a time.
 
     Parameters

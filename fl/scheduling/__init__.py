@@ -27,7 +27,7 @@ defined once, in its module, and the tests import from the module they test.
 
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.kmeans import kmeans_1d
-from fl.scheduling.rows import profile_rows, width_flops
+from fl.scheduling.rows import width_flops
 from fl.scheduling.sources import memory_budgets_from_fleet
 from fl.scheduling.tiers import (
     HETEROFL_LEVELS,
@@ -39,6 +39,7 @@ from fl.scheduling.tiers import (
     capacities_for,
     uniform_levels,
 )
+from harness.latency import profile_rows
 
 __all__ = [
     "HETEROFL_LEVELS",

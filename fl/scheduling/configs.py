@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporters.errors import InputError
-from fl.scheduling.rows import Rows, profile_rows
-from harness.latency import usable_rows
+from harness.latency import ProfileRows, profile_rows, usable_rows
 from harness.roundcost import RoundCostModel
 
 #: Configuration fields and the cost of a difference in each (see the module docstring).
@@ -125,7 +124,7 @@ def _order(config: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(config[name]) for name in FIELD_WEIGHTS)
 
 
-def match_profile(rows: Rows, device: str, model: str, want: ProfileConfig) -> ProfileMatch:
+def match_profile(rows: ProfileRows, device: str, model: str, want: ProfileConfig) -> ProfileMatch:
     """Return ``device``'s profile of ``model`` in the run's configuration, or the nearest one.
 
     Parameters
@@ -190,7 +189,7 @@ def match_round_cost(
 
 
 def matched_profiles(
-    rows: Rows,
+    rows: ProfileRows,
     model: str,
     wants: Mapping[str, ProfileConfig],
     *,

@@ -38,45 +38,6 @@ from harness.latency import (
 #: Status of a cell that ran out of memory (`harness.records.Status`).
 OUT_OF_MEMORY = "out of memory"
 
-Rows = Any  # pandas DataFrame, Iterable[Mapping[str, Any]] or Mapping[str, Sequence[Mapping[str, Any]]]
-
-
-def profile_rows(profiles: Rows) -> list[dict[str, Any]]:
-    """Return profiles in any accepted form as a flat list of row dicts.
-
-    Parameters
-    ----------
-    profiles : pandas.DataFrame, iterable of mapping, mapping of str to rows, or None
-        A ``{device: rows}`` mapping fills a row's missing ``device`` with its key.
-        ``None`` gives no rows.
-
-    Returns
-    -------
-    list of dict
-        pandas missing values (``pd.NA``, ``pd.NaT``) become ``None``.
-    """
-    if profiles is None:
-        return []
-    if hasattr(profiles, "to_dict") and hasattr(profiles, "columns"):
-        records = [dict(r) for r in profiles.to_dict("records")]
-    elif isinstance(profiles, Mapping):
-        records = []
-        for device, rows in profiles.items():
-            for r in rows:
-                row = dict(r)
-                row.setdefault("device", device)
-                records.append(row)
-    else:
-        records = [dict(r) for r in profiles]
-    return [{k: _clean(v) for k, v in r.items()} for r in records]
-
-
-def _clean(value: Any) -> Any:
-    if value is None or isinstance(value, (str, bytes, bool, int, float)):
-        return value
-    import pandas as pd
-
-    return None if value is pd.NA or value is pd.NaT else value
 
 
 def select(

@@ -41,17 +41,8 @@ from typing import Any
 from fl.capacity import LEVELS
 from fl.scheduling.checks import WIDTH_TOL, check_widths, count, positive, same_width
 from fl.scheduling.kmeans import kmeans_1d
-from fl.scheduling.rows import (
-    OUT_OF_MEMORY,
-    Rows,
-    predicted_latency,
-    predicted_peak,
-    profile_rows,
-    select,
-    status_summary,
-    width_flops,
-)
-from harness.latency import DeviceModels, fit
+from fl.scheduling.rows import OUT_OF_MEMORY, predicted_latency, predicted_peak, select, status_summary, width_flops
+from harness.latency import DeviceModels, ProfileRows, fit, profile_rows
 
 #: HeteroFL / FedRolex capacity levels 'a'..'e', widest first.
 HETEROFL_LEVELS: tuple[float, ...] = tuple(LEVELS)
@@ -181,7 +172,7 @@ class TierPlan:
 
 
 def assign_tiers(
-    profiles: Rows,
+    profiles: ProfileRows,
     model: str,
     widths: Iterable[float],
     *,

@@ -28,6 +28,7 @@ from harness.latency import (
     predict_memory,
     train_flops_per_example,
 )
+from tests.fl.scheduling import profiles as scheduling_profiles
 
 MODEL = "fjord-cnn"
 WIDTHS = (0.25, 0.375, 0.5, 0.75, 1.0)
@@ -293,3 +294,17 @@ def test_training_flops_of_the_zoo() -> None:
     zoo = get_model(MODEL)
     assert train_flops_per_example(MODEL, 0.5) == count(zoo, zoo.arch(0.5)).train_flops
     assert isinstance(fit_device(_rows()).latency[(MODEL, 20, "ort")], LatencyModel)
+
+
+def test_profile_rows_accept_a_frame_rows_or_a_device_mapping() -> None:
+    rows = scheduling_profiles.line_rows("A", 100.0, 1e-4)
+    frame = pd.DataFrame(rows).astype({"train_flops": "Float64"})
+    frame.loc[0, "train_flops"] = pd.NA
+    from_frame = latency.profile_rows(frame)
+    assert [r["width"] for r in from_frame] == [0.25, 0.5, 0.75, 1.0]
+    assert from_frame[0]["train_flops"] is None  # pandas NA becomes None
+    assert latency.profile_rows(rows) == rows
+    # {device: rows}: the key fills a missing device, an explicit one is kept
+    mapped = latency.profile_rows({"X": [{"width": 0.5}], "Y": [{"device": "Z", "width": 1.0}]})
+    assert mapped == [{"device": "X", "width": 0.5}, {"device": "Z", "width": 1.0}]
+    assert latency.profile_rows(None) == []

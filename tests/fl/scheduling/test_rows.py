@@ -1,39 +1,16 @@
-"""Profile rows in every accepted form, and the counts at a width (fl/scheduling/rows.py)."""
+"""Selecting profile rows and the counts at a width (fl/scheduling/rows.py)."""
 
 from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 
 from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
-from fl.scheduling.rows import (
-    memory_counts,
-    predicted_latency,
-    predicted_peak,
-    profile_rows,
-    select,
-    status_summary,
-    width_flops,
-)
+from fl.scheduling.rows import memory_counts, predicted_latency, predicted_peak, select, status_summary, width_flops
 from tests.fl.scheduling.profiles import PARAMS, line_rows
-
-
-def test_profile_rows_accept_a_frame_rows_or_a_device_mapping() -> None:
-    rows = line_rows("A", 100.0, 1e-4)
-    frame = pd.DataFrame(rows).astype({"train_flops": "Float64"})
-    frame.loc[0, "train_flops"] = pd.NA
-    from_frame = profile_rows(frame)
-    assert [r["width"] for r in from_frame] == [0.25, 0.5, 0.75, 1.0]
-    assert from_frame[0]["train_flops"] is None  # pandas NA becomes None
-    assert profile_rows(rows) == rows
-    # {device: rows}: the key fills a missing device, an explicit one is kept
-    mapped = profile_rows({"X": [{"width": 0.5}], "Y": [{"device": "Z", "width": 1.0}]})
-    assert mapped == [{"device": "X", "width": 0.5}, {"device": "Z", "width": 1.0}]
-    assert profile_rows(None) == []
 
 
 def test_select_matches_every_given_field() -> None:
