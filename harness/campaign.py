@@ -14,8 +14,8 @@ A campaign is thin orchestration over the other harness pieces:
    `harness.deploy.deploy_artifact_sets`, three remote commands instead of three or four
    per set, since on a device held to 0.14 of a core each remote command costs about a
    second), run
-   ``runner.py bench`` under the per-cell timeout (the runner samples until the median
-   is precise or its cap, see `harness.runner`), parse its JSON document and store the
+   ``runner.pyz bench`` under the per-cell timeout (the runner samples until the median
+   is precise or its cap, see `harness.runner.sampling`), parse its JSON document and store the
    `Measurement` at once (one transaction per cell, so an interrupted campaign loses no
    finished cell). With ``passes`` above 1 (the default, `DEFAULT_PASSES`) that run is
    the cell's first pass, on its share of the cap; the device's resident runner then
@@ -109,9 +109,16 @@ from devices.fleet import Device, Fleet
 from devices.limits import format_cpu_list, parse_cpu_list
 from devices.transport import Transport
 from exporters.manifest import EXPORT_FORMAT_VERSION
-from harness import contract
+from harness import contract, runner_archive
 from harness.records import Backend, BenchSpec, Measurement, model_record
-from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, DISTURBANCE_LIMIT
+from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
+from harness.runner.sampling import (
+    DISTURBANCE_LIMIT,
+    MIN_SAMPLES,
+    disturbed_samples,
+    median_interval,
+    median_of_sorted,
+)
 
 if TYPE_CHECKING:
     from harness.backends import BackendChoice
@@ -167,7 +174,7 @@ class CampaignResult:
     deploys : dict
         Device name -> list of ``harness.deploy.DeployResult`` (one per artifact set).
     runner_invocations : int
-        ``runner.py bench`` processes actually started on devices (one per cell: its first pass).
+        ``runner.pyz bench`` processes actually started on devices (one per cell: its first pass).
     resident_requests : int
         Bench requests sent to resident runners (the cells' later passes).
     interrupted : bool
@@ -926,7 +933,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
 
     The samples of every pass are pooled; where every pass judged its samples
     (``disturbed``, one flag per sample), the pool is judged again as one
-    (`harness.runner.disturbed_samples`, from `harness.runner.MIN_SAMPLES` samples on), so
+    (`harness.runner.sampling.disturbed_samples`, from `MIN_SAMPLES` samples on), so
     a pass the host slowed as a whole, or a first pass still cold, stands out against the
     others. The median and its interval are those of the pooled samples that
     count.
@@ -952,8 +959,6 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         pass's samples that count by its own flags, seconds per step: each pass stands for
         its stretch of the host's speed, which every cell of the device went through).
     """
-    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval, median_of_sorted
-
     if not docs:
         raise ValueError("merge_passes needs at least one pass")
     first = docs[0]
@@ -1206,7 +1211,7 @@ class _DeviceRun:
     """The cells of one device, run one at a time in this device's thread.
 
     With ``passes`` above 1, each cell's time cap is split over that many passes: every
-    cell's first pass runs ``runner.py bench`` in a process of its own (as with one pass),
+    cell's first pass runs ``runner.pyz bench`` in a process of its own (as with one pass),
     then pass 2 of every cell, pass 3 of every cell, ... run as requests to the device's
     resident runner (`harness.resident.ResidentRunner`), and each cell is stored after
     its last pass (`merge_passes`). With ``interleave`` each pass is a turn of its own
@@ -1325,7 +1330,8 @@ class _DeviceRun:
         if not self.prefetched:
             self._prefetch(transport)
         if self.runner_remote is None:
-            self.runner_remote = str(deploy_runner(transport, self.device, contract.RUNNER_PATH, timeout=self.timeout))
+            archive = runner_archive.archive_path()
+            self.runner_remote = str(deploy_runner(transport, self.device, archive, timeout=self.timeout))
         if self.data is not None and self.remote_data is None:
             shard = deploy_files(transport, self.device, [self.data], into="data", timeout=self.timeout)
             self.remote_data = shard.remote_paths[self.data.name]
@@ -1351,7 +1357,7 @@ class _DeviceRun:
         }  # fmt: skip
 
     def _first_pass(self, spec: BenchSpec) -> _Cell:
-        """Run ``spec``'s first pass as ``runner.py bench`` in a process of its own."""
+        """Run ``spec``'s first pass as ``runner.pyz bench`` in a process of its own."""
         cell = _Cell(spec, self.clock(), self._passes_of(spec))
         self.activity.cell_started(self.device.name)
         try:

@@ -22,7 +22,7 @@ from exporters.errors import InputError
 from exporters.flops import count
 from exporters.manifest import EXPORT_FORMAT_VERSION
 from exporters.zoo import get_model
-from harness import campaign, contract
+from harness import campaign, contract, runner_archive
 from harness.campaign import CellEvent, plan_cells
 from harness.store import ProfileStore
 from tests.devices.conftest import kill_device
@@ -480,9 +480,9 @@ def test_runner_failures_become_statuses(
 ) -> None:
     fleet = _load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
-    stub = tmp_path / "runner.py"
+    stub = tmp_path / "runner.pyz"
     stub.write_text(script + "\n")
-    monkeypatch.setattr(contract, "RUNNER_PATH", stub)
+    monkeypatch.setattr(runner_archive, "archive_path", lambda: stub)
     specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort"], STEPS, WARMUP, precision=0.0)
     store = _store(tmp_path / "fleetbench.db")
     result = campaign.run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=5.0, progress=_Counting())
