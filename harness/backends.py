@@ -5,8 +5,7 @@ plus one runtime on the device:
 
 =========  ==========================================================================
 ``ort``    ``onnxruntime-training`` (the ORT training artifacts). Its last release,
-           1.19.2, has Linux wheels for x86_64 and CPython 3.8-3.11 only (checked with
-           ``pip index versions``):
+           1.19.2, has Linux wheels for x86_64 and CPython 3.8-3.11 only:
            no Raspberry Pi, no Jetson, no phone.
 ``onnx``   the plain ``onnxruntime`` package (inference build, or the training build,
            which contains it) running the set's portable ``step_model.onnx``. Wheels

@@ -115,6 +115,7 @@ from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 from harness.runner.sampling import (
     DISTURBANCE_LIMIT,
     MIN_SAMPLES,
+    counted_samples,
     disturbed_samples,
     median_interval,
     median_of_sorted,
@@ -919,7 +920,7 @@ def undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
     flags = list(doc.get("disturbed") or ())
     if len(flags) != len(values):
         return values
-    return [value for value, flag in zip(values, flags, strict=True) if not flag]
+    return counted_samples(values, flags)
 
 
 #: Passes a cell's samples are spread over by default (`run_campaign`): its first in a

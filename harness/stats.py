@@ -34,9 +34,8 @@ Conventions
   **Decision:** the flag asks for the interval, not the point estimate. A MAD from few
   samples scatters widely (its efficiency is 37 % of the standard deviation's on normal
   samples): a device held to a CPU share times blocks of steps, 6 to 20 samples a cell, and
-  the point estimate put 11 of the 80 cells of five campaigns on the example fleet above
-  5 % while every cell's median repeated within 4.5 % (CV) across the campaigns; the
-  interval put none there. The interval is distribution-free: the MAD is the median
+  the point estimate then lifts cells above 5 % whose medians repeat closely across
+  campaigns, where the interval does not. The interval is distribution-free: the MAD is the median
   of the absolute deviations from the median, and its interval is that of their order
   statistics (`harness.runner.sampling.median_interval`, the interval the median gets). So few
   samples need a wide spread to be flagged (at 10 samples, 2 of which lie within the

@@ -135,9 +135,7 @@ EXIT_CODES = {
     "runner error": 5,
 }
 
-#: Every status of a document, in exit-code order.
-STATUSES = tuple(EXIT_CODES)
-
+#: Files of an artifact set beside its manifest: the TorchScript model, the step model, its initial parameters.
 TORCHSCRIPT_FILE = "model.pt"
 STEP_MODEL_FILE = "step_model.onnx"
 INITIAL_PARAMETERS_FILE = "initial_parameters.npy"
@@ -155,7 +153,7 @@ DEFAULT_MAX_SECONDS = 30.0
 PROTOCOL_VERSION = 1
 #: Open backends (sessions) a serving runner keeps, least recently used dropped first.
 DEFAULT_MAX_SESSIONS = 8
-#: Seconds of the bench's matmul probe (`matmul_gflops`) by default.
+#: Seconds of the bench's matmul probe (`harness.runner.probes.matmul_gflops`) by default.
 MATMUL_SECONDS = 0.2
 #: Keys of a serve request that are not command-line options of its mode.
 SERVE_KEYS = ("id", "mode", "params_inline", "return_params", "fjord", "syncdrop")

@@ -255,6 +255,24 @@ def disturbed_samples(
     return [value > limit * low for value in cpu_seconds]
 
 
+def counted_samples(values: list, flags: list) -> list:
+    """Return the samples that count: those whose disturbance flag is not set.
+
+    Parameters
+    ----------
+    values : list of float
+        One value per sample (its wall or its CPU seconds per step).
+    flags : list of bool
+        One flag per sample (`disturbed_samples`).
+
+    Returns
+    -------
+    list of float
+        The values of the undisturbed samples, in order.
+    """
+    return [value for value, flag in zip(values, flags) if not flag]  # noqa: B905 - zip(strict=) needs Python 3.10
+
+
 def sample_steps(
     step,
     clock,
@@ -318,7 +336,7 @@ def sample_steps(
         if not judge:
             return [], ordered
         flags = disturbed_samples(cpu_seconds)
-        return flags, sorted(value for value, flag in zip(seconds, flags) if not flag)  # noqa: B905 - Python 3.8
+        return flags, sorted(counted_samples(seconds, flags))
 
     seconds: list = []
     cpu_seconds: list = []

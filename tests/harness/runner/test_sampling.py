@@ -168,3 +168,8 @@ def test_coverage_at_the_stopping_sample_stays_close_to_nominal() -> None:
         out = sampling.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9)
         covered += out["low"] <= 1.0 <= out["high"]
     assert covered / trials >= 0.88, covered / trials
+
+
+def test_the_samples_that_count_are_the_undisturbed_ones_in_order() -> None:
+    assert sampling.counted_samples([3.0, 2.0, 1.0], [False, True, False]) == [3.0, 1.0]
+    assert sampling.counted_samples([1.0, 2.0], [0, 0]) == [1.0, 2.0]  # documents carry 0/1 flags
