@@ -21,6 +21,7 @@ import io
 import os
 import shutil
 import tempfile
+import threading
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,6 +37,9 @@ ARCHIVE_NAME = "runner.pyz"
 
 #: The archive's entry point: the package's ``main`` (relative imports need it imported as a package).
 LAUNCHER = f"import sys\nfrom {PACKAGE}.__main__ import main\nsys.exit(main())\n"
+
+#: Held while the process's archive is built, so devices deployed concurrently share one build.
+_BUILDING = threading.Lock()
 
 #: Timestamp of every member (the earliest a zip file can hold), so the bytes do not depend on when it was built.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -114,7 +118,6 @@ def build_archive(directory: Path, files: Iterable[Path] | None = None) -> Path:
     return target
 
 
-@functools.cache
 def archive_path() -> Path:
     """Return the runner's archive, the one file pushed to devices, built once per process.
 
@@ -124,6 +127,12 @@ def archive_path() -> Path:
         ``<temporary directory>/runner.pyz``; the directory is removed when the process
         that built it ends.
     """
+    with _BUILDING:
+        return _built()
+
+
+@functools.cache
+def _built() -> Path:
     directory = Path(tempfile.mkdtemp(prefix="fleetbench-runner-"))
     owner = os.getpid()
 

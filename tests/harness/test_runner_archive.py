@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +95,9 @@ def test_a_device_python_runs_the_archive_alone_with_the_documents_keys(cnn_set:
     doc = json.loads(done.stdout)
     assert RUNNER_EXIT_CODES[done.returncode] == doc["status"] == "bad arguments"
     assert set(doc) == TRAIN_DOCUMENT_KEYS
+
+
+def test_devices_deployed_concurrently_share_the_processs_one_archive() -> None:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        paths = set(pool.map(lambda _: archive_path(), range(8)))
+    assert len(paths) == 1 and next(iter(paths)).is_file()
