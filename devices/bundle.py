@@ -15,7 +15,7 @@ chroot and nothing installed on the device::
     .fleetbench-files.sha256         sha256 of every other file (``sha256sum -c`` format)
 
 It runs as ``env PYTHONHOME=B PYTHONPATH=B/site B/lib/ld-linux-*.so.N --library-path
-B/lib B/bin/python3 runner.py ...`` (`harness.contract.RunnerStart`): the loader is
+B/lib B/bin/python3 runner.pyz ...`` (`harness.contract.RunnerStart`): the loader is
 started as a program, so the kernel never reads the interpreter path baked into
 ``python3`` (``/lib/ld-linux...``, absent on Android), and ``--library-path`` replaces
 the system's library search. Android's bionic never sees any of it.

@@ -282,7 +282,7 @@ def provision_fleet(fleet: Any, progress: Progress) -> Any:
 
     Returns
     -------
-    devices.group.FleetResult of harness.provision.ProvisionReport
+    devices.group.FleetResult of harness.backends.ProvisionReport
         Each device's state after provisioning.
     """
     from harness.provision import DEFAULT_PACKAGES, install_notes, provision
@@ -507,7 +507,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``fleetbench`` parser."""
     from exporters.cli import non_negative_int, positive_float, positive_int
     from harness.cli import add_passes_argument
-    from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
+    from harness.runner.protocol import DEFAULT_PRECISION
+    from harness.runner.sampling import MIN_SAMPLES
 
     demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
     demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")

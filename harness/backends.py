@@ -1,12 +1,11 @@
 """Which runner backend each device can run, why not, and which one it uses (pure).
 
-The runner (`harness/runner.py`) trains with one of three backends, each needing numpy
+The runner (`harness.runner`) trains with one of three backends, each needing numpy
 plus one runtime on the device:
 
 =========  ==========================================================================
 ``ort``    ``onnxruntime-training`` (the ORT training artifacts). Its last release,
-           1.19.2, has Linux wheels for x86_64 and CPython 3.8-3.11 only (checked with
-           ``pip index versions``):
+           1.19.2, has Linux wheels for x86_64 and CPython 3.8-3.11 only:
            no Raspberry Pi, no Jetson, no phone.
 ``onnx``   the plain ``onnxruntime`` package (inference build, or the training build,
            which contains it) running the set's portable ``step_model.onnx``. Wheels
@@ -33,19 +32,21 @@ carries the runtime, whose `harness.contract.RunnerStart.backends` rule the othe
 here, before any package is looked at, so ``auto`` gives it ``onnx`` and the reason
 for not ``ort`` is the bundle, not a missing wheel.
 
-Everything here reads a `harness.provision.ProvisionReport` (what a device answered)
-and does no I/O, so the choice is testable without devices; `harness.provision` asks
-the devices.
+Everything here reads a `ProvisionReport` (what a device answered, the record this
+module defines) and does no I/O, so the choice is testable without devices;
+`harness.provision` asks the devices and fills the reports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.provision import ProvisionReport
+    from harness.contract import RunnerStart
+    from harness.phone_runtime import RuntimeReport
 
 #: Backend -> the package names (`harness.provision.Package.name`) it needs importable.
 BACKEND_PACKAGES: Mapping[str, tuple[str, ...]] = {
@@ -90,12 +91,107 @@ class BackendChoice:
         return self.backend is not None
 
 
+@dataclass(frozen=True)
+class PackageStatus:
+    """One package on one device.
+
+    Attributes
+    ----------
+    present : bool
+        Installed metadata or a findable top-level module.
+    importable : bool
+        ``import module`` succeeded.
+    version : str or None
+    error : str or None
+        Why the import failed (one line).
+    """
+
+    present: bool
+    importable: bool
+    version: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProvisionReport:
+    """What one device answered.
+
+    Attributes
+    ----------
+    python : str or None
+        Python version on the device; None when ``device.python`` cannot run.
+    packages : dict of str to PackageStatus
+        Per package name, after any installation.
+    site : str
+        ``<workdir>/site`` (``~`` expanded): put it on ``PYTHONPATH``.
+    installed : tuple of str
+        Package names that became importable through the given wheels or the index.
+    install_error : str or None
+        Why installing failed (pip's last line), when it did.
+    machine : str or None
+        ``platform.machine()`` on the device (``x86_64``, ``aarch64``); None without Python.
+    glibc : str or None
+        The device's glibc version; None for another C library or without Python.
+    pip : bool
+        Whether the device's Python has pip.
+    unwritable : str or None
+        Why ``<workdir>/site`` cannot be written (None: it can).
+    fetched : tuple of str
+        What the host fetched for the device, one line (wheels and where from).
+    step_failures : dict of str to str
+        Per backend whose training step was tried (`train_step_check`) and failed, why;
+        a backend that ran its step, or was not tried, is absent.
+    stepped : tuple of str
+        The backends that ran one training step of the check set.
+    runtime : RuntimeReport or None
+        The runtime the runner starts with (`harness.phone_runtime.device_runtime`): the
+        device's own Python, or a phone's runtime bundle (which offers ``onnx`` only); the
+        packages above are that runtime's. None when not asked (the device's own Python).
+    """
+
+    python: str | None
+    packages: dict[str, PackageStatus]
+    site: str
+    installed: tuple[str, ...] = ()
+    install_error: str | None = None
+    machine: str | None = None
+    glibc: str | None = None
+    pip: bool = False
+    unwritable: str | None = None
+    fetched: tuple[str, ...] = ()
+    step_failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    stepped: tuple[str, ...] = ()
+    runtime: RuntimeReport | None = None
+
+    @property
+    def start(self) -> RunnerStart | None:
+        """How the runner starts on the device (None: with ``device.python``, not asked)."""
+        return None if self.runtime is None else self.runtime.start
+
+    def can_run(self, backend: str) -> bool:
+        """Whether every package ``backend`` needs is importable.
+
+        Parameters
+        ----------
+        backend : {"ort", "onnx", "torch"}
+
+        Returns
+        -------
+        bool
+        """
+        return why_not(self, backend) is None
+
+    def missing(self) -> tuple[str, ...]:
+        """Return the names of packages that are not importable."""
+        return tuple(name for name, status in self.packages.items() if not status.importable)
+
+
 def why_not(report: ProvisionReport, backend: str) -> str | None:
     """Return why ``backend`` cannot run on the device of ``report`` (None when it can).
 
     Parameters
     ----------
-    report : harness.provision.ProvisionReport
+    report : ProvisionReport
     backend : {"ort", "onnx", "torch"}
 
     Returns
@@ -144,7 +240,7 @@ def usable_backends(report: ProvisionReport) -> tuple[str, ...]:
 
     Parameters
     ----------
-    report : harness.provision.ProvisionReport
+    report : ProvisionReport
 
     Returns
     -------
@@ -161,7 +257,7 @@ def choose_backend(name: str, report: ProvisionReport | None, override: str | No
     ----------
     name : str
         Device name.
-    report : harness.provision.ProvisionReport or None
+    report : ProvisionReport or None
         What the device answered; None when it could not be asked (see ``failure``): such a
         device keeps the first backend of `PREFERENCE` rather than being skipped.
     override : str, optional

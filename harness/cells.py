@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from devices.fleet import Device, Fleet
 from harness.records import Backend, BenchSpec
-from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
+from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 
 #: Backends `plan_cells` accepts.
 BACKENDS: tuple[str, ...] = ("ort", "onnx", "torch")

@@ -41,7 +41,8 @@ def register(commands: Any) -> None:
     """
     from exporters.arch import DEFAULT_MODEL, DEFAULT_WIDTHS
     from exporters.cli import add_model_arguments
-    from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION, MIN_SAMPLES
+    from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
+    from harness.runner.sampling import MIN_SAMPLES
 
     profile = commands.add_parser("profile", help="measure training latency and memory per device and width")
     profile.add_argument("--fleet", required=True, help="fleet YAML file")

@@ -1,10 +1,10 @@
 """The on-device runner's contract, as the host reads it: one module for every caller.
 
-The runner (`harness/runner.py`) is one self-contained file pushed to devices; this
-module is everything the host needs to drive it, used alike by profiling campaigns
-(`harness.campaign`) and the FL devices executor (`fl.executors.devices`):
+The runner (the `harness.runner` package) is pushed to devices as one file, its zip
+application (`harness.runner_archive.archive_path`); this module is everything else the
+host needs to drive it, used alike by profiling campaigns (`harness.campaign`) and the FL
+devices executor (`fl.executors.devices`):
 
-* `RUNNER_PATH`: the file to deploy;
 * `RunnerStart`: how a device starts the runner's Python -- its own interpreter, or a
   runtime bundle's through the bundle's loader (``env PYTHONHOME=B ... B/lib/ld-linux-*
   --library-path B/lib B/bin/python3``, `harness.phone_runtime`), and which backends
@@ -12,7 +12,7 @@ module is everything the host needs to drive it, used alike by profiling campaig
 * `bench_argv` and `train_argv`: the command line of each mode (the Python given as a
   path or as a `RunnerStart`);
 * `serve_argv`, `bench_request`, `train_request` and `parse_reply`: the resident runner
-  (``runner.py serve``, protocol in `harness.runner`'s docstring): its command line (the
+  (``runner.pyz serve``, protocol in `harness.runner.protocol`): its command line (the
   Python again a path or a `RunnerStart`), one bench or train request (a bench request
   carries the same options as `bench_argv`, `bench_options`), one reply line in and a
   `RunnerOutput` out;
@@ -23,8 +23,8 @@ module is everything the host needs to drive it, used alike by profiling campaig
   vector in the manifest's parameter order, saved with ``np.save`` and
   ``allow_pickle=False``).
 
-Exit codes are defined once, in the runner (`harness.runner.EXIT_CODES`), and
-inverted here, so the two cannot drift apart.
+Exit codes are defined once, in the runner's shared module
+(`harness.runner.protocol.EXIT_CODES`), and inverted here, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -39,13 +39,10 @@ import numpy as np
 
 from devices.site import python_argv, site_path
 from exporters.manifest import flatten, unflatten
-from harness import runner
-
-#: The runner file pushed to devices.
-RUNNER_PATH = Path(runner.__file__).resolve()
+from harness.runner import protocol
 
 #: Exit status of the runner -> the status it means.
-RUNNER_EXIT_CODES: Mapping[int, str] = {code: status for status, code in runner.EXIT_CODES.items()}
+RUNNER_EXIT_CODES: Mapping[int, str] = {code: status for status, code in protocol.EXIT_CODES.items()}
 
 #: Runner statuses -> the FL failure reason of a client (`fl.records.FAILURE_REASONS`).
 FAILURE_REASON_OF_STATUS: Mapping[str, str] = {
@@ -145,8 +142,8 @@ def bench_options(
     steps: int,
     threads: int,
     sample_seconds: float = 0.0,
-    precision: float = runner.DEFAULT_PRECISION,
-    max_seconds: float = runner.DEFAULT_MAX_SECONDS,
+    precision: float = protocol.DEFAULT_PRECISION,
+    max_seconds: float = protocol.DEFAULT_MAX_SECONDS,
     data: str | None = None,
     matmul_seconds: float | None = None,
 ) -> dict[str, Any]:
@@ -191,7 +188,7 @@ def bench_options(
 
 
 def bench_argv(python: str | RunnerStart, runner_path: str, artifacts: str, **options: Any) -> list[str]:
-    """Return the command line of ``runner.py bench``.
+    """Return the command line of ``runner.pyz bench``.
 
     Parameters
     ----------
@@ -248,7 +245,7 @@ def train_argv(
     threads: int,
     seed: int,
 ) -> list[str]:
-    """Return the command line of ``runner.py train``.
+    """Return the command line of ``runner.pyz train``.
 
     Parameters
     ----------
@@ -285,7 +282,7 @@ def serve_argv(
     max_sessions: int | None = None,
     cwd: str | None = None,
 ) -> list[str]:
-    """Return the command line of ``runner.py serve`` (the resident runner).
+    """Return the command line of ``runner.pyz serve`` (the resident runner).
 
     Parameters
     ----------
@@ -383,7 +380,7 @@ def parse_reply(line: str) -> RunnerOutput:
             "runner error", f"serving runner replied with a line that is not a JSON object: {line[:200]!r}", {}
         )
     status = str(doc.get("status") or "runner error")
-    return parse_output(runner.EXIT_CODES.get(status, 5), line, "")
+    return parse_output(protocol.EXIT_CODES.get(status, 5), line, "")
 
 
 def ended_output(returncode: int | None, stderr: str) -> RunnerOutput:

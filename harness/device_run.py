@@ -4,9 +4,9 @@ A `DeviceRun` connects, takes one facts snapshot, deploys the runner and every O
 Runtime set the device's cells need in one deployment (content-addressed cache, so an
 unchanged set pushes nothing; `harness.deploy.deploy_artifact_sets`: three remote commands
 for all the sets instead of three or four per set, as every remote command starts
-processes a device held to a small CPU share pays for), runs ``runner.py bench`` under the
+processes a device held to a small CPU share pays for), runs ``runner.pyz bench`` under the
 per-cell timeout (the runner samples until the median is precise or its cap, see
-`harness.runner`), parses its JSON document and stores the `Measurement` at once (one
+`harness.runner.sampling`), parses its JSON document and stores the `Measurement` at once (one
 transaction per cell, so an interrupted campaign loses no finished cell). With ``passes``
 above 1 that run is the cell's first pass, on its share of the cap; the device's resident
 runner then takes the later passes of every cell in turn, and a cell is stored after its
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from devices.errors import TransportError
 from devices.fleet import Device
 from devices.transport import Transport
-from harness import contract
+from harness import contract, runner_archive
 from harness.cells import SetKey, set_key
 from harness.isolation import Activity, IsolationPlan, Turns
 from harness.passes import measurement_from_doc, merge_passes
@@ -78,7 +78,7 @@ class CampaignResult:
     deploys : dict
         Device name -> list of ``harness.deploy.DeployResult`` (one per artifact set).
     runner_invocations : int
-        ``runner.py bench`` processes actually started on devices (one per cell: its first pass).
+        ``runner.pyz bench`` processes actually started on devices (one per cell: its first pass).
     resident_requests : int
         Bench requests sent to resident runners (the cells' later passes).
     interrupted : bool
@@ -264,7 +264,7 @@ class DeviceRun:
     """The cells of one device, run one at a time in this device's thread.
 
     With `Campaign.passes` above 1, each cell's time cap is split over that many passes:
-    every cell's first pass runs ``runner.py bench`` in a process of its own (as with one
+    every cell's first pass runs ``runner.pyz bench`` in a process of its own (as with one
     pass), then pass 2 of every cell, pass 3 of every cell, ... run as requests to the
     device's resident runner (`harness.resident.ResidentRunner`), and each cell is stored
     after its last pass (`merge_passes`). With `Campaign.interleave` each pass is a turn of
@@ -358,7 +358,7 @@ class DeviceRun:
             self._prefetch(transport)
         if self.runner_remote is None:
             self.runner_remote = str(
-                deploy_runner(transport, self.device, contract.RUNNER_PATH, timeout=self.campaign.timeout)
+                deploy_runner(transport, self.device, runner_archive.archive_path(), timeout=self.campaign.timeout)
             )
         if self.campaign.data is not None and self.remote_data is None:
             shard = deploy_files(
@@ -387,7 +387,7 @@ class DeviceRun:
         }  # fmt: skip
 
     def _first_pass(self, spec: BenchSpec) -> _Cell:
-        """Run ``spec``'s first pass as ``runner.py bench`` in a process of its own."""
+        """Run ``spec``'s first pass as ``runner.pyz bench`` in a process of its own."""
         cell = _Cell(spec, self.campaign.clock(), self._passes_of(spec))
         self.campaign.activity.cell_started(self.device.name)
         try:

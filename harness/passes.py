@@ -22,7 +22,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.records import BenchSpec, Measurement
-from harness.runner import DISTURBANCE_LIMIT
+from harness.runner.sampling import (
+    DISTURBANCE_LIMIT,
+    MIN_SAMPLES,
+    counted_samples,
+    disturbed_samples,
+    median_interval,
+    median_of_sorted,
+)
 
 
 def measurement_from_doc(
@@ -131,7 +138,7 @@ def undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
     flags = list(doc.get("disturbed") or ())
     if len(flags) != len(values):
         return values
-    return [value for value, flag in zip(values, flags, strict=True) if not flag]
+    return counted_samples(values, flags)
 
 
 #: Passes a cell's samples are spread over by default (`harness.campaign.run_campaign`): its first in a
@@ -145,7 +152,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
 
     The samples of every pass are pooled; where every pass judged its samples
     (``disturbed``, one flag per sample), the pool is judged again as one
-    (`harness.runner.disturbed_samples`, from `harness.runner.MIN_SAMPLES` samples on), so
+    (`harness.runner.sampling.disturbed_samples`, from `MIN_SAMPLES` samples on), so
     a pass the host slowed as a whole, or a first pass still cold, stands out against the
     others. The median and its interval are those of the pooled samples that
     count.
@@ -171,8 +178,6 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         pass's samples that count by its own flags, seconds per step: each pass stands for
         its stretch of the host's speed, which every cell of the device went through).
     """
-    from harness.runner import MIN_SAMPLES, disturbed_samples, median_interval, median_of_sorted
-
     if not docs:
         raise ValueError("merge_passes needs at least one pass")
     first = docs[0]
@@ -180,7 +185,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
     cpu = [float(v) for doc in docs for v in doc.get("cpu_step_seconds") or ()]
     judged = all(len(doc.get("disturbed") or ()) == len(doc.get("step_seconds") or ()) for doc in docs)
     # A pool's samples come from stretches of time apart, so it is judged from `MIN_SAMPLES` on (a
-    # single run from `harness.runner.DISTURBANCE_MIN_SAMPLES`): a device held to a small CPU share
+    # single run from `harness.runner.sampling.DISTURBANCE_MIN_SAMPLES`): a device held to a small CPU share
     # takes few, long samples.
     flags = disturbed_samples(cpu, min_samples=MIN_SAMPLES) if judged and len(cpu) == len(seconds) else []
     merged: dict[str, Any] = dict(first)

@@ -52,8 +52,7 @@ plain build in ``<workdir>/site`` would shadow a working training build in the d
 site-packages and take ``ort`` away. The requirement is
 ``onnxruntime>=1.19``, not a pin: 1.19.2 is the last release with Python 3.8 wheels and
 Python 3.13 devices (Raspberry Pi OS trixie) need a newer one; the runner's ``onnx``
-backend was checked here with 1.19.2 and 1.32.0 (same trained parameters as ``ort`` to
-1.5e-8).
+backend trains the same parameters as ``ort`` on releases across that range.
 
 Both routes install with ``--no-deps``: onnxruntime imports and runs with numpy alone, and
 pulling its declared dependencies would put a second numpy into ``<workdir>/site`` in front
@@ -79,11 +78,11 @@ from devices.fleet import Device, Fleet
 from devices.group import FleetResult, run_on_fleet
 from devices.site import python_argv, site_path
 from devices.transport import RunResult, Transport
-from harness.backends import BACKEND_PACKAGES, BackendChoice, choose_backend, why_not
+from harness.backends import BACKEND_PACKAGES, BackendChoice, PackageStatus, ProvisionReport, choose_backend, why_not
 from harness.contract import RunnerStart
 from harness.deploy import deploy_files, sha256_file
 from harness.phone_runtime import MissingRuntime, RuntimeReport, device_runtime, runner_start
-from harness.runner import import_onnxruntime, import_ort_training, torch_blocked
+from harness.runner.runtimes import import_onnxruntime, import_ort_training, torch_blocked
 from harness.wheels import Target, fetch_wheels, normalize, wanted_requirements, wheel_distribution, wheel_fits
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
@@ -133,101 +132,6 @@ BACKENDS = BACKEND_PACKAGES
 INDEX_REQUIREMENTS: dict[str, str] = {"numpy": "numpy", "onnxruntime": "onnxruntime>=1.19"}
 
 
-@dataclass(frozen=True)
-class PackageStatus:
-    """One package on one device.
-
-    Attributes
-    ----------
-    present : bool
-        Installed metadata or a findable top-level module.
-    importable : bool
-        ``import module`` succeeded.
-    version : str or None
-    error : str or None
-        Why the import failed (one line).
-    """
-
-    present: bool
-    importable: bool
-    version: str | None = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class ProvisionReport:
-    """What one device answered.
-
-    Attributes
-    ----------
-    python : str or None
-        Python version on the device; None when ``device.python`` cannot run.
-    packages : dict of str to PackageStatus
-        Per package name, after any installation.
-    site : str
-        ``<workdir>/site`` (``~`` expanded): put it on ``PYTHONPATH``.
-    installed : tuple of str
-        Package names that became importable through the given wheels or the index.
-    install_error : str or None
-        Why installing failed (pip's last line), when it did.
-    machine : str or None
-        ``platform.machine()`` on the device (``x86_64``, ``aarch64``); None without Python.
-    glibc : str or None
-        The device's glibc version; None for another C library or without Python.
-    pip : bool
-        Whether the device's Python has pip.
-    unwritable : str or None
-        Why ``<workdir>/site`` cannot be written (None: it can).
-    fetched : tuple of str
-        What the host fetched for the device, one line (wheels and where from).
-    step_failures : dict of str to str
-        Per backend whose training step was tried (`train_step_check`) and failed, why;
-        a backend that ran its step, or was not tried, is absent.
-    stepped : tuple of str
-        The backends that ran one training step of the check set.
-    runtime : RuntimeReport or None
-        The runtime the runner starts with (`harness.phone_runtime.device_runtime`): the
-        device's own Python, or a phone's runtime bundle (which offers ``onnx`` only); the
-        packages above are that runtime's. None when not asked (the device's own Python).
-    """
-
-    python: str | None
-    packages: dict[str, PackageStatus]
-    site: str
-    installed: tuple[str, ...] = ()
-    install_error: str | None = None
-    machine: str | None = None
-    glibc: str | None = None
-    pip: bool = False
-    unwritable: str | None = None
-    fetched: tuple[str, ...] = ()
-    step_failures: dict[str, str] = dataclasses.field(default_factory=dict)
-    stepped: tuple[str, ...] = ()
-    runtime: RuntimeReport | None = None
-
-    @property
-    def start(self) -> RunnerStart | None:
-        """How the runner starts on the device (None: with ``device.python``, not asked)."""
-        return None if self.runtime is None else self.runtime.start
-
-    def can_run(self, backend: str) -> bool:
-        """Whether every package ``backend`` needs is importable.
-
-        Parameters
-        ----------
-        backend : {"ort", "onnx", "torch"}
-
-        Returns
-        -------
-        bool
-        """
-        return why_not(self, backend) is None
-
-    def missing(self) -> tuple[str, ...]:
-        """Return the names of packages that are not importable."""
-        return tuple(name for name, status in self.packages.items() if not status.importable)
-
-
 _CHECK_TEMPLATE = r"""
 from __future__ import annotations
 import contextlib, importlib, importlib.util, json, os, platform, sys
@@ -253,7 +157,7 @@ except OSError as e:
     out["unwritable"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
 
 
-def _import_failure(name, exc):
+def import_failure(name, exc):
     return exc
 
 
@@ -298,7 +202,7 @@ print(json.dumps(out))
 
 
 #: The device-side check. ``onnxruntime`` and ``onnxruntime.training`` are imported the
-#: runner's way (`harness.runner.import_onnxruntime` / `import_ort_training`, PyTorch
+#: runner's way (`harness.runner.runtimes.import_onnxruntime` / `import_ort_training`, PyTorch
 #: blocked), so a device without PyTorch is not reported as missing them.
 _CHECK = _CHECK_TEMPLATE.replace(
     "#ORT_IMPORT#",
@@ -654,7 +558,7 @@ def train_step_check(transport: Transport, device: Device, report: ProvisionRepo
     """Run one training step of the check set on every backend whose imports work, as the runner runs a cell.
 
     The runner and the set are deployed as a campaign deploys them and started through
-    the report's runtime (`harness.phone_runtime.runner_start`'s choice): ``runner.py
+    the report's runtime (`harness.phone_runtime.runner_start`'s choice): ``runner.pyz
     bench`` with one warm-up and one timed step on one thread.
 
     Parameters
@@ -671,7 +575,7 @@ def train_step_check(transport: Transport, device: Device, report: ProvisionRepo
     ProvisionReport
         ``report`` with ``stepped`` (backends that trained) and ``step_failures``.
     """
-    from harness import contract
+    from harness import contract, runner_archive
     from harness.deploy import deploy_runner, deploy_set_for
 
     backends = [b for b in BACKENDS if why_not(report, b) is None]
@@ -679,7 +583,7 @@ def train_step_check(transport: Transport, device: Device, report: ProvisionRepo
         return report
     start = report.start or runner_start(transport, device, provision=False, say=lambda line: None)
     set_dir = check_set(cache, torch="torch" in backends)
-    runner = str(deploy_runner(transport, device, contract.RUNNER_PATH))
+    runner = str(deploy_runner(transport, device, runner_archive.archive_path()))
     failures: dict[str, str] = {}
     for backend in backends:
         remote = deploy_set_for(transport, device, set_dir, backend).remote_dir

@@ -4,7 +4,7 @@
 backend x settings); `Measurement` holds the raw samples and provenance of one
 attempt at it. Statistics are derived from the samples (`harness.stats`), never
 stored by hand. The on-device runner's JSON document is the wire format between
-the two (see `harness.contract` and `harness/runner.py`).
+the two (see `harness.contract` and `harness.runner.protocol`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.runner import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
+from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 
 #: Backends the runner can train with.
 Backend = Literal["ort", "onnx", "torch"]

@@ -1,6 +1,6 @@
-"""A resident runner on one device: ``runner.py serve`` started once, spoken to in request lines.
+"""A resident runner on one device: ``runner.pyz serve`` started once, spoken to in request lines.
 
-`ResidentRunner` holds one device's serving runner (`harness.runner`'s serve protocol)
+`ResidentRunner` holds one device's serving runner (`harness.runner.protocol`'s serve protocol)
 through the transport's streaming handle (`devices.transport.Process`) and turns each
 request into a `harness.contract.RunnerOutput`, the same as a one-shot run's.
 
@@ -132,7 +132,7 @@ class ResidentRunner:
             How the device starts the runner's Python (its interpreter's path, or a runtime
             bundle's loader; `harness.phone_runtime`).
         runner : str
-            The deployed ``runner.py`` on the device.
+            The deployed ``runner.pyz`` on the device.
         backend : str
         threads : int
             The runner's defaults (`harness.contract.serve_argv`).

@@ -32,7 +32,7 @@ Measurement (decided here)
     in one request of a 0.2 s round made a fixed cost eight times the real one.
     *Fixed cost*: what a request costs FL rounds on the **resident runner**, on the code
     path the FL devices executor takes: `harness.resident.ResidentRunner.for_device` starts
-    ``runner.py serve`` through the device's transport (with the cells' backend and
+    ``runner.pyz serve`` through the device's transport (with the cells' backend and
     threads), and `ResidentRunner.train` sends ``train`` requests at the profile's widest
     width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's bench data
     when it has some, else synthetic), starting from the set's initial parameters. First one

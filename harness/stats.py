@@ -26,7 +26,7 @@ Conventions
   exceeds `NOISY_CV_THRESHOLD` (0.05): when the bulk of its steps is spread beyond 5 % with
   confidence, not only in a point estimate.
   **Decision:** noisy is judged on the robust figure, not on ``stdev / mean``. A cell is
-  sampled until its median is precise (`harness.runner`, "Sampling"), often hundreds of
+  sampled until its median is precise (`harness.runner.sampling`), often hundreds of
   steps, and a handful of them stretched 10x by a preemption or a page fault lift the CV
   above 5 % while the median, the statistic every report and model uses, does not move.
   The flag is meant to say that the bulk of the steps is spread (contention, a CPU quota
@@ -34,20 +34,19 @@ Conventions
   **Decision:** the flag asks for the interval, not the point estimate. A MAD from few
   samples scatters widely (its efficiency is 37 % of the standard deviation's on normal
   samples): a device held to a CPU share times blocks of steps, 6 to 20 samples a cell, and
-  the point estimate put 11 of the 80 cells of five campaigns on the example fleet above
-  5 % while every cell's median repeated within 4.5 % (CV) across the campaigns; the
-  interval put none there. The interval is distribution-free: the MAD is the median
+  the point estimate then lifts cells above 5 % whose medians repeat closely across
+  campaigns, where the interval does not. The interval is distribution-free: the MAD is the median
   of the absolute deviations from the median, and its interval is that of their order
-  statistics (`harness.runner.median_interval`, the interval the median gets). So few
+  statistics (`harness.runner.sampling.median_interval`, the interval the median gets). So few
   samples need a wide spread to be flagged (at 10 samples, 2 of which lie within the
   threshold's deviation), and a bimodal cell, whose deviations leave a gap around their
   median, is flagged only when most of them lie beyond it. Below
-  `harness.runner.MIN_SAMPLES` samples there is no interval, and no flag: such a cell is
+  `harness.runner.sampling.MIN_SAMPLES` samples there is no interval, and no flag: such a cell is
   imprecise instead.
 * **Interval of the median**: the distribution-free 95 % interval of order statistics that
-  the runner's stopping rule uses (`harness.runner.median_interval`, one implementation for
+  the runner's stopping rule uses (`harness.runner.sampling.median_interval`, one implementation for
   both sides); ``precision`` is its half-width as a fraction of the median, ``None`` below
-  `harness.runner.MIN_SAMPLES` samples.
+  `harness.runner.sampling.MIN_SAMPLES` samples.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ from typing import Final
 
 import numpy as np
 
-from harness.runner import CONFIDENCE, median_interval
+from harness.runner.sampling import CONFIDENCE, median_interval
 
 #: Robust coefficient of variation above which a cell is flagged noisy (5 %).
 NOISY_CV_THRESHOLD = 0.05
@@ -192,7 +191,7 @@ class CellStats:
     def robust_cv_low(self) -> float | None:
         """Lower end of the 95 % interval of `robust_cv` (order statistics of the absolute deviations).
 
-        None below `harness.runner.MIN_SAMPLES` samples (no interval).
+        None below `harness.runner.sampling.MIN_SAMPLES` samples (no interval).
         """
         if self.median_s <= 0:
             return None

@@ -56,7 +56,8 @@ from exporters.errors import InputError
 from harness.passes import undisturbed
 from harness.records import BenchSpec, Measurement, ModelRecord
 from harness.roundcost import RoundCostModel
-from harness.runner import DEFAULT_MAX_SECONDS
+from harness.runner.protocol import DEFAULT_MAX_SECONDS
+from harness.runner.sampling import median_of_sorted
 from harness.stats import summarize
 
 if TYPE_CHECKING:
@@ -279,8 +280,6 @@ def _pass_mean_us(measurement: Measurement, median_us: float) -> float:
 
 
 def _cpu_median_us(measurement: Measurement) -> float:
-    from harness.runner import median_of_sorted
-
     cpu = sorted(cell_cpu_seconds(measurement))
     return median_of_sorted(cpu) / measurement.spec.batch * 1e6 if cpu else math.nan
 

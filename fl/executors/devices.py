@@ -12,7 +12,7 @@ Each round, for each client placed on a device:
    order (*download*, timed), the runner trains ``epochs`` over the shard (*compute*),
    and the trained vector comes back (*upload*, timed).
 
-Resident runner (default): one ``runner.py serve`` process per device per run
+Resident runner (default): one ``runner.pyz serve`` process per device per run
 (`harness.resident.ResidentRunner`), started through the transport's streaming handle
 with the device's first client and closed with the executor. Both modes start the
 runner's Python as the device's `harness.contract.RunnerStart` says
@@ -523,7 +523,7 @@ class DevicesExecutor(ClosingExecutor):
 
     def _prepared(self, transport: Transport, job: _Job) -> tuple[str, str, str, str]:
         """Deploy runner, artifact sets, shard and index files once per device; return runner, set, shard, workdir."""
-        from harness.contract import RUNNER_PATH
+        from harness import runner_archive
         from harness.deploy import deploy_runner
 
         name = job.device.name
@@ -532,7 +532,8 @@ class DevicesExecutor(ClosingExecutor):
 
             self._starts[name] = runner_start(transport, job.device, timeout=self.timeout_s)
         if name not in self._runner:
-            self._runner[name] = deploy_runner(transport, job.device, RUNNER_PATH, timeout=self.timeout_s)
+            archive = runner_archive.archive_path()
+            self._runner[name] = deploy_runner(transport, job.device, archive, timeout=self.timeout_s)
         remote_set = self._deployed_set(transport, job.device, job.set_dir)
         remote_shard, workdir = self._deployed_file(transport, job.device, job.shard)
         return self._runner[name], remote_set, remote_shard, workdir

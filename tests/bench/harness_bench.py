@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     from exporters.zoo import get_model
     from fl.data import write_bench_data
     from fleetbench.demo import DEMO_DATASET, DEMO_MAX_SECONDS, DEMO_WIDTHS
-    from harness.runner import DEFAULT_PRECISION, MIN_SAMPLES
+    from harness.runner.protocol import DEFAULT_PRECISION
+    from harness.runner.sampling import MIN_SAMPLES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(PARTS), help=f"parts, comma-separated ({', '.join(PARTS)})")

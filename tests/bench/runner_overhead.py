@@ -2,8 +2,8 @@
 
 Run from the repository root: ``python -m tests.bench.runner_overhead [--models ...] [--widths ...]``.
 Artifacts are exported in a child process (export needs PyTorch); the timing process then
-imports only ``harness.runner`` (stdlib at import) and ONNX Runtime, and alternates, on the
-same artifacts, the runner's ``bench`` mode (`harness.runner.run`) with a bare loop of the
+imports only the runner package ``harness.runner`` (stdlib at import) and ONNX Runtime, and alternates, on the
+same artifacts, the runner's ``bench`` mode (`harness.runner.modes.run`) with a bare loop of the
 same three calls (train step, optimizer step, lazy gradient reset) on the same bound batch.
 Each round's ratio is the runner's median step over the bare loop's; the median of the
 ratios is printed (target: at most 1.02).
@@ -20,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import runner
+from harness.runner.artifacts import load_manifest, random_batch
+from harness.runner.modes import run
+from harness.runner.runtimes import import_ort_training
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,11 +43,11 @@ print(json.dumps(dirs))
 
 def bare_loop(directory: str, threads: int, warmup: int, steps: int) -> list[float]:
     """Time ``steps`` bare ORT training steps after ``warmup`` on the runner's random batch."""
-    ort, api = runner.import_ort_training()
+    ort, api = import_ort_training()
     import numpy as np
 
-    manifest = runner.load_manifest(directory, "ort")
-    x, y = runner.random_batch(np, manifest, 0)
+    manifest = load_manifest(directory, "ort")
+    x, y = random_batch(np, manifest, 0)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -109,7 +111,7 @@ def main() -> None:
                 str(args.threads),
             ]
             for _ in range(args.rounds):
-                doc = runner.run(argv)
+                doc = run(argv)
                 if doc["status"] != "ok":
                     raise SystemExit(f"runner failed on {name} {width}: {doc['error']}")
                 r = statistics.median(doc["step_seconds"])

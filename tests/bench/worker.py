@@ -2,7 +2,7 @@
 
 Usage: ``python -m tests.bench.worker BACKEND MODEL WIDTH ARTIFACT_DIR DATA_DIR STEPS WARMUP THREADS``
 with BACKEND one of ``ort``, ``ort:VARIANT`` (see `ORT_VARIANTS`), ``ort-profile``, ``onnx`` (the
-portable step model through the runner's own `harness.runner.OnnxBackend`), ``onnx:VARIANT``
+portable step model through the runner's own `harness.runner.backends.OnnxBackend`), ``onnx:VARIANT``
 (see `ONNX_VARIANTS`), ``onnx-profile`` and ``torch``, where DATA_DIR holds the batch as ``x.npy`` and
 ``y.npy``.
 Prints one JSON document: ``{"backend", "seconds": [per timed step], "loss": last loss}``.
@@ -99,21 +99,22 @@ def time_onnx(
 ) -> tuple[list[float], float]:
     """Time ``steps`` steps of the portable step model after ``warmup``, as the runner runs them.
 
-    The session is the runner's (`harness.runner.OnnxBackend`: IO binding, ping-pong
+    The session is the runner's (`harness.runner.backends.OnnxBackend`: IO binding, ping-pong
     buffers); a variant only changes its session options (`onnx_session_options`).
     """
     import numpy as np
 
-    from harness import runner
+    from harness.runner import backends
+    from harness.runner.artifacts import load_manifest
 
     options = ort_session_options(threads, variant, profile_dir)
-    original = runner.session_options
-    runner.session_options = lambda onnxruntime, threads: options
+    original = backends.session_options
+    backends.session_options = lambda onnxruntime, threads: options
     try:
-        manifest = runner.load_manifest(str(artifact_dir), "onnx")
-        backend = runner.OnnxBackend(str(artifact_dir), manifest, threads)
+        manifest = load_manifest(str(artifact_dir), "onnx")
+        backend = backends.OnnxBackend(str(artifact_dir), manifest, threads)
     finally:
-        runner.session_options = original
+        backends.session_options = original
     backend.bind(np.ascontiguousarray(x), np.ascontiguousarray(y))
     seconds: list[float] = []
     loss = float("nan")

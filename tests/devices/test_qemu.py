@@ -26,7 +26,8 @@ from devices.fleetfile import load_fleet
 from devices.site import python_argv
 from devices.sshd import free_port
 from devices.transport import Transport
-from harness.provision import ProvisionReport, provision
+from harness.backends import ProvisionReport
+from harness.provision import provision
 from tests.devices.conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,6 +10,8 @@ from exporters.errors import InputError
 from harness.backends import (
     PREFERENCE,
     BackendChoice,
+    PackageStatus,
+    ProvisionReport,
     check_override,
     choose_backend,
     format_choices,
@@ -17,7 +19,6 @@ from harness.backends import (
     usable_devices,
     why_not,
 )
-from harness.provision import PackageStatus, ProvisionReport
 
 OK = PackageStatus(True, True, "1.0")
 MISSING = PackageStatus(False, False)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from exporters.errors import InputError
-from harness import contract, runner
+from harness import contract
+from harness.runner import protocol
+from harness.runner.arguments import build_parser
 
 
 def test_parse_output_statuses() -> None:
@@ -26,16 +28,15 @@ def test_parse_output_statuses() -> None:
 
 
 def test_exit_codes_are_the_runners_own() -> None:
-    assert {code: status for status, code in runner.EXIT_CODES.items()} == dict(contract.RUNNER_EXIT_CODES)
-    assert contract.RUNNER_PATH == Path(runner.__file__).resolve() and contract.RUNNER_PATH.is_file()
+    assert {code: status for status, code in protocol.EXIT_CODES.items()} == dict(contract.RUNNER_EXIT_CODES)
 
 
 def test_argv_parses_with_the_runners_own_parser() -> None:
     bench = contract.bench_argv(
-        "python3", "/w/runner.py", "/w/set", backend="ort", warmup=2, steps=7, threads=3, sample_seconds=0.2
+        "python3", "/w/runner.pyz", "/w/set", backend="ort", warmup=2, steps=7, threads=3, sample_seconds=0.2
     )
-    assert bench[:3] == ["python3", "/w/runner.py", "bench"]
-    args = runner.build_parser().parse_args(bench[2:])
+    assert bench[:3] == ["python3", "/w/runner.pyz", "bench"]
+    args = build_parser().parse_args(bench[2:])
     assert (args.mode, args.artifacts, args.backend, args.warmup, args.steps, args.threads, args.sample_seconds) == (
         "bench", "/w/set", "ort", 2, 7, 3, 0.2,
     )  # fmt: skip
@@ -43,7 +44,7 @@ def test_argv_parses_with_the_runners_own_parser() -> None:
         "py", "r.py", "/s", backend="torch", params="in.npy", data="d.npz", out="o.npy", epochs=2, lr=0.05,
         threads=1, seed=9,
     )  # fmt: skip
-    args = runner.build_parser().parse_args(train[2:])
+    args = build_parser().parse_args(train[2:])
     assert (args.mode, args.params, args.data, args.out, args.epochs, args.lr, args.seed) == (
         "train", "in.npy", "d.npz", "o.npy", 2, 0.05, 9,
     )  # fmt: skip

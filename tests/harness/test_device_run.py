@@ -13,7 +13,7 @@ import pytest
 
 from devices import emulate
 from devices.fleet import Device, Emulation, Fleet
-from harness import contract
+from harness import contract, runner_archive
 from harness.campaign import run_campaign
 from harness.cells import export_sets, plan_cells
 from harness.device_run import DeviceRun, sample_seconds_for
@@ -55,9 +55,9 @@ def test_runner_failures_become_statuses(
 ) -> None:
     fleet = load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
-    stub = tmp_path / "runner.py"
+    stub = tmp_path / "runner.pyz"
     stub.write_text(script + "\n")
-    monkeypatch.setattr(contract, "RUNNER_PATH", stub)
+    monkeypatch.setattr(runner_archive, "archive_path", lambda: stub)
     specs = plan_cells(fleet.devices[:1], MODEL, WIDTHS[:1], [BATCH], ["ort"], STEPS, WARMUP, precision=0.0)
     store = ProfileStore(tmp_path / "fleetbench.db")
     result = run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=5.0, progress=Counting())

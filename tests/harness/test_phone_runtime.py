@@ -27,6 +27,7 @@ from devices.transport import Transport
 from harness import contract, phone_runtime
 from harness.deploy import deploy_artifact_set, deploy_runner
 from harness.phone_runtime import NoSpace, UnsupportedAbiError
+from harness.runner_archive import archive_path
 
 WORKDIR = "/data/local/tmp/fleetbench"
 
@@ -77,7 +78,7 @@ def _sha(path: Path) -> str:
 
 
 def _bench(phone: Phone, start: contract.RunnerStart, artifact_set: Path) -> contract.RunnerOutput:
-    runner = deploy_runner(phone.transport, phone.device, contract.RUNNER_PATH)
+    runner = deploy_runner(phone.transport, phone.device, archive_path())
     remote_set = deploy_artifact_set(phone.transport, phone.device, artifact_set).remote_dir
     argv = contract.bench_argv(start, runner, remote_set, backend="onnx", warmup=1, steps=2, threads=1, precision=0.0)
     run = phone.transport.run(argv, timeout=120)
@@ -131,7 +132,7 @@ def test_the_resident_runner_serves_through_the_bundle_on_the_phones_exec_servic
     phone = make_phone()
     start = phone_runtime.runner_start(phone.transport, phone.device, say=lambda line: None)
     assert start.runtime == "bundle"
-    runner = deploy_runner(phone.transport, phone.device, contract.RUNNER_PATH)
+    runner = deploy_runner(phone.transport, phone.device, archive_path())
     remote_set = deploy_artifact_set(phone.transport, phone.device, artifact_set).remote_dir
     np.save(tmp_path / "in.npy", np.load(artifact_set / "initial_parameters.npy") + 0.01, allow_pickle=False)
     local = [learnable_shard(tmp_path / "shard.npz", 16), tmp_path / "in.npy"]

@@ -1,4 +1,4 @@
-"""The resident runner (``runner.py serve``) through real local, SSH (sshd) and ADB (emulated phone) transports.
+"""The resident runner (``runner.pyz serve``) through real local, SSH (sshd) and ADB (emulated phone) transports.
 
 On every transport: one process answers several requests (its pid stays) with the
 parameters the one-shot ``train`` mode writes for the same inputs, for both ``ort`` and
@@ -33,6 +33,7 @@ from exporters.manifest import ARTIFACT_FILES, MANIFEST
 from exporters.zoo import get_model
 from harness import contract
 from harness.resident import ResidentRunner, relative_paths
+from harness.runner_archive import archive_path
 from tests.harness.test_runner import learnable_shard
 
 PY = sys.executable
@@ -47,7 +48,7 @@ class Board:
     host_dir: Path
 
     def serve(self, backend: str, timeout: float = 120.0) -> ResidentRunner:
-        argv = contract.serve_argv(PY, f"{self.remote_dir}/runner.py", backend=backend, threads=1, cwd=self.remote_dir)
+        argv = contract.serve_argv(PY, f"{self.remote_dir}/runner.pyz", backend=backend, threads=1, cwd=self.remote_dir)
         return ResidentRunner(self.transport, argv, start_timeout=timeout)
 
 
@@ -74,7 +75,7 @@ def board(request: pytest.FixtureRequest, tmp_path: Path, artifact_set: Path) ->
         sandbox_dir.mkdir(parents=True)
         made = Board(request.getfixturevalue("adb_transport"), remote_dir, sandbox_dir)
     made.transport.run(["mkdir", "-p", f"{made.remote_dir}/set"], timeout=30)
-    made.transport.put(contract.RUNNER_PATH, f"{made.remote_dir}/runner.py")
+    made.transport.put(archive_path(), f"{made.remote_dir}/runner.pyz")
     for name in (*ARTIFACT_FILES, MANIFEST):
         made.transport.put(artifact_set / name, f"{made.remote_dir}/set/{name}")
     shard = learnable_shard(tmp_path / "shard.npz", 24)
@@ -106,7 +107,7 @@ def _running(board: Board, pid: int) -> bool:
 @pytest.mark.parametrize("backend", ["ort", "onnx"])
 def test_one_process_answers_several_requests_as_the_one_shot_mode(board: Board, backend: str, tmp_path: Path) -> None:
     argv = contract.train_argv(
-        PY, f"{board.remote_dir}/runner.py", f"{board.remote_dir}/set", backend=backend,
+        PY, f"{board.remote_dir}/runner.pyz", f"{board.remote_dir}/set", backend=backend,
         params=f"{board.remote_dir}/in.npy", data=f"{board.remote_dir}/shard.npz", out=f"{board.remote_dir}/once.npy",
         epochs=2, lr=0.05, threads=1, seed=3,
     )  # fmt: skip
@@ -209,7 +210,7 @@ class _Recording(ResidentRunner):
 def test_a_device_s_runner_trains_with_device_paths_sent_relative_to_its_workdir(board: Board, tmp_path: Path) -> None:
     # absolute device paths in, relative ones on the line: the phone's sandbox maps only command-line paths
     runner = _Recording.for_device(
-        board.transport, PY, f"{board.remote_dir}/runner.py", backend="onnx", threads=1,
+        board.transport, PY, f"{board.remote_dir}/runner.pyz", backend="onnx", threads=1,
         workdir=board.remote_dir, start_timeout=120,
     )  # fmt: skip
     base = board.remote_dir
@@ -233,7 +234,7 @@ def test_a_device_s_runner_trains_with_device_paths_sent_relative_to_its_workdir
 def test_start_up_failure_is_one_line_and_leaves_nothing_running(tmp_path: Path) -> None:
     transport = LocalTransport(workdir=tmp_path)
     runner = ResidentRunner(
-        transport, contract.serve_argv(PY, str(contract.RUNNER_PATH), backend="onnx", threads=0), start_timeout=60
+        transport, contract.serve_argv(PY, str(archive_path()), backend="onnx", threads=0), start_timeout=60
     )
     ready = runner.start()
     assert ready.status == "bad arguments" and "--threads" in ready.message

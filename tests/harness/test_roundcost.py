@@ -13,7 +13,6 @@ from devices.local import LocalProcess, LocalTransport
 from exporters.artifacts import export_artifacts
 from exporters.errors import InputError
 from exporters.zoo import get_model
-from harness import contract
 from harness.deploy import deploy_artifact_set, deploy_runner
 from harness.latency import fit
 from harness.roundcost import (
@@ -27,6 +26,7 @@ from harness.roundcost import (
     round_cost,
     round_seconds,
 )
+from harness.runner_archive import archive_path
 from tests.fl.scheduling.profiles import line_rows
 
 MODEL = get_model("fjord-cnn")
@@ -157,7 +157,7 @@ class _Recording(LocalTransport):
 def test_measure_round_cost_on_a_local_device(local_set: Path, tmp_path: Path) -> None:
     device = Device("loc", "local", workdir=str(tmp_path / "device"), python=sys.executable)
     transport = _Recording()
-    runner = str(deploy_runner(transport, device, contract.RUNNER_PATH))
+    runner = str(deploy_runner(transport, device, archive_path()))
     remote_set = str(deploy_artifact_set(transport, device, local_set).remote_dir)
     common = {
         "runner": runner, "remote_set": remote_set, "set_dir": local_set, "width": 0.5, "scratch": tmp_path / "s",

@@ -1,8 +1,9 @@
 """The on-device runner, run as a subprocess exactly as a device runs it.
 
 Artifact sets are exported once per module into a temporary directory (small
-widths, batch 4). Every test starts ``sys.executable harness/runner.py ...`` and
-checks the exit status and the one JSON document on stdout.
+widths, batch 4). Every test starts ``sys.executable runner.pyz ...`` (the archive
+devices get, `harness.runner_archive.archive_path`) and checks the exit status and the
+one JSON document on stdout.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from exporters.artifacts import OPTIMIZER_DEFAULTS, export_artifacts
 from exporters.ort_training import OrtTrainer
 from exporters.torchscript import export_torchscript
 from exporters.zoo import get_model
-from harness import runner as runner_module
 from harness.contract import RUNNER_EXIT_CODES
+from harness.runner import protocol
+from harness.runner_archive import SOURCE_DIR, archive_path
 
-RUNNER = Path(__file__).resolve().parents[2] / "harness" / "runner.py"
+RUNNER = archive_path()
 
 #: Every key of the runner's document (train adds `TRAIN_KEYS`).
 KEYS = {
@@ -56,14 +58,14 @@ KEYS = {
     "versions",
 }
 TRAIN_KEYS = {"epochs", "lr", "examples", "step_examples", "num_parameters", "out"}
-#: Keys only bench adds (`harness.runner.new_bench_keys`).
-BENCH_KEYS = set(runner_module.new_bench_keys())
+#: Keys only bench adds (`harness.runner.protocol.new_bench_keys`).
+BENCH_KEYS = set(protocol.new_bench_keys())
 
 
 def run_runner(
     *argv: str, env: dict[str, str] | None = None, preexec: Any = None, python: str = sys.executable
 ) -> tuple[int, dict[str, Any], str]:
-    """Run the runner file in a fresh interpreter; return (rc, document, stderr)."""
+    """Run the runner's archive in a fresh interpreter; return (rc, document, stderr)."""
     proc = subprocess.run(
         [python, str(RUNNER), *argv],
         capture_output=True,
@@ -252,167 +254,6 @@ def test_bench_losses_agree_between_backends_on_the_same_random_batch(sets: dict
 # --------------------------------------------------------------------------- sampling (pure)
 
 
-class FakeClock:
-    """A clock that a fake step advances by the next of the given step times."""
-
-    def __init__(self, times: list[float]) -> None:
-        self.now = 0.0
-        self.times = iter(times)
-        self.steps = 0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def step(self) -> float:
-        self.steps += 1
-        self.now += next(self.times)
-        return 0.5  # a "loss"
-
-
-def test_median_ci_ranks_are_the_binomial_ones() -> None:
-    from scipy.stats import binom
-
-    assert runner_module.median_ci_ranks(5) is None
-    assert runner_module.median_ci_ranks(6) == (1, 6)
-    assert runner_module.median_ci_ranks(20) == (6, 15)  # the classic table value
-    for n in range(1, 400):
-        ranks = runner_module.median_ci_ranks(n)
-        feasible = [k for k in range(1, (n + 1) // 2 + 1) if 2 * binom.cdf(k - 1, n, 0.5) <= 0.05 + 1e-12]
-        assert ranks == ((max(feasible), n + 1 - max(feasible)) if feasible else None), n
-    assert runner_module.median_ci_ranks(2000, 0.99)[0] < runner_module.median_ci_ranks(2000, 0.95)[0]
-
-
-@pytest.mark.parametrize(
-    ("name", "draw", "median"),
-    [
-        ("exponential", lambda rng, n: rng.exponential(1.0, n), math.log(2.0)),
-        ("lognormal", lambda rng, n: rng.lognormal(0.0, 1.0, n), 1.0),
-        ("uniform", lambda rng, n: rng.uniform(2.0, 3.0, n), 2.5),
-        # a CPU quota's bimodal steps: 60 % fast, 40 % throttled
-        ("bimodal", lambda rng, n: np.where(rng.random(n) < 0.6, 1.0, 3.0) + 0.01 * rng.random(n), None),
-    ],
-)
-def test_median_interval_covers_the_median_of_known_distributions(name: str, draw: Any, median: float | None) -> None:
-    rng = np.random.default_rng(7)
-    if median is None:  # the bimodal median: the 50 % quantile lies in the fast mode, at 1 + 0.01 * 5/6
-        median = 1.0 + 0.01 * (0.5 / 0.6)
-    for n in (6, 11, 25, 60):
-        trials = 3000
-        covered = 0
-        for _ in range(trials):
-            _, low, high, _ = runner_module.median_interval(sorted(draw(rng, n).tolist()))
-            covered += low <= median <= high
-        # at least 95 % by construction (binomial ranks); 3 standard errors of slack for the simulation
-        assert covered / trials >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / trials), (name, n, covered / trials)
-
-
-def test_warm_up_lasts_until_steps_stop_getting_faster() -> None:
-    clock = FakeClock([8.0, 4.5, 4.25, 4.125, 4.0, 4.0])  # sums stay exact in binary
-    times, settled = runner_module.warm_up(clock.step, clock, max_steps=20, max_seconds=100.0)
-    # 4.5 < 0.95 * 8 and 4.25 < 0.95 * 4.5 are still getting faster; 4.125 >= 0.95 * 4.25 has settled
-    assert times == [8.0, 4.5, 4.25, 4.125] and settled
-    clock = FakeClock([1.0, 2.5, 1.0])  # a slower second step (a throttled period) has settled too
-    assert runner_module.warm_up(clock.step, clock, 20, 100.0) == ([1.0, 2.5], True)
-    clock = FakeClock([8.0, 4.0, 2.0, 1.0, 0.5])
-    assert runner_module.warm_up(clock.step, clock, 3, 100.0) == ([8.0, 4.0, 2.0], False)  # step cap
-    clock = FakeClock([8.0, 4.0, 2.0, 1.0, 0.5])
-    assert runner_module.warm_up(clock.step, clock, 20, 11.0) == ([8.0, 4.0], False)  # time cap
-    assert runner_module.warm_up(clock.step, clock, 0, 11.0) == ([], False)
-
-
-def test_sampling_stops_at_the_first_check_that_is_precise() -> None:
-    rng = np.random.default_rng(3)
-    times = (1.0 + 0.03 * rng.standard_normal(10_000)).tolist()
-    clock = FakeClock(times)
-    out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9)
-    n = len(out["seconds"])
-    assert out["stop_reason"] == "precision" and out["half_width"] <= 0.02
-    assert out["seconds"] == pytest.approx(times[:n]) and out["steps_per_sample"] == [1] * n
-    assert out["loss"] == [0.5] * n
-    assert n <= runner_module.CHECK_EVERY_SAMPLE_UP_TO + 1  # precise within the checks after every sample
-    for m in range(runner_module.MIN_SAMPLES, n):  # and no earlier check was
-        half = runner_module.median_interval(sorted(out["seconds"][:m]))[3]
-        assert half is None or half > 0.02, m
-
-
-def test_sampling_hits_the_cap_when_steps_are_too_noisy() -> None:
-    times = [1.0 if i % 2 else 1.5 for i in range(10_000)]  # bimodal: the median never settles to 2 %
-    clock = FakeClock(times)
-    out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=100.0)
-    assert out["stop_reason"] == "time cap" and out["half_width"] > 0.02
-    assert 100.0 <= out["elapsed"] < 101.5 and sum(out["seconds"]) == pytest.approx(out["elapsed"])
-    clock = FakeClock(times)
-    out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9, max_samples=50)
-    assert out["stop_reason"] == "sample cap" and len(out["seconds"]) == 50
-
-
-def test_fixed_count_and_blocks_of_steps() -> None:
-    clock = FakeClock([1.0] * 100)
-    out = runner_module.sample_steps(clock.step, clock, min_samples=4, precision=0.0, max_seconds=0.5)
-    assert out["stop_reason"] == "steps" and len(out["seconds"]) == 4  # no cap without a precision target
-    clock = FakeClock([0.3] * 100)
-    out = runner_module.sample_steps(
-        clock.step, clock, min_samples=3, precision=0.0, max_seconds=1e9, sample_seconds=1.0
-    )
-    # each sample runs whole steps until a second has passed: 4 steps of 0.3 s, recorded per step
-    assert out["steps_per_sample"] == [4, 4, 4] and out["seconds"] == pytest.approx([0.3] * 3)
-
-
-def test_each_sample_records_the_cpu_time_per_step_beside_the_wall_time() -> None:
-    clock = FakeClock([0.3] * 100)
-    cpu = FakeClock([0.1, 0.2] * 50)  # CPU seconds consumed by each step: a third, then two thirds of its 0.3 s
-    out = runner_module.sample_steps(
-        lambda: (cpu.step(), clock.step())[1], clock, min_samples=3, precision=0.0, max_seconds=1e9,
-        sample_seconds=1.0, cpu_clock=cpu,
-    )  # fmt: skip
-    # 4 steps per sample: CPU 0.1 + 0.2 + 0.1 + 0.2 = 0.6 s, 0.15 s per step
-    assert out["cpu_seconds"] == pytest.approx([0.15] * 3) and out["seconds"] == pytest.approx([0.3] * 3)
-    without = runner_module.sample_steps(clock.step, clock, min_samples=2, precision=0.0, max_seconds=1)
-    assert without["cpu_seconds"] == []
-
-
-def test_samples_whose_cpu_time_per_step_rose_are_disturbed_from_the_tenth_on() -> None:
-    cpu = [1.0] * 9 + [1.09, 1.11, 1.5]
-    assert runner_module.disturbed_samples(cpu[:9] + [1.5]) == [False] * 9 + [True]
-    assert runner_module.disturbed_samples(cpu[:8] + [1.5]) == [False] * 9  # too few to judge
-    assert runner_module.disturbed_samples(cpu) == [False] * 10 + [True, True]
-    # the base is the low quantile, not the minimum: one lucky fast sample does not condemn the rest
-    assert runner_module.disturbed_samples([0.5] + [1.0] * 19) == [False] * 20
-
-
-def test_disturbed_samples_count_neither_in_the_median_nor_in_the_stopping_rule() -> None:
-    # every third sample ran on a cpu slowed from outside: 1.6x the wall time and 1.6x the CPU time
-    slowed = [i % 3 == 2 for i in range(3000)]
-    clock = FakeClock([1.6 if s else 1.0 + 0.001 * (i % 7) for i, s in enumerate(slowed)])
-    cpu = FakeClock([1.6 if s else 1.0 for s in slowed])
-    out = runner_module.sample_steps(
-        lambda: (cpu.step(), clock.step())[1], clock, min_samples=6, precision=0.02, max_seconds=1e9,
-        cpu_clock=cpu, judge_disturbed=True,
-    )  # fmt: skip
-    n = len(out["seconds"])
-    assert out["disturbed"] == slowed[:n] and out["stop_reason"] == "precision"
-    assert 1.0 <= out["median"] <= 1.006 and out["high"] < 1.6
-    clock, cpu = FakeClock([1.6 if s else 1.0 for s in slowed]), FakeClock([1.6 if s else 1.0 for s in slowed])
-    judged_not = runner_module.sample_steps(
-        lambda: (cpu.step(), clock.step())[1], clock, min_samples=30, precision=0.0, max_seconds=1e9,
-        cpu_clock=cpu,
-    )  # fmt: skip
-    assert judged_not["disturbed"] == [] and judged_not["median"] == 1.0 and judged_not["high"] == pytest.approx(1.6)
-
-
-def test_coverage_at_the_stopping_sample_stays_close_to_nominal() -> None:
-    # The interval is tested after every sample, so stopping picks a lucky narrow moment now and
-    # then: measure how often the interval at the stop still holds the true median.
-    rng = np.random.default_rng(11)
-    trials, covered = 600, 0
-    for _ in range(trials):
-        times = rng.lognormal(0.0, 0.04, 5000).tolist()  # median 1.0
-        clock = FakeClock(times)
-        out = runner_module.sample_steps(clock.step, clock, min_samples=6, precision=0.02, max_seconds=1e9)
-        covered += out["low"] <= 1.0 <= out["high"]
-    assert covered / trials >= 0.88, covered / trials
-
-
 # --------------------------------------------------------------------------- train
 
 
@@ -553,30 +394,6 @@ def test_ort_allocation_failure_exit_4(tmp_path: Path) -> None:
     assert "allocate" in error or "bad_alloc" in error  # ORT's arena message or the C++ allocator's
 
 
-@pytest.mark.parametrize(
-    ("exc", "oom"),
-    [
-        (MemoryError(), True),
-        (
-            RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer"),
-            True,
-        ),
-        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes"), True),
-        (RuntimeError("std::bad_alloc"), True),
-        (RuntimeError("shape mismatch"), False),
-    ],
-)
-def test_allocation_failures_are_recognised(exc: BaseException, oom: bool) -> None:
-    assert runner_module.is_oom(exc) is oom
-
-
-def test_throttle_rule() -> None:
-    assert runner_module.throttled([1000, 1000], [1000, 940], {}, {})
-    assert not runner_module.throttled([1000, 1000], [960, 2000], {}, {})
-    assert runner_module.throttled([], [], {"cpu": 95.0}, {"cpu": [90.0]})
-    assert not runner_module.throttled([], [], {"cpu": 85.0}, {"cpu": [90.0]})
-
-
 # --------------------------------------------------------------------------- self-containment
 
 
@@ -593,15 +410,17 @@ def _imports(tree: ast.AST) -> Iterator[tuple[str, bool]]:
             yield ".", id(node) in top
 
 
-def test_runner_is_self_contained_and_python38_syntax() -> None:
-    source = RUNNER.read_text()
+@pytest.mark.parametrize("path", sorted(SOURCE_DIR.glob("*.py")), ids=lambda path: path.name)
+def test_runner_is_self_contained_and_python38_syntax(path: Path) -> None:
+    source = path.read_text()
     tree = ast.parse(source, feature_version=(3, 8))
     imports = list(_imports(tree))
     names = {name for name, _ in imports}
-    assert not names & {"fleetbench", "exporters", "harness", "devices", "fl", "reports", "."}, names
+    # the package's own modules only relatively ("."), so the archive's top-level package finds them
+    assert not names & {"fleetbench", "exporters", "harness", "devices", "fl", "reports"}, names
     at_top = {name for name, top in imports if top}
-    assert at_top <= set(sys.stdlib_module_names) | {"__future__"}, at_top - set(sys.stdlib_module_names)
-    assert "from __future__ import annotations" in source
+    assert at_top <= set(sys.stdlib_module_names) | {"__future__", "."}, at_top - set(sys.stdlib_module_names)
+    assert "from __future__ import annotations" in source or not imports  # annotations of 3.10 syntax run on 3.8
 
 
 def test_ort_backend_never_loads_torch(sets: dict[str, Path], tmp_path: Path) -> None:
@@ -674,11 +493,13 @@ def test_the_runner_flushes_denormals_in_its_thread(sets: dict[str, Path]) -> No
     # In a fresh interpreter (the flags are per thread and would leak into this one): a product
     # below float32's smallest normal is a denormal before, zero after.
     probe = (
-        "import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import runner; "
+        "import sys, numpy as np; sys.path.insert(0, sys.argv[1]); from runner import runtimes; "
         "tiny = lambda: float(np.array([1e-30], np.float32)[0] * np.array([1e-10], np.float32)[0]); "
-        "before = tiny(); ok = runner.flush_denormals(); print(before > 0, ok, tiny() == 0.0)"
+        "before = tiny(); ok = runtimes.flush_denormals(); print(before > 0, ok, tiny() == 0.0)"
     )
-    out = subprocess.run([sys.executable, "-c", probe, str(RUNNER.parent)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(RUNNER)], capture_output=True, text=True, check=True, cwd=RUNNER.parent
+    )
     assert out.stdout.split() == ["True", "True", "True"], out
     rc, doc, _ = run_runner(*bench_args(sets["cnn"], warmup=0, steps=2))
     assert rc == 0 and doc["flush_denormals"] is True

@@ -24,7 +24,8 @@ from exporters.artifacts import export_artifacts
 from exporters.ort_training import OrtTrainer
 from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL
 from exporters.zoo import get_model
-from harness import runner as runner_module
+from harness.runner.artifacts import load_manifest, random_batch
+from harness.runner.backends import OnnxBackend
 from tests.harness.test_runner import bench_args, learnable_shard, run_runner, train_args
 
 #: What the plain environment holds (numpy at this environment's version).
@@ -217,9 +218,9 @@ def test_parameters_and_state_stay_in_ortvalues_between_steps(sets: dict[str, Pa
     import onnxruntime
 
     directory = str(sets["cfd"])
-    manifest = runner_module.load_manifest(directory, "onnx")
-    backend = runner_module.OnnxBackend(directory, manifest, 1)
-    x, y = runner_module.random_batch(np, manifest, 0)
+    manifest = load_manifest(directory, "onnx")
+    backend = OnnxBackend(directory, manifest, 1)
+    x, y = random_batch(np, manifest, 0)
     backend.bind(x, y)
     buffers = {**{("a", k): v for k, v in backend.a.items()}, **{("b", k): v for k, v in backend.b.items()}}
     pointers = {k: v.data_ptr() for k, v in buffers.items()}

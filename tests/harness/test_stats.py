@@ -120,7 +120,7 @@ def test_noisy_is_judged_on_the_bulk_of_the_steps_not_on_a_few_stretched_ones() 
 def test_median_interval_of_a_cell_is_the_runners_order_statistics() -> None:
     samples = [0.001 * (1 + i / 100) for i in range(20)]  # sorted, 20 values
     s = summarize(samples, batch=2)
-    # n = 20 at 95 %: ranks 6 and 15 (1-based), see tests/harness/test_runner.py
+    # n = 20 at 95 %: ranks 6 and 15 (1-based), see tests/harness/runner/test_sampling.py
     low, high = s.median_ci_s  # type: ignore[misc]
     assert (low, high) == (pytest.approx(samples[5] / 2), pytest.approx(samples[14] / 2))
     median = statistics.median(samples) / 2

@@ -1,6 +1,6 @@
 """The devices executor: real runner, real ORT training, over a local, an unreachable and an emulated SSH device.
 
-The resident runner (one ``runner.py serve`` per device) is checked against the one-shot
+The resident runner (one ``runner.pyz serve`` per device) is checked against the one-shot
 mode (same parameters out for the same inputs), across rounds (one process, its pid
 stays), after a request that times out (killed, a new one next round), and on an SSH
 device that goes down and comes back (a new runner). FjORD per step and FedDrop's
