@@ -285,7 +285,8 @@ def provision_fleet(fleet: Any, progress: Progress) -> Any:
     devices.group.FleetResult of harness.backends.ProvisionReport
         Each device's state after provisioning.
     """
-    from harness.provision import DEFAULT_PACKAGES, install_notes, provision
+    from harness.provision import DEFAULT_PACKAGES, provision
+    from harness.provision_cli import install_notes
 
     packages = [p for p in DEFAULT_PACKAGES if p.name != "torch"]
     result = provision(fleet, packages=packages, install=True, verify_runtime=False, say=progress.detail)

@@ -129,9 +129,9 @@ def register(commands: Any) -> None:
         "needs no internet; default); device: the device's own pip fetches them from the index",
     )
     provision.add_argument("--index-url", help="package index for --install (default: the fetching pip's own)")
-    provision.set_defaults(handler="harness.provision:cmd_provision")
+    provision.set_defaults(handler="harness.provision_cli:cmd_provision")
     # The packages `fleet facts` reports are those the runner imports (its runtime, its site).
-    fleet_actions.choices["facts"].set_defaults(handler="harness.provision:cmd_facts")
+    fleet_actions.choices["facts"].set_defaults(handler="harness.provision_cli:cmd_facts")
     up = fleet_actions.choices["up"]
     up.add_argument("--match", metavar="DEVICE", help="calibrate CPU shares to replay a stored device's profile")
     up.add_argument("--db", default="fleetbench.db", help="profile store for --match (default fleetbench.db)")

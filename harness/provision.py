@@ -62,15 +62,13 @@ whether the imports now work.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import inspect
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from devices.connect import connect
 from devices.errors import TransportError
@@ -81,7 +79,7 @@ from devices.transport import RunResult, Transport
 from harness.backends import BACKEND_PACKAGES, BackendChoice, PackageStatus, ProvisionReport, choose_backend, why_not
 from harness.contract import RunnerStart
 from harness.deploy import deploy_files, sha256_file
-from harness.phone_runtime import MissingRuntime, RuntimeReport, device_runtime, runner_start
+from harness.phone_runtime import RuntimeReport, device_runtime, runner_start
 from harness.runner.runtimes import import_onnxruntime, import_ort_training, torch_blocked
 from harness.wheels import Target, fetch_wheels, normalize, wanted_requirements, wheel_distribution, wheel_fits
 
@@ -722,183 +720,3 @@ def fleet_backends(fleet: Fleet | Sequence[Device], override: str | None = None,
     second = provision(rest, opener=opener, verify_runtime=False, say=say)
     merged = FleetResult({**first.successes, **second.successes}, {**first.failures, **second.failures})
     return choices_from(merged, devices)
-
-
-def format_table(result: FleetResult[ProvisionReport], devices: Sequence[Device],
-                 packages: Sequence[Package] = DEFAULT_PACKAGES) -> str:
-    """Render the provisioning table (device | machine | python | runtime | packages... | can run | uses), then notes.
-
-    ``runtime`` is ``python`` (the device's own) or ``bundle`` (a phone's runtime bundle).
-    The notes say, per phone, the runtime chosen and what was pushed, and per device why
-    each backend it cannot run is unusable, what was installed, and what failed.
-
-    Parameters
-    ----------
-    result : FleetResult of ProvisionReport
-    devices : sequence of Device
-        Row order.
-    packages : sequence of Package
-
-    Returns
-    -------
-    str
-    """
-    header = ["device", "machine", "python", "runtime", *(p.name for p in packages), "can run", "uses"]
-    rows = [header]
-    notes: list[str] = []
-    for device, choice in zip(devices, choices_from(result, devices), strict=True):
-        if device.name in result.failures:
-            failure = result.failures[device.name]
-            rows.append([device.name, "-", "-", "-", *("-" for _ in packages), f"FAILED: {failure.kind}", "-"])
-            notes.append(f"{device.name}: {failure.kind}: {failure.message}")
-            continue
-        report = result.successes[device.name]
-        usable = [b for b in BACKENDS if report.can_run(b)]
-        start = report.start
-        rows.append([device.name, report.machine or "-", report.python or "missing",
-                     start.runtime if start is not None else "python",
-                     *(_cell(report.packages[p.name]) for p in packages),
-                     ", ".join(usable) or "nothing", choice.backend or "-"])
-        if device.kind == "adb" and report.runtime is not None:
-            notes.append(report.runtime.describe(device.name))
-        notes.extend(_notes(device.name, report))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines + notes)
-
-
-def _cell(status: PackageStatus) -> str:
-    if status.importable:
-        return status.version or "yes"
-    return "broken" if status.present else "missing"
-
-
-def install_notes(name: str, report: ProvisionReport) -> list[str]:
-    """Return the lines saying what provisioning fetched, installed and failed to install on one device.
-
-    Parameters
-    ----------
-    name : str
-        The device's name.
-    report : ProvisionReport
-
-    Returns
-    -------
-    list of str
-    """
-    notes = list(report.fetched)
-    notes += [f"{name}: installed {', '.join(report.installed)} into {report.site}"] if report.installed else []
-    return notes + ([f"{name}: install failed: {report.install_error}"] if report.install_error else [])
-
-
-def _notes(name: str, report: ProvisionReport) -> list[str]:
-    notes = install_notes(name, report)
-    if report.stepped:
-        model, width, batch, _ = CHECK_SET
-        notes.append(f"{name}: the runner trained one step of {model} at width {width:g}, batch {batch}, on "
-                     f"{', '.join(report.stepped)}")
-    if report.python is None:
-        return [*notes, f"{name}: {why_not(report, 'onnx')}: no backend can run"]
-    notes.extend(f"{name}: no {backend}: {reason}" for backend in BACKENDS
-                 if (reason := why_not(report, backend)) is not None)
-    return notes
-
-
-def cmd_provision(args: argparse.Namespace) -> int:
-    """Run ``fleetbench fleet provision FILE [--install [--via host|device]] [--index-url URL] [--wheel W ...]``.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        ``file`` (fleet YAML), ``wheel`` (list of wheel paths), ``install``, ``via`` and ``index_url``.
-
-    Returns
-    -------
-    int
-        0 when every device answered, 1 otherwise.
-
-    Raises
-    ------
-    InputError
-        A wheel file is missing or badly named.
-    """
-    from devices.fleetfile import load_fleet
-    from exporters.errors import InputError
-
-    wheels = [Path(w) for w in args.wheel]
-    for wheel in wheels:
-        if not wheel.is_file():
-            raise InputError(f"wheel {wheel} does not exist")
-        try:
-            wheel_distribution(wheel)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-    fleet = load_fleet(args.file)
-    result = provision(fleet, wheels, install=args.install, index_url=args.index_url, via=args.via, train_step=True)
-    print(format_table(result, fleet.devices))
-    return 0 if result.ok else 1
-
-
-def as_dict(report: ProvisionReport) -> Mapping[str, Any]:
-    """Return a report as plain JSON-ready data (for logs and records).
-
-    Parameters
-    ----------
-    report : ProvisionReport
-
-    Returns
-    -------
-    dict
-    """
-    return {
-        "python": report.python,
-        "machine": report.machine,
-        "site": report.site,
-        "packages": {name: vars(status) for name, status in report.packages.items()},
-        "installed": list(report.installed),
-        "install_error": report.install_error,
-        "can_run": {b: report.can_run(b) for b in BACKENDS},
-        "why_not": {b: why_not(report, b) for b in BACKENDS},
-        "stepped": list(report.stepped),
-    }
-
-
-def runner_python(transport: Transport, device: Device) -> list[str]:
-    """Return the command that starts ``device``'s Python as its runner starts, pushing nothing.
-
-    `harness.phone_runtime.runner_start` without provisioning: a phone without Python
-    whose runtime bundle is not there yet is asked with its own (missing) Python.
-
-    Parameters
-    ----------
-    transport : Transport
-    device : Device
-
-    Returns
-    -------
-    list of str
-    """
-    try:
-        return list(runner_start(transport, device, provision=False, say=lambda line: None).argv)
-    except MissingRuntime:
-        return python_argv(device.python, device.workdir)
-
-
-def cmd_facts(args: argparse.Namespace) -> int:
-    """Run ``fleetbench fleet facts FILE``, each device's Python started as its runner starts (`runner_python`).
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        As for `devices.facts.cmd_facts`.
-
-    Returns
-    -------
-    int
-        As `devices.facts.cmd_facts`.
-    """
-    from devices.facts import cmd_facts as device_facts
-
-    return device_facts(args, python=runner_python)
-

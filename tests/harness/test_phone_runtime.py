@@ -228,7 +228,8 @@ def test_corrupted_bundle_files_are_found_by_sha256_and_replaced(
 
 def test_too_little_storage_is_one_line_and_the_other_phones_go_on(make_phone: Any, bundle_x86_64: Any) -> None:
     from harness.backends import usable_devices
-    from harness.provision import DEFAULT_PACKAGES, choices_from, format_table, provision
+    from harness.provision import DEFAULT_PACKAGES, choices_from, provision
+    from harness.provision_cli import format_table
 
     small, roomy = make_phone("small"), make_phone("roomy")
     # the small phone's df reports 50 MB free in its workdir (Android's toybox df -Pk format)

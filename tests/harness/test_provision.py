@@ -27,13 +27,13 @@ from harness.provision import (
     Package,
     check_device,
     fleet_backends,
-    format_table,
     match_wheels,
     provision,
     provision_device,
     train_step_check,
     wheel_distribution,
 )
+from harness.provision_cli import format_table
 from tests.harness.test_deploy import PY, Target, make_target
 
 NUMPY = DEFAULT_PACKAGES[0]
