@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.latency import fit, leave_one_out_error, train_flops_per_example
+from harness.arch_counts import train_flops_per_example
+from harness.latency import fit
+from harness.latency_validation import leave_one_out_error
 
 #: The columns that identify one measured configuration of a device.
 CONFIG = ["device", "model", "batch", "backend"]

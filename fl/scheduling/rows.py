@@ -26,13 +26,12 @@ import numpy as np
 
 from exporters.errors import InputError
 from fl.scheduling.checks import same_width
+from harness.arch_counts import memory_features, train_flops_per_example
 from harness.latency import (
     Estimate,
     LatencyModel,
     MemoryModel,
     finite_positive,
-    memory_features,
-    train_flops_per_example,
 )
 
 #: Status of a cell that ran out of memory (`harness.records.Status`).

@@ -42,7 +42,7 @@ from typing import Any
 from devices import emulate
 from devices.sshd import free_port
 from fl.runlog import RunLog
-from harness.latency import leave_one_out_error
+from harness.latency_validation import leave_one_out_error
 from harness.store import ProfileStore
 from reports import tables
 

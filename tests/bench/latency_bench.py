@@ -27,7 +27,7 @@ from fl.data import write_bench_data
 from harness.bench_data import bench_data_label
 from harness.campaign import run_campaign
 from harness.cells import plan_cells
-from harness.latency import leave_one_out_error
+from harness.latency_validation import leave_one_out_error
 from harness.progress import print_progress
 from harness.store import ProfileStore
 from tests.devices.conftest import copy_example_fleet

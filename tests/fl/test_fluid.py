@@ -370,7 +370,8 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
 
 
 def test_profile_predictor_asks_the_latency_model_for_unmeasured_sizes():
-    from harness.latency import fit_device, train_flops_per_example
+    from harness.arch_counts import train_flops_per_example
+    from harness.latency import fit_device
 
     rows = [
         {"model": "fjord-cnn", "width": w, "batch": 20, "backend": "ort", "status": "ok",

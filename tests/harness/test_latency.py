@@ -11,23 +11,19 @@ import pytest
 from exporters.arch import Arch
 from exporters.zoo import get_model
 from harness import latency
+from harness.arch_counts import FEATURES, arch_counts, latency_features, train_flops_per_example
 from harness.latency import (
-    FEATURES,
     FIXED_PRIOR_SD,
     LatencyModel,
     MemoryModel,
-    arch_counts,
     choose_next_width,
     fit,
     fit_device,
-    fit_linear,
-    latency_features,
-    leave_one_out_error,
-    nonnegative_lstsq,
     predict,
     predict_memory,
-    train_flops_per_example,
 )
+from harness.latency_validation import format_loo, leave_one_out_error
+from harness.linear_fit import fit_linear, nonnegative_lstsq
 from tests.fl.scheduling import profiles as scheduling_profiles
 
 MODEL = "fjord-cnn"
@@ -265,7 +261,7 @@ def test_leave_one_out_matches_an_independent_refit() -> None:
     errors = [abs(p.relative_error) for p in rep.points]
     assert rep.median_abs_error == pytest.approx(float(np.median(errors)))
     assert rep.max_abs_error == pytest.approx(max(errors)) and rep.max_abs_error < 0.15
-    assert "median |error|" in latency.format_loo(reports)
+    assert "median |error|" in format_loo(reports)
 
 
 def test_the_fit_and_its_validation_use_a_cells_pass_mean_where_it_has_one() -> None:
