@@ -444,7 +444,7 @@ _READERS: Mapping[str, Callable[[str, Any], Any]] = {
     "sample_seconds": _number_or_none,
     "steps_per_sample": _integers,
     "cpu_step_seconds": _numbers,
-    "disturbed": _integers,
+    "disturbed": _sequence(lambda key, value: int(_flag(key, value))),
     "warmup_steps": _integer_or_none,
     "warmup_seconds": _numbers,
     "warmup_settled": _flag_or_none,
@@ -499,7 +499,7 @@ def parse_document(raw: Mapping[str, Any]) -> RunnerDocument:
     Returns
     -------
     RunnerDocument
-        Its ``raw`` is a copy of ``raw``.
+        Its ``raw`` is a read-only copy of ``raw``.
 
     Raises
     ------
@@ -510,7 +510,7 @@ def parse_document(raw: Mapping[str, Any]) -> RunnerDocument:
     if not isinstance(raw, Mapping):
         raise DocumentError(f"runner document: expected a JSON object, got {type(raw).__name__}")
     values = {name: read(name, raw.get(name)) for name, read in _READERS.items()}
-    return RunnerDocument(**values, train_flops=_train_flops(raw), raw=dict(raw))
+    return RunnerDocument(**values, train_flops=_train_flops(raw), raw=MappingProxyType(dict(raw)))
 
 
 #: The document of a run that printed none.

@@ -99,6 +99,7 @@ def test_absent_and_null_keys_read_as_defaults() -> None:
     old = parse_document({"step_seconds": [0.01, 0.02], "passes": 2, "pass_medians": [0.01, None], "freq_khz": [1]})
     assert old.cpu_step_seconds == () and old.disturbed == () and old.passes == 2 and old.pass_medians == (0.01, None)
     assert old.raw["freq_khz"] == [1]
+    assert parse_document({"disturbed": [True, False, 1]}).disturbed == (1, 0, 1)
 
 
 def test_train_flops_come_from_the_counts_the_host_added() -> None:
@@ -117,6 +118,7 @@ def test_train_flops_come_from_the_counts_the_host_added() -> None:
         ("status", 0, "'status'"),
         ("throttled", "no", "'throttled'"),
         ("samples", True, "'samples'"),
+        ("disturbed", [0, 2], "'disturbed[1]'"),
         ("loadavg", {"before": ["high"]}, "'loadavg.before[0]'"),
         ("sessions", {"opened": "one"}, "'sessions.opened'"),
         ("versions", {"numpy": 2}, "'versions.numpy'"),
