@@ -17,8 +17,10 @@ devices executor (`fl.executors.devices`):
   carries the same options as `bench_argv`, `bench_options`), one reply line in and a
   `RunnerOutput` out;
 * `RUNNER_EXIT_CODES` and `parse_output`: exit status and JSON document in, one
-  status, a one-line message and the document out (`parse_reply` and a runner that
-  ended without a reply, `ended_output`, give the same statuses);
+  status, a one-line message and the document out, parsed once into a
+  `harness.document.RunnerDocument` (`parse_reply` and a runner that ended without a
+  reply, `ended_output`, give the same statuses; a document with a key of the wrong
+  type is a ``"runner error"`` naming the key);
 * `write_params` and `read_params`: the flat-parameter wire format (one float32
   vector in the manifest's parameter order, saved with ``np.save`` and
   ``allow_pickle=False``).
@@ -39,6 +41,7 @@ import numpy as np
 
 from devices.site import python_argv, site_path
 from exporters.manifest import flatten, unflatten
+from harness.document import EMPTY_DOCUMENT, DocumentError, RunnerDocument, parse_document
 from harness.runner import protocol
 
 #: Exit status of the runner -> the status it means.
@@ -120,13 +123,14 @@ class RunnerOutput:
         ``"ok"`` or a failure status (a key of `FAILURE_REASON_OF_STATUS`, or ``"runner error"``).
     message : str
         One line saying what went wrong ("" when ok).
-    document : dict
-        The parsed JSON document (empty when stdout was not a JSON object).
+    document : RunnerDocument
+        The runner's document, parsed (`harness.document.EMPTY_DOCUMENT` when stdout was
+        not a JSON object or not a well-formed document).
     """
 
     status: str
     message: str
-    document: dict[str, Any]
+    document: RunnerDocument
 
     @property
     def ok(self) -> bool:
@@ -376,9 +380,8 @@ def parse_reply(line: str) -> RunnerOutput:
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        return RunnerOutput(
-            "runner error", f"serving runner replied with a line that is not a JSON object: {line[:200]!r}", {}
-        )
+        message = f"serving runner replied with a line that is not a JSON object: {line[:200]!r}"
+        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
     status = str(doc.get("status") or "runner error")
     return parse_output(protocol.EXIT_CODES.get(status, 5), line, "")
 
@@ -402,7 +405,7 @@ def ended_output(returncode: int | None, stderr: str) -> RunnerOutput:
     if returncode in (-9, 137):
         tail = stderr.strip()[-300:]
         message = "runner killed by SIGKILL during the request (the kernel's OOM killer?)"
-        return RunnerOutput("out of memory", message + (f"; stderr: {tail}" if tail else ""), {})
+        return RunnerOutput("out of memory", message + (f"; stderr: {tail}" if tail else ""), EMPTY_DOCUMENT)
     return parse_output(-1 if returncode is None else returncode, "", stderr)
 
 
@@ -421,7 +424,8 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     RunnerOutput
         The document's status; where the exit status disagrees with an ``"ok"``
         document, the exit status wins; no document at all is a ``"runner error"``
-        whose message quotes the end of stderr.
+        whose message quotes the end of stderr, and so is a document with a key of the
+        wrong type (`harness.document.DocumentError`, its message naming the key).
     """
     tail = stderr.strip()[-300:]
     try:
@@ -431,14 +435,18 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     if not isinstance(doc, dict):
         what = "no output" if not stdout.strip() else "output that is not a JSON object"
         message = f"runner exited {rc} with {what}" + (f"; stderr: {tail}" if tail else "")
-        return RunnerOutput("runner error", message, {})
-    status = str(doc.get("status") or RUNNER_EXIT_CODES.get(rc, "runner error"))
+        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
+    try:
+        document = parse_document(doc)
+    except DocumentError as exc:
+        return RunnerOutput("runner error", f"runner exited {rc} with a malformed document: {exc}", EMPTY_DOCUMENT)
+    status = document.status or RUNNER_EXIT_CODES.get(rc, "runner error")
     if status == "ok" and rc != 0:
         status = RUNNER_EXIT_CODES.get(rc, "runner error")
     if status == "ok":
-        return RunnerOutput(status, "", doc)
-    message = str(doc.get("error") or "") or (f"runner exited {rc}" + (f"; stderr: {tail}" if tail else ""))
-    return RunnerOutput(status, message, doc)
+        return RunnerOutput(status, "", document)
+    message = (document.error or "") or (f"runner exited {rc}" + (f"; stderr: {tail}" if tail else ""))
+    return RunnerOutput(status, message, document)
 
 
 def write_params(path: Path, manifest: Mapping[str, Any], params: Mapping[str, np.ndarray]) -> int:

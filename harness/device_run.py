@@ -42,6 +42,7 @@ from devices.fleet import Device
 from devices.transport import Transport
 from harness import contract, runner_archive
 from harness.cells import SetKey, set_key
+from harness.document import EMPTY_DOCUMENT, RunnerDocument, parse_document
 from harness.isolation import Activity, IsolationPlan, Turns
 from harness.passes import measurement_from_doc, merge_passes
 from harness.progress import CellEvent
@@ -254,7 +255,7 @@ class _Cell:
     passes: int
     status: str = "runner error"
     message: str = ""
-    docs: list[dict[str, Any]] = field(default_factory=list)
+    docs: list[RunnerDocument] = field(default_factory=list)
     concurrent: set[str] = field(default_factory=set)
     pass_failure: str = ""
     finished: bool = False
@@ -402,10 +403,10 @@ class DeviceRun:
             run = transport.run(argv, timeout=self.campaign.timeout)
             output = contract.parse_output(run.rc, run.stdout, run.stderr)
             cell.status, cell.message = output.status, output.message
-            if output.document:
+            if output.document.raw:
                 # The analytic counts travel with the cell, so stored rows carry train FLOPs.
                 manifest = json.loads((set_dir / "manifest.json").read_text())
-                cell.docs.append({**output.document, "counts": manifest.get("counts", {})})
+                cell.docs.append(parse_document({**output.document.raw, "counts": manifest.get("counts", {})}))
         except TransportError as exc:
             cell.status, cell.message = exc.kind, str(exc) or type(exc).__name__
             self._drop_transport()
@@ -438,7 +439,7 @@ class DeviceRun:
                 request_id=f"{spec.cell_key()}#{number}", matmul_seconds=0.0, **self._pass_options(spec, cell.passes),
             )  # fmt: skip
             if output.ok:
-                cell.docs.append(dict(output.document))
+                cell.docs.append(output.document)
             else:
                 reason = f"{output.status}: {output.message}"
         except TransportError as exc:
@@ -457,7 +458,7 @@ class DeviceRun:
 
     def _finish(self, cell: _Cell) -> Measurement:
         """Return the cell's `Measurement`, its passes merged (`merge_passes`) where it has more than one."""
-        doc = merge_passes(cell.docs, cell.spec.precision) if len(cell.docs) > 1 else (cell.docs or [{}])[0]
+        doc = merge_passes(cell.docs, cell.spec.precision) if len(cell.docs) > 1 else (cell.docs or [EMPTY_DOCUMENT])[0]
         measurement = self._build(cell.spec, cell.status, cell.message, doc, cell.started, cell.concurrent)
         if cell.pass_failure:
             message = "; ".join(part for part in (measurement.message, cell.pass_failure) if part)
@@ -469,7 +470,7 @@ class DeviceRun:
         spec: BenchSpec,
         status: str,
         message: str,
-        doc: Mapping[str, Any],
+        doc: RunnerDocument,
         started: float,
         concurrent: Iterable[str] = (),
     ) -> Measurement:

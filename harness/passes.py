@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.document import RunnerDocument, parse_document
 from harness.records import BenchSpec, Measurement
 from harness.runner.sampling import (
     DISTURBANCE_LIMIT,
@@ -36,7 +37,7 @@ def measurement_from_doc(
     spec: BenchSpec,
     status: str,
     message: str,
-    doc: Mapping[str, Any],
+    doc: RunnerDocument,
     *,
     facts: Mapping[str, Any],
     started_at: float,
@@ -53,8 +54,8 @@ def measurement_from_doc(
     spec : BenchSpec
     status, message : str
         From `harness.contract.parse_output` (or a transport failure).
-    doc : Mapping
-        The runner's JSON document (may be empty).
+    doc : RunnerDocument
+        The runner's document (may be empty).
     facts : Mapping
         The device's facts snapshot.
     started_at, finished_at : float
@@ -75,10 +76,7 @@ def measurement_from_doc(
         `imprecision_reason` as its message.
     """
     steps = tuple(counted_steps(doc)) if status == "ok" else ()
-    peak = doc.get("peak_memory_bytes")
-    gflops = doc.get("matmul_gflops")
-    achieved = doc.get("precision_achieved")
-    imprecise = status == "ok" and bool(doc.get("imprecise", False))
+    imprecise = status == "ok" and doc.imprecise
     if imprecise and not message:
         message = imprecision_reason(spec, doc, share)
     return Measurement(
@@ -86,29 +84,29 @@ def measurement_from_doc(
         status=status,
         message=message,
         step_seconds=steps,
-        peak_memory_bytes=int(peak) if isinstance(peak, (int, float)) else None,
-        peak_memory_source=doc.get("peak_memory_source"),
-        throttled=bool(doc.get("throttled", False)),
-        matmul_gflops=float(gflops) if isinstance(gflops, (int, float)) else None,
-        runner=dict(doc),
+        peak_memory_bytes=doc.peak_memory_bytes,
+        peak_memory_source=doc.peak_memory_source,
+        throttled=doc.throttled,
+        matmul_gflops=doc.matmul_gflops,
+        runner=doc,
         facts=dict(facts),
         started_at=started_at,
         finished_at=finished_at,
         versions=dict(versions),
         git_commit=git_commit,
-        precision_achieved=float(achieved) if isinstance(achieved, (int, float)) else None,
+        precision_achieved=doc.precision_achieved,
         imprecise=imprecise,
-        stop_reason=doc.get("stop_reason") if status == "ok" else None,
+        stop_reason=doc.stop_reason if status == "ok" else None,
         isolation=dict(isolation or {}),
     )
 
 
-def counted_steps(doc: Mapping[str, Any]) -> list[float]:
+def counted_steps(doc: RunnerDocument) -> list[float]:
     """Return the runner's step samples that count: those it did not find disturbed (pure).
 
     Parameters
     ----------
-    doc : Mapping
+    doc : RunnerDocument
         The runner's document (``step_seconds``; ``disturbed``, a 0/1 flag per sample,
         where the runner judged them).
 
@@ -117,17 +115,17 @@ def counted_steps(doc: Mapping[str, Any]) -> list[float]:
     list of float
         Every sample when the runner judged none (no flags, or not one per sample).
     """
-    return undisturbed([float(v) for v in doc.get("step_seconds") or ()], doc)
+    return undisturbed(list(doc.step_seconds), doc)
 
 
-def undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
+def undisturbed(values: list[float], doc: RunnerDocument) -> list[float]:
     """Return the entries of ``values`` (one per runner sample) that the runner did not flag disturbed (pure).
 
     Parameters
     ----------
     values : list of float
         One value per sample of ``doc`` (its wall or its CPU seconds per step).
-    doc : Mapping
+    doc : RunnerDocument
         The runner's document (``disturbed``, a 0/1 flag per sample).
 
     Returns
@@ -135,10 +133,13 @@ def undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
     list of float
         Every value when the flags are not one per value: they are trusted only then.
     """
-    flags = list(doc.get("disturbed") or ())
+    return _unflagged(values, doc.disturbed)
+
+
+def _unflagged(values: list[float], flags: Sequence[int]) -> list[float]:
     if len(flags) != len(values):
         return values
-    return counted_samples(values, flags)
+    return counted_samples(values, list(flags))
 
 
 #: Passes a cell's samples are spread over by default (`harness.campaign.run_campaign`): its first in a
@@ -147,7 +148,7 @@ def undisturbed(values: list[float], doc: Mapping[str, Any]) -> list[float]:
 DEFAULT_PASSES = 4
 
 
-def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[str, Any]:
+def merge_passes(docs: Sequence[RunnerDocument], precision: float) -> RunnerDocument:
     """Merge the runner documents of one cell's passes into the cell's document (pure).
 
     The samples of every pass are pooled; where every pass judged its samples
@@ -159,7 +160,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
 
     Parameters
     ----------
-    docs : sequence of Mapping
+    docs : sequence of RunnerDocument
         The passes' documents, first pass first (each with status ``ok``). The first
         pass ran in a process of its own: its peak memory, warm-up and matmul rate are
         the cell's.
@@ -168,7 +169,7 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
 
     Returns
     -------
-    dict
+    RunnerDocument
         The first pass's document with the pooled ``step_seconds``, ``cpu_step_seconds``,
         ``disturbed``, ``steps_per_sample``, ``loss``, ``samples``, ``timed_seconds``,
         ``median_ci_seconds``, ``precision_achieved``, ``imprecise`` and ``stop_reason``
@@ -181,29 +182,28 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
     if not docs:
         raise ValueError("merge_passes needs at least one pass")
     first = docs[0]
-    seconds = [float(v) for doc in docs for v in doc.get("step_seconds") or ()]
-    cpu = [float(v) for doc in docs for v in doc.get("cpu_step_seconds") or ()]
-    judged = all(len(doc.get("disturbed") or ()) == len(doc.get("step_seconds") or ()) for doc in docs)
+    seconds = [v for doc in docs for v in doc.step_seconds]
+    cpu = [v for doc in docs for v in doc.cpu_step_seconds]
+    judged = all(len(doc.disturbed) == len(doc.step_seconds) for doc in docs)
     # A pool's samples come from stretches of time apart, so it is judged from `MIN_SAMPLES` on (a
     # single run from `harness.runner.sampling.DISTURBANCE_MIN_SAMPLES`): a device held to a small CPU share
     # takes few, long samples.
     flags = disturbed_samples(cpu, min_samples=MIN_SAMPLES) if judged and len(cpu) == len(seconds) else []
-    merged: dict[str, Any] = dict(first)
+    merged: dict[str, Any] = dict(first.raw)
     merged.update(
         step_seconds=seconds,
         cpu_step_seconds=cpu if len(cpu) == len(seconds) else [],
         disturbed=[int(flag) for flag in flags],
-        steps_per_sample=[n for doc in docs for n in doc.get("steps_per_sample") or ()],
-        loss=[v for doc in docs for v in doc.get("loss") or ()],
+        steps_per_sample=[n for doc in docs for n in doc.steps_per_sample],
+        loss=[v for doc in docs for v in doc.loss],
         samples=len(seconds),
-        timed_seconds=sum(float(doc.get("timed_seconds") or 0.0) for doc in docs),
-        throttled=any(bool(doc.get("throttled")) for doc in docs),
+        timed_seconds=sum(doc.timed_seconds or 0.0 for doc in docs),
+        throttled=any(doc.throttled for doc in docs),
         passes=len(docs),
         pass_medians=[median_of_sorted(sorted(c)) if (c := counted_steps(doc)) else None for doc in docs],
     )
-    loads = [doc.get("loadavg") or {} for doc in docs]
-    merged["loadavg"] = {**loads[0], "after": loads[-1].get("after")}
-    counted = sorted(counted_steps(merged))
+    merged["loadavg"] = {"before": list(first.loadavg.before), "after": list(docs[-1].loadavg.after)}
+    counted = sorted(_unflagged(seconds, merged["disturbed"]))
     _, low, high, half = median_interval(counted) if counted else (None, None, None, None)
     merged.pop("median_ci_seconds", None)
     if low is not None:
@@ -214,19 +214,19 @@ def merge_passes(docs: Sequence[Mapping[str, Any]], precision: float) -> dict[st
         merged["stop_reason"] = "steps"
     elif not merged["imprecise"]:
         merged["stop_reason"] = "precision"
-    elif any(doc.get("stop_reason") in ("time cap", "sample cap") for doc in docs):
+    elif any(doc.stop_reason in ("time cap", "sample cap") for doc in docs):
         merged["stop_reason"] = "time cap"
     else:
         merged["stop_reason"] = "passes differ"
-    return merged
+    return parse_document(merged)
 
 
-def device_busy(doc: Mapping[str, Any]) -> str:
+def device_busy(doc: RunnerDocument) -> str:
     """Say whether the runner saw a busy device: a load average above the cpus it may use.
 
     Parameters
     ----------
-    doc : Mapping
+    doc : RunnerDocument
         The runner's document (``loadavg``, ``cpus_available``).
 
     Returns
@@ -235,10 +235,9 @@ def device_busy(doc: Mapping[str, Any]) -> str:
         ``"load average 3.2 on 2 cpus"`` when the larger 1-minute load average (before or
         after) exceeds the available cpus, else "".
     """
-    loads = doc.get("loadavg") or {}
-    values = [float(v[0]) for v in (loads.get("before"), loads.get("after")) if isinstance(v, list) and v]
-    cpus = doc.get("cpus_available")
-    if not values or not isinstance(cpus, int) or cpus < 1:
+    values = [v[0] for v in (doc.loadavg.before, doc.loadavg.after) if v and v[0] is not None]
+    cpus = doc.cpus_available
+    if not values or cpus is None or cpus < 1:
         return ""
     worst = max(values)
     return f"load average {worst:.1f} on {cpus} cpu{'s' if cpus != 1 else ''}" if worst > cpus else ""
@@ -249,12 +248,12 @@ def device_busy(doc: Mapping[str, Any]) -> str:
 BUSY_CPU_FRACTION = 0.9
 
 
-def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> list[str]:
+def cpu_time_findings(doc: RunnerDocument, share: float | None = None) -> list[str]:
     """Say what the runner's CPU time per step shows about a cell's samples (pure).
 
     Parameters
     ----------
-    doc : Mapping
+    doc : RunnerDocument
         The runner's document (``step_seconds``, ``cpu_step_seconds``).
     share : float, optional
         The device's emulated CPU share in cores (`harness.device_run.quota_share`), what its runner could
@@ -273,8 +272,8 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     """
     from harness.stats import NOISY_CV_THRESHOLD, summarize
 
-    wall = [float(v) for v in doc.get("step_seconds") or ()]
-    cpu = [float(v) for v in doc.get("cpu_step_seconds") or ()]
+    wall = list(doc.step_seconds)
+    cpu = list(doc.cpu_step_seconds)
     if not cpu or len(cpu) != len(wall) or not all(v > 0 for v in wall):
         return []
     findings = []
@@ -285,8 +284,8 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     counted = undisturbed(cpu, doc)
     if len(counted) < len(cpu):
         why = "the cpu was slowed from outside the runner"
-        if int(doc.get("passes") or 1) > 1:
-            why = f"over the cell's {doc['passes']} passes: a pass the host slowed, or the first pass still cold"
+        if (doc.passes or 1) > 1:
+            why = f"over the cell's {doc.passes} passes: a pass the host slowed, or the first pass still cold"
         findings.append(
             f"{len(cpu) - len(counted)} of {len(cpu)} samples disturbed: their CPU time per step rose "
             f"over {100 * (DISTURBANCE_LIMIT - 1):.0f} %, {why}"
@@ -300,7 +299,7 @@ def cpu_time_findings(doc: Mapping[str, Any], share: float | None = None) -> lis
     return findings
 
 
-def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any], share: float | None = None) -> str:
+def imprecision_reason(spec: BenchSpec, doc: RunnerDocument, share: float | None = None) -> str:
     """Return the stored reason of a cell that missed its precision (one line).
 
     What kept it imprecise comes from the runner's CPU time per step
@@ -310,7 +309,7 @@ def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any], share: float | N
     Parameters
     ----------
     spec : BenchSpec
-    doc : Mapping
+    doc : RunnerDocument
         The runner's document.
     share : float, optional
         The device's emulated CPU share (`harness.device_run.quota_share`).
@@ -322,16 +321,16 @@ def imprecision_reason(spec: BenchSpec, doc: Mapping[str, Any], share: float | N
         (target +-2 %, time cap); device busy: the runner ran 61 % of the time (at most
         100 %)``.
     """
-    achieved = doc.get("precision_achieved")
-    samples = doc.get("samples") or len(doc.get("step_seconds") or ())
-    seconds = doc.get("timed_seconds")
-    reached = f"+-{100 * float(achieved):.1f} %" if isinstance(achieved, (int, float)) else "no interval"
-    took = f" in {float(seconds):.1f} s" if isinstance(seconds, (int, float)) else ""
+    achieved = doc.precision_achieved
+    samples = doc.samples or len(doc.step_seconds)
+    seconds = doc.timed_seconds
+    reached = f"+-{100 * achieved:.1f} %" if achieved is not None else "no interval"
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
     text = (
         f"imprecise: 95 % interval of the median {reached} after {samples} samples{took} "
-        f"(target +-{100 * spec.precision:g} %, {doc.get('stop_reason') or 'stopped'})"
+        f"(target +-{100 * spec.precision:g} %, {doc.stop_reason or 'stopped'})"
     )
-    if doc.get("cpu_step_seconds"):
+    if doc.cpu_step_seconds:
         return "; ".join([text, *cpu_time_findings(doc, share)])
     busy = device_busy(doc)
     return text + (f"; device busy: {busy}" if busy else "")

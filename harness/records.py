@@ -4,7 +4,8 @@
 backend x settings); `Measurement` holds the raw samples and provenance of one
 attempt at it. Statistics are derived from the samples (`harness.stats`), never
 stored by hand. The on-device runner's JSON document is the wire format between
-the two (see `harness.contract` and `harness.runner.protocol`).
+the two (see `harness.contract` and `harness.runner.protocol`), read as a
+`harness.document.RunnerDocument`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.document import EMPTY_DOCUMENT, RunnerDocument
 from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 
 #: Backends the runner can train with.
@@ -33,6 +35,7 @@ Status = Literal[
     "runner error",
     "connection lost",
 ]
+
 
 @dataclass(frozen=True)
 class BenchSpec:
@@ -116,8 +119,9 @@ class Measurement:
         CPU frequency dropped or a throttle bit was set during the cell.
     matmul_gflops : float or None
         The device's achievable matmul GFLOP/s (runner's probe), for rooflines.
-    runner : Mapping
-        The runner's JSON document as received (frequencies, thermal zones, versions).
+    runner : RunnerDocument
+        The cell's runner document (its passes merged; frequencies, thermal zones,
+        versions); its ``raw`` is what a profile store keeps.
     facts : Mapping
         Device facts snapshot taken for the campaign.
     started_at, finished_at : float
@@ -148,7 +152,7 @@ class Measurement:
     peak_memory_source: str | None = None
     throttled: bool = False
     matmul_gflops: float | None = None
-    runner: Mapping[str, Any] = field(default_factory=dict)
+    runner: RunnerDocument = EMPTY_DOCUMENT
     facts: Mapping[str, Any] = field(default_factory=dict)
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -212,4 +216,3 @@ def model_record(model: Any) -> ModelRecord | None:
     if not model.source:
         return None
     return ModelRecord(model.name, model.source, model.digest, tuple(model.groups), tuple(model.notes))
-

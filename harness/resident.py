@@ -49,6 +49,7 @@ from harness.contract import (
     serve_argv,
     train_request,
 )
+from harness.document import EMPTY_DOCUMENT, RunnerDocument
 
 
 def relative_paths(workdir: str | None, **paths: str) -> dict[str, str]:
@@ -104,7 +105,7 @@ class ResidentRunner:
         self.clock = clock
         self.process: Process | None = None
         #: The ready document of the current process (``pid``, ``startup_seconds``, ...).
-        self.ready: dict[str, Any] = {}
+        self.ready: RunnerDocument = EMPTY_DOCUMENT
         #: Processes started so far, and the host-side seconds each start took (to its ready line).
         self.starts = 0
         self.start_seconds: list[float] = []
@@ -151,7 +152,7 @@ class ResidentRunner:
     @property
     def pid(self) -> int | None:
         """The serving process's pid on the device (from its ready line), None when not running."""
-        return self.ready.get("pid") if self.process is not None else None
+        return self.ready.pid if self.process is not None else None
 
     def alive(self) -> bool:
         """Whether a serving process is running."""
@@ -174,7 +175,7 @@ class ResidentRunner:
             The device could not start it.
         """
         if self.alive():
-            return RunnerOutput("ok", "", dict(self.ready))
+            return RunnerOutput("ok", "", self.ready)
         self.close()
         began = self.clock()
         self.process = self.transport.start(self.argv)
@@ -182,7 +183,7 @@ class ResidentRunner:
         output = self._reply(self.start_timeout)
         self.start_seconds.append(self.clock() - began)
         if output.ok:
-            self.ready = dict(output.document)
+            self.ready = output.document
         else:
             self.close()
         return output
@@ -322,7 +323,7 @@ class ResidentRunner:
     def close(self) -> None:
         """End the serving process (``exit`` is not needed: closing its stdin ends it) (idempotent)."""
         process, self.process = self.process, None
-        self.ready = {}
+        self.ready = EMPTY_DOCUMENT
         if process is not None:
             try:
                 process.close()

@@ -611,12 +611,11 @@ def measure_round_cost(
         if not output.ok:
             raise RoundCostError(output.status, output.message)
         doc = output.document
-        sessions = doc.get("sessions") or {}
         return {
             "steps": float(steps), "seconds": float(seconds),
-            "step_seconds": float(sum(doc.get("step_seconds", []))),
-            "load_seconds": float(doc.get("load_seconds") or 0.0),
-            "sessions_opened": float(sessions.get("opened", 0)),
+            "step_seconds": float(sum(doc.step_seconds)),
+            "load_seconds": doc.load_seconds or 0.0,
+            "sessions_opened": float(doc.sessions.opened if doc.sessions is not None else 0),
         }  # fmt: skip
 
     train: list[dict[str, float]] = []

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from devices.files import atomic_path
 from exporters.errors import InputError
+from harness.document import parse_document
 from harness.passes import undisturbed
 from harness.records import BenchSpec, Measurement, ModelRecord
 from harness.roundcost import RoundCostModel
@@ -265,15 +266,15 @@ def cell_cpu_seconds(measurement: Measurement) -> list[float]:
         their wall seconds; empty for a failed cell or a runner without CPU times.
     """
     runner = measurement.runner
-    cpu = [float(v) for v in runner.get("cpu_step_seconds") or ()]
-    if measurement.status != "ok" or len(cpu) != len(runner.get("step_seconds") or ()):
+    cpu = list(runner.cpu_step_seconds)
+    if measurement.status != "ok" or len(cpu) != len(runner.step_seconds):
         return []
     return undisturbed(cpu, runner)
 
 
 def _pass_mean_us(measurement: Measurement, median_us: float) -> float:
     """Return the mean of a cell's pass medians per image (its ``median_us`` without two passes)."""
-    medians = [float(v) for v in measurement.runner.get("pass_medians") or () if isinstance(v, (int, float))]
+    medians = [v for v in measurement.runner.pass_medians if v is not None]
     if measurement.status != "ok" or len(medians) < 2:
         return median_us
     return sum(medians) / len(medians) / measurement.spec.batch * 1e6
@@ -431,25 +432,6 @@ def _loads_mapping(text: str | None) -> dict[str, Any]:
         return {}
     value = json.loads(text)
     return dict(value) if isinstance(value, Mapping) else {}
-
-
-def _train_flops(runner: Mapping[str, Any]) -> float:
-    """Per-example training FLOPs from a runner document, or NaN.
-
-    Looked up, first found wins: ``runner["train_flops"]``, ``runner["counts"]["train_flops"]``,
-    ``runner["manifest"]["counts"]["train_flops"]`` (the artifact manifest's counts).
-    """
-    candidates: list[Any] = [runner.get("train_flops")]
-    counts = runner.get("counts")
-    if isinstance(counts, Mapping):
-        candidates.append(counts.get("train_flops"))
-    manifest = runner.get("manifest")
-    if isinstance(manifest, Mapping) and isinstance(manifest.get("counts"), Mapping):
-        candidates.append(manifest["counts"].get("train_flops"))
-    for value in candidates:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return math.nan
 
 
 class ProfileStore:
@@ -723,7 +705,7 @@ class ProfileStore:
             "peak_memory_source": measurement.peak_memory_source,
             "throttled": int(bool(measurement.throttled)),
             "matmul_gflops": None if measurement.matmul_gflops is None else float(measurement.matmul_gflops),
-            "runner": _dumps(dict(measurement.runner)),
+            "runner": _dumps(dict(measurement.runner.raw)),
             "facts": _dumps(dict(measurement.facts)),
             "started_at": float(measurement.started_at),
             "finished_at": float(measurement.finished_at),
@@ -815,7 +797,7 @@ class ProfileStore:
             peak_memory_source=row["peak_memory_source"],
             throttled=bool(row["throttled"]),
             matmul_gflops=None if row["matmul_gflops"] is None else float(row["matmul_gflops"]),
-            runner=_loads_mapping(row["runner"]),
+            runner=parse_document(_loads_mapping(row["runner"])),
             facts=_loads_mapping(row["facts"]),
             started_at=float(row["started_at"]),
             finished_at=float(row["finished_at"]),
@@ -894,7 +876,7 @@ class ProfileStore:
                 "peak_memory_source": m.peak_memory_source,
                 "throttled": m.throttled,
                 "matmul_gflops": math.nan if m.matmul_gflops is None else m.matmul_gflops,
-                "train_flops": _train_flops(m.runner),
+                "train_flops": math.nan if m.runner.train_flops is None else m.runner.train_flops,
                 "message": m.message,
                 "arch_widths": ",".join(str(w) for w in m.spec.arch_widths),
                 "threads": m.spec.threads,

@@ -93,6 +93,7 @@ from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 from harness.contract import RunnerStart
+from harness.document import RunnerDocument
 
 if TYPE_CHECKING:
     from harness.isolation import IsolationPlan
@@ -673,7 +674,7 @@ class DevicesExecutor(ClosingExecutor):
             parameters=trained,
             # the FedAvg weight: the examples of one epoch, every one the runner trained (its
             # short last batch included, as in process), not whole batches
-            num_examples=int(doc.get("examples", 0)) // max(1, epochs),
+            num_examples=(doc.examples or 0) // max(1, epochs),
             compute_seconds=float(compute),
             download_seconds=download,
             upload_seconds=upload,
@@ -681,26 +682,27 @@ class DevicesExecutor(ClosingExecutor):
             steps_at_width=steps_at_width(doc) if job.widths else {},
         )
 
-    def _metrics(self, job: _Job, doc: Mapping[str, Any], in_bytes: int, out_bytes: int) -> dict[str, float]:
+    def _metrics(self, job: _Job, doc: RunnerDocument, in_bytes: int, out_bytes: int) -> dict[str, float]:
         """Return the client round's metrics from the runner's document."""
         ins = job.ins
-        steps = len(doc.get("step_seconds", []))
+        steps = len(doc.step_seconds)
         metrics: dict[str, float] = {
             "loss": last_epoch_loss(doc, int(ins.config.get("epochs", 1))),
             "steps": float(steps),
-            "step_seconds": float(sum(doc.get("step_seconds", []))),
+            "step_seconds": float(sum(doc.step_seconds)),
             "trained_width": float(ins.submodel.arch.sizes[0] / self.model.group_sizes[0]),
             "download_bytes": float(in_bytes),
             "upload_bytes": float(out_bytes),
         }
-        for key in ("peak_memory_bytes", "request_seconds", "load_seconds", "save_seconds", "loop_seconds",
-                    "loop_cpu_seconds"):
-            if isinstance(doc.get(key), (int, float)):
-                metrics[key] = float(doc[key])
-        sessions = doc.get("sessions")
-        if isinstance(sessions, Mapping):
-            metrics["sessions_opened"] = float(sessions.get("opened", 0))
-            metrics["session_open_seconds"] = float(sessions.get("open_seconds", 0.0))
+        timings = {
+            "peak_memory_bytes": doc.peak_memory_bytes, "request_seconds": doc.request_seconds,
+            "load_seconds": doc.load_seconds, "save_seconds": doc.save_seconds, "loop_seconds": doc.loop_seconds,
+            "loop_cpu_seconds": doc.loop_cpu_seconds,
+        }  # fmt: skip
+        metrics.update((key, float(value)) for key, value in timings.items() if value is not None)
+        if doc.sessions is not None:
+            metrics["sessions_opened"] = float(doc.sessions.opened)
+            metrics["session_open_seconds"] = doc.sessions.open_seconds
         if job.widths:
             metrics.update(fjord_metrics(doc))
         if job.syncdrop is not None:
@@ -822,12 +824,12 @@ def device_turns(isolation: IsolationPlan | None, names: Sequence[str]) -> dict[
     }
 
 
-def step_examples(doc: Mapping[str, Any], batch: int) -> list[int]:
+def step_examples(doc: RunnerDocument, batch: int) -> list[int]:
     """Return the examples of each step of a runner's train document.
 
     Parameters
     ----------
-    doc : mapping
+    doc : RunnerDocument
         A train reply (``step_examples``; a runner without it trained whole batches).
     batch : int
         The artifact set's batch.
@@ -837,14 +839,14 @@ def step_examples(doc: Mapping[str, Any], batch: int) -> list[int]:
     list of int
         One entry per step of ``step_seconds``.
     """
-    sizes = doc.get("step_examples")
-    steps = len(doc.get("step_seconds", []))
-    if isinstance(sizes, list) and len(sizes) == steps:
-        return [int(n) for n in sizes]
+    sizes = doc.step_examples
+    steps = len(doc.step_seconds)
+    if len(sizes) == steps:
+        return list(sizes)
     return [int(batch)] * steps
 
 
-def last_epoch_loss(doc: Mapping[str, Any], epochs: int) -> float:
+def last_epoch_loss(doc: RunnerDocument, epochs: int) -> float:
     """Return the mean loss per example over a train document's last epoch, as in-process training reports it.
 
     Each step's loss is its batch's mean, so the steps are weighted by their examples
@@ -853,7 +855,7 @@ def last_epoch_loss(doc: Mapping[str, Any], epochs: int) -> float:
 
     Parameters
     ----------
-    doc : mapping
+    doc : RunnerDocument
         A train reply (``loss``, ``step_seconds``, ``step_examples``, ``batch``).
     epochs : int
         The local epochs it trained.
@@ -863,28 +865,24 @@ def last_epoch_loss(doc: Mapping[str, Any], epochs: int) -> float:
     float
         NaN without losses.
     """
-    losses = list(doc.get("loss", []))
-    sizes = step_examples(doc, int(doc.get("batch") or 1))
+    losses = list(doc.loss)
+    sizes = step_examples(doc, doc.batch or 1)
     if len(sizes) != len(losses):
         sizes = [1] * len(losses)
     per_epoch = max(1, len(losses) // max(1, epochs))
-    last = [(float(v), n) for v, n in zip(losses[-per_epoch:], sizes[-per_epoch:], strict=True) if _number(v)]
+    # a non-finite loss arrives as null
+    last = [(v, n) for v, n in zip(losses[-per_epoch:], sizes[-per_epoch:], strict=True) if v is not None]
     if not last:
         return float("nan")
     return sum(v * n for v, n in last) / max(sum(n for _, n in last), 1)
 
 
-def _number(value: Any) -> bool:
-    """Whether a document's value is a number (a non-finite float arrives as null)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
+def fjord_metrics(doc: RunnerDocument) -> dict[str, float]:
     """Return the FjORD metrics of a runner document: widths trained, switches and their cost.
 
     Parameters
     ----------
-    doc : mapping
+    doc : RunnerDocument
         A train reply with ``step_widths`` and ``switch_seconds``.
 
     Returns
@@ -893,8 +891,8 @@ def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
         ``mean_width`` (as `fl.strategies.fjord.train_ordered`), ``width_switches`` and
         ``switch_seconds`` (total); the steps per width are `steps_at_width`.
     """
-    widths = [float(w) for w in doc.get("step_widths", [])]
-    switches = [float(s) for s in doc.get("switch_seconds", [])]
+    widths = list(doc.step_widths)
+    switches = list(doc.switch_seconds)
     out = {
         "mean_width": float(np.mean(widths)) if widths else 0.0,
         "width_switches": float(len(switches)),
@@ -903,29 +901,29 @@ def fjord_metrics(doc: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def steps_at_width(doc: Mapping[str, Any]) -> dict[float, int]:
+def steps_at_width(doc: RunnerDocument) -> dict[float, int]:
     """Return how many steps of a FjORD train reply trained at each width, by width.
 
     Parameters
     ----------
-    doc : mapping
+    doc : RunnerDocument
         A train reply; ``step_widths`` is the width each step drew (absent: no draws).
 
     Returns
     -------
     dict of float to int
     """
-    widths = [float(w) for w in doc.get("step_widths", [])]
+    widths = list(doc.step_widths)
     return {width: widths.count(width) for width in sorted(set(widths))}
 
 
-def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: Mapping[str, Any]) -> dict[str, float]:
+def syncdrop_metrics(model: ZooModel, doc: RunnerDocument, batch: int, keep: Mapping[str, Any]) -> dict[str, float]:
     """Return FedDrop's FLOPs metrics (as `fl.strategies.feddrop.train_syncdrop`) from a runner document.
 
     Parameters
     ----------
     model : ZooModel
-    doc : mapping
+    doc : RunnerDocument
         A train reply with ``mask_means`` (kept fraction per group, per step) and
         ``step_examples`` (examples per step).
     batch : int
@@ -945,7 +943,7 @@ def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: 
     from fl.strategies.feddrop import cached_flops_model
 
     flops = cached_flops_model(model, "training")
-    means = [np.asarray(m, dtype=np.float64) for m in doc.get("mask_means", [])]
+    means = [np.asarray(m, dtype=np.float64) for m in doc.mask_means]
     batches = step_examples(doc, batch)
     if len(batches) != len(means):
         batches = [batch] * len(means)
@@ -960,7 +958,7 @@ def syncdrop_metrics(model: ZooModel, doc: Mapping[str, Any], batch: int, keep: 
         "dense_train_flops": float(flops.dense),
         "train_flops": float(sum(sampled)),
         "kept_fraction": float(np.mean(kept)) if kept else 1.0,
-        "mask_seconds": float(doc.get("mask_seconds") or 0.0),
+        "mask_seconds": doc.mask_seconds or 0.0,
     }
 
 

@@ -141,7 +141,7 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
                     key = (passes, m.spec.cell_key())
                     stats = summarize(m.step_seconds, m.spec.batch)
                     medians[key].append(stats.median_us)
-                    every[key].append(summarize(m.runner["step_seconds"], m.spec.batch).median_us)
+                    every[key].append(summarize(m.runner.step_seconds, m.spec.batch).median_us)
                     noisy[passes] += stats.noisy
                     imprecise[passes] += m.imprecise
                     flags[key].append(("N" if stats.noisy else "") + ("I" if m.imprecise else "") or "-")

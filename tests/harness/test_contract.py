@@ -10,21 +10,26 @@ import pytest
 
 from exporters.errors import InputError
 from harness import contract
+from harness.document import EMPTY_DOCUMENT
 from harness.runner import protocol
 from harness.runner.arguments import build_parser
 
 
 def test_parse_output_statuses() -> None:
     ok = contract.parse_output(0, json.dumps({"status": "ok", "step_seconds": [0.1]}), "")
-    assert (ok.status, ok.message, ok.ok) == ("ok", "", True) and ok.document["step_seconds"] == [0.1]
+    assert (ok.status, ok.message, ok.ok) == ("ok", "", True) and ok.document.step_seconds == (0.1,)
     oom = contract.parse_output(4, json.dumps({"status": "out of memory", "error": "MemoryError"}), "")
     assert (oom.status, oom.message, oom.ok) == ("out of memory", "MemoryError", False)
     crashed = contract.parse_output(1, "Traceback ...", "boom")
-    assert crashed.status == "runner error" and "boom" in crashed.message and crashed.document == {}
+    assert crashed.status == "runner error" and "boom" in crashed.message and crashed.document == EMPTY_DOCUMENT
     assert contract.parse_output(3, "", "").status == "runner error"  # no document: runner error whatever the code
     assert contract.parse_output(4, json.dumps({"mode": "bench"}), "").status == "out of memory"  # exit code decides
     # an "ok" document with a failing exit status is not ok
     assert contract.parse_output(3, json.dumps({"status": "ok"}), "").status == "missing runtime"
+    # a document with a key of the wrong type is the runner's error, and the message names the key
+    bad = contract.parse_output(0, json.dumps({"status": "ok", "step_seconds": ["fast"]}), "")
+    assert bad.status == "runner error" and "'step_seconds[0]'" in bad.message and bad.document == EMPTY_DOCUMENT
+    assert "'samples'" in contract.parse_reply(json.dumps({"status": "ok", "samples": "many"})).message
 
 
 def test_exit_codes_are_the_runners_own() -> None:

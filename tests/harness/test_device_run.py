@@ -75,7 +75,7 @@ def test_torch_backend_cell(fleet_file: Path, artifacts: Path, tmp_path: Path) -
     assert [(m.spec.backend, m.status) for m in result.measurements] == [("ort", "ok"), ("torch", "ok")], [
         m.message for m in result.measurements
     ]
-    assert {m.runner.get("backend") for m in result.measurements} == {"ort", "torch"}
+    assert {m.runner.backend for m in result.measurements} == {"ort", "torch"}
     assert (artifacts / Path(result.deploys[fleet.devices[0].name][-1].remote_dir).name.split("+")[0]).is_dir()
 
 
@@ -127,9 +127,9 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
                     assert at[a, number] < at[b, number] < at[a, number + 1], (a, b, told)
     assert result.runner_invocations == len(specs) and result.resident_requests == (passes - 1) * len(specs)
     for m in result.measurements:
-        assert m.runner["passes"] == passes and len(m.runner["pass_medians"]) == passes
-        assert m.runner["samples"] == len(m.runner["step_seconds"]) == len(m.runner["steps_per_sample"])
-        assert m.runner["samples"] >= passes * -(-6 // passes) and m.matmul_gflops is not None
+        assert m.runner.passes == passes and len(m.runner.pass_medians) == passes
+        assert m.runner.samples == len(m.runner.step_seconds) == len(m.runner.steps_per_sample)
+        assert m.runner.samples >= passes * -(-6 // passes) and m.matmul_gflops is not None
         assert m.stop_reason in ("precision", "time cap", "passes differ")
         assert m.imprecise == (m.precision_achieved is None or m.precision_achieved > 0.02)
         assert m.message.startswith("imprecise: ") if m.imprecise else m.message == ""
@@ -162,7 +162,7 @@ def test_without_interleaving_each_device_takes_all_its_passes_in_one_turn(
         fleet, specs, ProfileStore(tmp_path / "fleetbench.db"), artifacts_dir=artifacts, timeout=TIMEOUT,
         progress=Counting(), announce=lines.append, passes=3, interleave=False,
     )  # fmt: skip
-    assert result.complete and all(m.runner["passes"] == 3 for m in result.measurements)
+    assert result.complete and all(m.runner.passes == 3 for m in result.measurements)
     a, b = (d.name for d in two)
     told = [line.split(" done")[0] for line in lines if " done for " in line]
     assert told == [f"{a}: pass 1 of 3", f"{a}: pass 2 of 3", f"{b}: pass 1 of 3", f"{b}: pass 2 of 3"]
@@ -193,9 +193,9 @@ def test_a_pass_whose_runner_dies_keeps_the_cells_earlier_passes_and_the_device_
     result = run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=Counting(), passes=4)
     hit, other = sorted(result.measurements, key=lambda m: m.spec.width)
     # the cell keeps the two passes it has, and says what became of the others
-    assert hit.ok and hit.runner["passes"] == 2 and "pass 3 of 4 failed: " in hit.message, hit.message
+    assert hit.ok and hit.runner.passes == 2 and "pass 3 of 4 failed: " in hit.message, hit.message
     assert ("timeout" in hit.message) == (fault == "timed out"), hit.message
-    assert other.ok and other.runner["passes"] == 4 and "failed" not in other.message, other.message
+    assert other.ok and other.runner.passes == 4 and "failed" not in other.message, other.message
     assert result.resident_requests == 2 + 3 and result.runner_invocations == 2
     stored = store.latest_cells().set_index("width")
     assert "pass 3 of 4 failed" in stored.loc[0.25, "message"] and stored.loc[0.5, "status"] == "ok"

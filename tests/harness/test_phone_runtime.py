@@ -112,7 +112,7 @@ def test_a_phone_without_python_gets_the_bundle_and_runs_the_runner(
     assert "--library-path" in first.start.argv
     output = _bench(phone, first.start, artifact_set)
     assert output.ok, output.message
-    assert output.document["backend"] == "onnx" and len(output.document["step_seconds"]) == 2
+    assert output.document.backend == "onnx" and len(output.document.step_seconds) == 2
     # a second provision pushes nothing and says so
     again = phone_runtime.provision_phone(phone.transport, phone.device)
     assert again.pushed_parts == () and again.pushed_bytes == 0 and again.unpack_seconds == 0

@@ -6,6 +6,7 @@ import pandas as pd
 
 from devices.fleet import Device
 from harness.cells import plan_cells
+from harness.document import EMPTY_DOCUMENT, parse_document
 from harness.passes import measurement_from_doc
 from harness.progress import CellEvent, format_event, per_image_us, summary_table
 from tests.harness.campaigns import BATCH, MODEL
@@ -13,7 +14,7 @@ from tests.harness.campaigns import BATCH, MODEL
 
 def test_a_progress_line_says_the_cells_latency_precision_and_neighbours() -> None:
     spec = plan_cells([Device("d", "local")], MODEL, [0.5], [BATCH], ["ort"], 6, 20)[0]
-    doc = {"step_seconds": [0.004] * 9, "precision_achieved": 0.012}
+    doc = parse_document({"step_seconds": [0.004] * 9, "precision_achieved": 0.012})
     measured = measurement_from_doc(
         spec, "ok", "", doc, facts={}, started_at=0.0, finished_at=1.0, versions={}, git_commit=None,
         isolation={"alone": False, "concurrent_with": ["pi"]},
@@ -22,8 +23,9 @@ def test_a_progress_line_says_the_cells_latency_precision_and_neighbours() -> No
     line = format_event(CellEvent("d", 2, 4, measured))
     assert line == "[d] 2/4 w0.50 b4 ort ok 1000 us/img +-1.2 % (concurrent with pi)"
     failed = measurement_from_doc(
-        spec, "timeout", "took too long", {}, facts={}, started_at=0, finished_at=1, versions={}, git_commit=None
-    )
+        spec, "timeout", "took too long", EMPTY_DOCUMENT, facts={}, started_at=0, finished_at=1, versions={},
+        git_commit=None,
+    )  # fmt: skip
     assert per_image_us(failed) is None
     assert format_event(CellEvent("d", 3, 4, failed)) == "[d] 3/4 w0.50 b4 ort timeout: took too long"
 

@@ -122,12 +122,13 @@ def test_one_process_answers_several_requests_as_the_one_shot_mode(board: Board,
             output, seconds = runner.request(_request(backend, f"served-{i}.npy", request_id=i), timeout=120)
             assert output.ok, output.message
             doc = output.document
-            assert doc["id"] == i and doc["mode"] == "train" and seconds >= doc["request_seconds"] > 0
-            assert doc["loss"] == once_doc.document["loss"]
+            assert doc.id == i and doc.mode == "train" and doc.request_seconds is not None
+            assert seconds >= doc.request_seconds > 0 and doc.loss == once_doc.document.loss
             assert np.array_equal(_fetch(board, f"served-{i}.npy", tmp_path), expected)
-            assert doc["peak_memory_bytes"] > 0 and doc["peak_memory_scope"] in ("request", "process")
+            assert doc.peak_memory_bytes and doc.peak_memory_scope in ("request", "process")
             pids.append(runner.pid)
-            opened.append(doc["sessions"]["opened"])
+            assert doc.sessions is not None
+            opened.append(doc.sessions.opened)
         assert runner.starts == 1 and len(set(pids)) == 1 and _running(board, pids[0])
         assert opened == [1, 0, 0]  # the session is kept and reused (SGD sets)
         assert not np.array_equal(expected, np.load(board.host_dir / "in.npy"))
@@ -220,7 +221,7 @@ def test_a_device_s_runner_trains_with_device_paths_sent_relative_to_its_workdir
             backend="onnx", epochs=2, lr=0.05, threads=1, seed=3, request_id="c0",
         )  # fmt: skip
         assert output.ok, output.message
-        assert output.document["id"] == "c0" and seconds > 0 and runner.starts == 1
+        assert output.document.id == "c0" and seconds > 0 and runner.starts == 1
         assert {k: runner.sent[0][k] for k in ("artifacts", "params", "data", "out")} == {
             "artifacts": "set", "params": "in.npy", "data": "shard.npz", "out": "rel.npy",
         }  # fmt: skip

@@ -22,6 +22,7 @@ import pytest
 
 from exporters.errors import InputError
 from fleetbench.cli import main
+from harness.document import parse_document
 from harness.records import BenchSpec, Measurement
 from harness.roundcost import RoundCostModel
 from harness.store import (
@@ -111,6 +112,7 @@ def measurement(
         "git_commit": "a" * 40,
     }
     fields.update(kw)
+    fields["runner"] = parse_document(fields["runner"])  # type: ignore[arg-type]
     return Measurement(spec=s, **fields)  # type: ignore[arg-type]
 
 
@@ -292,6 +294,7 @@ def test_threads_share_one_store(db: Path) -> None:
 KILLED_WRITER = textwrap.dedent(
     """
     import sys
+    from harness.document import parse_document
     from harness.records import BenchSpec, Measurement
     from harness.store import ProfileStore
 
@@ -300,7 +303,8 @@ KILLED_WRITER = textwrap.dedent(
     for i in range(100000):
         spec = BenchSpec("dev", "cnn", 1.0, (i, 1), 20, "ort", 2, 1, 200, "adamw")
         steps = tuple(0.001 * (1 + (i + k) % 7) for k in range(200))
-        store.record(cid, Measurement(spec=spec, status="ok", step_seconds=steps, runner={"pad": "x" * 20000}))
+        runner = parse_document({"pad": "x" * 20000})
+        store.record(cid, Measurement(spec=spec, status="ok", step_seconds=steps, runner=runner))
         print(i, flush=True)
     """
 )

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from fl.runlog import FL_MIGRATIONS
+from harness.document import parse_document
 from harness.records import BenchSpec, Measurement
 from harness.store import ProfileStore
 
@@ -117,7 +118,7 @@ def ok_measurement(device: str, backend: str, width: float, *, widths: tuple[flo
         peak_memory_source="VmHWM",
         throttled=(device == "pi4" and width == 1.0),
         matmul_gflops=MATMUL[device],
-        runner={"mode": "bench", "counts": {"train_flops": FLOPS[width]}},
+        runner=parse_document({"mode": "bench", "counts": {"train_flops": FLOPS[width]}}),
         facts=FACTS[device],
         started_at=1_790_000_000.0,
         finished_at=1_790_000_001.0,

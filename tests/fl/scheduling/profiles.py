@@ -68,6 +68,7 @@ def store_lines(
     from exporters.flops import count
     from exporters.manifest import EXPORT_FORMAT_VERSION
     from exporters.zoo import get_model
+    from harness.document import parse_document
     from harness.records import BenchSpec, Measurement
     from harness.store import ProfileStore
 
@@ -87,7 +88,10 @@ def store_lines(
                 store.record(
                     campaign,
                     Measurement(
-                        spec=spec, status="ok", step_seconds=(step,) * 3, runner={"counts": {"train_flops": flops}}
+                        spec=spec,
+                        status="ok",
+                        step_seconds=(step,) * 3,
+                        runner=parse_document({"counts": {"train_flops": flops}}),
                     ),
                 )
     return campaign
