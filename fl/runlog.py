@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from exporters.errors import InputError
-from harness.store import ProfileStore, git_commit, host_versions
+from harness.provenance import git_commit, host_versions
+from harness.store import ProfileStore
 
 if TYPE_CHECKING:
     import pandas as pd

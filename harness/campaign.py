@@ -126,7 +126,7 @@ def run_campaign(
     done_keys = store.measured_keys() if resume else set()
     todo = [s for s in specs if s.cell_key() not in done_keys]
     skipped = [s for s in specs if s.cell_key() in done_keys]
-    from harness.store import git_commit, host_versions
+    from harness.provenance import git_commit, host_versions
 
     versions, commit = {**host_versions(), "export_format": str(EXPORT_FORMAT_VERSION)}, git_commit()
     by_device: dict[str, list[BenchSpec]] = {}

@@ -107,7 +107,7 @@ def register(commands: Any) -> None:
     export.add_argument("--db", default="fleetbench.db", help="profile store (default fleetbench.db)")
     export.add_argument("--format", choices=("csv", "parquet"), default="csv")
     export.add_argument("--out", default=None, help="output file (default: stdout for csv)")
-    export.set_defaults(handler="harness.store:cmd_export")
+    export.set_defaults(handler="harness.store_cli:cmd_export")
 
     fleet_actions = next(
         action for action in commands.choices["fleet"]._actions if isinstance(action, argparse._SubParsersAction)

@@ -34,15 +34,10 @@ Design
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import math
 import os
-import platform
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,15 +46,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from devices.files import atomic_path
 from exporters.errors import InputError
 from harness.document import parse_document
 from harness.passes import undisturbed
+from harness.provenance import git_commit, host_versions
 from harness.records import BenchSpec, Measurement, ModelRecord
 from harness.roundcost import RoundCostModel
 from harness.runner.protocol import DEFAULT_MAX_SECONDS
 from harness.runner.sampling import median_of_sorted
 from harness.stats import summarize
+from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,183 +65,6 @@ DEFAULT_DB = "fleetbench.db"
 
 #: Seconds a writer waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 30.0
-
-#: Ordered schema migrations: entry ``i`` takes a file from version ``i`` to ``i + 1``.
-#: Append-only; each script is a sequence of ``;``-terminated statements.
-MIGRATIONS: tuple[str, ...] = (
-    # v1: campaigns and cells.
-    """
-    CREATE TABLE campaigns (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        started_at REAL NOT NULL,
-        fleet TEXT,
-        model TEXT,
-        versions TEXT NOT NULL DEFAULT '{}',
-        git_commit TEXT
-    );
-    CREATE TABLE cells (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
-        cell_key TEXT NOT NULL,
-        device TEXT NOT NULL,
-        model TEXT NOT NULL,
-        width REAL NOT NULL,
-        arch_widths TEXT NOT NULL,
-        batch INTEGER NOT NULL,
-        backend TEXT NOT NULL,
-        threads INTEGER NOT NULL,
-        warmup INTEGER NOT NULL,
-        steps INTEGER NOT NULL,
-        optimizer TEXT NOT NULL,
-        status TEXT NOT NULL,
-        message TEXT NOT NULL DEFAULT '',
-        step_seconds TEXT NOT NULL DEFAULT '[]',
-        peak_memory_bytes INTEGER,
-        throttled INTEGER NOT NULL DEFAULT 0,
-        runner TEXT NOT NULL DEFAULT '{}',
-        facts TEXT NOT NULL DEFAULT '{}',
-        started_at REAL NOT NULL DEFAULT 0,
-        finished_at REAL NOT NULL DEFAULT 0,
-        versions TEXT NOT NULL DEFAULT '{}',
-        git_commit TEXT
-    );
-    CREATE INDEX cells_by_key ON cells (cell_key, id);
-    """,
-    # v2: memory source and the matmul probe (roofline); status lookups for --resume.
-    """
-    ALTER TABLE cells ADD COLUMN peak_memory_source TEXT;
-    ALTER TABLE cells ADD COLUMN matmul_gflops REAL;
-    CREATE INDEX cells_by_campaign ON cells (campaign_id, id);
-    """,
-    # v3: held the FL tables until they moved to their own package (`fl.runlog.FL_MIGRATIONS`,
-    # component "fl", written with CREATE TABLE IF NOT EXISTS so files made at this version
-    # keep theirs). Nothing to do here any more.
-    "",
-    # v4: schema versions of the components that keep their tables in this file.
-    """
-    CREATE TABLE component_schema (
-        component TEXT PRIMARY KEY,
-        version INTEGER NOT NULL
-    );
-    """,
-    # v5: adaptive sampling (target and cap of the cell, precision achieved, why sampling
-    # stopped, the imprecise flag) and isolation (per cell: measured alone or beside which
-    # devices, and why; per campaign: the plan). Cells stored before carry NULL / '{}'.
-    """
-    ALTER TABLE cells ADD COLUMN precision REAL;
-    ALTER TABLE cells ADD COLUMN max_seconds REAL;
-    ALTER TABLE cells ADD COLUMN precision_achieved REAL;
-    ALTER TABLE cells ADD COLUMN imprecise INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE cells ADD COLUMN stop_reason TEXT;
-    ALTER TABLE cells ADD COLUMN isolation TEXT NOT NULL DEFAULT '{}';
-    ALTER TABLE campaigns ADD COLUMN plan TEXT NOT NULL DEFAULT '{}';
-    """,
-    # v6: round costs per device (`harness.roundcost`): the fixed cost of a round and the
-    # transfer lines each way, with the configuration they were measured in and the raw points.
-    # A failed measurement keeps its status and message, its numbers NULL.
-    """
-    CREATE TABLE round_costs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
-        device TEXT NOT NULL,
-        model TEXT NOT NULL,
-        width REAL NOT NULL,
-        batch INTEGER NOT NULL,
-        backend TEXT NOT NULL,
-        optimizer TEXT NOT NULL,
-        threads INTEGER NOT NULL,
-        status TEXT NOT NULL,
-        message TEXT NOT NULL DEFAULT '',
-        fixed_s REAL,
-        step_s REAL,
-        down_s_per_byte REAL,
-        down_latency_s REAL,
-        up_s_per_byte REAL,
-        up_latency_s REAL,
-        samples TEXT NOT NULL DEFAULT '{}',
-        measured_at REAL NOT NULL
-    );
-    CREATE INDEX round_costs_by_device ON round_costs (device, model, id);
-    """,
-    # v7: the bench data a cell's steps trained on (`BenchSpec.data`; NULL: a random batch).
-    """
-    ALTER TABLE cells ADD COLUMN data TEXT;
-    """,
-    # v8: users' own models: the source and definition hash behind each ``factory@digest`` name.
-    """
-    CREATE TABLE models (
-        name TEXT PRIMARY KEY,
-        source TEXT NOT NULL,
-        digest TEXT NOT NULL,
-        groups TEXT NOT NULL DEFAULT '[]',
-        notes TEXT NOT NULL DEFAULT '[]',
-        recorded_at REAL NOT NULL
-    );
-    """,
-)
-
-#: The schema version this code writes.
-SCHEMA_VERSION = len(MIGRATIONS)
-
-#: Columns of `ProfileStore.latest_cells` and of ``fleetbench profiles export``, in order.
-CELL_COLUMNS: tuple[str, ...] = (
-    "device",
-    "model",
-    "width",
-    "batch",
-    "backend",
-    "status",
-    "median_us",
-    "pass_mean_us",
-    "cpu_median_us",
-    "p95_us",
-    "p5_us",
-    "iqr_us",
-    "mean_us",
-    "stdev_us",
-    "cv",
-    "noisy",
-    "robust_cv",
-    "robust_cv_low",
-    "n",
-    "precision",
-    "precision_achieved",
-    "imprecise",
-    "stop_reason",
-    "max_seconds",
-    "alone",
-    "concurrent_with",
-    "isolation_reason",
-    "peak_memory_bytes",
-    "peak_memory_source",
-    "throttled",
-    "matmul_gflops",
-    "train_flops",
-    "message",
-    "arch_widths",
-    "threads",
-    "warmup",
-    "steps",
-    "optimizer",
-    "data",
-    "cell_key",
-    "campaign_id",
-    "started_at",
-    "finished_at",
-    "git_commit",
-    "versions",
-    "export_format",
-    "emulated_isa",
-)
-
-#: Distributions reported by `host_versions` (key -> candidate distribution names).
-_DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
-    "fleetbench": ("fleetbench",),
-    "torch": ("torch",),
-    "onnx": ("onnx",),
-    "onnxruntime": ("onnxruntime-training", "onnxruntime", "onnxruntime-gpu"),
-    "numpy": ("numpy",),
-}
 
 _STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "robust_cv_low")
 
@@ -324,96 +143,6 @@ def environmental(exc: sqlite3.Error) -> bool:
     if code is None:
         return isinstance(exc, sqlite3.OperationalError)
     return (int(code) & 0xFF) in _ENVIRONMENT_CODES
-
-
-@functools.lru_cache(maxsize=1)
-def _host_versions_cached() -> tuple[tuple[str, str], ...]:
-    from importlib import metadata
-
-    found = [("python", platform.python_version())]
-    for key, names in _DISTRIBUTIONS.items():
-        for name in names:
-            try:
-                found.append((key, metadata.version(name)))
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return tuple(found)
-
-
-def host_versions() -> dict[str, str]:
-    """Return the versions of Python and of the tools on this host, without importing them.
-
-    Reads installed distribution metadata (`importlib.metadata`), so torch or
-    onnxruntime are never imported just to ask their version.
-
-    Returns
-    -------
-    dict of str to str
-        ``python`` and, when installed, ``fleetbench``, ``torch``, ``onnx``,
-        ``onnxruntime`` (from ``onnxruntime-training``, else ``onnxruntime``) and ``numpy``.
-    """
-    return dict(_host_versions_cached())
-
-
-def git_commit(root: str | os.PathLike[str] | None = None) -> str | None:
-    """Return fleetbench's git commit when it runs from a checkout.
-
-    Parameters
-    ----------
-    root : path, optional
-        Repository root; default: the directory above the ``harness`` package.
-
-    Returns
-    -------
-    str or None
-        ``git rev-parse HEAD`` (40 hex digits), or None when there is no checkout,
-        no ``git`` executable, or git fails.
-    """
-    top = Path(root) if root is not None else Path(__file__).resolve().parent.parent
-    if not (top / ".git").exists():
-        return None
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=top, capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = result.stdout.strip()
-    if result.returncode != 0 or not commit:
-        return None
-    return commit
-
-
-def split_statements(script: str) -> list[str]:
-    """Split an SQL script into complete statements.
-
-    Parameters
-    ----------
-    script : str
-        Statements each terminated by ``;`` (triggers included: completeness is
-        judged by `sqlite3.complete_statement`).
-
-    Returns
-    -------
-    list of str
-        The statements in order, stripped.
-
-    Raises
-    ------
-    ValueError
-        If the script ends with an incomplete statement.
-    """
-    statements: list[str] = []
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
-            pending = ""
-    if pending.strip():
-        raise ValueError(f"incomplete SQL statement: {pending.strip()[:80]!r}")
-    return statements
 
 
 def _dumps(value: Any) -> str:
@@ -1105,68 +834,3 @@ class ProfileStore:
             rows = conn.execute(query).fetchall()
         columns = ["id", "started_at", "fleet", "model", "versions", "git_commit", "plan", "cells"]
         return pd.DataFrame.from_records(rows, columns=columns)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    """Run ``fleetbench profiles export``: one row per cell (its latest attempt).
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        ``db`` (store path), ``format`` (``csv`` or ``parquet``), ``out`` (file, or
-        None for stdout; Parquet needs a file).
-
-    Returns
-    -------
-    int
-        Exit status 0.
-
-    Raises
-    ------
-    InputError
-        If the store is missing or unusable, Parquet is asked for without ``--out``
-        or without pyarrow, or the output directory does not exist.
-    """
-    db = Path(args.db)
-    if not db.is_file():  # before any other check: nothing is created for a refused command
-        raise StoreError(f"no profile store at {db}")
-    fmt = args.format
-    out = None if args.out is None else Path(args.out)
-    if fmt == "parquet":
-        if out is None:
-            raise InputError("parquet export needs --out FILE (Parquet is binary; it is not written to stdout)")
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError:
-            raise InputError("parquet export needs pyarrow: pip install 'fleetbench[parquet]'") from None
-    if out is not None and not out.parent.is_dir():
-        raise InputError(f"cannot write {out}: directory {out.parent} does not exist")
-    with ProfileStore(db, create=False) as store:
-        frame = store.latest_cells()
-    if out is None:
-        frame.to_csv(sys.stdout, index=False)
-        sys.stdout.flush()
-    elif fmt == "csv":
-        with atomic_path(out) as path:
-            frame.to_csv(path, index=False)
-    else:
-        with atomic_path(out) as path:
-            frame.to_parquet(path, index=False, engine="pyarrow")
-    if out is not None:
-        print(f"wrote {len(frame)} cells from {db} to {out} ({fmt})", file=sys.stderr)
-    return 0
-
-
-__all__: Sequence[str] = (
-    "BUSY_TIMEOUT_S",
-    "CELL_COLUMNS",
-    "DEFAULT_DB",
-    "MIGRATIONS",
-    "SCHEMA_VERSION",
-    "ProfileStore",
-    "StoreError",
-    "cmd_export",
-    "git_commit",
-    "host_versions",
-    "split_statements",
-)

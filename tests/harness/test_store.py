@@ -23,18 +23,11 @@ import pytest
 from exporters.errors import InputError
 from fleetbench.cli import main
 from harness.document import parse_document
+from harness.provenance import git_commit, host_versions
 from harness.records import BenchSpec, Measurement
 from harness.roundcost import RoundCostModel
-from harness.store import (
-    CELL_COLUMNS,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    ProfileStore,
-    StoreError,
-    git_commit,
-    host_versions,
-    split_statements,
-)
+from harness.store import ProfileStore, StoreError
+from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -438,7 +431,7 @@ def test_provenance_helpers() -> None:
     assert versions["python"].count(".") == 2
     assert {"numpy", "torch"} <= set(versions)
     # reading metadata never imports the heavy modules
-    probe = "import sys; from harness.store import host_versions; host_versions(); "
+    probe = "import sys; from harness.provenance import host_versions; host_versions(); "
     probe += "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
