@@ -8,7 +8,7 @@ when it finds none, so a missing server is reported as `Unreachable` instead.
 Exit status and output streams
 ------------------------------
 Commands use the *legacy* ``shell:`` service, which works with every adbd (and with
-the emulated phone of `devices.adb_endpoint`). That service returns neither the exit
+the emulated phone of `devices.emulation.adb_endpoint`). That service returns neither the exit
 status nor separate streams, so:
 
 * the command line is ``quote_argv(argv) </dev/null; printf '\\n__fleetbench_rc=%d\\n' "$?"``

@@ -36,4 +36,4 @@ def register(commands: Any) -> None:
     ):
         action = actions.add_parser(name, help=text)
         action.add_argument("file", help="fleet YAML file")
-        action.set_defaults(handler=f"devices.emulate:cmd_{name}")
+        action.set_defaults(handler=f"devices.emulation.emulate:cmd_{name}")

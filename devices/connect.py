@@ -17,7 +17,7 @@ def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
         ``local`` gives a `LocalTransport` (commands run in the current directory,
         as an SSH command runs in the home directory; with an ``emulate`` block that asks
         for a CPU share, memory or cpus, each starts under the limits ``fleet up`` put in place,
-        `devices.emulate.local_confinement`); ``ssh`` an `SSHTransport`; ``adb`` a
+        `devices.emulation.emulate.local_confinement`); ``ssh`` an `SSHTransport`; ``adb`` a
         ``devices.adb.ADBTransport``.
     connect_timeout : float
         Seconds to reach an SSH device.
@@ -32,12 +32,12 @@ def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
         For an unknown kind.
     """
     if device.kind == "local":
-        from devices import presets
+        from devices.emulation import presets
 
         limits = None if device.emulate is None else presets.resolve(device.emulate)
         if limits is None or (limits.cpu_share, limits.memory_mb, limits.cpus) == (None, None, None):
             return LocalTransport()  # no limits to start under (a modelled link only)
-        from devices.emulate import local_confinement
+        from devices.emulation.emulate import local_confinement
 
         return LocalTransport(confine=lambda: local_confinement(device))
     if device.kind == "ssh":

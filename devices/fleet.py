@@ -33,10 +33,10 @@ class Emulation:
         Network rate limit in kbit/s (tc netem, root only).
     arch : str or None
         ``aarch64``: the device runs an arm64 Debian userland through qemu-user
-        (`devices.qemu`); None: the host's own architecture.
+        (`devices.emulation.qemu`); None: the host's own architecture.
     cpus : str or None
         The host cpus the device's processes are pinned to, as a Linux cpu list
-        (``"0"``, ``"2-3"``, ``"0,2"``; normalised by `devices.limits.format_cpu_list`):
+        (``"0"``, ``"2-3"``, ``"0,2"``; normalised by `devices.emulation.limits.format_cpu_list`):
         a cpuset cgroup when permitted, else the processes' cpu affinity. Devices pinned
         to disjoint cpus may be measured at the same time; None: every cpu of the host.
     """
@@ -85,7 +85,7 @@ class Device:
         Line of the device's entry in the fleet file (for messages).
     state_dir : pathlib.Path or None
         The fleet's state dir for a device with an ``emulate`` block (where ``fleet up``
-        records what it applied, `devices.emulate`); None for other devices.
+        records what it applied, `devices.emulation.emulate`); None for other devices.
     """
 
     name: str

@@ -75,21 +75,21 @@ as given):
   the directory Android lets a shell user write; the emulated phone serves it from its
   sandbox.  Real SSH devices keep ``~/.fleetbench``, expanded by the device.  Their
   ``python`` defaults to ``python3``, which a phone's shell does not find (the emulated
-  phone's neither, `devices.adb_endpoint`): provisioning then pushes a runtime bundle
+  phone's neither, `devices.emulation.adb_endpoint`): provisioning then pushes a runtime bundle
   (`harness.phone_runtime`). A phone with a working Python (Termux) names it here.
 * An emulated device with ``arch: aarch64`` runs arm64 code through qemu-user: an SSH
-  device an arm64 Debian userland (`devices.qemu`), whose ``python`` defaults to
+  device an arm64 Debian userland (`devices.emulation.qemu`), whose ``python`` defaults to
   ``python3`` and ``workdir`` to ``~/.fleetbench``, both resolved inside that userland as
   on a real board (host paths mean nothing there); a phone a shell of that userland's
-  arm64 commands (`devices.adb_endpoint`).  ``arch`` is refused for any value but
+  arm64 commands (`devices.emulation.adb_endpoint`).  ``arch`` is refused for any value but
   ``aarch64`` (`ARCHES`).
 * A local device with an ``emulate`` block is confined, not started: ``fleetbench fleet
   up`` creates its limits (CPU share, memory, cpu pins) and every command fleetbench
-  runs on it starts inside them (`devices.emulate.local_confinement`).  Every device with
+  runs on it starts inside them (`devices.emulation.emulate.local_confinement`).  Every device with
   an ``emulate`` block carries the fleet's ``state_dir`` (`devices.fleet.Device.state_dir`),
   where ``fleet up`` records what it applied.
 * An ``emulate`` block keeps its ``preset`` by name; the preset's values (CPU share, memory)
-  are filled in by `devices.presets` for the fields the block leaves out.
+  are filled in by `devices.emulation.presets` for the fields the block leaves out.
 
 Only `load_fleet` does I/O (it reads the fleet file and the ssh config); `parse_fleet`
 is a pure function of texts and paths.
@@ -111,11 +111,11 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from devices.emulation.limits import format_cpu_list, parse_cpu_list
 from devices.errors import FleetFileError
 from devices.fleet import Device, DeviceKind, Emulation, Fleet
-from devices.limits import format_cpu_list, parse_cpu_list
 
-#: Emulation presets a fleet file may name (their values live in `devices.presets`).
+#: Emulation presets a fleet file may name (their values live in `devices.emulation.presets`).
 PRESETS: tuple[str, ...] = ("pi3", "pi4", "jetson-nano", "phone-midrange")
 
 #: Architectures an ``emulate`` block may ask for (run through qemu-user).

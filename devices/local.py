@@ -5,13 +5,13 @@ closes its stdin, gives it the grace period to exit, and then stops it (and anyt
 started) through `devices.processes.stop`, which waits until it has gone.
 
 A confined transport (``confine``: a local device with an ``emulate`` block, see
-`devices.emulate.local_confinement`) starts every command, streamed or not, under the
+`devices.emulation.emulate.local_confinement`) starts every command, streamed or not, under the
 device's limits, read afresh for each command:
 
 - cgroups, RLIMIT_AS and cpu affinity are entered by the child between fork and exec
-  (`devices.limits.preexec`), so nothing of the command runs outside them;
+  (`devices.emulation.limits.preexec`), so nothing of the command runs outside them;
 - a CPU share without a cgroup (``duty-cycle``) gets the command its own duty-cycle
-  supervisor (`devices.limits.start_duty_cycle`), which follows the command's process
+  supervisor (`devices.emulation.limits.start_duty_cycle`), which follows the command's process
   tree and exits with it. The command is stopped (SIGSTOP) as soon as it is started
   and the supervisor's first period resumes it, so only the moment between its
   ``exec`` and that signal runs unthrottled;
@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devices import limits, processes
+from devices import processes
+from devices.emulation import limits
 from devices.errors import CommandTimeout, TransportError
 from devices.files import atomic_copy
 from devices.transport import RunResult, StreamingProcess
@@ -44,7 +45,7 @@ class Confinement:
 
     Attributes
     ----------
-    plan : devices.limits.Plan
+    plan : devices.emulation.limits.Plan
         Its cgroups, memory and cpu methods, as ``fleet up`` applied them.
     env : mapping of str to str
         Added to the command's environment.

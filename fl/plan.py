@@ -645,7 +645,7 @@ def _strategy_plans(
             out[device] = base(device, 1.0, status, budget=ratio, keep=keep, notes=(note,) if note else ())
         return out, None
     if request.strategy == "fluid":
-        from fl import fluid
+        from fl.maths import fluid
 
         sizes = request.options.get("sizes", fluid.PAPER_SIZES)
         sizes = tuple(float(s) for s in (json.loads(sizes) if isinstance(sizes, str) else sizes))
@@ -678,7 +678,7 @@ def _float_or_none(value: Any) -> float | None:
 
 def _keep_probability(zoo: Any, ratio: float, options: Mapping[str, Any]) -> float:
     """Return FedDrop's uniform keep probability for a FLOPs budget ratio (its strategy's own rule)."""
-    from fl.feddrop import uniform_keep
+    from fl.maths.feddrop import uniform_keep
     from fl.strategies.fedavg import parse_bool
     from fl.strategies.feddrop import cached_flops_model, dense_sites
 

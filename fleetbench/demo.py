@@ -8,7 +8,7 @@ Each step prints the command that does it on a user's own fleet (``yourself: ...
    provisioned (`provision_fleet`: the fresh board gets numpy and onnxruntime). Without
    OpenSSH's ``sshd`` (or when ``--local`` is given) the demo says so and uses the local
    fleet instead: local devices ``fast``, ``mid`` and ``slow`` with the same CPU shares,
-   memory limits and pins (`devices.emulate.write_local_fleet`).
+   memory limits and pins (`devices.emulation.emulate.write_local_fleet`).
    Each device is then asked what it can run and uses its best available runner
    backend (ort > onnx > torch, `harness.backends`; ``--backend`` names one for all;
    the phone, which has no Python, first gets its runtime bundle and so runs onnx,
@@ -105,7 +105,7 @@ class Progress:
 def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool]:
     """Write and start the demo fleet: the example emulated fleet, or without ``sshd`` the local one.
 
-    The local fleet (`devices.emulate.write_local_fleet`) keeps the example fleet's CPU
+    The local fleet (`devices.emulation.emulate.write_local_fleet`) keeps the example fleet's CPU
     shares, memory limits and pins on local devices, so ``fast``, ``mid`` and ``slow``
     differ as their names say there too.
 
@@ -116,9 +116,9 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
     started : bool
         Whether devices were started (and must be stopped).
     """
-    from devices import emulate
+    from devices.emulation import emulate
+    from devices.emulation.sshd import SshdError, free_port, sshd_binary
     from devices.fleetfile import load_fleet
-    from devices.sshd import SshdError, free_port, sshd_binary
     from exporters.errors import InputError
 
     if not local:
@@ -168,7 +168,7 @@ def user_command(
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; return the exit status (0 when every step produced its output)."""
-    from devices import emulate
+    from devices.emulation import emulate
     from exporters.arch import DEFAULT_MODEL
     from exporters.artifacts import check_writable
     from exporters.errors import InputError
@@ -184,7 +184,7 @@ def run_demo(args: argparse.Namespace) -> int:
     db = out / "fleetbench.db"
     artifacts = out / "artifacts"
     report_dir = out / "report"
-    from devices.sshd import free_port
+    from devices.emulation.sshd import free_port
 
     # The demo's own adb server, never a user's running one.
     os.environ.setdefault("ANDROID_ADB_SERVER_PORT", str(free_port()))

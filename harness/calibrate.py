@@ -9,7 +9,7 @@ Semantics (decided here):
   median latency per width of one configuration (model, batch, backend): the
   configuration with the most successfully measured widths (ties: the first in sorted
   order), see `stored_curve`.
-* The fleet of ``FILE`` is brought up (`devices.emulate.up`), then EVERY emulated SSH
+* The fleet of ``FILE`` is brought up (`devices.emulation.emulate.up`), then EVERY emulated SSH
   device of ``FILE`` is calibrated, one after the other, to replay ``DEVICE``: each
   ends with the CPU share that makes its own measured curve match the target. (ADB
   endpoints are skipped: their runner differs and would not replay an SSH board.)
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from devices.emulate import DeviceState
+    from devices.emulation.emulate import DeviceState
     from devices.fleet import Fleet
 
 #: Curve: width rate -> per-image latency (any unit, the same for target and measure).
@@ -304,7 +304,7 @@ def cpu_cgroup_dir(dev: DeviceState) -> Path | None:
 
     Parameters
     ----------
-    dev : devices.emulate.DeviceState
+    dev : devices.emulation.emulate.DeviceState
 
     Returns
     -------
@@ -329,7 +329,7 @@ def set_share(fleet: Fleet, device: str, share: float) -> DeviceState:
 
     Returns
     -------
-    devices.emulate.DeviceState
+    devices.emulation.emulate.DeviceState
         The updated state entry.
 
     Raises
@@ -339,7 +339,7 @@ def set_share(fleet: Fleet, device: str, share: float) -> DeviceState:
     RuntimeError
         If it was started without a CPU limit (nothing to change).
     """
-    from devices import emulate, limits
+    from devices.emulation import emulate, limits
     from devices.processes import record, stop
 
     state = emulate.load_state(fleet.state_dir)
@@ -371,7 +371,7 @@ def set_share(fleet: Fleet, device: str, share: float) -> DeviceState:
 def window_steps(per_image_us: float, batch: int, window_s: float, min_steps: int, max_steps: int) -> int:
     """Return the timed steps that make one cell span about ``window_s`` seconds.
 
-    A cgroup CPU quota is enforced per CFS period (`devices.limits.PERIOD_US`): a step shorter than the
+    A cgroup CPU quota is enforced per CFS period (`devices.emulation.limits.PERIOD_US`): a step shorter than the
     period runs at full speed until the period's quota is spent, then stalls. The
     per-step MEDIAN of a few short steps therefore barely sees the share; the MEAN
     over a window of many periods is ``1 / share`` times the unlimited time. This
@@ -516,7 +516,7 @@ def campaign_measure(
 
 
 def _start_share(fleet: Fleet, device: str) -> float:
-    from devices import emulate, presets
+    from devices.emulation import emulate, presets
 
     dev = emulate.load_state(fleet.state_dir).get(device)
     if dev is not None and dev.cpu_share:
@@ -537,11 +537,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     Returns
     -------
     int
-        `cmd_up_match`'s status with ``--match``, else `devices.emulate.cmd_up`'s.
+        `cmd_up_match`'s status with ``--match``, else `devices.emulation.emulate.cmd_up`'s.
     """
     if args.match:
         return cmd_up_match(args)
-    from devices.emulate import cmd_up as plain_up
+    from devices.emulation.emulate import cmd_up as plain_up
 
     return plain_up(args)
 
@@ -570,7 +570,7 @@ def cmd_up_match(
     InputError
         No store at ``--db``, no stored device ``--match``, or no emulated SSH device.
     """
-    from devices import emulate
+    from devices.emulation import emulate
     from devices.fleetfile import load_fleet
     from exporters.errors import InputError
     from harness.store import ProfileStore

@@ -128,11 +128,11 @@ def sample_seconds_for(device: Device) -> float:
         For a device emulated with a CPU share (its own or its preset's) below its
         runner's threads, so that the quota really throttles it:
         ``period * (1 - share / threads) / EMULATED_BLOCK_ERROR`` (0.215 s for a Pi 3's
-        0.14 of a core at the 10 ms period of `devices.limits.PERIOD_US`, 0.1 s at 0.6);
+        0.14 of a core at the 10 ms period of `devices.emulation.limits.PERIOD_US`, 0.1 s at 0.6);
         else 0 (every step is one sample: a share of at least ``threads`` cores never
         stops the runner's threads, and its single steps are not bimodal).
     """
-    from devices.limits import PERIOD_US
+    from devices.emulation.limits import PERIOD_US
 
     share = quota_share(device)
     if share is None or share >= device.threads:
@@ -152,7 +152,7 @@ def quota_share(device: Device) -> float | None:
     float or None
         None for a device that is not emulated or has no CPU share.
     """
-    from devices.presets import resolve
+    from devices.emulation.presets import resolve
 
     return None if device.emulate is None else resolve(device.emulate).cpu_share
 

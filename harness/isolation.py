@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from devices.emulation.limits import format_cpu_list, parse_cpu_list
 from devices.fleet import Device, Fleet
-from devices.limits import format_cpu_list, parse_cpu_list
 
 #: Host names that mean this machine.
 LOOPBACK_HOSTS = frozenset({"localhost", "ip6-localhost", "::1"})
@@ -305,7 +305,7 @@ def round_isolation(fleet: Fleet) -> IsolationPlan:
 def pinned_cpus(fleet: Fleet) -> dict[str, frozenset[int] | None]:
     """Return the cpus each emulated device of ``fleet`` is pinned to, as ``fleet up`` applied them.
 
-    Read from the fleet's state (`devices.emulate.load_state`): a pin asked for in the
+    Read from the fleet's state (`devices.emulation.emulate.load_state`): a pin asked for in the
     fleet file but not applied (the device is down, or was started before pinning)
     counts as no pin.
 
@@ -317,7 +317,7 @@ def pinned_cpus(fleet: Fleet) -> dict[str, frozenset[int] | None]:
     -------
     dict of str to frozenset of int or None
     """
-    from devices.emulate import load_state
+    from devices.emulation.emulate import load_state
 
     state = load_state(fleet.state_dir)
     out: dict[str, frozenset[int] | None] = {}

@@ -21,7 +21,7 @@ much of the theoretical speed-up a device can ever give.
 Emulated ISA
 ------------
 A cell whose facts snapshot says ``emulated_isa`` (an aarch64 device run through
-qemu-user, `devices.qemu`) was timed through binary translation: its latencies are not a
+qemu-user, `devices.emulation.qemu`) was timed through binary translation: its latencies are not a
 device's. Such cells stay in the per-cell latency table, marked ``emulated ISA`` in its
 ``isa`` column (and in the device table), and are left out of every comparison: the
 headline, the speed-up, roofline and ORT-vs-PyTorch tables (`native_cells`).

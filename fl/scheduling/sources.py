@@ -26,7 +26,7 @@ def memory_budgets_from_fleet(fleet: Fleet) -> dict[str, int]:
     dict of str to int
         Only devices with an emulation memory limit.
     """
-    from devices.presets import resolve
+    from devices.emulation.presets import resolve
 
     out = {}
     for d in fleet.devices:

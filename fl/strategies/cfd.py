@@ -6,10 +6,10 @@ group is one mask across the gates), every sampled client gets a different row o
 code matrix with exactly ``ceil(rate * K)`` ones; the ones are the neurons its
 sub-model keeps (section 3.2). Codes (option ``code``):
 
-* ``"gold"``: Gold codes (`fl.codes.gold_code_matrix`; the paper's setting is
+* ``"gold"``: Gold codes (`fl.maths.codes.gold_code_matrix`; the paper's setting is
   ``rate = 0.5``, where every row is a balanced Gold sequence);
 * ``"constant_weight"``: greedy constant-weight codes maximising the minimum
-  distance (`fl.codes.constant_weight_code`);
+  distance (`fl.maths.codes.constant_weight_code`);
 * ``"random"``: an independent random mask per client (Wen et al.);
 * ``"same"``: one random mask shared by every client of the round (baseline
   Federated Dropout, Caldas et al.).
@@ -20,9 +20,9 @@ cached in-process by `code_matrix`) and reused: every round its rows and columns
 take part and the same neurons are not tied together round after round.
 
 Aggregation: each global weight is averaged over the sub-models that held it
-(`fl.aggregate.selective_average`, weighted by sample counts unless
+(`fl.maths.aggregate.selective_average`, weighted by sample counts unless
 ``weighted=False``); the difference to the current model is the mean update,
-applied by the server optimiser (`fl.server_opt`): FedAvg with server learning rate
+applied by the server optimiser (`fl.maths.server_opt`): FedAvg with server learning rate
 ``server_lr`` or FedAdam. The optimiser's moments are part of `state`.
 """
 
@@ -38,10 +38,10 @@ import numpy as np
 from exporters.arch import SubModel, make_submodel
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
-from fl.aggregate import selective_average
-from fl.codes import assign_rows, constant_weight_code, gold_code_matrix, random_rows
+from fl.maths.aggregate import selective_average
+from fl.maths.codes import assign_rows, constant_weight_code, gold_code_matrix, random_rows
+from fl.maths.server_opt import ServerOptimizer, mean_update
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
-from fl.server_opt import ServerOptimizer, mean_update
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
 

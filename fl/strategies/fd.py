@@ -2,7 +2,7 @@
 
 * Extraction (FedRolex eq. 5): every round each layer keeps ``ceil(r*K)`` neurons drawn
   uniformly at random, one draw per neuron group, so layers coupled by a residual
-  addition share their draw (`fl.submodels.random_submodel`; the public reference draws
+  addition share their draw (`fl.maths.submodels.random_submodel`; the public reference draws
   per layer and adds mismatched channels).
 * ``mask="same"`` (default; the baseline of the Coded FD paper): one draw per round for
   all clients. The draw is a random permutation per group seeded by ``(seed, round)``;
@@ -28,9 +28,9 @@ import numpy as np
 
 from exporters.arch import SubModel
 from exporters.errors import InputError
+from fl.maths.submodels import random_submodel, width_rate
 from fl.records import ClientSpec
 from fl.strategies.fedavg import FedAvg
-from fl.submodels import random_submodel, width_rate
 
 #: Values of the ``mask`` option.
 MASKS = ("same", "per_client")

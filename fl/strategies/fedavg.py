@@ -3,7 +3,7 @@
 `FedAvg` is also the base of the sub-model strategies (HeteroFL, FjORD, FedRolex,
 Federated Dropout): they differ only in which sub-model a client gets in a round
 (`FedAvg.submodel_for`), the local trainer and whether the per-weight average is
-weighted by examples. Aggregation is always `fl.aggregate.selective_average`: each
+weighted by examples. Aggregation is always `fl.maths.aggregate.selective_average`: each
 global weight is averaged over the clients whose sub-model held it, which for the full
 model is plain FedAvg, ``sum_k n_k theta_k / sum_k n_k``.
 
@@ -22,7 +22,7 @@ import numpy as np
 from exporters.arch import SubModel, static_submodel
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
-from fl.aggregate import selective_average, updates_from_results
+from fl.maths.aggregate import selective_average, updates_from_results
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 

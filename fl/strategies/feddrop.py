@@ -3,7 +3,7 @@
 Clients hold and train the **full** model with SyncDrop after every dropout site (conv + ReLU
 channels, hidden dense units and LSTM hidden units: the zoo model's neuron groups); savings are in
 expected FLOPs, reported per client. The server averages with data weights (FedAvg, eq. 2), then
-optimises next round's keep probabilities (eq. 7-8, Algorithm 1) in `fl.feddrop`.
+optimises next round's keep probabilities (eq. 7-8, Algorithm 1) in `fl.maths.feddrop`.
 
 Modes (option ``mode``):
 
@@ -25,7 +25,7 @@ budget constraint couples the clients of one round (eq. 5); clients keep their l
 
 Per-device budgets (option ``budgets``, fleetbench issue 8): a mapping client id -> ``r_c`` (e.g.
 from `fl.plan`, ``fleetbench plan`` and ``fl run --plan``); clients missing from it use ``budget``. With it, every
-sampled client's own expected FLOPs must stay within its own ``r_c`` (`fl.feddrop.optimise_keep`
+sampled client's own expected FLOPs must stay within its own ``r_c`` (`fl.maths.feddrop.optimise_keep`
 with a budget vector), UniDrop and Caldas give each client its own uniform ``p`` (``g_c = 0``), and
 a client's first keep vector is its own uniform ``p``. Without it the paper's mean constraint holds.
 Round metrics report ``flops_ratio`` (per client id: expected FLOPs of the keep probabilities it
@@ -52,9 +52,9 @@ from torch import nn
 from exporters.arch import Arch, SubModel, make_submodel, size_at_width
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
-from fl.aggregate import selective_average
 from fl.client import build_module, module_params, sgd_epochs, to_tensors
-from fl.feddrop import (
+from fl.maths.aggregate import selective_average
+from fl.maths.feddrop import (
     DEFAULT_MIN_KEEP,
     DEFAULT_MU,
     FlopsModel,
@@ -85,7 +85,7 @@ _FLOPS_CACHE: dict[tuple[int, str], tuple[ZooModel, FlopsModel]] = {}
 
 
 def cached_flops_model(model: ZooModel, convention: str) -> FlopsModel:
-    """Return `fl.feddrop.flops_model` of ``model``, computed once per model object."""
+    """Return `fl.maths.feddrop.flops_model` of ``model``, computed once per model object."""
     key = (id(model), convention)
     if key not in _FLOPS_CACHE or _FLOPS_CACHE[key][0] is not model:
         _FLOPS_CACHE[key] = (model, flops_model(model, convention))

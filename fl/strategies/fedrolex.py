@@ -2,7 +2,7 @@
 
 * Extraction (paper eq. 4): in round ``j`` every layer with ``K`` neurons keeps the
   window of ``ceil(beta*K)`` neurons starting at ``j mod K``, wrapping around
-  (`fl.submodels.rolling_submodel`). All clients of a round share the start, so a
+  (`fl.maths.submodels.rolling_submodel`). All clients of a round share the start, so a
   smaller client's window is a prefix of a larger client's; round 0 is static extraction.
 * Aggregation (eq. 10): per global weight, the plain average over the clients of this
   round that held it; weights nobody held keep their value. The count is of *this
@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporters.arch import SubModel, static_submodel
+from fl.maths.submodels import rolling_submodel
 from fl.records import ClientSpec
 from fl.strategies.fedavg import FedAvg
-from fl.submodels import rolling_submodel
 
 
 class FedRolex(FedAvg):

@@ -14,7 +14,7 @@
 * Aggregation (eq. 1): for every width ``s_j`` the block ``F_{s_j}`` minus ``F_{s_{j-1}}`` is the
   example-weighted average over the clients with ``p_max >= s_j``. Those are exactly the
   clients whose nested sub-model holds the block, so eq. 1 is the per-weight average
-  over holders, `fl.aggregate.selective_average` weighted by examples; weights no client
+  over holders, `fl.maths.aggregate.selective_average` weighted by examples; weights no client
   held keep their value.
 * BatchNorm: FjORD keeps separate running statistics per width. The zoo's BN layers keep
   no running statistics at all: every width normalises with the statistics of the batch
@@ -48,9 +48,9 @@ from exporters.arch import Arch, SubModel, expand_indices
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
 from fl.client import batches, to_tensors
+from fl.maths.submodels import static_submodel
 from fl.records import ClientSpec, Params, TrainIns
 from fl.strategies.fedavg import FedAvg
-from fl.submodels import static_submodel
 
 #: Tolerance when comparing a capacity with a width of the set.
 _EPS = 1e-9

@@ -1,6 +1,6 @@
 """FLuID: stragglers train Invariant Dropout sub-models sized from their measured times.
 
-Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
+Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.maths.fluid`):
 
 ``configure_round``
     On a calibration round (the first round with known times, then every
@@ -12,7 +12,7 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
     straggler's size comes from its device's latency-vs-width profile for this
     model when ``profiles`` has one (the size whose predicted time is closest to the target), else
     from the linear rule (size closest to 1 / speed-up, ties to the smaller size):
-    `fl.fluid.straggler_rate`, the project's one straggler sizing. Stragglers train
+    `fl.maths.fluid.straggler_rate`, the project's one straggler sizing. Stragglers train
     sub-models of the chosen dropout (``invariant``: invariant neurons first,
     random fill; ``ordered``: FjORD prefix; ``random``: uniform draw), everyone
     else the full model. Per-layer thresholds are raised until enough neurons are
@@ -21,7 +21,7 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.fluid`):
     Non-stragglers' updates give each neuron's invariance score (and, in the first
     ``threshold_init_rounds`` rounds, the initial thresholds); the clients' round
     times are recorded; the global model is the sample-count weighted average per
-    weight over the clients that held it (`fl.aggregate.selective_average`). A
+    weight over the clients that held it (`fl.maths.aggregate.selective_average`). A
     client that timed out counts with the seconds it was waited for.
 
 **On the predicted round** (when the server gives the strategy a round predictor, the
@@ -29,7 +29,7 @@ round-cost model of `fl.roundcost`: fixed cost, steps at the sub-model's archite
 transfers of its payload): the stragglers are still the clients with the slowest measured
 times, but the target is the *predicted* full-model round of the slowest non-straggler, and a
 straggler's size is the one whose predicted round is closest to that target
-(`fl.fluid.curve_rate` on the predicted round as a function of the size). **Decision:**
+(`fl.maths.fluid.curve_rate` on the predicted round as a function of the size). **Decision:**
 target and size come from one model, so its bias toward one device cancels between them,
 and a fixed cost no size can remove is seen before the round (the smallest size is then
 chosen, and the demo shows the straggler above its target). Without a predictor, or for a
@@ -58,12 +58,12 @@ import numpy as np
 from exporters.arch import SubModel
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
-from fl import fluid
-from fl.aggregate import selective_average
+from fl.maths import fluid
+from fl.maths.aggregate import selective_average
+from fl.maths.submodels import random_submodel
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
-from fl.submodels import random_submodel
 
 #: Values of the ``dropout`` option.
 DROPOUTS = ("invariant", "ordered", "random")

@@ -308,7 +308,7 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
 
 
 def _apply_masks(np, backend, plan: tuple, step: int) -> list:
-    """Draw one step's SyncDrop masks as `fl.feddrop` does and load them; return the kept fraction per group.
+    """Draw one step's SyncDrop masks as `fl.maths.feddrop` does and load them; return the kept fraction per group.
 
     The thresholds ``t ~ U(0, 1)`` of every group come from one ``default_rng((sync_seed, step))``
     in group order; a channel is kept when ``t < p`` and scaled by ``1 / p`` (or by 1 unscaled).

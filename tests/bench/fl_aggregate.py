@@ -4,7 +4,7 @@ Run from the repository root: ``python -m tests.bench.fl_aggregate [--clients 10
 Builds the HeteroFL PreResNet18 (``heterofl-resnet18``, 11.2M parameters), gives
 ``--clients`` clients the static sub-models at widths 1, 1/2, 1/4, 1/8, 1/16 in turn
 (plus ``--rolling`` for FedRolex windows of round 5, which wrap around), times
-`fl.aggregate.selective_average` (median of ``--repeats``) and the naive reference
+`fl.maths.aggregate.selective_average` (median of ``--repeats``) and the naive reference
 below (one ``numpy.ix_`` scatter per client and tensor, the project's first
 implementation) in the same process, checks that both give the same parameters and
 prints seconds and the ratio.
@@ -22,9 +22,9 @@ import numpy as np
 from exporters.arch import SubModel
 from exporters.zoo import ZooModel, get_model
 from exporters.zoo.heterofl import HETEROFL_WIDTHS
-from fl.aggregate import full_index, selective_average
 from fl.client import module_params
-from fl.submodels import rolling_submodel
+from fl.maths.aggregate import full_index, selective_average
+from fl.maths.submodels import rolling_submodel
 
 
 def naive_selective_average(

@@ -43,7 +43,8 @@ from exporters.zoo.cfd import coded_cnn
 from exporters.zoo.common import TwoConvCNNSizes
 from fl.client import evaluate, module_params, run_local
 from fl.data import load_mnist5k, parse_partition
-from fl.lr_search import inprocess_session, search_server_lr
+from fl.lr_sessions import inprocess_session
+from fl.maths.lr_search import search_server_lr
 from fl.records import ClientSpec
 from fl.strategies.cfd import CodedFD
 

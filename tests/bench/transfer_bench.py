@@ -22,11 +22,12 @@ from pathlib import Path
 
 import adbutils
 
-from devices import emulate, processes
+from devices import processes
 from devices.adb import ADBTransport
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation import emulate
+from devices.emulation.adb_endpoint import AdbEndpoint
+from devices.emulation.sshd import free_port
 from devices.ssh import SSHTransport
-from devices.sshd import free_port
 from tests.devices.sshd_server import Server
 
 

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from devices import emulate, processes
+from devices import processes
 from devices.adb import ADBTransport
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation import emulate
+from devices.emulation.adb_endpoint import AdbEndpoint
+from devices.emulation.sshd import free_port
 from devices.fleet import Fleet
-from devices.sshd import free_port
 from tests.devices.sshd_server import Server
 
 
@@ -186,14 +187,14 @@ def require_root(what: str) -> None:
 
 @pytest.fixture(scope="session")
 def arm64_tree() -> Path:
-    """The cached arm64 Debian userland (`devices.rootfs`), built once if missing (minutes).
+    """The cached arm64 Debian userland (`devices.emulation.rootfs`), built once if missing (minutes).
 
     Built in the user's cache directory, as ``fleet up`` would, so later sessions reuse it.
     Under CI=true a missing need or a failed build fails; elsewhere a missing need skips.
     """
     import sys
 
-    from devices import rootfs
+    from devices.emulation import rootfs
 
     for tool in ("qemu-aarch64-static", "update-binfmts", "debootstrap", "unshare", "sshd"):
         require_tool(tool)
@@ -220,7 +221,7 @@ def _built_bundle(abi: str) -> Any:
     """
     import sys
 
-    from devices import bundle
+    from devices.emulation import bundle
 
     for tool in ("apt-get", "dpkg-deb"):
         require_tool(tool)
@@ -234,7 +235,7 @@ def _built_bundle(abi: str) -> Any:
 
 @pytest.fixture(scope="session")
 def bundle_x86_64() -> Any:
-    """The x86_64 runtime bundle (`devices.bundle`), built once into the user's cache."""
+    """The x86_64 runtime bundle (`devices.emulation.bundle`), built once into the user's cache."""
     return _built_bundle("x86_64")
 
 

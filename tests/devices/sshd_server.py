@@ -10,7 +10,7 @@ from pathlib import Path
 
 import paramiko
 
-from devices import sshd
+from devices.emulation import sshd
 from devices.processes import ProcessRecord
 from devices.ssh import SSHTransport
 

@@ -19,10 +19,10 @@ import pytest
 from adbutils.errors import AdbError
 
 from devices.adb import ADBTransport, parse_output, wrap_command
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation.adb_endpoint import AdbEndpoint
+from devices.emulation.sshd import free_port
 from devices.errors import CommandTimeout, ConnectionLost, TransportError, Unreachable
 from devices.fleet import Device
-from devices.sshd import free_port
 from tests.devices.conftest import listening
 
 
@@ -156,7 +156,8 @@ def test_a_server_gone_after_connecting_is_an_error_and_none_is_started(
     adb_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """adbutils runs ``adb start-server`` when a connection fails; the transport's connections never do."""
-    from devices import emulate, processes
+    from devices import processes
+    from devices.emulation import emulate
 
     port = free_port()
     calls = tmp_path / "adb-calls.log"

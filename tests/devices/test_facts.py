@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from devices.emulation.sshd import free_port
 from devices.errors import CommandTimeout
 from devices.facts import (
     DeviceFacts,
@@ -42,7 +43,6 @@ from devices.facts import (
 from devices.facts_probe import MARKER, PROBE_SCRIPT, SECTIONS, probe_argv, split_sections
 from devices.fleet import Device, Emulation, Fleet
 from devices.local import LocalTransport
-from devices.sshd import free_port
 from devices.transport import RunResult
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -563,7 +563,7 @@ def test_probe_through_a_real_sshd(sshd_path: str, tmp_path: Path) -> None:
 
 def test_probe_through_real_adb_to_the_emulated_phone(adb_server: tuple[str, int], tmp_path: Path) -> None:
     from devices.adb import ADBTransport
-    from devices.adb_endpoint import AdbEndpoint
+    from devices.emulation.adb_endpoint import AdbEndpoint
 
     endpoint = AdbEndpoint(0, tmp_path / "phone").start()
     try:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devices.emulation.presets import resolve
 from devices.errors import FleetFileError
 from devices.fleet import Emulation
 from devices.fleetfile import ADB_WORKDIR, SSH_CONFIG_ENV, describe_emulation, load_fleet, parse_fleet
-from devices.presets import resolve
 from fleetbench.cli import main
 
 REPO = Path(__file__).resolve().parents[2]

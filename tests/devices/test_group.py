@@ -6,8 +6,8 @@ import threading
 import time
 from pathlib import Path
 
-from devices import sshd
 from devices.connect import connect
+from devices.emulation import sshd
 from devices.errors import Unreachable
 from devices.fleet import Device
 from devices.group import DeviceFailure, FleetResult, run_on_fleet

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from devices import emulate, limits, processes
+from devices import processes
 from devices.connect import connect
+from devices.emulation import emulate, limits
 from devices.errors import Unreachable
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
 from devices.local import LocalProcess, LocalTransport
-from tests.devices.test_limits import WORKLOAD, check_share
+from tests.devices.emulation.test_limits import WORKLOAD, check_share
 
 #: Allocates 256 MiB and touches every page; prints ``survived`` when it could.
 ALLOCATE = "b = bytearray(256 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')"

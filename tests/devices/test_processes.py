@@ -150,10 +150,11 @@ def test_a_threaded_program_gets_its_sigterm_in_the_main_thread() -> None:
 
 def test_the_phone_endpoint_stops_on_sigterm(tmp_path: Path) -> None:
     """The emulated phone (threads blocked in accept and recv) exits through its SIGTERM handler."""
-    from devices.sshd import free_port
+    from devices.emulation.sshd import free_port
 
     port, pidfile = free_port(), tmp_path / "endpoint.pid"
-    argv = [sys.executable, "-m", "devices.adb_endpoint", "--port", str(port), "--sandbox", str(tmp_path / "sandbox")]
+    endpoint = [sys.executable, "-m", "devices.emulation.adb_endpoint"]
+    argv = [*endpoint, "--port", str(port), "--sandbox", str(tmp_path / "sandbox")]
     proc, rec = _spawn([*argv, "--pidfile", str(pidfile)])
     _wait_for(lambda: listening(port))
     assert pidfile.read_text().strip() == str(proc.pid)

@@ -1,4 +1,4 @@
-"""SSHTransport and devices.sshd against a real OpenSSH sshd on a loopback port."""
+"""SSHTransport and devices.emulation.sshd against a real OpenSSH sshd on a loopback port."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from devices import processes, sshd
+from devices import processes
+from devices.emulation import sshd
 from devices.errors import (
     AuthenticationFailed,
     CommandTimeout,

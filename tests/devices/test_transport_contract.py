@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation.adb_endpoint import AdbEndpoint
 from devices.errors import CommandTimeout, ProcessEnded
 from devices.local import LocalTransport
 from devices.transport import Process, StreamingProcess, Transport

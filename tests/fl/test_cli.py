@@ -249,7 +249,7 @@ def test_fjord_capacity_below_the_smallest_width_is_refused_before_the_run_is_lo
 
 
 def _unreachable_fleet(tmp_path):
-    from devices.sshd import free_port
+    from devices.emulation.sshd import free_port
 
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(
@@ -304,9 +304,9 @@ def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tr
     import sqlite3
     import sys
 
-    from devices import emulate
+    from devices.emulation import emulate
+    from devices.emulation.sshd import free_port
     from devices.fleetfile import load_fleet
-    from devices.sshd import free_port
     from harness.provision import provision
 
     fleet_path = tmp_path / "mixed.yaml"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from devices import emulate
 from devices.connect import connect
+from devices.emulation import emulate
 from devices.fleetfile import load_fleet
 from exporters.zoo import get_model
 from fl.executors import Shard

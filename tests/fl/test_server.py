@@ -13,9 +13,9 @@ from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import ZooModel, get_model
 from fl import server
-from fl.aggregate import selective_average
 from fl.client import TRAINERS, evaluate
 from fl.executors.inprocess import InProcessExecutor
+from fl.maths.aggregate import selective_average
 from fl.population import Population, VirtualClock, draw_population
 from fl.records import ClientFailure, ClientSpec, Params, TrainIns, TrainRes
 from fl.runlog import RunLog

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from devices import emulate
+from devices.emulation import emulate
+from devices.emulation.sshd import free_port
 from devices.fleetfile import load_fleet
-from devices.sshd import free_port
 from fleetbench.cli import main
 from tests.devices.conftest import require_tool
 

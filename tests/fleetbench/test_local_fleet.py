@@ -1,4 +1,4 @@
-"""The local fallback fleet (`devices.emulate.write_local_fleet`): fast, mid and slow differ as their names say.
+"""The local fallback fleet (`devices.emulation.emulate.write_local_fleet`): fast, mid and slow differ as named.
 
 The fleet ``fleetbench demo`` falls back to without sshd: three local devices with the
 example emulated fleet's CPU shares, memory limits and cpu pins, brought up with
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from devices import emulate, processes
+from devices import processes
+from devices.emulation import emulate
+from devices.emulation.presets import resolve
 from devices.fleetfile import load_fleet
-from devices.presets import resolve
 from fleetbench.cli import main
 
 #: The devices of the local fleet, fastest first.

@@ -7,7 +7,7 @@ user types them, in a directory holding ``my-fleet.yaml``, against two boards:
   loopback port, logged into with a key and a known_hosts file, whose ``python3`` is the
   distribution's own (``/usr/bin/python3``: no numpy, no onnxruntime);
 * aarch64: ``pi`` of ``devices/fleets/arm64.yaml``, a Debian arm64 tree with python3 and
-  pip only, run through qemu-user (`devices.rootfs`, `devices.qemu`).
+  pip only, run through qemu-user (`devices.emulation.rootfs`, `devices.emulation.qemu`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devices import emulate
+from devices.emulation import emulate
+from devices.emulation.sshd import free_port
 from devices.fleetfile import load_fleet
-from devices.sshd import free_port
 from tests.devices.conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[2]

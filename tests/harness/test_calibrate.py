@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices import emulate, limits
+from devices.emulation import emulate, limits
 from devices.fleet import Fleet
 from exporters.errors import InputError
 from harness import calibrate
@@ -181,8 +181,8 @@ def test_real_device_follows_a_new_share(tmp_path: Path) -> None:
     from devices.fleetfile import load_fleet
     from devices.ssh import SSHTransport
     from tests.devices.conftest import require_tool
-    from tests.devices.test_emulate import _write_fleet
-    from tests.devices.test_limits import WORKLOAD, check_share
+    from tests.devices.emulation.test_emulate import _write_fleet
+    from tests.devices.emulation.test_limits import WORKLOAD, check_share
 
     require_tool("sshd")
     fleet = load_fleet(_write_fleet(tmp_path, with_adb=False))

@@ -6,7 +6,7 @@ import json
 import threading
 from pathlib import Path
 
-from devices import emulate
+from devices.emulation import emulate
 from exporters.flops import count
 from exporters.manifest import EXPORT_FORMAT_VERSION
 from exporters.zoo import get_model

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation.adb_endpoint import AdbEndpoint
 from devices.errors import ConnectionLost
 from devices.fleet import Device
 from devices.local import LocalTransport

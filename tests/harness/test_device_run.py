@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from devices import emulate
+from devices.emulation import emulate
 from devices.fleet import Device, Emulation, Fleet
 from harness import contract, runner_archive
 from harness.campaign import run_campaign
@@ -24,7 +24,7 @@ from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS
 
 
 def test_only_devices_a_cpu_quota_throttles_time_blocks_of_steps() -> None:
-    from devices.limits import PERIOD_US
+    from devices.emulation.limits import PERIOD_US
 
     def block(share: float, threads: int = 1) -> float:  # a throttled gap is at most 4 % of a block
         return PERIOD_US * 1e-6 * (1 - share / threads) / 0.04

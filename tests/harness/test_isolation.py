@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from devices import emulate
+from devices.emulation import emulate
+from devices.emulation.limits import parse_cpu_list
 from devices.fleet import Fleet
-from devices.limits import parse_cpu_list
 from harness.isolation import may_take_turn, pinned_cpus, plan_isolation, round_isolation
 
 

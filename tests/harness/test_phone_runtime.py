@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from devices.adb import ADBTransport
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation.adb_endpoint import AdbEndpoint
 from devices.errors import ConnectionLost
 from devices.fleet import Device
 from devices.site import python_argv
@@ -313,7 +313,7 @@ def test_bundle_start_runs_python_through_the_loader(bundle_x86_64: Any) -> None
 
 
 def _phone_fleet(directory: Path, emulate: str) -> Path:
-    from devices.sshd import free_port
+    from devices.emulation.sshd import free_port
 
     path = directory / "fleet.yaml"
     path.write_text(f"state_dir: {directory / 'state'}\ndevices:\n  - name: phone\n    kind: adb\n"
@@ -324,9 +324,9 @@ def _phone_fleet(directory: Path, emulate: str) -> Path:
 @pytest.fixture
 def up_fleet(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Bring a fleet file up (own adb server port); bring it down, leaving nothing, at teardown."""
-    from devices import emulate
+    from devices.emulation import emulate
+    from devices.emulation.sshd import free_port
     from devices.fleetfile import load_fleet
-    from devices.sshd import free_port
     from tests.devices.conftest import require_tool
 
     require_tool("adb")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from devices import emulate
+from devices.emulation import emulate
 from harness.bench_data import bench_data_label
 from harness.store import ProfileStore
 from harness.widths import AUTO_CANDIDATES

@@ -264,9 +264,9 @@ def test_a_device_without_onnxruntime_falls_back_to_torch_and_one_without_python
 def test_the_aarch64_device_runs_onnx_only_and_says_why_not_ort(
     arm64_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from devices import emulate
+    from devices.emulation import emulate
     from devices.fleetfile import load_fleet
-    from tests.devices.test_qemu import fleet_file
+    from tests.devices.emulation.test_qemu import fleet_file
 
     path = fleet_file(tmp_path)
     fleet = load_fleet(path)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from devices.adb_endpoint import AdbEndpoint
+from devices.emulation.adb_endpoint import AdbEndpoint
 from devices.errors import CommandTimeout
 from devices.local import LocalTransport
 from devices.ssh import SSHTransport

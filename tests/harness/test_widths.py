@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from devices import emulate
+from devices.emulation import emulate
 from exporters.errors import InputError
 from harness.cells import plan_cells
 from harness.store import ProfileStore

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices import emulate
 from devices.connect import connect
+from devices.emulation import emulate
+from devices.emulation.sshd import free_port
 from devices.fleet import Device, Emulation
 from devices.fleetfile import load_fleet
-from devices.sshd import free_port
 from exporters.errors import InputError
 from exporters.zoo import get_model
 from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions

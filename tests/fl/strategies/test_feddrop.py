@@ -10,12 +10,12 @@ import torch
 
 from exporters.errors import InputError
 from exporters.zoo import get_model
-from fl import feddrop as fd
 from fl.client import build_module, get_trainer, module_params, run_local, train_plain
+from fl.maths import feddrop as fd
 from fl.records import ClientSpec, TrainIns, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.feddrop import FedDrop, _SyncDrop, train_syncdrop
-from tests.fl.test_feddrop import tiny_model
+from tests.fl.maths.test_feddrop import tiny_model
 
 
 def _initial(model):

@@ -11,7 +11,7 @@ and python3-pip and nothing installed with pip, so numpy and onnxruntime are mis
 until the device is provisioned (``fleetbench fleet provision FILE --install`` puts the
 aarch64 wheels into the device's ``<workdir>/site``, `harness.provision`). Nothing of
 theirs goes into the tree's system site-packages. The emulated phone's runtime bundle
-takes only Debian packages from this tree and its wheels from pip (`devices.bundle`),
+takes only Debian packages from this tree and its wheels from pip (`devices.emulation.bundle`),
 so it does not need them here either.
 
 What the system must give (`check_system`; one line per missing need, naming the Debian
@@ -33,7 +33,7 @@ The tree (`ensure_tree`) lives outside the repository in
 ``$FLEETBENCH_ROOTFS_DIR/bookworm-arm64`` (default ``$XDG_CACHE_HOME/fleetbench/rootfs``,
 else ``~/.cache/fleetbench/rootfs``), is shared by every fleet and every aarch64 device,
 and is never written after its build: each device writes into its own overlay layer
-(`devices.qemu`). The build:
+(`devices.emulation.qemu`). The build:
 
 1. ``debootstrap --arch=arm64 --variant=minbase`` with python3 and python3-pip (and
    what they depend on; its second stage runs under qemu);
@@ -78,8 +78,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.emulation.qemu import TREE_ENV, enter_argv
 from devices.files import atomic_write
-from devices.qemu import TREE_ENV, enter_argv
 
 #: Debian suite and architecture of the tree.
 SUITE = "bookworm"
@@ -353,7 +353,7 @@ def _tree_env() -> dict[str, str]:
     for key in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
         if key in os.environ:
             env[key] = os.environ[key]
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # for `python -m devices.qemu` only
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # for `python -m devices.emulation.qemu` only
     return env
 
 
@@ -578,8 +578,8 @@ def chroot_problem(path: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devices.rootfs [build|check|path]``: build the tree, or say what is missing."""
-    parser = argparse.ArgumentParser(prog="python -m devices.rootfs", description=__doc__.splitlines()[0])
+    """``python -m devices.emulation.rootfs [build|check|path]``: build the tree, or say what is missing."""
+    parser = argparse.ArgumentParser(prog="python -m devices.emulation.rootfs", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("build", "check", "path"), nargs="?", default="build")
     args = parser.parse_args(argv)
     if args.command == "path":

@@ -203,7 +203,7 @@ def prepare(
         Environment variables of every session (names and values without quotes).
     chroot : pathlib.Path, optional
         ``ChrootDirectory`` of every session (the emulated aarch64 device's tree,
-        `devices.qemu`); SFTP is ``internal-sftp``, so it needs no binary there.
+        `devices.emulation.qemu`); SFTP is ``internal-sftp``, so it needs no binary there.
 
     Returns
     -------

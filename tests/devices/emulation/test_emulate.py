@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from devices import emulate, limits, processes
+from devices import processes
+from devices.emulation import emulate, limits
+from devices.emulation.sshd import free_port
 from devices.fleet import Device, Emulation, Fleet
-from devices.sshd import free_port
-from tests.devices.test_limits import WORKLOAD, check_share
+from tests.devices.emulation.test_limits import WORKLOAD, check_share
 
 HAVE_ENDPOINT = (Path(emulate.PACKAGE_ROOT) / "devices" / "adb_endpoint.py").exists()
-#: Whether ``up`` can keep idle cpus polling for a throttled device (`devices.limits.start_latency_hold`).
+#: Whether ``up`` can keep idle cpus polling for a throttled device (`devices.emulation.limits.start_latency_hold`).
 HOLDS_LATENCY = os.geteuid() == 0 and limits.CPU_LATENCY_QOS.exists()
 
 
@@ -274,7 +275,7 @@ def test_network_delay_in_namespace(tmp_path: Path, sshd_path: str) -> None:
 def test_cmd_up_says_sshd_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from devices import sshd
+    from devices.emulation import sshd
 
     def missing() -> str:
         raise sshd.SshdError("sshd is not installed")
@@ -398,7 +399,7 @@ def test_down_stops_what_a_session_left_behind_and_up_follows_at_once(
     _assert_nothing_left(fleet, state)
 
 
-_IN_CHILD = "import sys; from devices import emulate; from devices.fleetfile import load_fleet\n"
+_IN_CHILD = "import sys; from devices.emulation import emulate; from devices.fleetfile import load_fleet\n"
 
 
 def _in_child(call: str, fleet_file: Path) -> None:
@@ -536,7 +537,7 @@ def test_an_adb_server_fleetbench_started_is_left_running_when_others_use_it(
     tmp_path: Path, adb_path: str, adb_server_port: int
 ) -> None:
     """Someone attached a phone of their own to the server `up` started: `down` leaves the server to them."""
-    from devices.adb_endpoint import AdbEndpoint
+    from devices.emulation.adb_endpoint import AdbEndpoint
 
     fleet = _phone_fleet(tmp_path)
     users_phone = AdbEndpoint(0, tmp_path / "users-phone").start()

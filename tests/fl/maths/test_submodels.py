@@ -7,7 +7,7 @@ from exporters.zoo import get_model
 from exporters.zoo.fjord import ResNetSizes, block_plan, fjord_resnet18
 from exporters.zoo.heterofl import heterofl_resnet18
 from fl.client import module_params
-from fl.submodels import (
+from fl.maths.submodels import (
     random_indices,
     random_submodel,
     rolling_indices,

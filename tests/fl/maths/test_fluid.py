@@ -6,7 +6,7 @@ import pytest
 from exporters.arch import Dim
 from exporters.errors import InputError
 from exporters.zoo import ZooModel, get_model
-from fl import fluid
+from fl.maths import fluid
 
 
 def tiny_model(blocks: int = 1) -> ZooModel:

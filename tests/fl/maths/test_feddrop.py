@@ -1,4 +1,4 @@
-"""FedDrop maths (fl/feddrop.py) against hand-worked values from the paper's equations."""
+"""FedDrop maths (fl/maths/feddrop.py) against hand-worked values from the paper's equations."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import ZooModel, get_model
 from exporters.zoo.common import chain_layouts
-from fl import feddrop as fd
+from fl.maths import feddrop as fd
 
 
 class TinyNet(nn.Module):

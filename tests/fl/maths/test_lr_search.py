@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from exporters.errors import InputError
-from fl.lr_search import candidate_rates, search_server_lr, windowed_score
+from fl.maths.lr_search import candidate_rates, search_server_lr, windowed_score
 
 
 def scripted(curves, default=()):
@@ -132,7 +132,7 @@ def test_inprocess_session_trains_real_rounds():
     from exporters.zoo.cfd import coded_cnn
     from exporters.zoo.common import TwoConvCNNSizes
     from fl.client import module_params
-    from fl.lr_search import inprocess_session
+    from fl.lr_sessions import inprocess_session
     from fl.records import ClientSpec
     from fl.strategies.cfd import CodedFD
 
@@ -158,7 +158,7 @@ def test_inprocess_session_trains_real_rounds():
 def test_server_sessions_are_logged_runs(tmp_path):
     from types import SimpleNamespace
 
-    from fl.lr_search import server_session
+    from fl.lr_sessions import server_session
     from fl.runlog import RunLog
     from fl.server import RunConfig
     from harness.store import ProfileStore

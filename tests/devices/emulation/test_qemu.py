@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices import emulate, processes, qemu, rootfs
+from devices import processes
 from devices.connect import connect
+from devices.emulation import emulate, qemu, rootfs
+from devices.emulation.sshd import free_port
 from devices.facts import collect_facts, probe_device
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
 from devices.site import python_argv
-from devices.sshd import free_port
 from devices.transport import Transport
 from harness.backends import ProvisionReport
 from harness.provision import provision
@@ -77,7 +78,7 @@ def test_enter_refuses_to_mount_in_the_callers_namespace(tmp_path: Path) -> None
     target = tmp_path / "tree"
     (target / "proc").mkdir(parents=True)
     done = subprocess.run(
-        [sys.executable, "-m", "devices.qemu", "enter", str(target), "--", "true"],
+        [sys.executable, "-m", "devices.emulation.qemu", "enter", str(target), "--", "true"],
         capture_output=True,
         text=True,
         cwd=REPO,

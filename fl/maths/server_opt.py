@@ -66,7 +66,7 @@ def mean_update(global_state: Mapping[str, np.ndarray], averaged: Mapping[str, n
         The model the clients started from.
     averaged : mapping of str to numpy.ndarray
         The per-weight average of the clients' trained parameters
-        (`fl.aggregate.selective_average`), equal to ``global_state`` where no
+        (`fl.maths.aggregate.selective_average`), equal to ``global_state`` where no
         client held a weight.
 
     Returns

@@ -1,4 +1,4 @@
-"""Ports for emulated devices: `devices.sshd.free_port` and `devices.sshd.distinct_port`."""
+"""Ports for emulated devices: `devices.emulation.sshd.free_port` and `devices.emulation.sshd.distinct_port`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from devices import sshd
+from devices.emulation import sshd
 
 
 def test_distinct_port_draws_again_when_the_source_repeats_itself() -> None:

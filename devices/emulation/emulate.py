@@ -3,10 +3,10 @@
 Every device of a fleet file with an ``emulate:`` block is started (or, a local one,
 confined) on this machine:
 
-- an SSH device is an OpenSSH ``sshd`` (`devices.sshd`) on its loopback port, with its
+- an SSH device is an OpenSSH ``sshd`` (`devices.emulation.sshd`) on its loopback port, with its
   own host key (written to the fleet's known_hosts, so host-key verification stays on)
   and the fleet's user key (``<state_dir>/id_ed25519`` by default) authorised;
-- an ADB device is ``python -m devices.adb_endpoint`` on the port of its
+- an ADB device is ``python -m devices.emulation.adb_endpoint`` on the port of its
   ``HOST:PORT`` serial, attached to the adb server (``host:connect``) when ``adb``
   is installed (server port from ``ANDROID_ADB_SERVER_PORT``, default 5037);
 - a local device has no server: ``up`` creates its limits and records them, and every
@@ -17,16 +17,16 @@ confined) on this machine:
   and slow as such devices (``devices/fleets/emulated-local.yaml``), for machines
   without sshd.
 
-Each device's processes are held to its CPU share and memory limit (`devices.limits`:
+Each device's processes are held to its CPU share and memory limit (`devices.emulation.limits`:
 cgroup when permitted, else a SIGSTOP/SIGCONT duty-cycle supervisor and RLIMIT_AS).
 When the block asks for ``delay_ms`` / ``rate_kbit`` and we run as root, an SSH device's
 sshd runs in its own network namespace behind a veth pair shaped by netem, and a small
-forwarder (``python -m devices.emulate forward``) keeps the fleet file's address
+forwarder (``python -m devices.emulation.emulate forward``) keeps the fleet file's address
 (``host:port``) working: traffic crosses the shaped veth.
 
 An SSH device with ``emulate: {arch: aarch64}`` is the same sshd chrooted into the cached
-arm64 Debian tree (`devices.rootfs`) inside its own mount namespace, run through
-qemu-user (`devices.qemu` says why so). Its system needs are checked first; a missing
+arm64 Debian tree (`devices.emulation.rootfs`) inside its own mount namespace, run through
+qemu-user (`devices.emulation.qemu` says why so). Its system needs are checked first; a missing
 one is one line naming the Debian package (or "needs root"), the device is reported as
 not started with that reason, and the rest of the fleet still comes up. The first ``up``
 builds the tree (about 10 minutes, with progress), later ones reuse it. The device's
@@ -77,7 +77,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devices import limits, presets, processes, qemu
+from devices import processes
+from devices.emulation import limits, presets, qemu
 from devices.errors import EmulationError, TransportError, Unreachable
 from devices.files import atomic_write
 from devices.fleet import Device, Emulation, Fleet
@@ -119,7 +120,7 @@ class DeviceState:
         Network namespace (with ``host_if``, the host end of its veth).
     host_if : str or None
     cpu, memory : str
-        Limit methods (`devices.limits.Plan`).
+        Limit methods (`devices.emulation.limits.Plan`).
     cpu_share : float or None
     memory_mb : int or None
     shaping : str
@@ -131,7 +132,7 @@ class DeviceState:
     mounts : tuple of str
         The mount points made in that namespace (for ``status`` and ``down``'s check).
     cpuset : str
-        How its cpus are pinned (`devices.limits.Plan.cpuset`): ``cgroup-v1``,
+        How its cpus are pinned (`devices.emulation.limits.Plan.cpuset`): ``cgroup-v1``,
         ``cgroup-v2``, ``affinity`` or ``none``.
     cpus : str or None
         The cpu list it is pinned to (None: every cpu of this machine).
@@ -305,7 +306,7 @@ def stop_device_processes(recs: Sequence[ProcessRecord], unit: str, cgroups: Seq
     recs : sequence of ProcessRecord
         What ``up`` recorded for the device.
     unit : str
-        The device's unit name (`devices.limits.unit_name`): its `MARKER` value.
+        The device's unit name (`devices.emulation.limits.unit_name`): its `MARKER` value.
     cgroups : sequence of str
         The device's cgroup directories.
 
@@ -370,7 +371,7 @@ def throttled_by_share(emulation: Emulation, plan: limits.Plan) -> bool:
     Parameters
     ----------
     emulation : Emulation
-    plan : devices.limits.Plan
+    plan : devices.emulation.limits.Plan
 
     Returns
     -------
@@ -390,7 +391,7 @@ def _start_share_helpers(
 
     The duty-cycle supervisor where no cgroup enforces the share; for a device the share
     stops for part of every period, the hold that keeps idle cpus polling
-    (`devices.limits.start_latency_hold`). Each is appended to ``procs`` as it starts, so
+    (`devices.emulation.limits.start_latency_hold`). Each is appended to ``procs`` as it starts, so
     a failure after it still stops it. Returns the words the device's ``up`` line ends with.
     """
     if plan.cpu == "duty-cycle" and emulation.cpu_share:
@@ -420,7 +421,7 @@ def _known_hosts_entry(host: str, port: int, host_pub: Path) -> str:
 
 def _aarch64_root(fleet: Fleet, device: Device, say: Printer) -> qemu.DeviceRoot:
     """Check the system needs of an aarch64 device and return its root (building the tree once)."""
-    from devices import rootfs
+    from devices.emulation import rootfs
 
     tree = _aarch64_tree(device, say)
     if problem := rootfs.chroot_problem(tree):
@@ -432,10 +433,10 @@ def _aarch64_tree(device: Device, say: Printer) -> Path:
     """Check what an aarch64 device needs and return the arm64 tree (built once).
 
     A phone's shell is the tree's arm64 ``sh`` run through binfmt_misc
-    (`devices.adb_endpoint`): no chroot, so root is needed only to register the binfmt
+    (`devices.emulation.adb_endpoint`): no chroot, so root is needed only to register the binfmt
     entry and build the tree once. An SSH device chroots into it (`_aarch64_root`).
     """
-    from devices import rootfs
+    from devices.emulation import rootfs
 
     missing = rootfs.check_system(need_debootstrap=rootfs.read_stamp(rootfs.tree_path()) is None)
     for line in missing:
@@ -457,7 +458,7 @@ def _start_ssh(
     say: Printer,
     root: qemu.DeviceRoot | None = None,
 ) -> DeviceState:
-    from devices import sshd
+    from devices.emulation import sshd
 
     host, port = address_of(device)
     unit = limits.unit_name(device.name, fleet.state_dir)
@@ -496,7 +497,7 @@ def _start_ssh(
                     [
                         sys.executable,
                         "-m",
-                        "devices.emulate",
+                        "devices.emulation.emulate",
                         "forward",
                         host,
                         str(port),
@@ -668,7 +669,7 @@ def _start_adb(
     argv = [
         sys.executable,
         "-m",
-        "devices.adb_endpoint",
+        "devices.emulation.adb_endpoint",
         "--port",
         str(port),
         "--sandbox",
@@ -968,9 +969,9 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
     directory : pathlib.Path
         Where ``fleet.yaml`` and the fleet's ``state/`` directory go.
     port_for : callable
-        Returns a free loopback port (`devices.sshd.free_port`); called until each device
+        Returns a free loopback port (`devices.emulation.sshd.free_port`); called until each device
         has its own port, none of them the adb server's (`adb_server_port`; see
-        `devices.sshd.distinct_port`).
+        `devices.emulation.sshd.distinct_port`).
 
     Returns
     -------
@@ -984,7 +985,7 @@ def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:
     EmulationError
         ``port_for`` kept returning ports already given out.
     """
-    from devices.sshd import distinct_port
+    from devices.emulation.sshd import distinct_port
 
     text = EXAMPLE_FLEET.read_text()
     taken = {adb_server_port()}
@@ -1194,7 +1195,7 @@ def format_status(rows: list[DeviceStatus]) -> str:
 
 
 def _sshd_missing(fleet: Fleet) -> bool:
-    from devices import sshd
+    from devices.emulation import sshd
 
     if not any(d.kind == "ssh" for d in emulated(fleet)):
         return False
@@ -1324,8 +1325,8 @@ def forward(listen_host: str, listen_port: int, to_host: str, to_port: int, dela
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devices.emulate forward LISTEN_HOST LISTEN_PORT TO_HOST TO_PORT``."""
-    parser = argparse.ArgumentParser(prog="python -m devices.emulate")
+    """``python -m devices.emulation.emulate forward LISTEN_HOST LISTEN_PORT TO_HOST TO_PORT``."""
+    parser = argparse.ArgumentParser(prog="python -m devices.emulation.emulate")
     sub = parser.add_subparsers(dest="command", required=True)
     fwd = sub.add_parser("forward", help="relay TCP connections (into a device's namespace)")
     fwd.add_argument("listen_host")

@@ -53,13 +53,13 @@ the phone a working Python, as Termux would.) Decided so rather than a chroot, w
 would need root for every phone.
 
 ``--arch aarch64 --tree T``: the toolbox links point at the arm64 binaries of the Debian
-tree ``T`` (`devices.rootfs`) and the commands run with ``QEMU_LD_PREFIX=T``, so the
+tree ``T`` (`devices.emulation.rootfs`) and the commands run with ``QEMU_LD_PREFIX=T``, so the
 kernel hands every one of them to qemu-user through binfmt_misc and qemu finds their
 arm64 libraries in the tree: ``uname -m`` answers ``aarch64`` because qemu says so, and
 ``/proc`` stays the host's, so the facts probe sees the emulation. The tree's own
 ``/usr/bin/python3`` is not on ``PATH``. No root is needed once the binfmt entry exists.
 
-Run as ``python -m devices.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch
+Run as ``python -m devices.emulation.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch
 aarch64 --tree T]``, or in-process with `AdbEndpoint` (threaded server) in tests.
 """
 
@@ -957,8 +957,18 @@ def iter_messages(data: bytes) -> Iterator[Message]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m devices.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch A --tree T]``."""
-    parser = argparse.ArgumentParser(prog="python -m devices.adb_endpoint", description=__doc__.split("\n")[0])
+    """Command line of the emulated phone's endpoint.
+
+    ``python -m devices.emulation.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch A --tree T]``.
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m devices.emulation.adb_endpoint", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1")
     parser.add_argument("--sandbox", type=Path, required=True, help="directory holding the phone's storage")
     parser.add_argument("--pidfile", type=Path, help="write this process's id here while running")

@@ -21,7 +21,7 @@ started as a program, so the kernel never reads the interpreter path baked into
 the system's library search. Android's bionic never sees any of it.
 
 ABIs (`ABIS`): ``arm64-v8a`` (phones) and ``x86_64`` (the Android emulator's images,
-and the emulated phone of `devices.adb_endpoint`). Any other is refused with one line
+and the emulated phone of `devices.emulation.adb_endpoint`). Any other is refused with one line
 (`UnsupportedAbi`).
 
 How a bundle is built (`ensure_bundle`), once per ABI and recipe, on the host:
@@ -30,7 +30,7 @@ How a bundle is built (`ensure_bundle`), once per ABI and recipe, on the host:
    the libraries it and the wheels link against). For the host's own architecture
    ``apt-get download`` fetches the .debs and ``dpkg-deb -x`` unpacks them. For arm64 on
    an x86 host the cached arm64 Debian tree of the emulated aarch64 device
-   (`devices.rootfs`) already holds exactly these packages: their files are copied
+   (`devices.emulation.rootfs`) already holds exactly these packages: their files are copied
    from it, as its dpkg lists name them (no second download, no foreign architecture
    added to the host's apt). Where that tree is not built but dpkg knows the foreign
    architecture (``dpkg --add-architecture arm64 && apt-get update``), ``apt-get
@@ -378,7 +378,7 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
     pathlib.Path
         An absolute path.
     """
-    from devices.rootfs import fleetbench_cache
+    from devices.emulation.rootfs import fleetbench_cache
 
     return fleetbench_cache(BUNDLE_ENV, "bundles", environ)
 
@@ -555,7 +555,7 @@ def _stage_debian(abi: Abi, staging: Path, downloads: Path, say: Printer) -> dic
     staging.mkdir(parents=True)
     native = host_debian_arch()
     if abi.debian_arch != native:
-        from devices import rootfs
+        from devices.emulation import rootfs
 
         tree = rootfs.tree_path()
         if abi.debian_arch == rootfs.DEBIAN_ARCH and rootfs.read_stamp(tree) is not None:
@@ -564,7 +564,7 @@ def _stage_debian(abi: Abi, staging: Path, downloads: Path, say: Printer) -> dic
         if abi.debian_arch not in foreign_arches():
             raise BundleError(
                 f"bundle {abi.name}: needs {abi.debian_arch} Debian packages: build the arm64 userland first "
-                f"(python -m devices.rootfs build, as root) or let apt fetch them (dpkg --add-architecture "
+                f"(python -m devices.emulation.rootfs build, as root) or let apt fetch them (dpkg --add-architecture "
                 f"{abi.debian_arch} && apt-get update)")
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise BundleError(f"bundle {abi.name}: needs apt-get and dpkg-deb (Debian packages apt and dpkg)")
@@ -928,8 +928,8 @@ def iter_listing(text: str) -> Iterable[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devices.bundle [build ABI ...|path ABI]``: build bundles ahead, or say where they are."""
-    parser = argparse.ArgumentParser(prog="python -m devices.bundle", description=__doc__.splitlines()[0])
+    """``python -m devices.emulation.bundle [build ABI ...|path ABI]``: build bundles ahead, or say where they are."""
+    parser = argparse.ArgumentParser(prog="python -m devices.emulation.bundle", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("build", "path"))
     parser.add_argument("abis", nargs="*", default=list(ABIS), help=f"ABIs (default: {' '.join(ABIS)})")
     args = parser.parse_args(argv)

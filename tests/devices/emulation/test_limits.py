@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devices import limits, presets
+from devices.emulation import limits, presets
 
 # ---------------------------------------------------------------------------- fake trees
 

@@ -3,7 +3,7 @@
 Design (decided here, with the reasons):
 
 * **sshd with ChrootDirectory.** The device is the host's OpenSSH ``sshd``
-  (`devices.sshd`, as for the other emulated SSH devices) whose config adds
+  (`devices.emulation.sshd`, as for the other emulated SSH devices) whose config adds
   ``ChrootDirectory <tree>``. After authentication sshd chroots into the arm64 tree and
   runs the user's shell from there: every command is the tree's own aarch64 ``/bin/bash``,
   ``python3`` (and what provisioning installed into the device's workdir), executed by
@@ -14,20 +14,20 @@ Design (decided here, with the reasons):
   device is reached, authenticated, limited and stopped exactly like the other emulated
   devices, and nothing on the host side knows about aarch64.
 * **A private mount namespace per device.** sshd is started as
-  ``unshare --mount --propagation private python -m devices.qemu enter TREE --overlay DIR
+  ``unshare --mount --propagation private python -m devices.emulation.qemu enter TREE --overlay DIR
   -- sshd ...``; ``enter`` makes the mounts (`mount_plan`) and then execs sshd, so the pid
-  stays sshd's, its CPU/memory limits (`devices.limits`) cover every qemu process of the
+  stays sshd's, its CPU/memory limits (`devices.emulation.limits`) cover every qemu process of the
   device, and the mounts exist only inside that namespace. They disappear when the
   device's last process ends, even when fleetbench itself is killed: no mount is ever
   left behind on the host, and ``fleet down`` only has to stop processes. ``down`` stops
   the recorded sshd tree, then every process still in the recorded namespace (one that
   daemonised out of the tree), and checks that no process is left there.
-* **One overlay layer per device.** The cached tree (`devices.rootfs`) is the overlay's
+* **One overlay layer per device.** The cached tree (`devices.emulation.rootfs`) is the overlay's
   lower layer, mounted over the tree's own path inside the namespace; each device writes
   into ``<state_dir>/<name>/rootfs/upper``. Devices never see each other's files, the
   shared tree stays as built (its stamp stays true), and a device keeps its files across
   ``down`` / ``up`` as a real board keeps its disk. The chroot path is the tree's path,
-  which sshd requires to be root-owned in every component (`devices.rootfs.chroot_problem`
+  which sshd requires to be root-owned in every component (`devices.emulation.rootfs.chroot_problem`
   says so in one line when it is not).
 * **Mounts inside**: the overlay, ``proc`` on /proc, ``sysfs`` on /sys, a recursive bind
   of the host's /dev on /dev with a fresh tmpfs on /dev/shm, and the host's
@@ -81,7 +81,7 @@ class DeviceRoot:
     Attributes
     ----------
     tree : pathlib.Path
-        The cached arm64 tree (`devices.rootfs.ensure_tree`), the overlay's lower layer
+        The cached arm64 tree (`devices.emulation.rootfs.ensure_tree`), the overlay's lower layer
         and the sshd ``ChrootDirectory``.
     layer : pathlib.Path
         The device's own overlay directory (``upper/``, ``work/``).
@@ -204,10 +204,11 @@ def enter_argv(tree: Path, layer: Path | None, argv: Sequence[str], *, chroot: b
     Returns
     -------
     list of str
-        ``unshare --mount --propagation private python -m devices.qemu enter ...``; the
+        ``unshare --mount --propagation private python -m devices.emulation.qemu enter ...``; the
         pid of the process it starts stays that of ``argv`` (every step execs).
     """
-    head = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "devices.qemu", "enter", str(tree)]
+    head = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "devices.emulation.qemu", "enter"]
+    head.append(str(tree))
     if layer is not None:
         head += ["--overlay", str(layer)]
     if chroot:
@@ -295,7 +296,7 @@ def host_mounts_under(path: Path, mountinfo: str | None = None) -> list[str]:
 def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int:
     parent = mount_namespace(os.getppid())
     if parent is not None and parent == mount_namespace(os.getpid()):
-        print("devices.qemu enter: refusing to mount outside a private mount namespace (run it under unshare)")
+        print("devices.emulation.qemu enter: refusing to mount outside a private mount namespace (run under unshare)")
         return 2
     if layer is not None:
         for directory in overlay_dirs(layer):
@@ -313,7 +314,7 @@ def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int
                 target.touch()
         done = subprocess.run(mount.argv(), capture_output=True, text=True)
         if done.returncode != 0:
-            print(f"devices.qemu enter: {' '.join(mount.argv())}: {done.stderr.strip()}", file=sys.stderr)
+            print(f"devices.emulation.qemu enter: {' '.join(mount.argv())}: {done.stderr.strip()}", file=sys.stderr)
             return 1
     if chroot:
         os.chroot(tree)
@@ -324,10 +325,10 @@ def _enter(tree: Path, layer: Path | None, chroot: bool, argv: list[str]) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devices.qemu enter TREE [--overlay DIR] [--chroot] -- COMMAND...``."""
+    """``python -m devices.emulation.qemu enter TREE [--overlay DIR] [--chroot] -- COMMAND...``."""
     args_in = sys.argv[1:] if argv is None else argv
     split = args_in.index("--") if "--" in args_in else len(args_in)
-    parser = argparse.ArgumentParser(prog="python -m devices.qemu")
+    parser = argparse.ArgumentParser(prog="python -m devices.emulation.qemu")
     sub = parser.add_subparsers(dest="command", required=True)
     enter = sub.add_parser("enter", help="mount a device root in this (private) mount namespace, then exec")
     enter.add_argument("tree", type=Path)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from exporters.errors import InputError
-from fl.codes import (
+from fl.maths.codes import (
     GOLD_PAIRS,
     assign_rows,
     constant_weight_code,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devices.adb_endpoint import (
+from devices.emulation.adb_endpoint import (
     A_CLSE,
     A_CNXN,
     A_OKAY,
@@ -239,7 +239,7 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "devices.adb_endpoint",
+            "devices.emulation.adb_endpoint",
             "--port",
             str(port),
             "--sandbox",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from devices import qemu, rootfs
-from devices.rootfs import System
+from devices.emulation import qemu, rootfs
+from devices.emulation.rootfs import System
 
 #: The entry Debian's qemu-user-static registers, as binfmt_misc prints it once enabled.
 ENTRY = (

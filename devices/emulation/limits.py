@@ -12,7 +12,7 @@ two fleets with a device of the same name never share them.
   mounted (hybrid machines keep ``cpu`` there).
 - CPU share: cgroup quota (v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, v2
   ``cpu.max``) or, where no cgroup is permitted, a duty-cycle supervisor
-  (``python -m devices.limits duty``) that every period P sends SIGCONT for ``share*P``
+  (``python -m devices.emulation.limits duty``) that every period P sends SIGCONT for ``share*P``
   and SIGSTOP for ``(1-share)*P`` to the device's whole process tree (found by
   walking the parent pids in ``/proc``). The duty cycle is exact for one busy thread;
   a multi-threaded tree gets ``share`` of the time on every core it uses.
@@ -29,7 +29,7 @@ two fleets with a device of the same name never share them.
   caches and cost it more CPU time, by an amount that changes with the host's load
   (measured here at a share of 0.14: CPU time per step 1.20-1.63 ms with idle states,
   1.11-1.18 ms while they were held off, 1.06 ms unthrottled). While a throttled device is up, a
-  small process (``python -m devices.limits hold-latency``) holds a 0 µs request on the
+  small process (``python -m devices.emulation.limits hold-latency``) holds a 0 µs request on the
   kernel's CPU latency QoS device (``/dev/cpu_dma_latency``; root only): idle cpus then
   poll instead of halting. The request ends when that process exits, however it exits.
 - Network (root only): a namespace ``fb-<name>`` with a veth pair on a private /30 and
@@ -900,9 +900,9 @@ def start_duty_cycle(root: int, share: float, period: float = DUTY_PERIOD_S) -> 
 
 
 def _start_helper(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
-    """Start ``python -m devices.limits ARGS`` from the package root, in a session of its own."""
+    """Start ``python -m devices.emulation.limits ARGS`` from the package root, in a session of its own."""
     return subprocess.Popen(
-        [sys.executable, "-m", "devices.limits", *args],
+        [sys.executable, "-m", "devices.emulation.limits", *args],
         stdin=subprocess.DEVNULL,
         start_new_session=True,
         cwd=str(Path(__file__).resolve().parent.parent),
@@ -911,8 +911,8 @@ def _start_helper(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m devices.limits duty --pid P --share S [--period T]`` and ``... hold-latency``."""
-    parser = argparse.ArgumentParser(prog="python -m devices.limits")
+    """Entry point of ``python -m devices.emulation.limits duty --pid P --share S [--period T]``, ``hold-latency``."""
+    parser = argparse.ArgumentParser(prog="python -m devices.emulation.limits")
     sub = parser.add_subparsers(dest="command", required=True)
     duty = sub.add_parser("duty", help="SIGSTOP/SIGCONT duty cycling of a process tree")
     duty.add_argument("--pid", type=int, required=True)

@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 from torch import nn
 
-import fl.aggregate as aggregate
+import fl.maths.aggregate as aggregate
 from exporters.arch import Arch, Dim, SubModel
 from exporters.errors import InputError
 from exporters.zoo import ZooModel
-from fl.aggregate import full_index, holder_counts, runs, selective_average, updates_from_results
+from fl.maths.aggregate import full_index, holder_counts, runs, selective_average, updates_from_results
 from fl.records import TrainRes
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from exporters.errors import InputError
-from fl.server_opt import ServerOptimizer, fedadam_init, fedadam_step, fedavg_step, mean_update
+from fl.maths.server_opt import ServerOptimizer, fedadam_init, fedadam_step, fedavg_step, mean_update
 
 
 def test_mean_update_by_hand():
