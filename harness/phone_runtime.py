@@ -2,7 +2,7 @@
 
 An SSH or local device runs the runner with its own ``device.python``. An adb device
 (a phone) usually has none: its shell finds no ``python3``. For such a phone
-`provision_phone` pushes the runtime bundle of its ABI (`devices.emulation.bundle`) into its
+`provision_phone` pushes the runtime bundle of its ABI (`devices.bundle`) into its
 workdir and the runner starts through the bundle's own loader (`runner_start`). A phone
 whose ``device.python`` runs (Termux) keeps using it; either way the choice is a
 `harness.contract.RunnerStart` whose ``detail`` says what was chosen and why.
@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from devices.emulation import bundle as bundles
+from devices import bundle as bundles
 from devices.errors import TransportError
 from devices.fleet import Device
 from devices.transport import Transport
@@ -245,7 +245,7 @@ def bundle_start(root: str, built: bundles.Bundle) -> RunnerStart:
     ----------
     root : str
         The runtime directory on the device.
-    built : devices.emulation.bundle.Bundle
+    built : devices.bundle.Bundle
 
     Returns
     -------

@@ -11,7 +11,7 @@ and python3-pip and nothing installed with pip, so numpy and onnxruntime are mis
 until the device is provisioned (``fleetbench fleet provision FILE --install`` puts the
 aarch64 wheels into the device's ``<workdir>/site``, `harness.provision`). Nothing of
 theirs goes into the tree's system site-packages. The emulated phone's runtime bundle
-takes only Debian packages from this tree and its wheels from pip (`devices.emulation.bundle`),
+takes only Debian packages from this tree and its wheels from pip (`devices.bundle`),
 so it does not need them here either.
 
 What the system must give (`check_system`; one line per missing need, naming the Debian

@@ -221,7 +221,7 @@ def _built_bundle(abi: str) -> Any:
     """
     import sys
 
-    from devices.emulation import bundle
+    from devices import bundle
 
     for tool in ("apt-get", "dpkg-deb"):
         require_tool(tool)
@@ -235,7 +235,7 @@ def _built_bundle(abi: str) -> Any:
 
 @pytest.fixture(scope="session")
 def bundle_x86_64() -> Any:
-    """The x86_64 runtime bundle (`devices.emulation.bundle`), built once into the user's cache."""
+    """The x86_64 runtime bundle (`devices.bundle`), built once into the user's cache."""
     return _built_bundle("x86_64")
 
 

@@ -1,4 +1,4 @@
-"""Runtime bundles (`devices.emulation.bundle`): ABIs, ELF parsing, the built bundle and its cache.
+"""Runtime bundles (`devices.bundle`): ABIs, ELF parsing, the built bundle and its cache.
 
 The built bundles come from the session fixtures in ``tests/conftest.py`` (built once
 into the user's cache, as ``fleet provision`` would, so later sessions reuse them).
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from devices.emulation import bundle
-from devices.emulation.bundle import ABIS, Bundle, UnsupportedAbi, abi_of, elf_needed, iter_listing, part_of
+from devices import bundle
+from devices.bundle import ABIS, Bundle, UnsupportedAbi, abi_of, elf_needed, iter_listing, part_of
 
 
 @pytest.mark.parametrize(("name", "expected"), [("arm64-v8a", "arm64-v8a"), ("aarch64", "arm64-v8a"),

@@ -928,8 +928,8 @@ def iter_listing(text: str) -> Iterable[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devices.emulation.bundle [build ABI ...|path ABI]``: build bundles ahead, or say where they are."""
-    parser = argparse.ArgumentParser(prog="python -m devices.emulation.bundle", description=__doc__.splitlines()[0])
+    """``python -m devices.bundle [build ABI ...|path ABI]``: build bundles ahead, or say where they are."""
+    parser = argparse.ArgumentParser(prog="python -m devices.bundle", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("build", "path"))
     parser.add_argument("abis", nargs="*", default=list(ABIS), help=f"ABIs (default: {' '.join(ABIS)})")
     args = parser.parse_args(argv)
