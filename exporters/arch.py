@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporters.errors import InputError
+from userinput.errors import InputError
 
 #: Widths every model is listed and exported at by default (here, not in the zoo, so that
 #: the command line can offer them without importing PyTorch).

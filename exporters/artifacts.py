@@ -95,7 +95,7 @@ import torch
 from torch import nn
 
 from exporters.arch import Arch
-from exporters.errors import ExportError, InputError
+from exporters.errors import ExportError
 from exporters.export_forms import export_form, fuse_gradient_sums
 from exporters.manifest import (
     ARTIFACT_FILES,
@@ -112,6 +112,7 @@ from exporters.manifest import (
 from exporters.ort_training import session_options
 from exporters.step_model import lower_fixed_shape_kernels, write_step_model
 from exporters.zoo import ZooModel
+from userinput.errors import InputError
 
 #: ONNX opset of the exported forward graph.
 OPSET = 17

@@ -1,4 +1,4 @@
-"""The ``fleetbench models`` and ``fleetbench export`` commands, and the argument types every layer uses.
+"""The ``fleetbench models`` and ``fleetbench export`` commands.
 
 Like every layer's ``cli`` module, `register` only declares arguments; a command's
 handler is named as ``"module:function"`` and imported by `fleetbench.cli` when the
@@ -14,97 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def _int_at_least(text: str, minimum: int, bound: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{value} must be {bound}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """Parse a strictly positive integer (argparse type).
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    int
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        If ``text`` is not an integer of at least 1.
-    """
-    return _int_at_least(text, 1, "at least 1")
-
-
-def non_negative_int(text: str) -> int:
-    """Parse an integer of 0 or more (argparse type).
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    int
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        If ``text`` is not an integer of at least 0.
-    """
-    return _int_at_least(text, 0, "0 or more")
-
-
-def positive_float(text: str) -> float:
-    """Parse a finite number greater than 0 (argparse type).
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    float
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        If ``text`` is not a finite positive number.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
-
-
-def input_shape(text: str) -> tuple[int, ...]:
-    """Parse an example's shape such as ``3,32,32`` (argparse type).
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    tuple of int
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        If an item is not a positive integer.
-    """
-    return tuple(positive_int(item.strip()) for item in text.replace("x", ",").split(","))
+from userinput.argtypes import input_shape, positive_int
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -155,9 +65,9 @@ def settle_model(args: argparse.Namespace) -> None:
     spec = getattr(args, "model", None)
     if spec is None or not hasattr(args, "unsliceable"):
         return
-    from exporters.errors import InputError
     from exporters.user_model import ModelOptions, is_model_name, is_user_spec, user_model
     from exporters.zoo import get_model, model_names
+    from userinput.errors import InputError
 
     options = ModelOptions(args.input_shape, args.input_dtype, args.num_classes, args.unsliceable)
     given = options != ModelOptions()

@@ -1,11 +1,4 @@
-"""Errors raised on bad input to the exporters package."""
-
-
-class InputError(ValueError):
-    """A request that cannot be satisfied as given (unknown model, bad width, ...).
-
-    The CLI prints its message as one line on stderr and exits with status 2.
-    """
+"""Errors of the exporters that are not the user's: a broken toolchain contract."""
 
 
 class ExportError(RuntimeError):

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from exporters.errors import InputError
+from userinput.errors import InputError
 
 if TYPE_CHECKING:
     import onnx

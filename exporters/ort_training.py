@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from exporters.errors import InputError
 from exporters.manifest import (
     CHECKPOINT,
     EVAL_MODEL,
@@ -25,6 +24,7 @@ from exporters.manifest import (
     read_manifest,
     unflatten,
 )
+from userinput.errors import InputError
 
 
 def session_options(threads: int = 1) -> Any:

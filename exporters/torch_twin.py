@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from exporters.artifacts import OPTIMIZER_DEFAULTS, OPTIMIZERS
-from exporters.errors import InputError
+from userinput.errors import InputError
 
 
 class OrtAdamW(torch.optim.Optimizer):

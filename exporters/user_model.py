@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from exporters.errors import InputError
 from exporters.manifest import sha256_file
+from userinput.errors import InputError
 
 if TYPE_CHECKING:
     from exporters.zoo import ZooModel

@@ -22,8 +22,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from exporters.cli import add_model_arguments, non_negative_int, positive_float, positive_int
-from exporters.errors import InputError
+from exporters.cli import add_model_arguments
+from userinput.argtypes import non_negative_int, number, positive_float, positive_int
+from userinput.errors import InputError
 
 #: Defaults of ``fl run`` (also the `RunConfig` defaults).
 DEFAULTS: dict[str, Any] = {
@@ -75,13 +76,6 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``fl`` command group to the ``fleetbench`` parser."""
     from fl.strategies import STRATEGIES
@@ -96,14 +90,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--clients", type=positive_int, help="number of clients (default 10)")
     run.add_argument("--rounds", type=positive_int, help="rounds in total (default 5)")
     per_round = run.add_mutually_exclusive_group()
-    per_round.add_argument("--fraction", type=_number, help="fraction of clients per round (default 1)")
+    per_round.add_argument("--fraction", type=number, help="fraction of clients per round (default 1)")
     per_round.add_argument("--per-round", type=positive_int, help="clients per round")
     run.add_argument("--capacities", help="capacity spec, e.g. 1 or uniform:1,0.5,0.25 (default 1)")
     run.add_argument("--partition", help="iid, dirichlet:ALPHA, labels:K or natural (default iid)")
     run.add_argument("--seed", type=int, help="run seed (default 0)")
     run.add_argument("--epochs", type=positive_int, help="local epochs (default 1)")
     run.add_argument("--batch", type=positive_int, help="local batch size (default 20)")
-    run.add_argument("--lr", type=_number, help="local learning rate (default 0.05)")
+    run.add_argument("--lr", type=number, help="local learning rate (default 0.05)")
     run.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="strategy option (repeatable)")
     run.add_argument("--eval-every", type=positive_int, help="evaluate every N rounds (default 1)")
     run.add_argument("--timeout", type=positive_float, help="seconds a client may train before it counts as failed")
@@ -126,11 +120,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--profiles", metavar="DB", help="profile store the --population devices were measured in")
     run.add_argument(
-        "--variation", type=_number, help="lognormal sigma of each client's speed factor (default 0.1; 0: none)"
+        "--variation", type=number, help="lognormal sigma of each client's speed factor (default 0.1; 0: none)"
     )
-    run.add_argument("--availability", type=_number, help="probability that a client is online in a round (1)")
+    run.add_argument("--availability", type=number, help="probability that a client is online in a round (1)")
     run.add_argument(
-        "--overcommit", type=_number, help="sample K*(1+O) clients, keep the first K to finish (default 0)"
+        "--overcommit", type=number, help="sample K*(1+O) clients, keep the first K to finish (default 0)"
     )
     run.add_argument("--deadline", type=positive_float, help="round deadline in virtual seconds")
     run.add_argument("--link", metavar="SPEC", help="KBIT[:DELAY_MS] or device=KBIT[:DELAY_MS],...: transfer times")

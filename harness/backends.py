@@ -298,10 +298,10 @@ def check_override(text: str) -> str:
 
     Raises
     ------
-    exporters.errors.InputError
+    userinput.errors.InputError
         For anything else.
     """
-    from exporters.errors import InputError
+    from userinput.errors import InputError
 
     value = text.strip()
     if value != AUTO and value not in BACKEND_PACKAGES:

@@ -46,7 +46,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from exporters.errors import InputError
 from harness.document import parse_document
 from harness.passes import undisturbed
 from harness.provenance import git_commit, host_versions
@@ -56,6 +55,7 @@ from harness.runner.protocol import DEFAULT_MAX_SECONDS
 from harness.runner.sampling import median_of_sorted
 from harness.stats import summarize
 from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
+from userinput.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd

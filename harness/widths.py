@@ -43,11 +43,11 @@ def parse_width_request(text: str) -> tuple[float, ...] | int:
 
     Raises
     ------
-    exporters.errors.InputError
+    userinput.errors.InputError
         For ``auto:`` without a positive whole number, or a bad width list.
     """
     from exporters.arch import parse_widths
-    from exporters.errors import InputError
+    from userinput.errors import InputError
 
     head, colon, tail = text.strip().partition(":")
     if colon and head.strip().lower() == "auto":

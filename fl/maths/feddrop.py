@@ -55,9 +55,9 @@ from typing import overload
 import numpy as np
 
 from exporters.arch import Dim
-from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import ZooModel
+from userinput.errors import InputError
 
 #: Interior-point weight of eq. 8 (the paper keeps it at 1e-4).
 DEFAULT_MU = 1e-4

@@ -53,7 +53,7 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from exporters.errors import InputError
+from userinput.errors import InputError
 
 #: ``session(lr)`` returns an iterator over the session's per-round median client accuracy.
 Session = Callable[[float], Iterator[float]]

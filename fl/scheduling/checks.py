@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from exporters.errors import InputError
+from userinput.errors import InputError
 
 #: Relative (and absolute) tolerance when comparing widths and snapping them to levels.
 WIDTH_TOL = 1e-9

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from exporters.errors import InputError
 from fl.scheduling.checks import same_width
 from harness.arch_counts import memory_features, train_flops_per_example
 from harness.latency import (
@@ -33,6 +32,7 @@ from harness.latency import (
     MemoryModel,
     finite_positive,
 )
+from userinput.errors import InputError
 
 #: Status of a cell that ran out of memory (`harness.records.Status`).
 OUT_OF_MEMORY = "out of memory"

@@ -21,12 +21,12 @@ import torch
 from exporters import artifacts
 from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
-from exporters.errors import InputError
 from exporters.flops import count
 from exporters.manifest import ARTIFACT_FILES, MANIFEST, load_valid_manifest
 from exporters.ort_training import OrtTrainer
 from exporters.torch_twin import torch_optimizer
 from exporters.zoo import ZooModel, get_model, model_names
+from userinput.errors import InputError
 
 BATCH = 4
 

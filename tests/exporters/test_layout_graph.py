@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from exporters.arch import DEFAULT_WIDTHS, Arch, SubModel, extract, make_submodel
-from exporters.errors import InputError
 from exporters.layout_graph import (
     DerivedLayout,
     UnsliceableGroup,
@@ -25,6 +24,7 @@ from exporters.layout_graph import (
     prune_to_widths,
 )
 from exporters.zoo import ZooModel, get_model, model_names
+from userinput.errors import InputError
 
 LSTMS = ("feddrop-lstm", "fjord-rnn", "fluid-lstm")
 DERIVABLE = tuple(name for name in model_names() if name not in LSTMS)

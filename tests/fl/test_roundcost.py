@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import get_model
 from fl.roundcost import measured_models, parse_links, round_cost_from_rows, round_cost_from_store
@@ -13,6 +12,7 @@ from harness.latency import fit
 from harness.roundcost import RoundCostModel
 from harness.store import ProfileStore
 from tests.fl.scheduling.profiles import store_lines
+from userinput.errors import InputError
 
 MODEL = get_model("fjord-cnn")
 LINES = {"fast": (50.0, 2e-4), "slow": (400.0, 1.5e-3)}

@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from exporters.errors import InputError
 from exporters.flops import count
 from exporters.zoo import ZooModel, get_model
 from fl import server
@@ -32,6 +31,7 @@ from fl.server import (
 from fl.strategies import STRATEGIES
 from fl.strategies.base import Strategy
 from harness.store import ProfileStore
+from userinput.errors import InputError
 
 # -- test-local strategy and data -------------------------------------------------------------
 

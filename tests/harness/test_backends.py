@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from exporters.errors import InputError
 from harness.backends import (
     PREFERENCE,
     BackendChoice,
@@ -19,6 +18,7 @@ from harness.backends import (
     usable_devices,
     why_not,
 )
+from userinput.errors import InputError
 
 OK = PackageStatus(True, True, "1.0")
 MISSING = PackageStatus(False, False)

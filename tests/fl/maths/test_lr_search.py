@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from exporters.errors import InputError
 from fl.maths.lr_search import candidate_rates, search_server_lr, windowed_score
+from userinput.errors import InputError
 
 
 def scripted(curves, default=()):
