@@ -88,7 +88,7 @@ from devices.processes import ProcessRecord
 #: State file name inside the fleet's state dir.
 STATE_FILE = "state.json"
 #: Repository / package root (for ``python -m devices.*`` children).
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: Seconds a started server gets to accept connections.
 START_TIMEOUT = 15.0
 #: Environment variable that marks every process of an emulated device (value: its unit name).
@@ -958,7 +958,7 @@ class UpResult:
 
 
 #: The shipped example fleet: fast / mid / slow SSH devices and a phone.
-EXAMPLE_FLEET = Path(__file__).resolve().with_name("fleets") / "emulated.yaml"
+EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "fleets" / "emulated.yaml"
 
 
 def write_example_fleet(directory: Path, port_for: Callable[[], int]) -> Path:

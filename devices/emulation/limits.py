@@ -905,7 +905,7 @@ def _start_helper(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "devices.emulation.limits", *args],
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        cwd=str(Path(__file__).resolve().parent.parent),
+        cwd=str(Path(__file__).resolve().parents[2]),
         **popen,
     )
 

@@ -353,7 +353,7 @@ def _tree_env() -> dict[str, str]:
     for key in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
         if key in os.environ:
             env[key] = os.environ[key]
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # for `python -m devices.emulation.qemu` only
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # for `python -m devices.emulation.qemu` only
     return env
 
 

@@ -149,7 +149,7 @@ def test_a_killed_demo_stops_its_fleet_and_exits_143(tmp_path: Path) -> None:
     require_tool("adb")
     out = tmp_path / "demo"
     env = {**os.environ, "ANDROID_ADB_SERVER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = str(Path(emulate.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(Path(emulate.__file__).resolve().parents[2])
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetbench", "demo", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -33,7 +33,7 @@ from devices.emulation.adb_endpoint import (
     iter_messages,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class RawHost:

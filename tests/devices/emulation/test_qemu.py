@@ -31,7 +31,7 @@ from harness.backends import ProvisionReport
 from harness.provision import provision
 from tests.devices.conftest import require_tool
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # ---------------------------------------------------------------------------- pure parts
 
