@@ -657,7 +657,7 @@ def _strategy_plans(
         stragglers, target = fluid.find_stragglers(dict(full), count)
         for device in checks:
             if device in stragglers and not math.isnan(target):
-                size = fluid.curve_rate(full[device], target, sizes, functools.partial(round_at, device))
+                size = fluid.curve_width(full[device], target, sizes, functools.partial(round_at, device))
                 why = f"straggler: size {size:g} brings its round nearest the target {target:.3g} s"
                 out[device] = base(device, size, straggler=True, notes=(why,))
             else:

@@ -12,7 +12,7 @@ Straggler calibration (Algorithm 1, lines 18-21)
     ``T / r`` (linear rule, Appendix A.3) or ``T * lat(1) / lat(r)`` with its
     device's measured latency-vs-width curve. Only the size-dependent part of a
     time scales; a fixed part (a device runner's start, transfers) is carried
-    over unchanged. The sub-model size (`straggler_rate`) is
+    over unchanged. The sub-model size (`straggler_width`) is
 
     * linear rule (Appendix A.3, no measured curve): the available size closest
       to ``1 / speed-up``;
@@ -176,7 +176,7 @@ def _fixed_part(fixed: float, full_seconds: float) -> float:
     return min(max(float(fixed), 0.0), float(full_seconds))
 
 
-def linear_rate(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
+def linear_width(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
     """Return the available size closest to ``1 / speedup`` (Appendix A.3).
 
     Parameters
@@ -257,15 +257,15 @@ def curve_predictor(widths: Sequence[float], latencies: Sequence[float]) -> Late
 
 
 def full_model_seconds(
-    seconds: float, rate: float, predict: LatencyPredictor | None = None, fixed: float = 0.0
+    seconds: float, width: float, predict: LatencyPredictor | None = None, fixed: float = 0.0
 ) -> float:
-    """Re-estimate a client's full-model time from a time measured on a sub-model of size ``rate``.
+    """Re-estimate a client's full-model time from a time measured on the sub-model at ``width``.
 
     Parameters
     ----------
     seconds : float
-        Measured end-to-end time at ``rate``.
-    rate : float
+        Measured end-to-end time at ``width``.
+    width : float
         Sub-model size the client trained, in (0, 1].
     predict : callable, optional
         The client's latency-vs-width curve; without one the linear rule.
@@ -276,10 +276,10 @@ def full_model_seconds(
     Returns
     -------
     float
-        ``fixed + (seconds - fixed) / rate`` (linear rule) or ``fixed + (seconds - fixed) *
-        predict(1) / predict(rate)`` (curve); the inverse of `predicted_seconds`.
+        ``fixed + (seconds - fixed) / width`` (linear rule) or ``fixed + (seconds - fixed) *
+        predict(1) / predict(width)`` (curve); the inverse of `predicted_seconds`.
     """
-    return _rescaled(seconds, rate, 1.0, predict, fixed)
+    return _rescaled(seconds, width, 1.0, predict, fixed)
 
 
 def predicted_seconds(
@@ -317,7 +317,7 @@ def _rescaled(seconds: float, size: float, new_size: float, predict: LatencyPred
     return fixed + (float(seconds) - fixed) * scale
 
 
-def curve_rate(
+def curve_width(
     full_seconds: float,
     target_seconds: float,
     sizes: Sequence[float],
@@ -391,7 +391,7 @@ def variable_speedup(full_seconds: float, target_seconds: float, fixed: float = 
     return (full - fixed) / (target - fixed)
 
 
-def straggler_rate(
+def straggler_width(
     full_seconds: float,
     target_seconds: float,
     sizes: Sequence[float],
@@ -416,12 +416,12 @@ def straggler_rate(
     Returns
     -------
     float
-        `curve_rate` with ``predict``, otherwise `linear_rate` of `variable_speedup`
+        `curve_width` with ``predict``, otherwise `linear_width` of `variable_speedup`
         (ties and tolerances in the module docstring); 1.0 when no speed-up is needed.
     """
     if predict is not None:
-        return curve_rate(full_seconds, target_seconds, sizes, predict, fixed)
-    return linear_rate(variable_speedup(full_seconds, target_seconds, fixed), sizes)
+        return curve_width(full_seconds, target_seconds, sizes, predict, fixed)
+    return linear_width(variable_speedup(full_seconds, target_seconds, fixed), sizes)
 
 
 def _profile_series(
@@ -704,18 +704,18 @@ def invariant_keep(scores: np.ndarray, threshold: float, width: int, rng: np.ran
 
 def invariant_submodel(
     model: ZooModel,
-    rate: float,
+    width: float,
     scores: Mapping[str, np.ndarray] | None,
     thresholds: Mapping[str, float],
     rng: np.random.Generator,
 ) -> SubModel:
-    """Return a straggler's Invariant Dropout sub-model at ``rate``.
+    """Return a straggler's Invariant Dropout sub-model at ``width``.
 
     Parameters
     ----------
     model : ZooModel
-    rate : float
-        Sub-model size in (0, 1]; each group keeps ``ceil(rate * K)`` neurons.
+    width : float
+        Sub-model size in (0, 1]; each group keeps ``ceil(width * K)`` neurons.
     scores : mapping of str to numpy.ndarray or None
         Per-group invariance scores; None (nothing measured yet) drops at random.
     thresholds : mapping of str to float
@@ -731,7 +731,7 @@ def invariant_submodel(
         block of linear columns; the FLuID reference maps it in the wrong order and
         this project does not repeat that.
     """
-    arch = model.arch(rate)
+    arch = model.arch(width)
     indices: list[Any] = []
     for (group, size), width in zip(model.groups, arch.sizes, strict=True):
         layer = np.full(size, np.inf) if scores is None or group not in scores else scores[group]
@@ -739,6 +739,6 @@ def invariant_submodel(
     return make_submodel(arch, model.group_sizes, indices)
 
 
-def neurons_to_drop(model: ZooModel, rates: Sequence[float]) -> dict[str, int]:
-    """Return per group the most neurons any of ``rates`` drops (``K - ceil(r*K)``)."""
-    return {group: max((size - size_at_width(r, size) for r in rates), default=0) for group, size in model.groups}
+def neurons_to_drop(model: ZooModel, widths: Sequence[float]) -> dict[str, int]:
+    """Return per group the most neurons any of ``widths`` drops (``K - ceil(w*K)``)."""
+    return {group: max((size - size_at_width(w, size) for w in widths), default=0) for group, size in model.groups}

@@ -18,7 +18,7 @@ rows into the decisions the FL methods need, one module per responsibility:
 `fl.scheduling.checks`
     Argument checks the modules share.
 
-Straggler sizing (FLuID) is `fl.maths.fluid.straggler_rate`, the project's only one.
+Straggler sizing (FLuID) is `fl.maths.fluid.straggler_width`, the project's only one.
 
 **Decision:** the package re-exports the public names of its modules, so that a caller
 composing a run (`fl.plan`, the benchmarks) imports them from one place; each name is

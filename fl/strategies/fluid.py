@@ -12,7 +12,7 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.maths.fluid`):
     straggler's size comes from its device's latency-vs-width profile for this
     model when ``profiles`` has one (the size whose predicted time is closest to the target), else
     from the linear rule (size closest to 1 / speed-up, ties to the smaller size):
-    `fl.maths.fluid.straggler_rate`, the project's one straggler sizing. Stragglers train
+    `fl.maths.fluid.straggler_width`, the project's one straggler sizing. Stragglers train
     sub-models of the chosen dropout (``invariant``: invariant neurons first,
     random fill; ``ordered``: FjORD prefix; ``random``: uniform draw), everyone
     else the full model. Per-layer thresholds are raised until enough neurons are
@@ -29,7 +29,7 @@ round-cost model of `fl.roundcost`: fixed cost, steps at the sub-model's archite
 transfers of its payload): the stragglers are still the clients with the slowest measured
 times, but the target is the *predicted* full-model round of the slowest non-straggler, and a
 straggler's size is the one whose predicted round is closest to that target
-(`fl.maths.fluid.curve_rate` on the predicted round as a function of the size). **Decision:**
+(`fl.maths.fluid.curve_width` on the predicted round as a function of the size). **Decision:**
 target and size come from one model, so its bias toward one device cancels between them,
 and a fixed cost no size can remove is seen before the round (the smallest size is then
 chosen, and the demo shows the straggler above its target). Without a predictor, or for a
@@ -295,7 +295,7 @@ class FLuID(Strategy):
                 rates[cid] = self.fixed_rate
             elif cid not in rates:
                 fixed = self.last_fixed.get(cid, 0.0)
-                rates[cid] = fluid.straggler_rate(
+                rates[cid] = fluid.straggler_width(
                     full_times[cid], measured_target, self.sizes, predictors.get(cid), fixed
                 )
         self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
@@ -336,7 +336,7 @@ class FLuID(Strategy):
 
             full_round = round_at(1.0)
             if full_round > target:
-                rates[cid] = fluid.curve_rate(full_round, target, self.sizes, round_at)
+                rates[cid] = fluid.curve_width(full_round, target, self.sizes, round_at)
         return target, rates
 
     # -- helpers -----------------------------------------------------------------------
@@ -402,7 +402,7 @@ class FLuID(Strategy):
         if self.target_seconds is not None:
             metrics["target_seconds"] = self.target_seconds
         if stragglers:
-            metrics["straggler_rate"] = min(self.assigned[cid] for cid in stragglers)
+            metrics["straggler_width"] = min(self.assigned[cid] for cid in stragglers)
             metrics["straggler_seconds"] = max(seconds[cid] for cid in stragglers)
             if others:
                 # the paper's Fig. 4a check: straggler time vs the slowest non-straggler this round

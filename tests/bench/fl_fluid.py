@@ -104,7 +104,7 @@ def table(dataset: str, store: ProfileStore, args: argparse.Namespace, seeds: li
     print(f"calibrated (slow-down 1.5, seed {seed}): round: straggler r, straggler time / slowest other")
     calibrated = []
     for rnd, metrics in zip(rounds["round"], rounds["metrics"], strict=True):
-        rate = metrics.get("straggler_rate")
+        rate = metrics.get("straggler_width")
         ratio = metrics.get("straggler_over_target")
         calibrated.append({"round": int(rnd), "rate": rate, "over_target": ratio})
         shown = "full model (measuring)" if rate is None else f"r {rate:g}, {ratio:.2f}x"

@@ -54,22 +54,22 @@ def test_find_stragglers_target_is_next_slowest():
 
 def test_linear_rate_closest_to_inverse_speedup():
     # speed-up 12/8 = 1.5 -> 1/1.5 = 0.667 -> 0.65 (distance 0.017 vs 0.083 for 0.75)
-    assert fluid.linear_rate(12.0 / 8.0) == 0.65
+    assert fluid.linear_width(12.0 / 8.0) == 0.65
     # 12/5 = 2.4 -> 0.417 -> 0.5 is the smallest available size
-    assert fluid.linear_rate(12.0 / 5.0) == 0.5
+    assert fluid.linear_width(12.0 / 5.0) == 0.5
     # 1/1.05 = 0.952 -> 0.95
-    assert fluid.linear_rate(1.05) == 0.95
+    assert fluid.linear_width(1.05) == 0.95
     # no speed-up needed -> full model
-    assert fluid.linear_rate(1.0) == 1.0
-    assert fluid.linear_rate(0.8) == 1.0
+    assert fluid.linear_width(1.0) == 1.0
+    assert fluid.linear_width(0.8) == 1.0
     # exact tie (0.5 is 0.25 from both) -> the smaller size, the one that meets the target
-    assert fluid.linear_rate(2.0, sizes=(0.25, 0.75)) == 0.25
+    assert fluid.linear_width(2.0, sizes=(0.25, 0.75)) == 0.25
     # a tie in exact arithmetic that floating point breaks the other way: 1/5 = 0.2 is 0.1 from
     # both 0.1 and 0.3, but |0.3 - 0.2| rounds below |0.1 - 0.2|; the tolerance keeps it a tie
     assert abs(0.3 - 1 / 5.0) < abs(0.1 - 1 / 5.0)
-    assert fluid.linear_rate(5.0, sizes=(0.1, 0.3)) == 0.1
+    assert fluid.linear_width(5.0, sizes=(0.1, 0.3)) == 0.1
     with pytest.raises(InputError):
-        fluid.linear_rate(1.5, sizes=(0.5, 1.5))
+        fluid.linear_width(1.5, sizes=(0.5, 1.5))
 
 
 CONVEX = ((0.25, 0.5, 0.75, 1.0), (300.0, 700.0, 1300.0, 2000.0))
@@ -81,19 +81,19 @@ def test_curve_rate_picks_the_size_whose_time_is_closest_to_the_target():
     # full 10 s, predicted 10 * lat(s) / 2000:
     # 0.95 -> lat 1300 + 0.8 * 700 = 1860 -> 9.3 s; 0.85 -> 1580 -> 7.9 s; 0.75 -> 6.5 s
     # target 7 s: 6.5 s is 0.5 s under it, 7.9 s 0.9 s over
-    assert fluid.curve_rate(10.0, 7.0, fluid.PAPER_SIZES, predict) == 0.75
+    assert fluid.curve_width(10.0, 7.0, fluid.PAPER_SIZES, predict) == 0.75
     # target 7.5 s: 7.9 s is 0.4 s over it, 6.5 s 1 s under: the closer time, above the target
-    assert fluid.curve_rate(10.0, 7.5, fluid.PAPER_SIZES, predict) == 0.85
-    assert fluid.curve_rate(10.0, 11.0, fluid.PAPER_SIZES, predict) == 1.0
-    assert fluid.curve_rate(10.0, 1.0, fluid.PAPER_SIZES, predict) == 0.5  # nothing meets it: smallest
+    assert fluid.curve_width(10.0, 7.5, fluid.PAPER_SIZES, predict) == 0.85
+    assert fluid.curve_width(10.0, 11.0, fluid.PAPER_SIZES, predict) == 1.0
+    assert fluid.curve_width(10.0, 1.0, fluid.PAPER_SIZES, predict) == 0.5  # nothing meets it: smallest
 
 
 def test_curve_rate_differs_from_linear_rule_when_time_is_not_proportional():
     predict = fluid.curve_predictor(*OVERHEAD)
     # full 10 s, target 9.2 s. Linear: 1/speed-up = 0.92 -> 0.95.
-    assert fluid.linear_rate(10.0 / 9.2) == 0.95
+    assert fluid.linear_width(10.0 / 9.2) == 0.95
     # Curve: 0.95 -> 1560/1600 -> 9.75 s; 0.85 -> 1480/1600 -> 9.25 s (0.05 s over); 0.75 -> 8.75 s
-    assert fluid.curve_rate(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.85
+    assert fluid.curve_width(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.85
 
 
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
@@ -105,11 +105,11 @@ def test_curve_rule_interpolates_between_measured_widths_and_differs_from_linear
     # full model 10 s, target 8 s: 0.75 -> 10 * 700 / 800 = 8.75 s (0.75 s over), 0.5 -> 7.5 s (0.5 s under)
     assert fluid.predicted_seconds(10.0, 0.75, predict) == pytest.approx(8.75)
     assert fluid.predicted_seconds(10.0, 0.5, predict) == pytest.approx(7.5)
-    assert fluid.curve_rate(10.0, 8.0, WIDTHS, predict) == 0.5
-    assert fluid.straggler_rate(10.0, 8.0, WIDTHS, predict) == 0.5
-    assert fluid.curve_rate(10.0, 9.0, WIDTHS, predict) == 0.75
+    assert fluid.curve_width(10.0, 8.0, WIDTHS, predict) == 0.5
+    assert fluid.straggler_width(10.0, 8.0, WIDTHS, predict) == 0.5
+    assert fluid.curve_width(10.0, 9.0, WIDTHS, predict) == 0.75
     # the linear rule picks 0.75 (closest to 1 / 1.25 = 0.8) for the same 8 s target
-    assert fluid.straggler_rate(10.0, 8.0, WIDTHS) == 0.75
+    assert fluid.straggler_width(10.0, 8.0, WIDTHS) == 0.75
     assert fluid.predicted_seconds(10.0, 0.75) == pytest.approx(7.5)
 
 
@@ -120,28 +120,28 @@ def test_curve_rule_from_a_sub_model_time():
     assert full == pytest.approx(8.0)
     assert fluid.predicted_seconds(full, 0.5, predict) == pytest.approx(6.0)  # the inverse
     # 5 s is met exactly (within the tolerance, whatever the rounding of 6 * 800 / 600 * 500 / 800)
-    assert fluid.curve_rate(full, 5.0, WIDTHS, predict) == 0.25
+    assert fluid.curve_width(full, 5.0, WIDTHS, predict) == 0.25
     # nothing meets 4 s: the smallest size, predicted above the target
-    assert fluid.curve_rate(full, 4.0, WIDTHS, predict) == 0.25
+    assert fluid.curve_width(full, 4.0, WIDTHS, predict) == 0.25
     assert fluid.predicted_seconds(full, 0.25, predict) > 4.0
     # no speed-up needed: the full model, also when 1.0 is not an available size
-    assert fluid.curve_rate(full, 8.0, (0.25, 0.5), predict) == 1.0
+    assert fluid.curve_width(full, 8.0, (0.25, 0.5), predict) == 1.0
 
 
 def test_a_prediction_equal_to_the_target_meets_it():
     # 3 s * 1100 / 2000 = 1.65 s exactly, but the product rounds to 1.6500000000000001
     predict = fluid.curve_predictor((0.5, 1.0), (1100.0, 2000.0))
     assert fluid.predicted_seconds(3.0, 0.5, predict) > 1.65
-    assert fluid.curve_rate(3.0, 1.65, (0.25, 0.5), predict) == 0.5
+    assert fluid.curve_width(3.0, 1.65, (0.25, 0.5), predict) == 0.5
 
 
 def test_curve_rule_extends_the_nearest_segment_below_the_measured_range():
     predict = fluid.curve_predictor((0.5, 0.75, 1.0), (600.0, 650.0, 800.0))
     # the lowest segment's slope (50 per 0.25), not the steeper upper one (150 per 0.25)
     assert predict(0.25) == pytest.approx(550.0)
-    assert fluid.curve_rate(10.0, 10.0 * 550.0 / 800.0, WIDTHS, predict) == 0.25
-    assert fluid.curve_rate(10.0, 10.0 * 550.0 / 800.0 * 0.99, WIDTHS, predict) == 0.25  # none meets
-    assert fluid.curve_rate(10.0, 10.0 * 600.0 / 800.0, WIDTHS, predict) == 0.5
+    assert fluid.curve_width(10.0, 10.0 * 550.0 / 800.0, WIDTHS, predict) == 0.25
+    assert fluid.curve_width(10.0, 10.0 * 550.0 / 800.0 * 0.99, WIDTHS, predict) == 0.25  # none meets
+    assert fluid.curve_width(10.0, 10.0 * 600.0 / 800.0, WIDTHS, predict) == 0.5
 
 
 def test_linear_rule_from_a_sub_model_time():
@@ -150,10 +150,10 @@ def test_linear_rule_from_a_sub_model_time():
     full = fluid.full_model_seconds(4.0, 0.5)
     assert full == pytest.approx(8.0)
     assert fluid.variable_speedup(full, 3.0) == pytest.approx(8.0 / 3.0)
-    assert fluid.straggler_rate(full, 3.0, WIDTHS) == 0.25
+    assert fluid.straggler_width(full, 3.0, WIDTHS) == 0.25
     assert fluid.predicted_seconds(full, 0.25) == pytest.approx(2.0)
     # full model 10 s, target 9 s: the closest available size to 0.9 is 1.0 (which misses it)
-    assert fluid.straggler_rate(10.0, 9.0, WIDTHS) == 1.0
+    assert fluid.straggler_width(10.0, 9.0, WIDTHS) == 1.0
 
 
 def test_any_latency_model_serves_as_the_curve():
@@ -162,23 +162,23 @@ def test_any_latency_model_serves_as_the_curve():
         return 400.0 + 1e-4 * 4e6 * width**2
 
     # full model 10 s: 0.5 -> 10 * 500 / 800 = 6.25 s; 0.75 -> 10 * 625 / 800 = 7.8125 s
-    assert fluid.curve_rate(10.0, 7.0, WIDTHS, line) == 0.5  # 0.75 s under against 0.8125 s over
-    assert fluid.curve_rate(10.0, 7.5, WIDTHS, line) == 0.75  # 0.3125 s over against 1.25 s under
+    assert fluid.curve_width(10.0, 7.0, WIDTHS, line) == 0.5  # 0.75 s under against 0.8125 s over
+    assert fluid.curve_width(10.0, 7.5, WIDTHS, line) == 0.75  # 0.3125 s over against 1.25 s under
 
 
 def test_straggler_sizing_rejects_bad_inputs():
     predict = fluid.curve_predictor(*MEASURED)
     for bad in (-1.0, math.nan, math.inf):
         with pytest.raises(InputError, match="target_seconds"):
-            fluid.straggler_rate(10.0, bad, WIDTHS, predict)
+            fluid.straggler_width(10.0, bad, WIDTHS, predict)
         with pytest.raises(InputError, match="target_seconds"):
-            fluid.straggler_rate(10.0, bad, WIDTHS)
+            fluid.straggler_width(10.0, bad, WIDTHS)
         with pytest.raises(InputError, match="full_seconds"):
-            fluid.straggler_rate(bad, 5.0, WIDTHS, predict)
+            fluid.straggler_width(bad, 5.0, WIDTHS, predict)
     with pytest.raises(InputError, match="no sub-model sizes"):
-        fluid.straggler_rate(10.0, 5.0, ())
+        fluid.straggler_width(10.0, 5.0, ())
     with pytest.raises(InputError, match="outside"):
-        fluid.straggler_rate(10.0, 5.0, (0.5, 1.5), predict)
+        fluid.straggler_width(10.0, 5.0, (0.5, 1.5), predict)
     with pytest.raises(InputError, match="outside"):
         fluid.predicted_seconds(10.0, 0.0)
 
@@ -351,22 +351,22 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
     curve = fluid.curve_predictor([0.5, 1.0], [0.25, 1.0])
     assert fluid.full_model_seconds(10.0, 0.5, curve, fixed=4.0) == pytest.approx(28.0)
     # full 28 s, 4 s fixed, target 10 s: needs latency ratio <= 6 / 24 = 0.25 -> size 0.5 exactly
-    assert fluid.curve_rate(28.0, 10.0, [0.5, 0.75], curve, fixed=4.0) == 0.5
-    assert fluid.curve_rate(28.0, 10.5, [0.5, 0.75], curve, fixed=4.0) == 0.5  # 0.75 predicts 4 + 24 * 0.625 = 19
+    assert fluid.curve_width(28.0, 10.0, [0.5, 0.75], curve, fixed=4.0) == 0.5
+    assert fluid.curve_width(28.0, 10.5, [0.5, 0.75], curve, fixed=4.0) == 0.5  # 0.75 predicts 4 + 24 * 0.625 = 19
     # without the split the same full time would ask for a speed-up of 2.8 instead of 4
     assert fluid.variable_speedup(28.0, 10.0, 4.0) == pytest.approx(4.0)
     assert fluid.variable_speedup(28.0, 10.0) == pytest.approx(2.8)
     assert fluid.variable_speedup(28.0, 3.0, 4.0) == math.inf  # the fixed part alone exceeds the target
     assert fluid.variable_speedup(28.0, 4.0, 4.0) == math.inf  # ... or equals it
-    # straggler_rate passes the fixed part to either rule. On the curve, target 13.5 s: with the
+    # straggler_width passes the fixed part to either rule. On the curve, target 13.5 s: with the
     # 4 s fixed 0.5 predicts 10 s and 0.75 19 s (0.5 is closer), without it 7 s and 17.5 s (0.75 is);
     # linear, target 18 s: speed-up 24 / 14 -> 1 / 1.71 = 0.583 -> 0.5, without the split 28 / 18 ->
     # 0.643 -> 0.75
-    assert fluid.straggler_rate(28.0, 13.5, [0.5, 0.75], curve, fixed=4.0) == 0.5
-    assert fluid.straggler_rate(28.0, 13.5, [0.5, 0.75], curve) == 0.75
-    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75], fixed=4.0) == 0.5
-    assert fluid.straggler_rate(28.0, 18.0, [0.5, 0.75]) == 0.75
-    assert fluid.linear_rate(math.inf, [0.5, 0.75]) == 0.5
+    assert fluid.straggler_width(28.0, 13.5, [0.5, 0.75], curve, fixed=4.0) == 0.5
+    assert fluid.straggler_width(28.0, 13.5, [0.5, 0.75], curve) == 0.75
+    assert fluid.straggler_width(28.0, 18.0, [0.5, 0.75], fixed=4.0) == 0.5
+    assert fluid.straggler_width(28.0, 18.0, [0.5, 0.75]) == 0.75
+    assert fluid.linear_width(math.inf, [0.5, 0.75]) == 0.5
 
 
 def test_profile_predictor_asks_the_latency_model_for_unmeasured_sizes():

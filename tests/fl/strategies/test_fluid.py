@@ -248,7 +248,7 @@ def test_aggregation_denominator_counts_only_holders():
     assert new["fc1.weight"][:, 0] == pytest.approx([3.5, 3.5, 5.0, 5.0])
     assert new["fc2.weight"][0] == pytest.approx([3.5, 3.5, 5.0, 5.0])
     assert new["fc2.bias"] == pytest.approx([3.5, 3.5])  # every client holds the classifier bias
-    assert metrics["stragglers"] == 1.0 and metrics["straggler_rate"] == 0.5
+    assert metrics["stragglers"] == 1.0 and metrics["straggler_width"] == 0.5
 
 
 def test_state_round_trip_resumes_identically():
