@@ -32,7 +32,7 @@ ticks since boot). `stop` is the one way to end such processes. Decisions:
   no file and no memory any more. A zombie child of this process is reaped. A zombie of
   another parent is that parent's to reap, and `stop` does not wait for it: init adopts
   the processes of a ``fleet up`` that has exited, and an init may reap late or never
-  (this machine's reaped orphans about 1.7 s after they exited), so ``ps`` may list
+  (a second or more after they exited is common), so ``ps`` may list
   ``<defunct>`` entries for a moment after ``fleet down`` although nothing runs.
 """
 

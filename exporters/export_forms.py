@@ -28,8 +28,8 @@ batch) and a ``Sum`` of all of them, so 80 full-size products are written, kept
 alive together and read back. The pass replaces them with one ``Gemm`` of the
 time steps stacked along the batch axis (``Concat(h)^T @ Concat(dG)``), the same
 sum in one product: on the zoo's LSTMs the unfused step took up to 1.34x the
-fused one, more the wider the model (``tox -e bench -- --only fusion``; the
-figures are in the README). What it removes grew faster than the square of the
+fused one, more the wider the model (``tox -e bench -- --only fusion`` measures
+it). What it removes grew faster than the square of the
 width (likely: the 80 products no longer stay in cache between their writing and
 the ``Sum``) and bent the latency curve up at the wide end.
 """

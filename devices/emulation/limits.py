@@ -26,9 +26,8 @@ two fleets with a device of the same name never share them.
 - Idle cpus (`start_latency_hold`): a quota stops a throttled device for most of every
   period, and the cpu it ran on goes idle. A virtual machine's idle cpu halts its vCPU,
   and the host then runs other work on that core: the device's next steps find cold
-  caches and cost it more CPU time, by an amount that changes with the host's load
-  (measured here at a share of 0.14: CPU time per step 1.20-1.63 ms with idle states,
-  1.11-1.18 ms while they were held off, 1.06 ms unthrottled). While a throttled device is up, a
+  caches and cost it more CPU time, by an amount that changes with the host's load, so
+  the device's steps would vary with work that is not its own. While a throttled device is up, a
   small process (``python -m devices.emulation.limits hold-latency``) holds a 0 µs request on the
   kernel's CPU latency QoS device (``/dev/cpu_dma_latency``; root only): idle cpus then
   poll instead of halting. The request ends when that process exits, however it exits.
@@ -62,10 +61,11 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP = "fleetbench"
 #: CFS period in microseconds for cgroup quotas. Short, because a training step of a
 #: few milliseconds runs unthrottled until a period's quota is spent and then stalls:
-#: measured on a 2 ms CPU-bound step at share 0.25, a 100 ms period left the median
-#: step at 1.00x (p95 33x, total 3.87x) while a 10 ms period gives median 3.88x,
-#: p95 8.2x, total 4.03x. The kernel's smallest quota is 1 ms, so shares below 0.1
-#: are raised to 0.1 at this period.
+#: at share 0.25, a 100 ms period runs 2 ms steps at full speed for 25 ms and then
+#: stalls one of them for 75 ms, so the median step shows no slow-down and a few steps
+#: carry all of it; a 10 ms period spreads the slow-down over the steps, as a slower
+#: cpu would. The kernel's smallest quota is 1 ms, so shares below 0.1 are raised to
+#: 0.1 at this period.
 PERIOD_US = 10_000
 #: Duty-cycle period in seconds. The fallback stops and resumes whole process trees with
 #: signals; at 20 ms it broke SSH logins (sshd stopped mid-handshake), so it keeps

@@ -23,19 +23,19 @@ phone-midrange    Snapdragon 778G, 1+3x A78 + 4x A55  2827   nanoreview.net, "Sn
 ================  =================================  ======  ===================================
 
 The board figures are typical Geekbench Browser results as commonly reported (results
-vary by some 10 % with OS, cooling and clock; they were not re-fetched when this file
-was written, so treat them as +-15 %); the phone figure is nanoreview.net's average
-(single-core 777). Cross-check on a second benchmark: sysbench 1.0.20 cpu, 4 threads
-(leoncode.co.uk/articles/raspberry-pi-benchmarks): Pi 4 5900.85 vs Pi 3B+ 2459.22
-events/s, a ratio of 2.4 (about 2.8 against the 1.2 GHz Pi 3B); Geekbench's broader mix
-gives 690 / 340 = 2.0, the ratio used here. Derivation: the fastest preset (the phone) gets
-``FASTEST_SHARE`` = 1.2 cores, so it fits on a 2-core machine with room for the
-emulator's own processes; every other preset gets ``FASTEST_SHARE * score / 2827``,
-rounded to 0.01 (pi3 0.14, pi4 0.29, jetson-nano 0.27, phone-midrange 1.2). The
-resulting slow-down ratios (phone : pi4 : jetson-nano : pi3 = 1 : 4.1 : 4.4 : 8.6) are
-what the emulation reproduces; absolute latencies are this machine's divided by the
-share. Memory limits are the RAM of the common board variant (pi3 1 GB, pi4 2 GB,
-jetson-nano 4 GB, a mid-range phone 6 GB of which an app can use about 3 GB).
+vary by some 10 % with OS, cooling and clock, so treat them as +-15 %); the phone figure
+is nanoreview.net's average (single-core 777). Cross-check on a second benchmark:
+sysbench 1.0.20 cpu, 4 threads (leoncode.co.uk/articles/raspberry-pi-benchmarks): Pi 4
+5900.85 vs Pi 3B+ 2459.22 events/s, a ratio of 2.4 (about 2.8 against the 1.2 GHz Pi
+3B); Geekbench's broader mix gives 690 / 340 = 2.0, the ratio used here. Derivation: the
+fastest preset (the phone) gets ``FASTEST_SHARE`` = 1.2 cores, so that an emulated fleet
+holding it runs on a host of two cpus with room for the emulator's own processes; every
+other preset gets ``FASTEST_SHARE * score / 2827``, rounded to 0.01 (pi3 0.14, pi4 0.29,
+jetson-nano 0.27, phone-midrange 1.2). The resulting slow-down ratios (phone : pi4 :
+jetson-nano : pi3 = 1 : 4.1 : 4.4 : 8.6) are what the emulation reproduces; absolute
+latencies are the host's divided by the share. Memory limits are the RAM of the common
+board variant (pi3 1 GB, pi4 2 GB, jetson-nano 4 GB, a mid-range phone 6 GB of which an
+app can use about 3 GB).
 """
 
 from __future__ import annotations

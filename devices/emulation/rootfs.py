@@ -50,9 +50,9 @@ serialises builds (a second ``fleet up`` waits, then finds the tree built); left
 ``.tmp-*`` trees of interrupted builds are removed under that lock. Every command that
 needs mounts (debootstrap's second stage mounts ``/proc`` and ``/sys``) runs in a private
 mount namespace (``unshare --mount --propagation private``), so its mounts vanish with
-it even when the build is killed: a build never leaves a mount behind. First build
-measured here: 3 min 21 s on 2 cores shared with other work, nearly all of it
-debootstrap (8 min 35 s on a busier day); later uses read the stamp only. `SPEC`
+it even when the build is killed: a build never leaves a mount behind. The first build
+takes minutes, nearly all of it debootstrap's second stage under qemu (``python -m
+devices.emulation.rootfs build`` prints its progress); later uses read the stamp only. `SPEC`
 carries a ``version``, raised whenever the tree's contents change without its package
 lists changing (version 2: the fresh tree; version 1 had numpy and onnxruntime
 pip-installed), so every older tree is rebuilt. A changed recipe renames the old tree

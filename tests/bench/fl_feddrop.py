@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # BLAS threads only contend on a shared 2-core machine
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # more BLAS threads than free cpus only contend with each other
 
 import argparse  # noqa: E402
 import gzip  # noqa: E402
