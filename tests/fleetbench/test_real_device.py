@@ -1,6 +1,6 @@
-"""The README's real-device journey, run verbatim against fresh boards fleetbench did not prepare.
+"""The user's guide's real-device journey, run verbatim against fresh boards fleetbench did not prepare.
 
-The commands are read from the README's block marked ``real-device journey`` and run as a
+The commands are read from the block of ``docs/real-devices.md`` marked ``real-device journey`` and run as a
 user types them, in a directory holding ``my-fleet.yaml``, against two boards:
 
 * x86_64: a plain OpenSSH ``sshd`` this test starts with a standard configuration on a
@@ -37,9 +37,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 MARK = "<!-- real-device journey"
 
 
-def journey_commands(readme: Path = REPO / "README.md") -> list[list[str]]:
-    """The argv of each line of the README's fenced block after the journey marker."""
-    text = readme.read_text()
+def journey_commands(page: Path = REPO / "docs" / "real-devices.md") -> list[list[str]]:
+    """The argv of each line of the page's fenced block after the journey marker."""
+    text = page.read_text()
     block = text[text.index(MARK):].split("```sh\n", 1)[1].split("```", 1)[0]
     return [shlex.split(line) for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
@@ -109,7 +109,7 @@ def _facts_line(out: str, key: str) -> str:
 
 
 def _journey(work: Path) -> list[str]:
-    """Run the README's block in ``work`` (which holds ``my-fleet.yaml``); return each command's output."""
+    """Run the journey block in ``work`` (which holds ``my-fleet.yaml``); return each command's output."""
     commands = journey_commands()
     assert [c[1:3] for c in commands[:4]] == [["fleet", "check"], ["fleet", "facts"], ["fleet", "provision"],
                                               ["fleet", "facts"]]
