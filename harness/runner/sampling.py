@@ -1,7 +1,7 @@
 """The statistics of one measurement: warm-up, the median's interval, disturbed samples (pure).
 
 Standard library only: the runner samples with these functions on the device, and the
-host (`harness.stats`, `harness.campaign.merge_passes`, `harness.store`) computes the
+host (`harness.stats`, `harness.passes.merge_passes`, `harness.store`) computes the
 same statistics of stored samples with them, so both sides use one implementation.
 
 Sampling (bench):
@@ -42,14 +42,14 @@ Decisions:
   so single steps shorter than a period come out bimodal (fast, or fast plus the rest
   of the period) and their median can sit on either mode. Timing blocks of steps that
   span many periods averages the quota out; the campaign asks for it on emulated
-  devices (`harness.campaign.sample_seconds_for`).
+  devices (`harness.device_run.sample_seconds_for`).
 * CPU time: every sample also records the process's CPU time per step. On a shared
-  virtual machine the CPU time of the same step can rise by up to half for stretches
-  of a fraction of a second to seconds, throttled or not (memory-bound work slows the
-  same way with nothing else running in the machine): those samples are the disturbed
-  ones above. A device that did not get the cpu (another process, a quota) shows wall
+  host (a virtual machine, a board whose other cores are busy) the CPU time of the same
+  step rises for stretches of a fraction of a second to seconds, throttled or not, when
+  the hardware slows under the neighbours' load: those samples are the disturbed ones
+  above. A device that did not get the cpu (another process, a quota) shows wall
   time above CPU time instead. The campaign says which in an imprecise cell's reason
-  (`harness.campaign.imprecision_reason`).
+  (`harness.passes.imprecision_reason`).
 """
 
 from __future__ import annotations
