@@ -19,6 +19,7 @@ import pytest
 from devices import emulate, limits, processes
 from devices.fleet import Device, Emulation, Fleet
 from devices.sshd import free_port
+from tests.devices.conftest import sigkills, signals_sent
 from tests.devices.test_limits import WORKLOAD, check_share
 
 HAVE_ENDPOINT = (Path(emulate.PACKAGE_ROOT) / "devices" / "adb_endpoint.py").exists()
@@ -520,10 +521,9 @@ def test_an_adb_server_fleetbench_started_is_stopped_and_waited_for(
         assert f"{fleet.devices[0].serial}\tdevice" in _adb_devices((adb_path, adb_server_port))
     finally:
         lines: list[str] = []
-        start = time.monotonic()
-        assert emulate.down(fleet, say=lines.append) == []
-        elapsed = time.monotonic() - start
-    assert elapsed < processes.GRACE_S, elapsed  # everything ended on SIGTERM: nothing waited for SIGKILL
+        with signals_sent() as sent:
+            assert emulate.down(fleet, say=lines.append) == []
+    assert sigkills(sent) == [], sent  # everything ended on SIGTERM: nothing waited for SIGKILL
     assert not processes.running(state.adb_server)
     assert processes.read_stat(state.adb_server.pid) is None  # our child, reaped
     # the phone's endpoint removes its pid file only when it ends through its SIGTERM handler
