@@ -124,8 +124,7 @@ def test_children_forked_while_stopping_are_caught() -> None:
         _wait_for(lambda: len(processes.descendants(proc.pid, processes.process_parents())) > 10)
     finally:
         assert processes.stop([rec]) == []
-    time.sleep(0.2)
-    assert not cmdline_running(tag)
+    _wait_for(lambda: not cmdline_running(tag))
 
 
 def test_a_threaded_program_gets_its_sigterm_in_the_main_thread() -> None:

@@ -127,7 +127,10 @@ def test_device_killed_mid_command_is_a_clear_error(sshd_server: Server) -> None
     start = time.monotonic()
     worker = threading.Thread(target=call)
     worker.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10  # the remote command has started
+    while not cmdline_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cmdline_running(marker)
     # kill this connection's sshd processes (the "device" dies; the listener stays)
     for pid in before:
         try:
