@@ -48,21 +48,21 @@ def one_torch_thread() -> Iterator[None]:
 #: fleets, the qemu arm64 board), longest first.  They start first, so that under
 #: pytest-xdist the short tests fill in around them and the workers finish together.
 LONG_MODULES = (
+    "tests/fleetbench/test_real_device.py",
+    "tests/fleetbench/test_demo.py",
+    "tests/fl/test_cli.py",
+    "tests/fleetbench/test_package.py",
     "tests/harness/test_device_run.py",
     "tests/harness/test_campaign.py",
-    "tests/fleetbench/test_demo.py",
-    "tests/fleetbench/test_package.py",
+    "tests/fleetbench/test_local_fleet.py",
     "tests/harness/test_phone_runtime.py",
-    "tests/fl/test_cli.py",
     "tests/harness/test_profile_cli.py",
     "tests/harness/test_provision.py",
     "tests/fl/executors/test_ray.py",
     "tests/fl/test_hil.py",
-    "tests/fleetbench/test_real_device.py",
-    "tests/fleetbench/test_local_fleet.py",
     "tests/exporters/test_user_model.py",
-    "tests/fleetbench/test_cli.py",
     "tests/exporters/test_layout_graph.py",
+    "tests/fleetbench/test_cli.py",
 )
 
 
