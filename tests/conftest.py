@@ -44,6 +44,40 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+#: Modules whose tests run for minutes in all (whole demos, campaigns and FL runs on emulated
+#: fleets, the qemu arm64 board), longest first.  They start first, so that under
+#: pytest-xdist the short tests fill in around them and the workers finish together.
+LONG_MODULES = (
+    "tests/fleetbench/test_real_device.py",
+    "tests/fleetbench/test_demo.py",
+    "tests/fl/test_cli.py",
+    "tests/fleetbench/test_package.py",
+    "tests/harness/test_device_run.py",
+    "tests/harness/test_campaign.py",
+    "tests/fleetbench/test_local_fleet.py",
+    "tests/harness/test_phone_runtime.py",
+    "tests/harness/test_profile_cli.py",
+    "tests/harness/test_provision.py",
+    "tests/fl/executors/test_ray.py",
+    "tests/fl/test_hil.py",
+    "tests/exporters/test_user_model.py",
+    "tests/exporters/test_layout_graph.py",
+    "tests/fleetbench/test_cli.py",
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the long modules first, each module's tests together and in their own order."""
+    rank = {module: i for i, module in enumerate(LONG_MODULES)}
+    root = config.rootpath
+
+    def key(item: pytest.Item) -> int:
+        module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        return rank.get(module, len(LONG_MODULES))
+
+    items.sort(key=key)  # stable: the other modules keep their order
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Say plainly when nothing was collected: CI treats exit status 5 as a failure."""
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:

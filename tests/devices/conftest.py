@@ -5,8 +5,10 @@ The fixtures are also offered to every test directory through ``tests/conftest.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -98,6 +100,30 @@ def kill_device(fleet: Fleet, name: str) -> None:
     assert state is not None, f"{name} is not up"
     sshd = next(rec for rec in state.processes if rec.role == "sshd")
     assert processes.stop([sshd], grace=0) == []
+
+
+@contextlib.contextmanager
+def signals_sent() -> Iterator[list[tuple[int, int]]]:
+    """Record every ``(pid, signal)`` that `processes` sends inside the block (and still send it).
+
+    Whether a stop needed SIGKILL is a count of signals, not a time: a loaded machine can
+    make a clean SIGTERM stop take longer than the grace would, never send a SIGKILL.
+    """
+    sent: list[tuple[int, int]] = []
+    original = processes.send
+
+    def recording(pid: int, started: int, sig: int) -> bool:
+        sent.append((pid, sig))
+        return original(pid, started, sig)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(processes, "send", recording)
+        yield sent
+
+
+def sigkills(sent: list[tuple[int, int]]) -> list[int]:
+    """The pids in ``sent`` that got SIGKILL."""
+    return [pid for pid, sig in sent if sig == signal.SIGKILL]
 
 
 def listening(port: int) -> bool:

@@ -101,7 +101,7 @@ def test_timeout_stops_the_command(transport: ADBTransport, phone: AdbEndpoint) 
     start = time.monotonic()
     with pytest.raises(CommandTimeout):
         transport.run(["sleep", "30"], timeout=1.0)
-    assert time.monotonic() - start < 1.0 + 2.0
+    assert time.monotonic() - start < 10  # stopped at its timeout, not after its 30 s (slack for a loaded host)
     deadline = time.monotonic() + 5
     while phone.running() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -133,7 +133,7 @@ def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device
     start = time.monotonic()
     with pytest.raises(CommandTimeout):
         device.transport.run(["sleep", "30"], timeout=1.0)
-    assert time.monotonic() - start < 1.0 + 2.0
+    assert time.monotonic() - start < 10  # stopped at its timeout, not after its 30 s (slack for a loaded host)
     assert device.transport.run(["echo", "again"], timeout=10).stdout == "again\n"
 
 
@@ -186,7 +186,7 @@ def test_read_timeout_leaves_the_process_running_and_close_ends_it(device: Devic
     start = time.monotonic()
     with pytest.raises(CommandTimeout):
         proc.read_line(0.5)
-    assert 0.5 <= time.monotonic() - start < 2.5
+    assert 0.5 <= time.monotonic() - start < 10  # it waited for its timeout, and returned (slack for a loaded host)
     assert proc.alive() and running_on(device, pid)
     proc.write_line("still there")
     assert proc.read_line(20) == "STILL THERE"

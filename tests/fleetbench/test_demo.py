@@ -100,19 +100,19 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert all(state.get(name) is None for name in EMULATED)  # the fleet was stopped
 
 
-def test_demo_on_local_devices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "demo"
-    rc = main(["demo", "--local", "--out", str(out), "--rounds", "1", "--examples", "600", "--steps", "2"])
-    captured = capsys.readouterr()
-    printed = captured.out
-    assert rc == 0, printed + captured.err
+#: The arguments of the local demo run (`tests/fleetbench/test_package.py` runs it from the installed wheel).
+LOCAL_DEMO = ("demo", "--local", "--rounds", "1", "--examples", "600", "--steps", "2")
+
+
+def check_local_demo(out: Path, printed: str) -> None:
+    """Check what ``fleetbench demo --local`` (`LOCAL_DEMO`, output directory ``out``) wrote and printed."""
     _check_outputs(out, {"fast", "mid", "slow"}, rounds=1)
     assert "[8/8]" in printed and "[9/" not in printed
     for command in ("fleet up", "profile", "plan", "fl run", "report"):  # every step says how to do it yourself
         assert f"yourself: fleetbench {command} " in printed, command
     assert "--plan" in printed
     _check_tier_widths(out, printed)
-    # each device uses its best backend (the host's Python has onnxruntime-training: ort), recorded everywhere
+    # each device uses its best backend (the demo's Python has onnxruntime-training: ort), recorded everywhere
     assert all(f"backend of {name}: ort (best available)" in printed for name in ("fast", "mid", "slow"))
     db = sqlite3.connect(out / "fleetbench.db")
     assert {b for (b,) in db.execute("SELECT DISTINCT backend FROM cells")} == {"ort"}

@@ -65,7 +65,7 @@ def test_profiled_fast_mid_slow_follow_their_cpu_shares(tmp_path: Path, capsys: 
         assert emulate.up(fleet, say=lambda line: None).ok
         state = emulate.load_state(fleet.state_dir)
         seen = []
-        for attempt in range(2):  # the machine is shared: one retry when a busy moment squeezed the ratios
+        for attempt in range(3):  # the machine is shared: retries when a busy moment squeezed the ratios
             assert main([*argv, "--db", str(tmp_path / f"profile{attempt}.db")]) == 0
             us = _medians(capsys.readouterr().out)
             seen.append(us)

@@ -11,7 +11,6 @@ own ``.pth`` files, its editable install of fleetbench among them, are not run).
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.fleetbench.test_demo import LOCAL_DEMO, check_local_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,12 +97,8 @@ def test_the_installed_wheel_runs_the_local_demo_from_another_directory(
     assert all(Path(p).is_relative_to(venv) for p in where), where  # the wheel's files, not the checkout's
 
     fleetbench = venv / "bin" / "fleetbench"
-    argv = [str(fleetbench), "demo", "--local", "--out", "out", "--rounds", "1", "--examples", "600", "--steps", "2"]
+    argv = [str(fleetbench), *LOCAL_DEMO, "--out", "out"]
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
     ran = subprocess.run(argv, capture_output=True, text=True, cwd=elsewhere, env=env, timeout=900)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    assert "[8/8]" in ran.stdout
-    db = sqlite3.connect(elsewhere / "out" / "fleetbench.db")
-    assert {s for (s,) in db.execute("SELECT DISTINCT status FROM cells")} == {"ok"}
-    assert [s for (s,) in db.execute("SELECT status FROM fl_runs ORDER BY id")] == ["finished", "finished"]
-    assert (elsewhere / "out" / "report" / "report.html").is_file()
+    check_local_demo(elsewhere / "out", ran.stdout)  # the demo's whole local run, from the installed wheel

@@ -20,9 +20,9 @@ from devices import processes
 from devices.emulation import emulate, limits
 from devices.emulation.sshd import free_port
 from devices.fleet import Device, Emulation, Fleet
+from tests.devices.conftest import sigkills, signals_sent
 from tests.devices.emulation.test_limits import WORKLOAD, check_share
 
-HAVE_ENDPOINT = (Path(emulate.PACKAGE_ROOT) / "devices" / "adb_endpoint.py").exists()
 #: Whether ``up`` can keep idle cpus polling for a throttled device (`devices.emulation.limits.start_latency_hold`).
 HOLDS_LATENCY = os.geteuid() == 0 and limits.CPU_LATENCY_QOS.exists()
 
@@ -83,7 +83,7 @@ def adb_server_port(monkeypatch: pytest.MonkeyPatch) -> int:
 
 @pytest.fixture
 def fleet_file(tmp_path: Path, sshd_path: str, adb_path: str, adb_server_port: int) -> Iterator[Path]:
-    path = _write_fleet(tmp_path, with_adb=HAVE_ENDPOINT)
+    path = _write_fleet(tmp_path, with_adb=True)
     yield path
     emulate.down(_load(path), say=lambda line: None)  # whatever a failing test left
 
@@ -521,10 +521,9 @@ def test_an_adb_server_fleetbench_started_is_stopped_and_waited_for(
         assert f"{fleet.devices[0].serial}\tdevice" in _adb_devices((adb_path, adb_server_port))
     finally:
         lines: list[str] = []
-        start = time.monotonic()
-        assert emulate.down(fleet, say=lines.append) == []
-        elapsed = time.monotonic() - start
-    assert elapsed < processes.GRACE_S, elapsed  # everything ended on SIGTERM: nothing waited for SIGKILL
+        with signals_sent() as sent:
+            assert emulate.down(fleet, say=lines.append) == []
+    assert sigkills(sent) == [], sent  # everything ended on SIGTERM: nothing waited for SIGKILL
     assert not processes.running(state.adb_server)
     assert processes.read_stat(state.adb_server.pid) is None  # our child, reaped
     # the phone's endpoint removes its pid file only when it ends through its SIGTERM handler

@@ -218,7 +218,7 @@ def _achieved_share(
 
 
 def check_share(
-    share: float, run_limited: Callable[[float], float], attempts: int = 3, *, duty_cycle: bool = False
+    share: float, run_limited: Callable[[float], float], attempts: int = 5, *, duty_cycle: bool = False
 ) -> None:
     """Assert that ``run_limited`` gets ``share`` of a core, whatever else the machine runs.
 

