@@ -145,12 +145,16 @@ FL_MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run_id, revision)
     );
     """,
+    # v7: one name per idea: a client round's kept neurons per group are its architecture's sizes.
+    """
+    ALTER TABLE fl_client_rounds RENAME COLUMN arch_widths TO arch_sizes;
+    """,
 )
 
 
 #: Columns of an `fl_client_rounds` row, in the order `RunLog.log_round` writes them.
 CLIENT_ROUND_COLUMNS = (
-    "run_id", "round", "cid", "device", "width", "arch_widths", "tier", "straggler", "status", "message",
+    "run_id", "round", "cid", "device", "width", "arch_sizes", "tier", "straggler", "status", "message",
     "num_examples", "loss", "accuracy", "steps", "compute_seconds", "download_seconds", "upload_seconds",
     "wait_seconds", "train_flops", "metrics", "virtual_seconds", "backend", "predicted_seconds",
 )  # fmt: skip
@@ -253,7 +257,7 @@ class ClientRound:
     width: float
     status: str
     device: str | None = None
-    arch_widths: tuple[int, ...] = ()
+    arch_sizes: tuple[int, ...] = ()
     tier: int = 0
     straggler: bool = False
     message: str = ""
@@ -413,7 +417,7 @@ class RunLog:
                         c.cid,
                         c.device,
                         float(c.width),
-                        json.dumps([int(w) for w in c.arch_widths]),
+                        json.dumps([int(w) for w in c.arch_sizes]),
                         int(c.tier),
                         int(bool(c.straggler)),
                         c.status,
@@ -518,7 +522,7 @@ class RunLog:
     def client_rounds(self, run_id: int) -> pd.DataFrame:
         """Return a run's per-client round rows, by round then client id."""
         frame = self._frame("SELECT * FROM fl_client_rounds WHERE run_id = ? ORDER BY round, cid", (run_id,))
-        frame["arch_widths"] = [tuple(json.loads(v)) for v in frame["arch_widths"]]
+        frame["arch_sizes"] = [tuple(json.loads(v)) for v in frame["arch_sizes"]]
         frame["metrics"] = [json.loads(v) for v in frame["metrics"]]
         frame["straggler"] = frame["straggler"].astype(bool)
         return frame
@@ -574,7 +578,7 @@ class RunHistory:
     """Every FL run of a store, as stored: one DataFrame per table.
 
     The columns are the tables' own (`FL_MIGRATIONS`); JSON columns (``config``,
-    ``metrics``, ``evaluation``, ``arch_widths``, ``plan``) hold the stored text. A table
+    ``metrics``, ``evaluation``, ``arch_sizes``, ``plan``) hold the stored text. A table
     the store does not have (no FL run was ever logged) is an empty DataFrame.
 
     Attributes

@@ -1207,7 +1207,7 @@ def _client_rows(
             status="ok",
             device=client.device,
             backend=client.backend,
-            arch_widths=tuple(ins.submodel.arch.sizes),
+            arch_sizes=tuple(ins.submodel.arch.sizes),
             tier=client.tier,
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),
             virtual_seconds=virtual_of.get(cid),

@@ -20,7 +20,7 @@ from harness.runner.protocol import DEFAULT_MAX_SECONDS, DEFAULT_PRECISION
 #: Backends `plan_cells` accepts.
 BACKENDS: tuple[str, ...] = ("ort", "onnx", "torch")
 
-#: What an artifact set is exported for: ``(model, arch_widths, batch, optimizer)``.
+#: What an artifact set is exported for: ``(model, arch_sizes, batch, optimizer)``.
 SetKey = tuple[str, tuple[int, ...], int, str]
 
 
@@ -92,7 +92,7 @@ def plan_cells(
             device=device.name,
             model=zoo_model.name,
             width=width,
-            arch_widths=arch_widths,
+            arch_sizes=arch_sizes,
             batch=batch,
             backend=cast(Backend, backend),
             threads=device.threads,
@@ -105,7 +105,7 @@ def plan_cells(
         )
         for device in devices
         if device.name in per_device
-        for width, arch_widths in archs
+        for width, arch_sizes in archs
         for batch in batches
         for backend in per_device[device.name]
     ]
@@ -113,7 +113,7 @@ def plan_cells(
 
 def set_key(spec: BenchSpec) -> SetKey:
     """Return the key of the artifact set ``spec`` trains (`export_sets`)."""
-    return (spec.model, spec.arch_widths, spec.batch, spec.optimizer)
+    return (spec.model, spec.arch_sizes, spec.batch, spec.optimizer)
 
 
 def export_sets(specs: Sequence[BenchSpec], artifacts_dir: Path) -> dict[SetKey, Path]:
@@ -128,7 +128,7 @@ def export_sets(specs: Sequence[BenchSpec], artifacts_dir: Path) -> dict[SetKey,
     Returns
     -------
     dict
-        ``(model, arch_widths, batch, optimizer)`` -> artifact set directory. Sets used
+        ``(model, arch_sizes, batch, optimizer)`` -> artifact set directory. Sets used
         by a torch cell also hold ``model.pt`` (`exporters.torchscript`).
     """
     from exporters.artifacts import export_artifacts
@@ -144,8 +144,8 @@ def export_sets(specs: Sequence[BenchSpec], artifacts_dir: Path) -> dict[SetKey,
             continue
         model = get_model(spec.model)
         arch = model.arch(spec.width)
-        if tuple(arch.sizes) != spec.arch_widths:
-            arch = replace(arch, sizes=spec.arch_widths)
+        if tuple(arch.sizes) != spec.arch_sizes:
+            arch = replace(arch, sizes=spec.arch_sizes)
         exported = export_artifacts(model, arch, batch=spec.batch, optimizer=spec.optimizer, out_dir=artifacts_dir)
         sets[key] = exported.directory
     for key in torch_sets:

@@ -85,10 +85,10 @@ Validation
 
 Inputs are plain rows: an iterable of mappings or a pandas DataFrame with at least the
 columns ``device, model, width, batch, backend, median_us`` (``status``,
-``peak_memory_bytes``, ``arch_widths``, ``precision_achieved``, ``pass_mean_us`` when present;
+``peak_memory_bytes``, ``arch_sizes``, ``precision_achieved``, ``pass_mean_us`` when present;
 the fits use ``pass_mean_us`` where a row has it, see `cell_latency_us`). Rows whose
 ``status`` is present and not ``"ok"``, or without a finite positive ``median_us``, are
-ignored. ``arch_widths`` (a comma-separated string or a sequence) names a mixed
+ignored. ``arch_sizes`` (a comma-separated string or a sequence) names a mixed
 architecture; without it the row is the uniform ``model.arch(width)``. Optional columns
 ``train_flops``, ``params`` and ``activation_elements`` stand in for the counts of a model
 that is not in the zoo (tests use them).
@@ -458,8 +458,8 @@ def _is_zoo(model: str) -> bool:
 
 
 def row_sizes(r: Mapping[str, Any]) -> tuple[int, ...] | None:
-    """Return a row's architecture sizes (its ``arch_widths`` column), or None when it has none."""
-    value = r.get("arch_widths")
+    """Return a row's architecture sizes (its ``arch_sizes`` column), or None when it has none."""
+    value = r.get("arch_sizes")
     if isinstance(value, str) and value.strip():
         return tuple(int(v) for v in value.split(","))
     if isinstance(value, (list, tuple)) and value:
@@ -468,7 +468,7 @@ def row_sizes(r: Mapping[str, Any]) -> tuple[int, ...] | None:
 
 
 def row_counts(r: Mapping[str, Any]) -> ArchCounts:
-    """Return the counts of a row's architecture: its ``arch_widths``, else its uniform width.
+    """Return the counts of a row's architecture: its ``arch_sizes``, else its uniform width.
 
     Parameters
     ----------

@@ -49,7 +49,7 @@ class BenchSpec:
         Zoo model name.
     width : float
         Nominal width (rate) the arch was made from.
-    arch_widths : tuple of int
+    arch_sizes : tuple of int
         Kept neurons per group (the `exporters.arch.Arch` widths).
     batch : int
         Training batch size.
@@ -77,7 +77,7 @@ class BenchSpec:
     device: str
     model: str
     width: float
-    arch_widths: tuple[int, ...]
+    arch_sizes: tuple[int, ...]
     batch: int
     backend: Backend
     threads: int
@@ -90,7 +90,7 @@ class BenchSpec:
 
     def cell_key(self) -> str:
         """Return the key that identifies this cell in the store (resume skips measured keys)."""
-        widths = ",".join(str(w) for w in self.arch_widths)
+        widths = ",".join(str(w) for w in self.arch_sizes)
         return (
             f"{self.device}|{self.model}|{widths}|b{self.batch}|{self.backend}|t{self.threads}"
             f"|w{self.warmup}|s{self.steps}|{self.optimizer}|p{self.precision:g}|c{self.max_seconds:g}"

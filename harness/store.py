@@ -420,7 +420,7 @@ class ProfileStore:
             "device": spec.device,
             "model": spec.model,
             "width": float(spec.width),
-            "arch_widths": json.dumps([int(w) for w in spec.arch_widths]),
+            "arch_sizes": json.dumps([int(w) for w in spec.arch_sizes]),
             "batch": int(spec.batch),
             "backend": spec.backend,
             "threads": int(spec.threads),
@@ -505,7 +505,7 @@ class ProfileStore:
             device=row["device"],
             model=row["model"],
             width=float(row["width"]),
-            arch_widths=tuple(int(w) for w in json.loads(row["arch_widths"])),
+            arch_sizes=tuple(int(w) for w in json.loads(row["arch_sizes"])),
             batch=int(row["batch"]),
             backend=row["backend"],
             threads=int(row["threads"]),
@@ -577,7 +577,7 @@ class ProfileStore:
             (`cell_cpu_seconds`; NaN where the runner measured none).
             ``train_flops`` is per example from the runner document when it carries
             the manifest counts, else NaN. ``emulated_isa`` comes from the facts
-            snapshot (`Measurement.emulated_isa`). ``arch_widths`` is comma-separated,
+            snapshot (`Measurement.emulated_isa`). ``arch_sizes`` is comma-separated,
             ``versions`` a JSON object; ``git_commit`` and ``versions`` fall back to
             the campaign's; ``export_format`` is the artifacts' export format from
             ``versions`` (``""`` where the cell did not record it). ``precision`` and
@@ -607,7 +607,7 @@ class ProfileStore:
                 "matmul_gflops": math.nan if m.matmul_gflops is None else m.matmul_gflops,
                 "train_flops": math.nan if m.runner.train_flops is None else m.runner.train_flops,
                 "message": m.message,
-                "arch_widths": ",".join(str(w) for w in m.spec.arch_widths),
+                "arch_sizes": ",".join(str(w) for w in m.spec.arch_sizes),
                 "threads": m.spec.threads,
                 "warmup": m.spec.warmup,
                 "steps": m.spec.steps,

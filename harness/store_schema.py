@@ -120,6 +120,10 @@ MIGRATIONS: tuple[str, ...] = (
         recorded_at REAL NOT NULL
     );
     """,
+    # v9: one name per idea: a cell's kept neurons per group are its architecture's sizes.
+    """
+    ALTER TABLE cells RENAME COLUMN arch_widths TO arch_sizes;
+    """,
 )
 
 #: The schema version this code writes.
@@ -160,7 +164,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "matmul_gflops",
     "train_flops",
     "message",
-    "arch_widths",
+    "arch_sizes",
     "threads",
     "warmup",
     "steps",

@@ -803,8 +803,8 @@ def host_disturbed_rounds(client_rounds: pd.DataFrame) -> pd.Series:
         if len(drawn) > 1 and math.isfinite(vs_mix):
             per_mix.setdefault((row["run_id"], row["device"]), []).append((row["round"], index, vs_mix))
         share = cpu / wall if math.isfinite(cpu) and math.isfinite(wall) and wall > 0 else None
-        arch_widths = row.get("arch_widths", ())
-        arch = tuple(json.loads(arch_widths)) if isinstance(arch_widths, str) else tuple(arch_widths or ())
+        arch_sizes = row.get("arch_sizes", ())
+        arch = tuple(json.loads(arch_sizes)) if isinstance(arch_sizes, str) else tuple(arch_sizes or ())
         per_config.setdefault((row["run_id"], row["device"], float(row["width"]), arch), []).append(
             (row["round"], index, per_step)
         )

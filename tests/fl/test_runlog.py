@@ -64,7 +64,7 @@ def round_rows() -> list[ClientRound]:
             "c0",
             1.0,
             "ok",
-            arch_widths=(20, 15),
+            arch_sizes=(20, 15),
             num_examples=12,
             loss=0.5,
             accuracy=0.75,
@@ -80,7 +80,7 @@ def round_rows() -> list[ClientRound]:
             0.5,
             "timeout",
             device="pi4",
-            arch_widths=(10, 8),
+            arch_sizes=(10, 8),
             tier=1,
             straggler=True,
             message="took too long",
@@ -182,7 +182,7 @@ def test_round_rows_and_checkpoint_replace(store):
     assert len(rows) == 4 and list(rows["cid"]) == ["c0", "c1", "c0", "c1"]
     failed = rows.iloc[1]
     assert failed["status"] == "timeout" and failed["message"] == "took too long"
-    assert bool(failed["straggler"]) is True and failed["arch_widths"] == (10, 8) and failed["device"] == "pi4"
+    assert bool(failed["straggler"]) is True and failed["arch_sizes"] == (10, 8) and failed["device"] == "pi4"
     assert np.isnan(failed["loss"]) and failed["wait_seconds"] == 3.0
     ok = rows.iloc[0]
     assert ok["loss"] == 0.5 and ok["steps"] == 3 and ok["train_flops"] == 1e6 and ok["metrics"] == {"loss": 0.5}

@@ -209,8 +209,8 @@ def test_run_logs_what_happened(tmp_path, registered):
             assert list(logged["width"]) == [CAPACITIES[int(c[1:])] for c in expected]
             assert list(logged["num_examples"]) == [30 + int(c[1:]) for c in expected]
             # fjord-cnn groups (conv1 20, conv2 15) at width 0.5 keep ceil(10), ceil(7.5) = 10, 8
-            arch_widths = {1.0: (20, 15), 0.5: (10, 8)}
-            assert list(logged["arch_widths"]) == [arch_widths[CAPACITIES[int(c[1:])]] for c in expected]
+            arch_sizes = {1.0: (20, 15), 0.5: (10, 8)}
+            assert list(logged["arch_sizes"]) == [arch_sizes[CAPACITIES[int(c[1:])]] for c in expected]
             # training FLOPs: the exporters' count per example at the client's width x examples x 2 epochs
             per_example = {w: count(model, model.arch(w)).train_flops for w in (1.0, 0.5)}
             train_flops = [per_example[CAPACITIES[int(c[1:])]] * (30 + int(c[1:])) * 2 for c in expected]

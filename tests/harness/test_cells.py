@@ -16,7 +16,7 @@ def test_plan_cells_is_device_major_and_uses_device_threads() -> None:
     assert len(specs) == 2 * 2 * 2 * 2
     assert [s.device for s in specs[:8]] == ["a"] * 8 and {s.threads for s in specs[:8]} == {2}
     assert len({s.cell_key() for s in specs}) == len(specs)
-    assert specs[0].arch_widths != specs[4].arch_widths  # widths really change the arch
+    assert specs[0].arch_sizes != specs[4].arch_sizes  # widths really change the arch
     with pytest.raises(InputError):
         plan_cells(devices, "no-such-model", WIDTHS, [4], ["ort"], 3, 1)
     with pytest.raises(InputError):

@@ -44,7 +44,7 @@ def _row(width: float, seconds: float, *, device: str = "pi", arch: Arch | None 
         "median_us": seconds * 1e6,
     }  # fmt: skip
     if arch is not None:
-        row["arch_widths"] = ",".join(str(w) for w in arch.sizes)
+        row["arch_sizes"] = ",".join(str(w) for w in arch.sizes)
     row.update(extra)
     return row
 

@@ -78,7 +78,7 @@ def spec(device: str = "pi4", width: float = 0.5, batch: int = 20, backend: str 
         device=device,
         model="cnn",
         width=width,
-        arch_widths=(int(16 * width), int(32 * width)),
+        arch_sizes=(int(16 * width), int(32 * width)),
         batch=batch,
         backend=backend,  # type: ignore[arg-type]
         threads=2,
@@ -197,7 +197,7 @@ def test_latest_cells_columns_and_values(db: Path) -> None:
     assert ok["peak_memory_bytes"] == 123_456_789
     assert ok["train_flops"] == 4_000_000
     assert ok["matmul_gflops"] == 12.5
-    assert ok["arch_widths"] == "8,16"
+    assert ok["arch_sizes"] == "8,16"
     assert ok["git_commit"] == "a" * 40
     assert bad["status"] == "out of memory" and bad["message"] == "out of memory after 300 s"
     assert math.isnan(bad["median_us"]) and pd.isna(bad["noisy"]) and pd.isna(bad["peak_memory_bytes"])
@@ -329,7 +329,7 @@ def test_killed_process_loses_no_committed_cell(db: Path) -> None:
     with ProfileStore(db) as store:
         stored = store.measurements()
         keys = store.measured_keys()
-    indices = sorted(m.spec.arch_widths[0] for m in stored)
+    indices = sorted(m.spec.arch_sizes[0] for m in stored)
     assert indices == list(range(len(indices)))  # no gap, no partial cell
     assert len(indices) >= committed + 1  # every cell reported committed is there
     assert all(len(m.step_seconds) == 200 for m in stored)

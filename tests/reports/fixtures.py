@@ -83,7 +83,7 @@ def spec(device: str, width: float, backend: str = "ort", model: str = MODEL) ->
         device=device,
         model=model,
         width=width,
-        arch_widths=(max(1, round(32 * width)), max(1, round(64 * width))),
+        arch_sizes=(max(1, round(32 * width)), max(1, round(64 * width))),
         batch=BATCH,
         backend=backend,  # type: ignore[arg-type]
         threads=2,

@@ -368,7 +368,7 @@ def test_client_rounds_with_more_cpu_per_step_than_their_neighbours_are_flagged_
         return {
             "run_id": 1, "round": rnd, "cid": device, "device": device, "width": kw.get("width", 1.0), "tier": 0,
             "straggler": kw.get("straggler", 0), "status": "ok", "download_seconds": 0.0, "compute_seconds": 1.0,
-            "upload_seconds": 0.0, "wait_seconds": None, "predicted_seconds": predicted, "arch_widths": [],
+            "upload_seconds": 0.0, "wait_seconds": None, "predicted_seconds": predicted, "arch_sizes": [],
             "metrics": json.dumps(metrics),
         }  # fmt: skip
 
@@ -404,7 +404,7 @@ def test_a_round_that_got_less_of_the_cpu_is_host_disturbed_at_any_width() -> No
     def row(rnd: int, width: float, cpu: float, wall: float) -> dict:
         metrics = {"loop_cpu_seconds": cpu, "loop_seconds": wall, "steps": 40}
         return {
-            "run_id": 1, "round": rnd, "cid": "c2", "device": "slow", "width": width, "arch_widths": [],
+            "run_id": 1, "round": rnd, "cid": "c2", "device": "slow", "width": width, "arch_sizes": [],
             "metrics": json.dumps(metrics),
         }  # fmt: skip
 
@@ -426,7 +426,7 @@ def test_a_round_above_its_profile_s_cpu_per_step_is_host_disturbed_alone() -> N
         if vs_profile is not None:
             metrics["cpu_vs_profile"] = vs_profile
         return {
-            "run_id": 1, "round": rnd, "cid": "c2", "device": "slow", "width": width, "arch_widths": [],
+            "run_id": 1, "round": rnd, "cid": "c2", "device": "slow", "width": width, "arch_sizes": [],
             "metrics": json.dumps(metrics),
         }  # fmt: skip
 
@@ -443,7 +443,7 @@ def test_fjord_rounds_that_drew_several_widths_are_judged_against_their_draws_pr
         if vs_mix is not None:
             metrics["cpu_vs_profile_mix"] = vs_mix
         return {
-            "run_id": 1, "round": rnd, "cid": "c1", "device": "fast", "width": 1.0, "arch_widths": [],
+            "run_id": 1, "round": rnd, "cid": "c1", "device": "fast", "width": 1.0, "arch_sizes": [],
             "metrics": json.dumps(metrics),
         }  # fmt: skip
 
@@ -463,7 +463,7 @@ def test_a_round_whose_transfers_stalled_is_disturbed() -> None:
     def row(rnd: int, width: float, down: float, up: float, nbytes: float | None) -> dict:
         metrics = {} if nbytes is None else {"download_bytes": nbytes, "upload_bytes": nbytes}
         return {
-            "run_id": 1, "round": rnd, "cid": "c1", "device": "mid", "width": width, "arch_widths": [],
+            "run_id": 1, "round": rnd, "cid": "c1", "device": "mid", "width": width, "arch_sizes": [],
             "download_seconds": down, "compute_seconds": 0.42, "upload_seconds": up, "metrics": json.dumps(metrics),
         }  # fmt: skip
 

@@ -81,7 +81,7 @@ def store_lines(
                 arch = zoo.arch(width)
                 flops = count(zoo, arch).train_flops
                 spec = BenchSpec(
-                    device=device, model=model, width=width, arch_widths=arch.sizes, batch=batch,
+                    device=device, model=model, width=width, arch_sizes=arch.sizes, batch=batch,
                     backend="ort", threads=threads, warmup=1, steps=3, optimizer=optimizer,  # type: ignore[arg-type]
                 )  # fmt: skip
                 step = (a + b * flops) * 1e-6 * batch
