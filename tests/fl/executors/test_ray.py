@@ -285,13 +285,21 @@ def test_a_local_instance_is_stopped_with_every_process_it_started(tmp_path, clu
     assert processes.marked(TOKEN_ENV, token) == []  # gcs, raylet, workers: all gone when the command returned
 
 
+def _cmdline(pid: int) -> str:
+    """The command line of ``pid``; empty when it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_joining_a_cluster_leaves_it_running(tmp_path, cluster):
     address, cluster_token = cluster
-    before = set(processes.marked(TOKEN_ENV, cluster_token))
+    # the head's pids, read before the run: a worker of the cluster may end (and leave /proc) meanwhile
+    head = {pid for pid in processes.marked(TOKEN_ENV, cluster_token) if "gcs_server" in _cmdline(pid)}
     done = _cli(tmp_path, uuid.uuid4().hex, "--ray-address", address)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["history"][0]["clients_ok"] == 4
     still = set(processes.marked(TOKEN_ENV, cluster_token))
-    head = {pid for pid in before if "gcs_server" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")}
     assert head and head <= still  # the cluster's head still runs
     assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 2.0
