@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: Widths every model is listed and exported at by default (here, not in the zoo, so that
 #: the command line can offer them without importing PyTorch).

@@ -111,8 +111,8 @@ from exporters.manifest import (
 )
 from exporters.ort_training import session_options
 from exporters.step_model import lower_fixed_shape_kernels, write_step_model
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 #: ONNX opset of the exported forward graph.
 OPSET = 17

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from userinput.argtypes import input_shape, positive_int
+from exporters.userinput import input_shape, positive_int
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -66,8 +66,8 @@ def settle_model(args: argparse.Namespace) -> None:
     if spec is None or not hasattr(args, "unsliceable"):
         return
     from exporters.user_model import ModelOptions, is_model_name, is_user_spec, user_model
+    from exporters.userinput import InputError
     from exporters.zoo import get_model, model_names
-    from userinput.errors import InputError
 
     options = ModelOptions(args.input_shape, args.input_dtype, args.num_classes, args.unsliceable)
     given = options != ModelOptions()

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 if TYPE_CHECKING:
     import onnx

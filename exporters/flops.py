@@ -76,8 +76,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from exporters.arch import Arch
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 #: FLOPs per parameter of one optimizer step (see `optimizer_flops`).
 OPTIMIZER_FLOPS_PER_PARAM: Mapping[str, int] = {

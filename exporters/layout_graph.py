@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from exporters.arch import Dim, ParamLayout, expand_indices
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: What to do with a group the graph cannot slice: refuse the model, or keep the group full.
 UNSLICEABLE_POLICIES = ("refuse", "keep")

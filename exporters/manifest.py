@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: What each export format changed that a measured step time can see, newest last; a
 #: format that changes what the export writes gets the next number and a line here.

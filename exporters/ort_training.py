@@ -24,7 +24,7 @@ from exporters.manifest import (
     read_manifest,
     unflatten,
 )
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 
 def session_options(threads: int = 1) -> Any:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from exporters.artifacts import OPTIMIZER_DEFAULTS, OPTIMIZERS
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 
 class OrtAdamW(torch.optim.Optimizer):

@@ -27,8 +27,8 @@ import torch
 from exporters.arch import Arch
 from exporters.artifacts import ExportError, build_seeded
 from exporters.manifest import MANIFEST
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 #: File name of the TorchScript module inside an artifact set (the runner reads this name).
 TORCHSCRIPT_FILE = "model.pt"

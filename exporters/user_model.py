@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from exporters.manifest import sha256_file
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 if TYPE_CHECKING:
     from exporters.zoo import ZooModel

@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: HeteroFL / FedRolex capacity levels 'a'..'e'.
 LEVELS = (1.0, 1 / 2, 1 / 4, 1 / 8, 1 / 16)

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporters.cli import add_model_arguments
-from userinput.argtypes import non_negative_int, number, positive_float, positive_int
-from userinput.errors import InputError
+from exporters.userinput import InputError, non_negative_int, number, positive_float, positive_int
 
 #: Defaults of ``fl run`` (also the `RunConfig` defaults).
 DEFAULTS: dict[str, Any] = {

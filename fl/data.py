@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from devices.files import atomic_open
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 #: Names accepted by `load_federated`.
 DATASETS = ("mnist5k", "digits", "shakespeare", "synthetic")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.client import run_local
 from fl.maths.lr_search import Session
@@ -22,7 +23,6 @@ from fl.runlog import RunLog
 from fl.server import FederatedDataLike, RunConfig, run_fl
 from fl.strategies.base import Strategy
 from harness.store import ProfileStore
-from userinput.errors import InputError
 
 
 def inprocess_session(

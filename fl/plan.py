@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.population import full_batch_steps
 from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warning
@@ -52,7 +53,6 @@ from fl.scheduling.rows import width_flops
 from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers
 from harness.latency import profile_rows
 from harness.roundcost import RoundCost, RoundCostModel, round_cost
-from userinput.errors import InputError
 
 #: Strategies whose clients train a static width chosen per device, and their level sets.
 TIERED = ("fjord", "heterofl", "fedrolex")

@@ -53,9 +53,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporters.arch import Arch
+from exporters.userinput import InputError
 from fl.capacity import counts
 from harness.roundcost import RoundCost
-from userinput.errors import InputError
 
 #: One-sigma spread of the lognormal per-client speed factor (see the module docstring).
 DEFAULT_VARIATION = 0.1

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.arch import Arch
+from exporters.userinput import InputError
 from fl.executors.devices import modelled_transfer_seconds
 from fl.population import full_batch_steps, split_item
 from fl.records import ClientSpec
@@ -43,7 +44,6 @@ from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
 from fl.scheduling.rows import select
 from harness.latency import arch_counts, profile_rows, usable_rows
 from harness.roundcost import RoundCost, RoundCostModel, round_cost
-from userinput.errors import InputError
 
 #: A device's link: rate in kbit/s and one-way delay in milliseconds.
 Link = tuple[float, float]

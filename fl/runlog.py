@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from exporters.userinput import InputError
 from harness.provenance import git_commit, host_versions
 from harness.store import ProfileStore
-from userinput.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from exporters.arch import Arch
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model
 from fl.executors import EXECUTORS, Executor, Shard, make_executor
 from fl.population import (
@@ -59,7 +60,6 @@ from fl.strategies.base import Profiles, Strategy
 from harness.records import model_record
 from harness.roundcost import RoundCost
 from harness.store import DEFAULT_DB, ProfileStore
-from userinput.errors import InputError
 
 #: Config fields a resumed run may change (they do not affect the trained model).
 RESUMABLE_CHANGES = frozenset(

@@ -7,7 +7,7 @@ imports neither torch nor onnxruntime.
 
 Error boundary (`main`). Every command runs inside it:
 
-* bad input (`userinput.errors.InputError` and its kin, `devices.errors.FleetFileError`,
+* bad input (`exporters.userinput.InputError` and its kin, `devices.errors.FleetFileError`,
   an argument argparse refuses) is one line on stderr, ``fleetbench: error: ...``, and
   exit status 2 (`EXIT_USAGE`);
 * a failure of the environment (`ENVIRONMENT_ERRORS`: an unreachable device, a missing
@@ -45,8 +45,8 @@ from pathlib import Path
 from devices.errors import EmulationError, FleetFileError, SshdError, TransportError
 from devices.processes import Terminated, terminate_as_interrupt
 from exporters.cli import settle_model
+from exporters.userinput import InputError
 from harness.store import StoreUnavailable
-from userinput.errors import InputError
 
 #: Exit status for bad input (unknown model, bad width, malformed fleet file, ...).
 EXIT_USAGE = 2

@@ -119,7 +119,7 @@ def prepare_fleet(out: Path, local: bool, progress: Progress) -> tuple[Any, bool
     from devices.emulation import emulate
     from devices.emulation.sshd import SshdError, free_port, sshd_binary
     from devices.fleetfile import load_fleet
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     if not local:
         try:
@@ -171,12 +171,12 @@ def run_demo(args: argparse.Namespace) -> int:
     from devices.emulation import emulate
     from exporters.arch import DEFAULT_MODEL
     from exporters.artifacts import check_writable
+    from exporters.userinput import InputError
     from harness.bench_data import bench_data_label
     from harness.campaign import run_campaign
     from harness.cells import export_sets, plan_cells
     from harness.progress import format_event
     from harness.store import ProfileStore
-    from userinput.errors import InputError
 
     if not 0 <= args.precision < 1:
         raise InputError(f"--precision {args.precision:g} must be a fraction in [0, 1) (0.02 is +-2 %)")
@@ -324,9 +324,9 @@ def choose_backends(fleet: Any, override: str, progress: Progress) -> tuple[Any,
     InputError
         When no device can run a backend.
     """
+    from exporters.userinput import InputError
     from harness.backends import format_choices, usable_devices
     from harness.provision import choices_from, fleet_backends
-    from userinput.errors import InputError
 
     if override in (None, "auto"):  # provisioning asked every device what it runs
         choices = choices_from(provision_fleet(fleet, progress), fleet.devices)
@@ -364,10 +364,10 @@ def plan_run(
         None when no device has a profile (FL is skipped).
     """
     from exporters.arch import DEFAULT_MODEL
+    from exporters.userinput import InputError
     from fl.plan import PlanRequest, device_examples, format_plan, run_plan
     from fl.scheduling import memory_budgets_from_fleet
     from fl.scheduling.configs import ProfileConfig
-    from userinput.errors import InputError
 
     placement = {f"c{i}": d.name for i, d in enumerate(fleet.devices)}
     sizes = {f"c{i}": len(shard[1]) for i, shard in enumerate(data.train)}
@@ -506,10 +506,10 @@ def run_fl_rounds(
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``demo`` to the ``fleetbench`` parser."""
+    from exporters.userinput import non_negative_int, positive_float, positive_int
     from harness.cli import add_passes_argument
     from harness.runner.protocol import DEFAULT_PRECISION
     from harness.runner.sampling import MIN_SAMPLES
-    from userinput.argtypes import non_negative_int, positive_float, positive_int
 
     demo = commands.add_parser("demo", help="profile an emulated fleet, report, and run hardware-in-the-loop FL")
     demo.add_argument("--out", default="fleetbench-demo", help="output directory (default ./fleetbench-demo)")

@@ -298,10 +298,10 @@ def check_override(text: str) -> str:
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         For anything else.
     """
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     value = text.strip()
     if value != AUTO and value not in BACKEND_PACKAGES:

@@ -21,7 +21,7 @@ def _open_bench_data(path: Path) -> Iterator[Any]:
     """Open a bench data file as an ``NpzFile`` holding ``x`` and ``y``; any other file is an `InputError` naming it."""
     import numpy as np
 
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     try:
         with np.load(path, allow_pickle=False) as shard:
@@ -51,7 +51,7 @@ def bench_data_label(path: Path | str) -> str:
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         When the file cannot be read as such a shard.
     """
     import hashlib
@@ -80,12 +80,12 @@ def check_bench_data(path: Path, manifests: Iterable[Mapping[str, Any]]) -> None
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         Naming the file and what does not fit: unreadable, no ``x`` / ``y``, an input
         shape other than the model's, fewer examples than a batch, labels that are not
         integers.
     """
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     with _open_bench_data(path) as shard:
         x_shape, y_shape, y_kind = shard["x"].shape, shard["y"].shape, shard["y"].dtype.kind
@@ -118,10 +118,10 @@ def bench_data_file(specs: Sequence[BenchSpec], data: Path | str | None) -> Path
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         When cells name bench data but no file is given, or the file's label is not theirs.
     """
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     labels = {s.data for s in specs if s.data}
     if not labels:

@@ -572,8 +572,8 @@ def cmd_up_match(
     """
     from devices.emulation import emulate
     from devices.fleetfile import load_fleet
+    from exporters.userinput import InputError
     from harness.store import ProfileStore
-    from userinput.errors import InputError
 
     factory = measure_factory or campaign_measure
     fleet = load_fleet(args.file)

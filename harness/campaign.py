@@ -116,7 +116,7 @@ def run_campaign(
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         Before anything is measured, when cells name bench data that ``data`` is not, or
         the file does not fit their models (`check_bench_data`).
     """

@@ -71,11 +71,11 @@ def plan_cells(
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         For an unknown model or backend.
     """
+    from exporters.userinput import InputError
     from exporters.zoo import get_model
-    from userinput.errors import InputError
 
     zoo_model = get_model(model)
     devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)

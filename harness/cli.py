@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from userinput.argtypes import positive_float, positive_int
+from exporters.userinput import positive_float, positive_int
 
 
 def add_passes_argument(parser: argparse.ArgumentParser) -> None:

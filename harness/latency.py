@@ -447,8 +447,8 @@ def usable_rows(rows: ProfileRows) -> list[dict[str, Any]]:
 
 
 def _is_zoo(model: str) -> bool:
+    from exporters.userinput import InputError
     from exporters.zoo import get_model
-    from userinput.errors import InputError
 
     try:
         get_model(model)

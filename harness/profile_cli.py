@@ -37,7 +37,7 @@ EXIT_INCOMPLETE = 1
 
 
 def _split(text: str, what: str, convert: Callable[[str], Any]) -> list[Any]:
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     values: list[Any] = []
     for item in text.split(","):
@@ -96,10 +96,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         0 when every cell is measured, 1 otherwise (2 for bad input, via `InputError`).
     """
     from devices.fleetfile import load_fleet
+    from exporters.userinput import InputError
     from harness.backends import AUTO, check_override, usable_devices
     from harness.provision import fleet_backends
     from harness.store import ProfileStore
-    from userinput.errors import InputError
 
     request = parse_width_request(args.widths)
     batches = _split(args.batch, "batch size", _positive)

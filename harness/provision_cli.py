@@ -121,7 +121,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         A wheel file is missing or badly named.
     """
     from devices.fleetfile import load_fleet
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     wheels = [Path(w) for w in args.wheel]
     for wheel in wheels:

@@ -74,8 +74,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporters.userinput import InputError
 from harness.latency import DeviceModels, fit
-from userinput.errors import InputError
 
 if TYPE_CHECKING:
     from devices.fleet import Device

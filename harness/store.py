@@ -46,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from exporters.userinput import InputError
 from harness.document import parse_document
 from harness.passes import undisturbed
 from harness.provenance import git_commit, host_versions
@@ -55,7 +56,6 @@ from harness.runner.protocol import DEFAULT_MAX_SECONDS
 from harness.runner.sampling import median_of_sorted
 from harness.stats import summarize
 from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
-from userinput.errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from devices.files import atomic_path
+from exporters.userinput import InputError
 from harness.store import ProfileStore, StoreError
-from userinput.errors import InputError
 
 
 def cmd_export(args: argparse.Namespace) -> int:

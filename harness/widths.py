@@ -43,11 +43,11 @@ def parse_width_request(text: str) -> tuple[float, ...] | int:
 
     Raises
     ------
-    userinput.errors.InputError
+    exporters.userinput.InputError
         For ``auto:`` without a positive whole number, or a bad width list.
     """
     from exporters.arch import parse_widths
-    from userinput.errors import InputError
+    from exporters.userinput import InputError
 
     head, colon, tail = text.strip().partition(":")
     if colon and head.strip().lower() == "auto":

@@ -47,8 +47,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """
     from pathlib import Path
 
+    from exporters.userinput import InputError
     from reports.report import format_headline, load_sources, write_report
-    from userinput.errors import InputError
 
     sources = load_sources(args.db)
     out = Path(args.out)

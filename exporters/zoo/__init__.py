@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from exporters.arch import Arch, ParamLayout, SubModel, arch_at_width, extract, static_submodel
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 _PAPER_MODULES = ("cfd", "fjord", "heterofl", "feddrop", "fluid")
 

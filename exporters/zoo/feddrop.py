@@ -51,9 +51,9 @@ import torch
 from torch import nn
 
 from exporters.arch import Dim
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from exporters.zoo.common import chain_layouts, layer_layouts, lstm_layouts, vgg_groups_and_layouts
-from userinput.errors import InputError
 
 #: Widths for FLOPs budget ratios r = 0.25, 0.5, 1.0 (Table 10): the uniform keep probability p
 #: with g(p) = 0 under Appendix B eq. 10 when every neuron group is kept at the same ratio

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.records import ClientFailure, TrainIns, TrainRes
-from userinput.errors import InputError
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+

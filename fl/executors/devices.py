@@ -88,12 +88,12 @@ from devices.fleet import Device
 from devices.transport import Transport
 from exporters.arch import Arch, extract, static_submodel
 from exporters.artifacts import export_artifacts, export_masked_artifacts
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 from harness.contract import RunnerStart
 from harness.document import RunnerDocument
-from userinput.errors import InputError
 
 if TYPE_CHECKING:
     from harness.isolation import IsolationPlan

@@ -63,11 +63,11 @@ from typing import Any
 
 import numpy as np
 
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model
 from fl.client import run_local
 from fl.executors import ClosingExecutor, Shard
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
-from userinput.errors import InputError
 
 #: The one line printed when Ray is not installed.
 RAY_MISSING = "the ray executor needs Ray: pip install 'fleetbench[scale]' (the 'scale' extra)"

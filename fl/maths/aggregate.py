@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from exporters.arch import Dim, ParamLayout, SubModel, expand_indices, tensor_index
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.records import Params, TrainRes
-from userinput.errors import InputError
 
 #: Above this many slice blocks per tensor, scatter through ``numpy.ix_`` instead.
 MAX_SLICE_BLOCKS = 64

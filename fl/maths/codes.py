@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: Preferred pairs of primitive polynomials, by degree, as exponent tuples:
 #: ``(5, 2, 0)`` is ``x^5 + x^2 + 1``. Each second polynomial is the minimal

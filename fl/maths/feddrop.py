@@ -56,8 +56,8 @@ import numpy as np
 
 from exporters.arch import Dim
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 #: Interior-point weight of eq. 8 (the paper keeps it at 1e-4).
 DEFAULT_MU = 1e-4

@@ -80,8 +80,8 @@ from typing import Any
 import numpy as np
 
 from exporters.arch import SubModel, make_submodel, size_at_width
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 #: Sub-model sizes of the paper's Table 2 (0.4 also appears in Table 5).
 PAPER_SIZES = (0.95, 0.85, 0.75, 0.65, 0.5)
@@ -502,9 +502,9 @@ def profile_predictor(
         other model the piecewise-linear `curve_predictor` through that series. None when
         no series has two measured widths.
     """
+    from exporters.userinput import InputError as ZooError
     from exporters.zoo import get_model
     from harness.latency import fit_device
-    from userinput.errors import InputError as ZooError
 
     series = _profile_series(rows, model, batch)
     if series is None:

@@ -53,7 +53,7 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: ``session(lr)`` returns an iterator over the session's per-round median client accuracy.
 Session = Callable[[float], Iterator[float]]

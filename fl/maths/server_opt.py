@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from exporters.userinput import InputError
 from fl.records import Params
-from userinput.errors import InputError
 
 #: Names accepted by `ServerOptimizer`.
 SERVER_OPTIMIZERS = ("fedavg", "fedadam")

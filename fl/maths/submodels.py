@@ -34,8 +34,8 @@ from collections.abc import Callable
 import numpy as np
 
 from exporters.arch import SubModel, size_at_width
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
-from userinput.errors import InputError
 
 
 def _check(size: int, width: int) -> None:

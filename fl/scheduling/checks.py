@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 #: Relative (and absolute) tolerance when comparing widths and snapping them to levels.
 WIDTH_TOL = 1e-9

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exporters.userinput import InputError
 from harness.latency import ProfileRows, profile_rows, usable_rows
 from harness.roundcost import RoundCostModel
-from userinput.errors import InputError
 
 #: Configuration fields and the cost of a difference in each (see the module docstring).
 FIELD_WEIGHTS: Mapping[str, int] = {"backend": 8, "optimizer": 4, "batch": 2, "threads": 1}

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from exporters.userinput import InputError
 from fl.scheduling.checks import count
-from userinput.errors import InputError
 
 
 def kmeans_1d(values: Sequence[float], k: int) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from exporters.userinput import InputError
 from fl.scheduling.checks import same_width
 from harness.arch_counts import memory_features, train_flops_per_example
 from harness.latency import (
@@ -32,7 +33,6 @@ from harness.latency import (
     MemoryModel,
     finite_positive,
 )
-from userinput.errors import InputError
 
 #: Status of a cell that ran out of memory (`harness.records.Status`).
 OUT_OF_MEMORY = "out of memory"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from userinput.errors import InputError
+from exporters.userinput import InputError
 
 if TYPE_CHECKING:
     from fl.strategies.base import Strategy

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from exporters.arch import SubModel, make_submodel
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.maths.aggregate import selective_average
 from fl.maths.codes import assign_rows, constant_weight_code, gold_code_matrix, random_rows
@@ -43,7 +44,6 @@ from fl.maths.server_opt import ServerOptimizer, mean_update
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
-from userinput.errors import InputError
 
 #: Values of the ``code`` option.
 CODES = ("gold", "constant_weight", "random", "same")

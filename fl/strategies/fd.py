@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from exporters.arch import SubModel
+from exporters.userinput import InputError
 from fl.maths.submodels import random_submodel, width_rate
 from fl.records import ClientSpec
 from fl.strategies.fedavg import FedAvg
-from userinput.errors import InputError
 
 #: Values of the ``mask`` option.
 MASKS = ("same", "per_client")

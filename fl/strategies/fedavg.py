@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from exporters.arch import SubModel, static_submodel
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.maths.aggregate import selective_average, updates_from_results
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
-from userinput.errors import InputError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from exporters.arch import Arch, SubModel, make_submodel, size_at_width
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.client import build_module, module_params, sgd_epochs, to_tensors
 from fl.maths.aggregate import selective_average
@@ -75,7 +76,6 @@ from fl.maths.feddrop import (
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
-from userinput.errors import InputError
 
 MODES = ("feddrop", "unidrop", "caldas")
 

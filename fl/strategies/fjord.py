@@ -45,12 +45,12 @@ from torch import nn
 from torch.func import functional_call
 
 from exporters.arch import Arch, SubModel, expand_indices
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.client import batches, to_tensors
 from fl.maths.submodels import static_submodel
 from fl.records import ClientSpec, Params, TrainIns
 from fl.strategies.fedavg import FedAvg
-from userinput.errors import InputError
 
 #: Tolerance when comparing a capacity with a width of the set.
 _EPS = 1e-9

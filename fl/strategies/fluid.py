@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from exporters.arch import SubModel
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.maths import fluid
 from fl.maths.aggregate import selective_average
@@ -63,7 +64,6 @@ from fl.maths.submodels import random_submodel
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
-from userinput.errors import InputError
 
 #: Values of the ``dropout`` option.
 DROPOUTS = ("invariant", "ordered", "random")

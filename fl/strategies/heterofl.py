@@ -30,11 +30,11 @@ from typing import Any
 from torch import nn
 
 from exporters.arch import SubModel
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.maths.submodels import static_submodel
 from fl.records import ClientSpec
 from fl.strategies.fedavg import FedAvg
-from userinput.errors import InputError
 
 
 def has_running_stats(model: ZooModel) -> bool:

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporters.arch import Arch, expand_indices, make_submodel, size_at_width, tensor_index
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model, model_names
-from userinput.errors import InputError
 
 
 def zeroed_state(model: ZooModel, state: dict[str, np.ndarray], submodel) -> dict[str, np.ndarray]:

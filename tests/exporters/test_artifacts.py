@@ -25,8 +25,8 @@ from exporters.flops import count
 from exporters.manifest import ARTIFACT_FILES, MANIFEST, load_valid_manifest
 from exporters.ort_training import OrtTrainer
 from exporters.torch_twin import torch_optimizer
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model, model_names
-from userinput.errors import InputError
 
 BATCH = 4
 

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from exporters.export_forms import BatchStatisticsNorm, UnrolledLSTM, export_form, fuse_gradient_sums
+from exporters.userinput import InputError
 from exporters.zoo import get_model, model_names
-from userinput.errors import InputError
 
 
 @pytest.mark.parametrize("batch_first", [True, False])

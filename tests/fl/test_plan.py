@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.plan import (
     MASKED_PROFILE_WARNING,
@@ -24,7 +25,6 @@ from fl.plan import (
 from fl.scheduling.configs import ProfileConfig
 from harness.store import ProfileStore
 from tests.fl.scheduling.profiles import store_lines
-from userinput.errors import InputError
 
 ZOO = get_model("fjord-cnn")
 #: a + b * train FLOPs microseconds per image; slow is about 4x fast.

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.population import (
     DEFAULT_VARIATION,
@@ -25,7 +26,6 @@ from fl.population import (
 )
 from fl.records import ClientSpec
 from fl.server import sample_clients
-from userinput.errors import InputError
 
 ARCH = get_model("fjord-cnn").arch(0.5)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.roundcost import measured_models, parse_links, round_cost_from_rows, round_cost_from_store
 from fl.scheduling.configs import ProfileConfig
@@ -12,7 +13,6 @@ from harness.latency import fit
 from harness.roundcost import RoundCostModel
 from harness.store import ProfileStore
 from tests.fl.scheduling.profiles import store_lines
-from userinput.errors import InputError
 
 MODEL = get_model("fjord-cnn")
 LINES = {"fast": (50.0, 2e-4), "slow": (400.0, 1.5e-3)}

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model
 from fl import server
 from fl.client import TRAINERS, evaluate
@@ -31,7 +32,6 @@ from fl.server import (
 from fl.strategies import STRATEGIES
 from fl.strategies.base import Strategy
 from harness.store import ProfileStore
-from userinput.errors import InputError
 
 # -- test-local strategy and data -------------------------------------------------------------
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from exporters.arch import DEFAULT_WIDTHS, parse_widths
+from exporters.userinput import InputError
 from exporters.zoo import get_model, model_names
 from fleetbench.cli import main
-from userinput.errors import InputError
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

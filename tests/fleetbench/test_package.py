@@ -25,7 +25,7 @@ from tests.fleetbench.test_demo import LOCAL_DEMO, check_local_demo
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The project's packages: everything the wheel may hold besides its metadata.
-PACKAGES = {"fleetbench", "reports", "fl", "harness", "devices", "exporters", "userinput"}
+PACKAGES = {"fleetbench", "reports", "fl", "harness", "devices", "exporters"}
 
 #: What a checkout holds that is not the project's source (the demo's output among them).
 NOT_SOURCE = (".git", ".venv", ".tox", "*.egg-info", "build", "dist", "__pycache__", ".mypy_cache", ".ruff_cache",

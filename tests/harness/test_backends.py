@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from exporters.userinput import InputError
 from harness.backends import (
     PREFERENCE,
     BackendChoice,
@@ -18,7 +19,6 @@ from harness.backends import (
     usable_devices,
     why_not,
 )
-from userinput.errors import InputError
 
 OK = PackageStatus(True, True, "1.0")
 MISSING = PackageStatus(False, False)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from devices.fleet import Device
+from exporters.userinput import InputError
 from harness.bench_data import bench_data_file, bench_data_label, check_bench_data
 from harness.cells import plan_cells
 from tests.harness.campaigns import BATCH, MODEL, STEPS, WARMUP
-from userinput.errors import InputError
 
 
 def test_cells_planned_with_bench_data_need_that_file(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ import pytest
 
 from devices.emulation import emulate, limits
 from devices.fleet import Fleet
+from exporters.userinput import InputError
 from harness import calibrate
 from harness.calibrate import CalibrationResult, calibrate_share, curve_error, set_share, stored_curve
-from userinput.errors import InputError
 
 #: Per-image latency at share 1 of a CPU-bound device, per width.
 K = {0.25: 300.0, 0.5: 700.0, 0.75: 1300.0, 1.0: 1900.0}

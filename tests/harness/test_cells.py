@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from devices.fleet import Device
+from exporters.userinput import InputError
 from harness.cells import plan_cells
 from tests.harness.campaigns import MODEL, WIDTHS
-from userinput.errors import InputError
 
 
 def test_plan_cells_is_device_major_and_uses_device_threads() -> None:

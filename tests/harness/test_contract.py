@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from harness import contract
 from harness.document import EMPTY_DOCUMENT
 from harness.runner import protocol
 from harness.runner.arguments import build_parser
-from userinput.errors import InputError
 
 
 def test_parse_output_statuses() -> None:

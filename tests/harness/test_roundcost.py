@@ -11,6 +11,7 @@ import pytest
 from devices.fleet import Device
 from devices.local import LocalProcess, LocalTransport
 from exporters.artifacts import export_artifacts
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from harness.deploy import deploy_artifact_set, deploy_runner
 from harness.latency import fit
@@ -27,7 +28,6 @@ from harness.roundcost import (
 )
 from harness.runner_archive import archive_path
 from tests.fl.scheduling.profiles import line_rows
-from userinput.errors import InputError
 
 MODEL = get_model("fjord-cnn")
 

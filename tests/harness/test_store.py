@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from exporters.userinput import InputError
 from fleetbench.cli import main
 from harness.document import parse_document
 from harness.provenance import git_commit, host_versions
@@ -27,7 +28,6 @@ from harness.records import BenchSpec, Measurement
 from harness.roundcost import RoundCostModel
 from harness.store import ProfileStore, StoreError
 from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
-from userinput.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 

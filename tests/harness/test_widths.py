@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from devices.emulation import emulate
+from exporters.userinput import InputError
 from harness.cells import plan_cells
 from harness.store import ProfileStore
 from harness.widths import AUTO_CANDIDATES, choose_widths, parse_width_request
 from tests.harness.campaigns import BATCH, MODEL, TIMEOUT, Counting, load
-from userinput.errors import InputError
 
 
 def test_width_requests() -> None:

@@ -25,10 +25,10 @@ from devices.emulation import emulate
 from devices.emulation.sshd import free_port
 from devices.fleet import Device, Emulation
 from devices.fleetfile import load_fleet
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions
 from fl.records import ClientFailure, TrainIns
-from userinput.errors import InputError
 
 PY = sys.executable
 

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.client import module_params, run_local
 from fl.executors import EXECUTORS, make_executor
 from fl.executors.inprocess import InProcessExecutor
 from fl.records import TrainIns
-from userinput.errors import InputError
 
 MODEL = get_model("fjord-cnn")
 

@@ -30,6 +30,7 @@ import pytest
 import ray
 
 from devices import processes
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.client import run_local
 from fl.executors import EXECUTORS, make_executor
@@ -40,7 +41,6 @@ from fl.server import RunConfig, run_fl
 from fleetbench.cli import main
 from harness.store import ProfileStore
 from tests.fl.executors.test_inprocess import instructions, shards
-from userinput.errors import InputError
 
 MODEL = get_model("fjord-cnn")
 TOKEN_ENV = "FLEETBENCH_TEST_RAY_TOKEN"

@@ -4,10 +4,10 @@ from torch import nn
 
 import fl.maths.aggregate as aggregate
 from exporters.arch import Arch, Dim, SubModel
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.maths.aggregate import full_index, holder_counts, runs, selective_average, updates_from_results
 from fl.records import TrainRes
-from userinput.errors import InputError
 
 
 def _model(groups, layouts):

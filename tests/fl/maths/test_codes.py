@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from fl.maths.codes import (
     GOLD_PAIRS,
     assign_rows,
@@ -21,7 +22,6 @@ from fl.maths.codes import (
     random_rows,
     sequence_period,
 )
-from userinput.errors import InputError
 
 # t = 1 + 2^floor((n+2)/2), worked out by hand for every tabulated degree.
 HAND_T = {3: 5, 5: 9, 6: 17, 7: 17, 9: 33, 10: 65, 11: 65, 13: 129, 14: 257, 15: 257}

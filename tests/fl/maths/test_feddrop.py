@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model
 from exporters.zoo.common import chain_layouts
 from fl.maths import feddrop as fd
-from userinput.errors import InputError
 
 
 class TinyNet(nn.Module):

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from exporters.arch import Dim
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model
 from fl.maths import fluid
-from userinput.errors import InputError
 
 
 def tiny_model(blocks: int = 1) -> ZooModel:

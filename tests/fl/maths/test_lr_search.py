@@ -2,8 +2,8 @@ import math
 
 import pytest
 
+from exporters.userinput import InputError
 from fl.maths.lr_search import candidate_rates, search_server_lr, windowed_score
-from userinput.errors import InputError
 
 
 def scripted(curves, default=()):

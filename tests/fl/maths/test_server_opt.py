@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from fl.maths.server_opt import ServerOptimizer, fedadam_init, fedadam_step, fedavg_step, mean_update
-from userinput.errors import InputError
 
 
 def test_mean_update_by_hand():

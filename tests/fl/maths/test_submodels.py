@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from exporters.zoo.fjord import ResNetSizes, block_plan, fjord_resnet18
 from exporters.zoo.heterofl import heterofl_resnet18
@@ -14,7 +15,6 @@ from fl.maths.submodels import (
     static_indices,
     static_submodel,
 )
-from userinput.errors import InputError
 
 
 def test_static_indices_are_the_prefix():

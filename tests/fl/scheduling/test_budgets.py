@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporters.userinput import InputError
 from fl.scheduling.budgets import round_budget_ratio
-from userinput.errors import InputError
 
 
 def round_at(width: float) -> float:

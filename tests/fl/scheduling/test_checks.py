@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from exporters.userinput import InputError
 from fl.scheduling.checks import WIDTH_TOL, check_widths, count, overhead, positive, same_width
-from userinput.errors import InputError
 
 
 def test_same_width_within_the_tolerance_only() -> None:

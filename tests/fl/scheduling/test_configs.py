@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from exporters.userinput import InputError
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost, matched_profiles
 from harness.roundcost import RoundCostModel
 from tests.fl.scheduling.profiles import line_rows
-from userinput.errors import InputError
 
 
 def rows_of(device: str, *, optimizer: str, threads: int, backend: str = "ort", batch: int = 20, a: float = 100.0):

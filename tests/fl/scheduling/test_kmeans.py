@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporters.userinput import InputError
 from fl.scheduling.kmeans import kmeans_1d
-from userinput.errors import InputError
 
 
 def test_kmeans_1d_is_exact_and_deterministic() -> None:

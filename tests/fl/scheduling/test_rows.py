@@ -7,10 +7,10 @@ import math
 import pytest
 
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.scheduling.rows import memory_counts, predicted_latency, predicted_peak, select, status_summary, width_flops
 from tests.fl.scheduling.profiles import PARAMS, line_rows
-from userinput.errors import InputError
 
 
 def test_select_matches_every_given_field() -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from exporters.flops import count
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.scheduling.tiers import HETEROFL_LEVELS, assign_tiers, capacities_for, uniform_levels
 from tests.fl.scheduling.profiles import FLOPS, WIDTHS, failed_rows, line_rows
-from userinput.errors import InputError
 
 # The rounds the tests give (a round-cost model's, here of latency alone):
 # round seconds = a + b * F (us) * 1e-6 * examples * epochs.

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from exporters.arch import Arch, Dim, make_submodel
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from exporters.zoo.cfd import coded_cnn
 from exporters.zoo.common import TwoConvCNNSizes
@@ -10,7 +11,6 @@ from fl.client import module_params, run_local
 from fl.records import ClientFailure, ClientSpec, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.cfd import CodedFD
-from userinput.errors import InputError
 
 # A hand-sized model: one group of 4 neurons; w1 (4 x 2) indexed by the group on rows,
 # w2 (3 x 4) on columns. Its builder is never called.

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from fl.records import ClientSpec, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.fd import FederatedDropout
 from tests.fl.strategies.tiny import accuracy, blobs, initial_params, learn_blobs, run_rounds, tiny_model
-from userinput.errors import InputError
 
 
 def _clients(caps):

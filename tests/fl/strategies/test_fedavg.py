@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
+from exporters.userinput import InputError
 from fl.records import ClientFailure, ClientSpec, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.fedavg import FedAvg, parse_options
 from tests.fl.strategies.tiny import accuracy, blobs, initial_params, run_rounds, tiny_model
-from userinput.errors import InputError
 
 
 def _clients(n, capacity=1.0):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.client import build_module, get_trainer, module_params, run_local, train_plain
 from fl.maths import feddrop as fd
@@ -15,7 +16,6 @@ from fl.records import ClientSpec, TrainIns, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.feddrop import FedDrop, _SyncDrop, train_syncdrop
 from tests.fl.maths.test_feddrop import tiny_model
-from userinput.errors import InputError
 
 
 def _initial(model):

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.client import TRAINERS, get_trainer, train_plain
 from fl.records import ClientSpec, TrainIns, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.fjord import FjORD, drawn_widths, p_max_for, train_ordered, width_set
 from tests.fl.strategies.tiny import accuracy, blobs, initial_params, learn_blobs, tiny_model
-from userinput.errors import InputError
 
 
 def test_registered():

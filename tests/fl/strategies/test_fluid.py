@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 
 from exporters.arch import Dim
+from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.records import ClientFailure, ClientSpec, TrainRes
 from fl.runlog import decode_state, encode_state
 from fl.strategies import strategy_class
 from fl.strategies.fluid import FLuID
-from userinput.errors import InputError
 
 
 def tiny_model() -> ZooModel:

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from torch import nn
 
+from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.records import ClientSpec, TrainRes
 from fl.strategies import strategy_class
 from fl.strategies.heterofl import HeteroFL, has_running_stats
 from tests.fl.strategies.tiny import TinyMLP, accuracy, initial_params, learn_blobs, tiny_model
-from userinput.errors import InputError
 
 
 def test_registered():

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from userinput.argtypes import input_shape, non_negative_int, number, positive_float, positive_int
-from userinput.errors import InputError
+from exporters.userinput import InputError, input_shape, non_negative_int, number, positive_float, positive_int
 
 
 @pytest.mark.parametrize(
@@ -51,4 +50,4 @@ def test_number_takes_what_float_takes() -> None:
 
 def test_the_input_error_is_a_value_error_every_layer_can_raise() -> None:
     assert issubclass(InputError, ValueError)
-    assert InputError.__module__ == "userinput.errors"
+    assert InputError.__module__ == "exporters.userinput"

@@ -1,8 +1,21 @@
-"""The argparse types every command uses: each parses one value or says, in one line, why not."""
+"""What every layer checks a user's input with: the error it raises and the argparse types.
+
+At the bottom of the layers (every layer that reads a user's input may import it; it imports
+nothing of fleetbench). `InputError` is the error of a request that cannot be satisfied as
+given, whichever layer finds it; the argparse types each parse one value or say, in one line,
+why not.
+"""
 
 from __future__ import annotations
 
 import argparse
+
+
+class InputError(ValueError):
+    """A request that cannot be satisfied as given (unknown model, bad width, ...).
+
+    The CLI prints its message as one line on stderr and exits with status 2.
+    """
 
 
 def _int_at_least(text: str, minimum: int, bound: str) -> int:
