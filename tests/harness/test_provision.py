@@ -134,27 +134,6 @@ def test_a_dead_device_fails_while_the_others_answer(tmp_path: Path) -> None:
     assert "nopython: no Python on the device (the device's python cannot run): no backend can run" in table
 
 
-def test_cmd_provision_prints_a_table_and_exits_1_when_a_device_failed(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        "devices:\n"
-        f"  - {{name: here, kind: local, workdir: {tmp_path}/here, python: {PY}}}\n"
-        f"  - {{name: gone, kind: ssh, host: 127.0.0.1, port: 1, known_hosts: {tmp_path}/kh}}\n"
-    )
-    assert main(["fleet", "provision", str(fleet)]) == 1
-    out = capsys.readouterr().out
-    header = [cell.strip() for cell in out.splitlines()[0].split(" | ")]
-    assert header == [
-        "device", "machine", "python", "runtime", "numpy", "onnxruntime", "onnxruntime-training", "torch", "can run",
-        "uses",
-    ]
-    here = next(line for line in out.splitlines() if line.startswith("here "))
-    assert [cell.strip() for cell in here.split(" | ")][-2:] == ["ort, onnx, torch", "ort"]
-    assert "FAILED: unreachable" in out
-
-
 def test_wheel_names_are_matched_by_distribution(tmp_path: Path) -> None:
     ort = tmp_path / "onnxruntime_training-1.19.2-cp311-cp311-manylinux_2_17_x86_64.whl"
     assert wheel_distribution(ort) == "onnxruntime-training"
