@@ -84,7 +84,7 @@ def test_exports_loads_and_trains(root: Path, name: str, width: float) -> None:
     arch = model.arch(width)
 
     assert sorted(p.name for p in result.directory.iterdir()) == sorted((*ARTIFACT_FILES, MANIFEST))
-    assert manifest["model"] == name and manifest["arch"]["widths"] == list(arch.sizes)
+    assert manifest["model"] == name and manifest["arch"]["sizes"] == list(arch.sizes)
     assert manifest["arch"]["groups"] == list(model.group_names)
     assert manifest["batch"] == BATCH and manifest["optimizer"] == "adamw" and manifest["loss"] == "cross_entropy"
     assert manifest["inputs"] == [  # any batch size; `batch` is the one it was exported for
@@ -432,12 +432,12 @@ def test_export_rejects_bad_requests(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("rate", [0.25, 0.5, 0.75, 1.0])
-def test_set_name_shows_the_requested_width_even_when_ceil_is_uneven(rate: float) -> None:
+@pytest.mark.parametrize("width", [0.25, 0.5, 0.75, 1.0])
+def test_set_name_shows_the_requested_width_even_when_ceil_is_uneven(width: float) -> None:
     from exporters.artifacts import set_name
 
     model = get_model("fjord-cnn")  # groups of 20 and 15: 0.25 keeps (5, 4), not a uniform fraction
-    assert set_name(model, model.arch(rate), 20, "adamw", "ab" * 32).startswith(f"fjord-cnn-w{rate:g}-b20-adamw-abab")
+    assert set_name(model, model.arch(width), 20, "adamw", "ab" * 32).startswith(f"fjord-cnn-w{width:g}-b20-adamw-abab")
 
 
 def test_set_name_lists_layer_widths_of_a_non_uniform_arch() -> None:
