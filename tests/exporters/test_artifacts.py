@@ -22,7 +22,7 @@ from exporters import artifacts
 from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
 from exporters.flops import count
-from exporters.manifest import ARTIFACT_FILES, MANIFEST, load_valid_manifest
+from exporters.manifest import ARTIFACT_FILES, EXPORT_FORMAT_CHANGES, MANIFEST, load_valid_manifest
 from exporters.ort_training import OrtTrainer
 from exporters.torch_twin import torch_optimizer
 from exporters.userinput import InputError
@@ -327,6 +327,25 @@ def test_cache_hit_writes_nothing_and_changes_reexport(tmp_path: Path) -> None:
     assert len({v.directory for v in variants} | {first.directory}) == 1 + len(variants)
     assert _snapshot(first.directory) == before
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporary leftovers
+
+
+def test_a_set_of_an_older_export_format_is_exported_again(tmp_path: Path, monkeypatch) -> None:
+    model = get_model("cfd-cnn")
+    arch = model.arch(0.25)
+    older = artifacts.EXPORT_FORMAT_VERSION - 1
+    with monkeypatch.context() as patch:  # a set written by the format before, with its manifest's old keys
+        patch.setattr(artifacts, "EXPORT_FORMAT_VERSION", older)
+        old = export_artifacts(model, arch, batch=2, optimizer="adamw", out_dir=tmp_path)
+    manifest = json.loads((old.directory / MANIFEST).read_text())
+    manifest["arch"]["widths"] = manifest["arch"].pop("sizes")
+    (old.directory / MANIFEST).write_text(json.dumps(manifest))
+    assert load_valid_manifest(old.directory) is not None  # intact, but of the older format
+
+    new = export_artifacts(model, arch, batch=2, optimizer="adamw", out_dir=tmp_path)
+    assert not new.cached and new.directory != old.directory
+    assert new.manifest["format_version"] == artifacts.EXPORT_FORMAT_VERSION
+    assert new.manifest["arch"]["sizes"] == list(arch.sizes) and "widths" not in new.manifest["arch"]
+    assert "sizes" in EXPORT_FORMAT_CHANGES[artifacts.EXPORT_FORMAT_VERSION]
 
 
 @pytest.mark.parametrize("victim", ["checkpoint", "training_model.onnx", "manifest.json"])
