@@ -217,15 +217,15 @@ def set_name(model: ZooModel, arch: Arch, batch: int, optimizer: str, key: str) 
     Returns
     -------
     str
-        ``"<model>-w<rate>-b<batch>-<optimizer>-<key[:12]>"`` where ``<rate>`` is
-        the largest two-decimal width with ``model.arch(rate) == arch`` (e.g.
-        ``0.25``), else the per-group widths joined by ``.`` (shortened when long).
+        ``"<model>-w<width>-b<batch>-<optimizer>-<key[:12]>"`` where ``<width>`` is
+        the largest two-decimal width with ``model.arch(width) == arch`` (e.g.
+        ``0.25``), else the per-group sizes joined by ``.`` (shortened when long).
     """
     return f"{model.name}-w{_width_label(model, arch)}-b{batch}-{optimizer}-{key[:12]}"
 
 
 def _width_label(model: ZooModel, arch: Arch) -> str:
-    # Several rates round to the same widths (ceil(r*K)); the largest two-decimal one
+    # Several widths round to the same sizes (ceil(w*K)); the largest two-decimal one
     # is the one a user asked for (0.25 gives (5, 4) of (20, 15), and so do 0.21..0.24).
     for hundredths in range(100, 0, -1):
         if model.arch(hundredths / 100) == arch:
@@ -290,7 +290,7 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
     dict
         Model name, groups, layouts, input shape and dtype, classes, the module's
         ``repr``, parameter names and shapes, sha256 of the source files of every
-        non-torch module class in it, the arch widths, seed, batch, optimizer and
+        non-torch module class in it, the arch's sizes (neurons per group), seed, batch, optimizer and
         its hyper-parameters, loss, opset, tool versions, `EXPORT_FORMAT_VERSION`
         and the sha256 of this file (so a changed export procedure never reuses
         a stale set).
@@ -314,7 +314,7 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         "module": repr(net),
         "parameters": [[name, list(p.shape)] for name, p in net.named_parameters()],
         "sources": sources,
-        "widths": list(arch.sizes),
+        "sizes": list(arch.sizes),
         "seed": seed_for(arch),
         "batch": batch,
         "optimizer": optimizer,
@@ -605,7 +605,7 @@ def _export_into(
         "paper": model.paper,
         "arch": {
             "key": arch.key(),
-            "widths": list(arch.sizes),
+            "sizes": list(arch.sizes),
             "groups": list(model.group_names),
             "group_sizes": list(model.group_sizes),
         },

@@ -29,6 +29,7 @@ from exporters.userinput import InputError
 #: format that changes what the export writes gets the next number and a line here.
 EXPORT_FORMAT_CHANGES: dict[int, str] = {
     3: "an LSTM's recurrent gradient is one product over all time steps: its steps are up to 1.34x faster",
+    4: "the manifest names the arch's neurons per group 'sizes' (was 'widths'); the graphs are unchanged",
 }
 #: The format exported now: part of the cache key, and recorded with every measured cell.
 EXPORT_FORMAT_VERSION = max(EXPORT_FORMAT_CHANGES)

@@ -18,7 +18,7 @@ Specs (`assign`):
     One capacity per client, in client order; the count must equal the number of clients.
 ``"fjord:K"`` or ``"fjord:K,ds=D"``
     FjORD's uniform-K device tiers with drop scale ``ds`` (paper section 5.1): tier
-    ``i`` (``i = 1..K``) has ``p_max = i/K``; the K-1 lower tiers hold ``ds/K`` of the
+    ``i`` (``i = 1..K``) has capacity ``i/K``; the K-1 lower tiers hold ``ds/K`` of the
     clients each and the high-end tier the rest, ``1 - (K-1)*ds/K``. ``ds = 1``
     (default) gives equal tiers, ``(0.2, ..., 0.2)`` for K = 5; ``ds = 0.5`` gives
     ``(0.1, 0.1, 0.1, 0.1, 0.6)``. ``ds`` may range over ``[0, K/(K-1)]``.

@@ -51,12 +51,12 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     Parameters
     ----------
     items : sequence of str
-        ``["rate=0.5", "mode=random", "levels=[1, 0.5]"]``.
+        ``["width=0.5", "mode=random", "levels=[1, 0.5]"]``.
 
     Returns
     -------
     dict
-        ``{"rate": 0.5, "mode": "random", "levels": [1, 0.5]}``.
+        ``{"width": 0.5, "mode": "random", "levels": [1, 0.5]}``.
 
     Raises
     ------

@@ -9,8 +9,8 @@ models once, and builds the round-cost model from them (`harness.roundcost.round
     round(device, width) = fixed + steps * batch * latency(device, arch(width)) + transfers(width)
 
 with ``steps = epochs * ceil(examples / batch)``. A FjORD client draws a width at or below
-its p_max at every step, so its round is the mean of the rounds at those widths, its
-payload p_max's. Then, by strategy:
+its capacity at every step, so its round is the mean of the rounds at those widths, its
+payload its capacity's. Then, by strategy:
 
 - FjORD, HeteroFL, FedRolex: each device's widest level whose predicted round meets the
   deadline and whose predicted peak memory fits its budget (`fl.scheduling.width_checks`),
@@ -20,7 +20,7 @@ payload p_max's. Then, by strategy:
   deadline (`fl.scheduling.budgets.round_budget_ratio`), and the uniform keep probability
   it gives.
 - FLuID: the straggler(s) by predicted full-width round, the starting target (the slowest
-  other device's full round) and each straggler's sub-model size, the one whose predicted
+  other device's full round) and each straggler's sub-model width, the one whose predicted
   round is nearest the target.
 
 Deadline policies: ``auto`` (the median device's full-width round), a number of seconds, or
@@ -80,8 +80,8 @@ class DevicePlan:
         ``planned``; ``misses`` (no width meets the deadline or memory: the smallest);
         ``unprofiled`` (no profile: the smallest width, nothing predicted); ``excluded``.
     width : float or None
-        Its capacity: FjORD's p_max, HeteroFL / FedRolex's level, a FLuID straggler's
-        sub-model size, else 1.0. None when excluded.
+        Its capacity: FjORD's capacity, HeteroFL / FedRolex's level, a FLuID straggler's
+        sub-model width, else 1.0. None when excluded.
     tier : int or None
         0 is the widest tier.
     round_s : float or None
@@ -222,7 +222,7 @@ class PlanRequest:
     memory : mapping of str to int
         Memory budget per device in bytes.
     options : mapping
-        The strategy's options (FjORD's ``k``, FLuID's ``sizes``, ``num_stragglers`` and
+        The strategy's options (FjORD's ``k``, FLuID's ``widths``, ``num_stragglers`` and
         ``straggler_fraction``).
     links : mapping of str to (kbit/s, delay ms), optional
         Modelled links of a virtual population.
@@ -533,7 +533,7 @@ def plan_on(
     def client_round(device: str, width: float) -> float:
         if request.strategy != "fjord":
             return round_at(device, width)
-        drawn = [w for w in levels if w <= width + 1e-9]  # FjORD draws a width <= p_max per step, uniformly
+        drawn = [w for w in levels if w <= width + 1e-9]  # FjORD draws a width <= its capacity per step, uniformly
         return sum(round_at(device, w, width) for w in drawn) / len(drawn)
 
     full = {d: round_at(d, 1.0) for d in profiled}
@@ -647,8 +647,8 @@ def _strategy_plans(
     if request.strategy == "fluid":
         from fl.maths import fluid
 
-        sizes = request.options.get("sizes", fluid.PAPER_SIZES)
-        sizes = tuple(float(s) for s in (json.loads(sizes) if isinstance(sizes, str) else sizes))
+        widths = request.options.get("widths", fluid.PAPER_WIDTHS)
+        widths = tuple(float(w) for w in (json.loads(widths) if isinstance(widths, str) else widths))
         count = fluid.straggler_count(
             len(full),
             int(request.options.get("num_stragglers", 1)),
@@ -657,9 +657,9 @@ def _strategy_plans(
         stragglers, target = fluid.find_stragglers(dict(full), count)
         for device in checks:
             if device in stragglers and not math.isnan(target):
-                size = fluid.curve_width(full[device], target, sizes, functools.partial(round_at, device))
-                why = f"straggler: size {size:g} brings its round nearest the target {target:.3g} s"
-                out[device] = base(device, size, straggler=True, notes=(why,))
+                width = fluid.curve_width(full[device], target, widths, functools.partial(round_at, device))
+                why = f"straggler: width {width:g} brings its round nearest the target {target:.3g} s"
+                out[device] = base(device, width, straggler=True, notes=(why,))
             else:
                 out[device] = base(device, 1.0)
         return out, None if math.isnan(target) else float(target)
@@ -780,29 +780,27 @@ def strategy_options(plan: FleetPlan, placement: Mapping[str, str]) -> dict[str,
     -------
     dict
         ``{"budgets": {cid: ratio}}`` for FedDrop; ``{"planned": {"target": s,
-        "stragglers": {cid: size}}}`` for FLuID; else empty.
+        "stragglers": {cid: width}}}`` for FLuID; else empty.
     """
     by_device = {d.device: d for d in plan.devices}
     if plan.strategy == "feddrop":
         budgets = {cid: by_device[d].budget for cid, d in placement.items() if d in by_device and by_device[d].budget}
         return {"budgets": budgets} if budgets else {}
     if plan.strategy == "fluid" and plan.target_s is not None:
-        sizes = {
+        widths = {
             cid: by_device[d].width
             for cid, d in placement.items()
             if d in by_device and by_device[d].straggler and by_device[d].width is not None
         }
-        return {"planned": {"target": plan.target_s, "stragglers": sizes}}
+        return {"planned": {"target": plan.target_s, "stragglers": widths}}
     return {}
 
 
 def format_plan(plan: FleetPlan) -> list[str]:
     """Return the plan as table lines: one per device, then the fleet's deadline and rounds."""
-    width_name = {"fjord": "p_max", "heterofl": "level", "fedrolex": "level", "fluid": "size"}.get(
-        plan.strategy, "width"
-    )
+    width_name = {"fjord": "capacity", "heterofl": "level", "fedrolex": "level"}.get(plan.strategy, "width")
     lines = [
-        f"{'device':<12} {'status':<10} {width_name:>6} {'tier':>4} {'round s':>8} {'full s':>8} {'memory':>7} "
+        f"{'device':<12} {'status':<10} {width_name:>8} {'tier':>4} {'round s':>8} {'full s':>8} {'memory':>7} "
         f"{'budget':>6} {'keep':>5}  notes"
     ]
 
@@ -812,7 +810,7 @@ def format_plan(plan: FleetPlan) -> list[str]:
     for d in plan.devices:
         memory = "-" if d.fits_memory is None else ("fits" if d.fits_memory else "over")
         lines.append(
-            f"{d.device:<12} {d.status:<10} {num(d.width, 'g'):>6} {num(d.tier, 'd'):>4} {num(d.round_s, '.3f'):>8} "
+            f"{d.device:<12} {d.status:<10} {num(d.width, 'g'):>8} {num(d.tier, 'd'):>4} {num(d.round_s, '.3f'):>8} "
             f"{num(d.full_round_s, '.3f'):>8} {memory:>7} {num(d.budget, '.3f'):>6} {num(d.keep, '.3f'):>5}  "
             + "; ".join(d.notes)
         )

@@ -41,7 +41,7 @@ Timing of one client (`client_timing`)
     ``download = cost(d, a, 0, down, 0) - fixed``, ``upload = cost(d, a, 0, 0, up) -
     fixed``, ``steps = cost(d, a, steps, 0, 0) - fixed``; compute is fixed plus steps.
     The parts let the strategies treat them as they treat measured ones (FLuID scales
-    only the steps with the sub-model size).
+    only the steps with the sub-model width).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class ClientSpec:
     num_examples : int
         Training examples in the client's shard.
     capacity : float
-        The largest width (rate in (0, 1]) the client may train: FjORD's p_max,
+        The largest width (in (0, 1]) the client may train: FjORD's capacity,
         HeteroFL / FedRolex's capacity level, 1.0 for homogeneous methods.
     tier : int
         Index of the client's capacity tier (0 = largest), for the round log.

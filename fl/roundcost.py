@@ -20,7 +20,7 @@ the nearest one with a warning naming the difference, an `InputError` when there
 architecture (its local steps from its examples, the payload from the architecture's
 parameters in the runner's wire format): the server logs it beside every measured round
 (``fl_client_rounds.predicted_seconds``) and hands it to the strategies that plan on it
-(FLuID's target and straggler size).
+(FLuID's target and straggler width).
 
 Backends: a device measured with several backends is costed with the first of
 `harness.roundcost.BACKEND_PREFERENCE` it has (the one the devices executor trains with), unless one is named.
@@ -297,7 +297,7 @@ class ClientRoundPredictor:
             The architecture it trains (and, unless ``bytes_down`` says otherwise, receives and returns).
         bytes_down : int, optional
             The payload it receives and returns when that is not ``arch``'s (FjORD on a device
-            trains a prefix of the p_max parameters it is sent).
+            trains a prefix of the capacity's parameters it is sent).
         """
         if client.device is None or client.device not in self.devices:
             return None

@@ -52,6 +52,7 @@ from fl.population import (
     payload_bytes,
 )
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
+from fl.renamed_keys import current_options
 from fl.roundcost import loop_cpu_per_step, payload_bytes_of, run_predictor
 from fl.runlog import ClientRound, RunLog
 from fl.scheduling.configs import ProfileConfig, matched_profiles
@@ -98,7 +99,8 @@ class RunConfig:
     lr : float
         Local learning rate.
     options : mapping
-        Strategy keyword options (``--opt key=value``).
+        Strategy keyword options (``--opt key=value``); one given under an old name
+        (`fl.renamed_keys.OPTION_RENAMES`) is kept under its current one.
     eval_every : int
         Evaluate the global model every this many rounds (and after the last).
     executor : str
@@ -165,6 +167,10 @@ class RunConfig:
     clock_only: bool = False
     client_examples: int | None = None
     optimizer: str = "sgd"
+
+    def __post_init__(self) -> None:
+        """Put options given or stored under an old key under its current name (`fl.renamed_keys`)."""
+        object.__setattr__(self, "options", current_options(self.strategy, self.options))
 
     def validate(self) -> None:
         """Check the fields that can be checked without loading anything.
@@ -1091,6 +1097,8 @@ def failure_report(rounds: Sequence[RoundSummary]) -> str:
 
 def _check_resumable(config: RunConfig, stored: Mapping[str, Any], run_id: int) -> None:
     mine = config.to_dict()
+    if "options" in stored:
+        stored = {**stored, "options": current_options(str(stored.get("strategy", "")), stored["options"] or {})}
     for key, value in stored.items():
         if key in RESUMABLE_CHANGES or key not in mine:
             continue
@@ -1159,7 +1167,7 @@ def _label_counts(y: np.ndarray) -> dict[int, int]:
 
 
 def _width_of(model: ZooModel, ins: TrainIns, capacity: float) -> float:
-    """Return the rate a client trained: the config's ``width``, else its capacity when the shapes match it."""
+    """Return the width a client trained: the config's ``width``, else its capacity when the shapes match it."""
     if "width" in ins.config:
         return float(ins.config["width"])
     if model.arch(capacity).sizes == ins.submodel.arch.sizes:

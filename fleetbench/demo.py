@@ -27,8 +27,8 @@ Each step prints the command that does it on a user's own fleet (``yourself: ...
    the deadline (the median device's predicted full-width round), in two tiers, then
    hardware-in-the-loop rounds on MNIST with the ``devices`` executor, one client per
    device, and each device's predicted against measured rounds; then FLuID, planned with
-   its straggler, starting target and the straggler's sub-model size, printed per round
-   (straggler, size, time against the target). Each plan is stored with its run and
+   its straggler, starting target and the straggler's sub-model width, printed per round
+   (straggler, width, time against the target). Each plan is stored with its run and
    revised when the measured rounds drift from it.
 4. **Report**: ``report.html`` with the profile and both FL runs.
 
@@ -52,9 +52,9 @@ from typing import Any
 
 #: Widths the demo exports, profiles and offers to tiers.
 DEMO_WIDTHS = (0.25, 0.5, 0.75, 1.0)
-#: FLuID's sub-model sizes: a 1/32 grid, most of them never measured (the latency model
-#: predicts their rounds), fine enough that some size lands the straggler near its target.
-DEMO_FLUID_SIZES = tuple(i / 32 for i in range(8, 33))
+#: FLuID's sub-model widths: a 1/32 grid, most of them never measured (the latency model
+#: predicts their rounds), fine enough that some width lands the straggler near its target.
+DEMO_FLUID_WIDTHS = tuple(i / 32 for i in range(8, 33))
 
 #: Training batch of every artifact set the demo uses.
 DEMO_BATCH = 20
@@ -232,7 +232,7 @@ def run_demo(args: argparse.Namespace) -> int:
             paths = (artifacts, out / "fl-work")
             runs = (
                 ("fjord", f"FjORD with each tier's p_max, {args.rounds} rounds", {"k": len(DEMO_WIDTHS)}),
-                ("fluid", f"FLuID straggler handling, {args.rounds} rounds", {"sizes": list(DEMO_FLUID_SIZES)}),
+                ("fluid", f"FLuID straggler handling, {args.rounds} rounds", {"widths": list(DEMO_FLUID_WIDTHS)}),
             )
             for strategy, title, options in runs:
                 progress.step(f"planning {strategy} from the profiles")
@@ -425,7 +425,7 @@ def show_predictions(store: Any, run_id: int, progress: Progress) -> None:
 
 
 def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
-    """Print FLuID's straggler per round: its target, sub-model size and time against the target."""
+    """Print FLuID's straggler per round: its target, sub-model width and time against the target."""
     from fl.runlog import RunLog
     from reports import tables
 
@@ -436,11 +436,11 @@ def show_stragglers(store: Any, run_id: int, progress: Progress) -> None:
         return
     for row in table.itertuples(index=False):
         disturbed = (
-            " (the host disturbed this round: more CPU per step than at that size in other rounds or than its"
+            " (the host disturbed this round: more CPU per step than at that width in other rounds or than its"
             " profile's, less of the cpu than in the device's other rounds, or stalled transfers)"
         )
         progress.detail(
-            f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), size {row.size:g}, round "
+            f"round {int(row.round) + 1}: straggler {row.device} ({row.cid}), width {row.width:g}, round "
             f"{row.seconds:.2f} s against target {row.target_s:.2f} s = {row.over_target:.2f} x target"
             + (disturbed if row.disturbed else "")
         )

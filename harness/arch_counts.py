@@ -57,7 +57,7 @@ class ArchCounts:
 
 @lru_cache(maxsize=4096)
 def zoo_counts(model_name: str, which: tuple[int, ...] | float) -> ArchCounts:
-    """Count a zoo model's architecture: its layer widths, or the uniform width rate ``which``."""
+    """Count a zoo model's architecture: its layer widths, or the uniform width ``which``."""
     from exporters.arch import Arch
     from exporters.flops import count
     from exporters.zoo import get_model
@@ -91,14 +91,14 @@ def arch_counts(arch: Arch) -> ArchCounts:
 
 
 def train_flops_per_example(model_name: str, width: float) -> int:
-    """Return the training-step FLOPs of one example of a zoo model at a width rate.
+    """Return the training-step FLOPs of one example of a zoo model at a width.
 
     Parameters
     ----------
     model_name : str
         Zoo model name (`exporters.zoo.get_model`).
     width : float
-        Width rate in (0, 1] (``model.arch(width)``).
+        Width in (0, 1] (``model.arch(width)``).
 
     Returns
     -------
@@ -109,14 +109,14 @@ def train_flops_per_example(model_name: str, width: float) -> int:
 
 
 def memory_features(model_name: str, width: float) -> tuple[int, int]:
-    """Return ``(params, activation_elements)`` of one example of a zoo model at a width rate.
+    """Return ``(params, activation_elements)`` of one example of a zoo model at a width.
 
     Parameters
     ----------
     model_name : str
         Zoo model name.
     width : float
-        Width rate in (0, 1].
+        Width in (0, 1].
 
     Returns
     -------

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from devices.emulation.emulate import DeviceState
     from devices.fleet import Fleet
 
-#: Curve: width rate -> per-image latency (any unit, the same for target and measure).
+#: Curve: width -> per-image latency (any unit, the same for target and measure).
 Curve = Mapping[float, float]
 Measure = Callable[[float], Curve]
 

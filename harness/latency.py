@@ -171,7 +171,7 @@ class LatencyModel:
         Parameters
         ----------
         arch : Arch or float
-            A width rate is ``model.arch(width)`` of the zoo model; for a model outside the
+            A width is ``model.arch(width)`` of the zoo model; for a model outside the
             zoo only a row's ``train_flops`` can say it, so it needs `predict_flops`.
 
         Returns
@@ -194,7 +194,7 @@ class LatencyModel:
         Parameters
         ----------
         arch : Arch or float
-            Any architecture of the model, or a uniform width rate in (0, 1].
+            Any architecture of the model, or a uniform width in (0, 1].
 
         Returns
         -------
@@ -260,7 +260,7 @@ class MemoryModel:
         Parameters
         ----------
         arch : Arch or float
-            Any architecture of the (zoo) model, or a uniform width rate.
+            Any architecture of the (zoo) model, or a uniform width.
 
         Returns
         -------

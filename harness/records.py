@@ -48,7 +48,7 @@ class BenchSpec:
     model : str
         Zoo model name.
     width : float
-        Nominal width (rate) the arch was made from.
+        Nominal width the arch was made from.
     arch_sizes : tuple of int
         Kept neurons per group (the `exporters.arch.Arch` widths).
     batch : int

@@ -563,7 +563,7 @@ def _fl(src: Sources) -> list[Draft]:
             blocks.append(
                 TableBlock(
                     f"fl_run{rid}_stragglers",
-                    "FLuID per round: the straggler, its sub-model size, its round time against the target.",
+                    "FLuID per round: the straggler, its sub-model width, its round time against the target.",
                     st,
                 )
             )

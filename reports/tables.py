@@ -1039,7 +1039,7 @@ def prediction_errors(client_rounds: pd.DataFrame, *, skip_disturbed: bool = Fal
 
 
 def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.DataFrame:
-    """FLuID per round: the straggler, its target, its sub-model size and its time against the target.
+    """FLuID per round: the straggler, its target, its sub-model width and its time against the target.
 
     Parameters
     ----------
@@ -1051,12 +1051,12 @@ def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.
     Returns
     -------
     pandas.DataFrame
-        ``run_id, round, cid, device, size, seconds, predicted_s, target_s, over_target,
+        ``run_id, round, cid, device, width, seconds, predicted_s, target_s, over_target,
         disturbed`` for every straggler of a round with a target (``disturbed``: the host
         disturbed its round, `host_disturbed_rounds`).
     """
     columns = [
-        "run_id", "round", "cid", "device", "size", "seconds", "predicted_s", "target_s", "over_target", "disturbed"
+        "run_id", "round", "cid", "device", "width", "seconds", "predicted_s", "target_s", "over_target", "disturbed"
     ]  # fmt: skip
     if rounds.empty or client_rounds.empty:
         return pd.DataFrame(columns=columns)
@@ -1072,7 +1072,7 @@ def fl_straggler_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.
             rows.append(
                 {
                     "run_id": r["run_id"], "round": r["round"], "cid": s["cid"], "device": s["device"],
-                    "size": s["width"], "seconds": s["total_s"], "predicted_s": s["predicted_s"], "target_s": target,
+                    "width": s["width"], "seconds": s["total_s"], "predicted_s": s["predicted_s"], "target_s": target,
                     "over_target": s["total_s"] / target if target > 0 else math.nan,
                     "disturbed": bool(s["disturbed"]),
                 }

@@ -95,9 +95,9 @@ class ZooModel:
         """Return the full-width `Arch`."""
         return Arch(self.name, self.group_sizes)
 
-    def arch(self, rate: float) -> Arch:
-        """Return the `Arch` keeping ``ceil(rate * K)`` neurons of every group."""
-        return arch_at_width(self.name, self.group_sizes, rate)
+    def arch(self, width: float) -> Arch:
+        """Return the `Arch` keeping ``ceil(width * K)`` neurons of every group."""
+        return arch_at_width(self.name, self.group_sizes, width)
 
     def build(self, arch: Arch | None = None) -> nn.Module:
         """Build the torch module for ``arch`` (full width when ``None``)."""
@@ -110,9 +110,9 @@ class ZooModel:
         self._check(submodel.arch)
         return extract(global_state, submodel, self.layouts, self.group_names, self.group_sizes)
 
-    def static(self, rate: float) -> SubModel:
-        """Return the prefix sub-model at ``rate`` (HeteroFL static / FjORD ordered)."""
-        return static_submodel(self.arch(rate))
+    def static(self, width: float) -> SubModel:
+        """Return the prefix sub-model at ``width`` (HeteroFL static / FjORD ordered)."""
+        return static_submodel(self.arch(width))
 
     def example_batch(self, batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Return a deterministic ``(inputs, labels)`` batch of random data."""

@@ -49,13 +49,14 @@ Local trainers:
 
 * ``plain`` trains the sent sub-model.
 * ``fjord`` (ordered dropout) samples a width **per local step**, as the paper does: the
-  client's ``p_max`` parameters go to the device once, the request names one artifact set
-  per width ``p <= p_max`` and, per narrower width, the positions of its parameters in the
-  ``p_max`` vector (an index ``.npy``, deployed once); the runner draws a width per step
-  with ``default_rng((seed, 1))`` as `fl.strategies.fjord.train_ordered` does, copies the
-  prefix in and out of the width's session when the width changes, and returns the
-  ``p_max`` vector. The metrics log the widths trained (``mean_width``, steps per width)
-  and the switch cost. ``kd=true`` (self-distillation) is refused with a clear error: the
+  parameters at the client's ``capacity`` go to the device once, the request names one
+  artifact set per width ``p <= capacity`` and, per narrower width, the positions of its
+  parameters in the capacity's vector (an index ``.npy``, deployed once); the runner draws a
+  width per step with ``default_rng((seed, 1))`` as `fl.strategies.fjord.train_ordered` does,
+  copies the prefix in and out of the width's session when the width changes, and returns
+  the capacity's vector (a train config under the old key ``p_max`` is read as
+  ``capacity``). The metrics log the widths trained (``mean_width``, steps per width) and
+  the switch cost. ``kd=true`` (self-distillation) is refused with a clear error: the
   step graphs train one width's cross-entropy, and a teacher's soft targets would need a
   second graph per width pair.
 * ``syncdrop`` (FedDrop) trains the full model with SyncDrop masks drawn per step from
@@ -92,6 +93,7 @@ from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
+from fl.renamed_keys import current_train_config
 from harness.contract import RunnerStart
 from harness.document import RunnerDocument
 
@@ -104,11 +106,11 @@ DEFAULT_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class _Width:
-    """One FjORD width a client may train: its artifact set and where its parameters sit in ``p_max``'s."""
+    """One FjORD width a client may train: its artifact set and where its parameters sit in its capacity's."""
 
-    rate: float
+    width: float
     set_dir: Path
-    index: Path | None  # flat positions in the p_max vector (.npy); None for p_max itself
+    index: Path | None  # flat positions in the capacity's vector (.npy); None for the capacity itself
 
 
 @dataclass(frozen=True)
@@ -427,25 +429,25 @@ class DevicesExecutor(ClosingExecutor):
         return _Job(ins, self.placement[ins.cid], set_dir, manifest, dict(ins.parameters), shard, widths)
 
     def _fjord_widths(self, ins: TrainIns, outer_dir: Path, outer_manifest: Mapping[str, Any]) -> tuple[_Width, ...]:
-        cfg = ins.config
+        cfg = current_train_config(ins.config)
         if bool(cfg.get("kd", False)):
             raise InputError(
                 "fjord kd=true (self-distillation) does not run on devices: the step graphs train one width's "
                 "cross-entropy per step; use kd=false on devices, or the inprocess executor"
             )
         outer = ins.submodel.arch
-        rates = [float(w) for w in cfg.get("widths", [])] or [float(cfg.get("p_max", 1.0))]
+        drawn = [float(w) for w in cfg.get("widths", [])] or [float(cfg.get("capacity", 1.0))]
         widths = []
-        for rate in rates:
-            arch = outer if not cfg.get("widths") else self.model.arch(rate)
+        for width in drawn:
+            arch = outer if not cfg.get("widths") else self.model.arch(width)
             if any(w > o for w, o in zip(arch.sizes, outer.sizes, strict=True)):
-                raise InputError(f"fjord: width {rate} does not fit in the client's sub-model {outer.key()}")
+                raise InputError(f"fjord: width {width} does not fit in the client's sub-model {outer.key()}")
             if arch.sizes == outer.sizes:
-                widths.append(_Width(rate, outer_dir, None))
+                widths.append(_Width(width, outer_dir, None))
                 continue
             set_dir, manifest = self._artifact_set(arch)
             positions = prefix_positions(self.model, outer, outer_manifest, arch, manifest)
-            widths.append(_Width(rate, set_dir, self._write_index(positions)))
+            widths.append(_Width(width, set_dir, self._write_index(positions)))
         return tuple(widths)
 
     def _syncdrop_job(self, ins: TrainIns, shard: Path) -> _Job:
@@ -544,7 +546,7 @@ class DevicesExecutor(ClosingExecutor):
         for width in job.widths:
             sets.append(self._deployed_set(transport, job.device, width.set_dir))
             index.append(None if width.index is None else self._deployed_file(transport, job.device, width.index)[0])
-        return {"sets": sets, "index": index, "widths": [w.rate for w in job.widths]}
+        return {"sets": sets, "index": index, "widths": [w.width for w in job.widths]}
 
     def _resident_runner(self, transport: Transport, device: Device, runner: str, workdir: str) -> Any:
         from harness.resident import ResidentRunner

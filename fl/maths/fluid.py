@@ -8,39 +8,39 @@ Straggler calibration (Algorithm 1, lines 18-21)
     slowest clients are the stragglers; the target time is the next-slowest
     client's time (the slowest non-straggler); each straggler's required speed-up
     is ``T_straggler / T_target``. Times are compared as *full-model* times: a
-    client measured while training a sub-model of size ``r`` is re-estimated as
+    client measured while training a sub-model of width ``r`` is re-estimated as
     ``T / r`` (linear rule, Appendix A.3) or ``T * lat(1) / lat(r)`` with its
-    device's measured latency-vs-width curve. Only the size-dependent part of a
+    device's measured latency-vs-width curve. Only the width-dependent part of a
     time scales; a fixed part (a device runner's start, transfers) is carried
-    over unchanged. The sub-model size (`straggler_width`) is
+    over unchanged. The sub-model width (`straggler_width`) is
 
-    * linear rule (Appendix A.3, no measured curve): the available size closest
+    * linear rule (Appendix A.3, no measured curve): the available width closest
       to ``1 / speed-up``;
-    * measured curve: the available size whose predicted time
+    * measured curve: the available width whose predicted time
       ``T_full * lat(r) / lat(1)`` is closest to the target, the same rule in time
-      (under the linear model the size closest to ``1 / speed-up`` is the one whose
+      (under the linear model the width closest to ``1 / speed-up`` is the one whose
       time is closest to the target). It may lie above the target, by at most half
-      the step between two sizes' times: picking the largest size that meets the
+      the step between two widths' times: picking the largest width that meets the
       target instead kept the straggler up to a whole step under its target, every
       round, and FLuID asks for its time at the target.
 
     Both rules give the full model (1.0) when no speed-up is needed.
-    **Decision (ties):** two sizes equally close to ``1 / speed-up`` (within
-    `SIZE_TOL`, so that a tie is a tie whatever the floating-point rounding of
+    **Decision (ties):** two widths equally close to ``1 / speed-up`` (within
+    `TIE_TOL`, so that a tie is a tie whatever the floating-point rounding of
     ``1 / speed-up``) resolve to the *smaller* one: under the linear rule it is the
     one predicted to meet the target, and the larger misses it by as much; the curve
     rule breaks its ties (two times equally far from the target) the same way. A
-    predicted time within a relative `SIZE_TOL` of the target meets it.
+    predicted time within a relative `TIE_TOL` of the target meets it.
     **Decision (one implementation):** this is the project's only straggler
     sizing; an earlier FLOPs-interpolated copy in the scheduling module was used by
     nothing and was removed. The curve is interpolated in *width*, not FLOPs,
     because the profiles a strategy receives may lack FLOPs (and its model may
     not be a zoo model whose FLOPs can be counted); between two measured widths the
     chord of the convex latency curve over-estimates the time, which errs toward
-    the smaller size.
-    **Decision (the latency model where a width was not measured):** FLuID's sizes (0.95,
+    the smaller width.
+    **Decision (the latency model where a width was not measured):** FLuID's widths (0.95,
     0.85, ...) are rarely the measured widths. `profile_predictor` therefore asks the
-    device's fitted latency model (`harness.latency`: per-layer features of the size's
+    device's fitted latency model (`harness.latency`: per-layer features of the width's
     architecture) for a zoo model, and interpolates the measured curve
     (`curve_predictor`) only for a model the zoo does not know.
 
@@ -82,9 +82,10 @@ import numpy as np
 from exporters.arch import SubModel, make_submodel, size_at_width
 from exporters.userinput import InputError
 from exporters.zoo import ZooModel
+from fl.scheduling.checks import check_widths
 
-#: Sub-model sizes of the paper's Table 2 (0.4 also appears in Table 5).
-PAPER_SIZES = (0.95, 0.85, 0.75, 0.65, 0.5)
+#: Sub-model widths of the paper's Table 2 (0.4 also appears in Table 5).
+PAPER_WIDTHS = (0.95, 0.85, 0.75, 0.65, 0.5)
 
 #: Fraction of non-stragglers for which a neuron must be invariant (reference: 75 %).
 DEFAULT_QUORUM = 0.75
@@ -98,9 +99,9 @@ MAX_THRESHOLD_STEPS = 10_000
 #: Predicts per-image training latency (any unit) at a width in (0, 1].
 LatencyPredictor = Callable[[float], float]
 
-#: Tolerance of straggler sizing: sizes this close to ``1 / speed-up`` tie, and a predicted
+#: Tolerance of straggler sizing: widths this close to ``1 / speed-up`` tie, and a predicted
 #: time within this relative margin of the target meets it.
-SIZE_TOL = 1e-9
+TIE_TOL = 1e-9
 
 
 def straggler_count(num_clients: int, num_stragglers: int = 1, fraction: float | None = None) -> int:
@@ -156,13 +157,8 @@ def find_stragglers(times: Mapping[str, float], count: int) -> tuple[list[str], 
     return order[:count], target
 
 
-def _check_sizes(sizes: Sequence[float]) -> tuple[float, ...]:
-    if not sizes:
-        raise InputError("no sub-model sizes given")
-    for s in sizes:
-        if not 0.0 < float(s) <= 1.0:
-            raise InputError(f"sub-model size {s!r} is outside (0, 1]")
-    return tuple(sorted({float(s) for s in sizes}))
+def _check_widths(widths: Sequence[float]) -> tuple[float, ...]:
+    return tuple(sorted(set(check_widths(widths, "sub-model widths"))))
 
 
 def _check_seconds(value: float, name: str) -> float:
@@ -176,36 +172,36 @@ def _fixed_part(fixed: float, full_seconds: float) -> float:
     return min(max(float(fixed), 0.0), float(full_seconds))
 
 
-def linear_width(speedup: float, sizes: Sequence[float] = PAPER_SIZES) -> float:
-    """Return the available size closest to ``1 / speedup`` (Appendix A.3).
+def linear_width(speedup: float, widths: Sequence[float] = PAPER_WIDTHS) -> float:
+    """Return the available width closest to ``1 / speedup`` (Appendix A.3).
 
     Parameters
     ----------
     speedup : float
         ``T_straggler / T_target`` with the straggler's full-model time (`variable_speedup`).
-    sizes : sequence of float
-        Available sub-model sizes.
+    widths : sequence of float
+        Available sub-model widths.
 
     Returns
     -------
     float
-        1.0 when no speed-up is needed (``speedup <= 1``); otherwise the closest size.
-        Sizes whose distances differ by at most `SIZE_TOL` tie, and the smaller of them
+        1.0 when no speed-up is needed (``speedup <= 1``); otherwise the closest width.
+        Widths whose distances differ by at most `TIE_TOL` tie, and the smaller of them
         wins: it is the one the linear rule predicts to meet the target (module docstring).
 
     Raises
     ------
     InputError
-        If ``speedup`` is not positive or a size lies outside (0, 1].
+        If ``speedup`` is not positive or a width lies outside (0, 1].
     """
-    available = _check_sizes(sizes)
+    available = _check_widths(widths)
     if not speedup > 0 or math.isnan(speedup):
         raise InputError(f"speed-up {speedup!r} is not positive")
     if speedup <= 1.0:
         return 1.0
     goal = 0.0 if math.isinf(speedup) else 1.0 / speedup
     nearest = min(abs(s - goal) for s in available)
-    return min(s for s in available if abs(s - goal) <= nearest + SIZE_TOL)
+    return min(s for s in available if abs(s - goal) <= nearest + TIE_TOL)
 
 
 def curve_predictor(widths: Sequence[float], latencies: Sequence[float]) -> LatencyPredictor:
@@ -266,11 +262,11 @@ def full_model_seconds(
     seconds : float
         Measured end-to-end time at ``width``.
     width : float
-        Sub-model size the client trained, in (0, 1].
+        Sub-model width the client trained, in (0, 1].
     predict : callable, optional
         The client's latency-vs-width curve; without one the linear rule.
     fixed : float
-        The part of ``seconds`` that does not depend on the size (a device runner's start,
+        The part of ``seconds`` that does not depend on the width (a device runner's start,
         transfers); only the rest scales: ``fixed + (seconds - fixed) * scale``.
 
     Returns
@@ -283,48 +279,46 @@ def full_model_seconds(
 
 
 def predicted_seconds(
-    full_seconds: float, size: float, predict: LatencyPredictor | None = None, fixed: float = 0.0
+    full_seconds: float, width: float, predict: LatencyPredictor | None = None, fixed: float = 0.0
 ) -> float:
-    """Predict a straggler's time at sub-model ``size`` from its full-model time.
+    """Predict a straggler's time at sub-model ``width`` from its full-model time.
 
     Parameters
     ----------
     full_seconds : float
         The straggler's (estimated) full-model time.
-    size : float
-        Sub-model size in (0, 1].
+    width : float
+        Sub-model width in (0, 1].
     predict : callable, optional
-        Per-image latency at a width; without one the linear rule (time proportional to size).
+        Per-image latency at a width; without one the linear rule (time proportional to width).
     fixed : float
-        The size-independent part of ``full_seconds`` (clamped to ``[0, full_seconds]``).
+        The width-independent part of ``full_seconds`` (clamped to ``[0, full_seconds]``).
 
     Returns
     -------
     float
-        ``fixed + (full_seconds - fixed) * predict(size) / predict(1)``, or ``* size``
+        ``fixed + (full_seconds - fixed) * predict(width) / predict(1)``, or ``* width``
         under the linear rule.
     """
-    return _rescaled(full_seconds, 1.0, size, predict, fixed)
+    return _rescaled(full_seconds, 1.0, width, predict, fixed)
 
 
-def _rescaled(seconds: float, size: float, new_size: float, predict: LatencyPredictor | None, fixed: float) -> float:
-    """Carry a time measured at ``size`` over to ``new_size``: only the part above ``fixed`` scales."""
-    for s in (size, new_size):
-        if not 0.0 < s <= 1.0:
-            raise InputError(f"sub-model size {s!r} is outside (0, 1]")
+def _rescaled(seconds: float, width: float, new_width: float, predict: LatencyPredictor | None, fixed: float) -> float:
+    """Carry a time measured at ``width`` over to ``new_width``: only the part above ``fixed`` scales."""
+    check_widths((width, new_width), "sub-model widths")
     fixed = _fixed_part(fixed, seconds)
-    scale = new_size / size if predict is None else predict(new_size) / predict(size)
+    scale = new_width / width if predict is None else predict(new_width) / predict(width)
     return fixed + (float(seconds) - fixed) * scale
 
 
 def curve_width(
     full_seconds: float,
     target_seconds: float,
-    sizes: Sequence[float],
+    widths: Sequence[float],
     predict: LatencyPredictor,
     fixed: float = 0.0,
 ) -> float:
-    """Return the size whose predicted time is closest to the target, from a measured curve.
+    """Return the width whose predicted time is closest to the target, from a measured curve.
 
     Parameters
     ----------
@@ -332,51 +326,51 @@ def curve_width(
         The straggler's (estimated) full-model time.
     target_seconds : float
         ``T_target``.
-    sizes : sequence of float
-        Available sub-model sizes; 1.0 is always a candidate.
+    widths : sequence of float
+        Available sub-model widths; 1.0 is always a candidate.
     predict : callable
         Per-image latency at a width (`curve_predictor` or any model of it).
     fixed : float
-        The size-independent part of ``full_seconds`` (see `full_model_seconds`).
+        The width-independent part of ``full_seconds`` (see `full_model_seconds`).
 
     Returns
     -------
     float
-        1.0 when ``full_seconds`` meets the target (within a relative `SIZE_TOL`);
+        1.0 when ``full_seconds`` meets the target (within a relative `TIE_TOL`);
         otherwise the candidate whose `predicted_seconds` is closest to
         ``target_seconds``. Candidates whose distances differ by at most a relative
-        `SIZE_TOL` of the target tie, and the smaller wins (it meets the target).
+        `TIE_TOL` of the target tie, and the smaller wins (it meets the target).
 
     Raises
     ------
     InputError
-        On a negative or non-finite time, or a size outside (0, 1].
+        On a negative or non-finite time, or a width outside (0, 1].
     """
-    available = _check_sizes(sizes)
+    available = _check_widths(widths)
     full = _check_seconds(full_seconds, "full_seconds")
     target = _check_seconds(target_seconds, "target_seconds")
-    if full <= target * (1.0 + SIZE_TOL):
+    if full <= target * (1.0 + TIE_TOL):
         return 1.0
     distance = {s: abs(predicted_seconds(full, s, predict, fixed) - target) for s in {*available, 1.0}}
     nearest = min(distance.values())
-    return min(s for s, d in distance.items() if d <= nearest + SIZE_TOL * target)
+    return min(s for s, d in distance.items() if d <= nearest + TIE_TOL * target)
 
 
 def variable_speedup(full_seconds: float, target_seconds: float, fixed: float = 0.0) -> float:
-    """Return the speed-up the size-dependent part of a straggler's time needs.
+    """Return the speed-up the width-dependent part of a straggler's time needs.
 
     Parameters
     ----------
     full_seconds, target_seconds : float
         The straggler's full-model time and the target time.
     fixed : float
-        The size-independent part of ``full_seconds``.
+        The width-independent part of ``full_seconds``.
 
     Returns
     -------
     float
         ``(full - fixed) / (target - fixed)`` (Appendix A.3's ``T / T_target`` when ``fixed``
-        is 0); infinite when the target is not above the fixed part (no size can meet it).
+        is 0); infinite when the target is not above the fixed part (no width can meet it).
 
     Raises
     ------
@@ -394,7 +388,7 @@ def variable_speedup(full_seconds: float, target_seconds: float, fixed: float = 
 def straggler_width(
     full_seconds: float,
     target_seconds: float,
-    sizes: Sequence[float],
+    widths: Sequence[float],
     predict: LatencyPredictor | None = None,
     fixed: float = 0.0,
 ) -> float:
@@ -406,12 +400,12 @@ def straggler_width(
         The straggler's (estimated) full-model time (`full_model_seconds`).
     target_seconds : float
         ``T_target`` (`find_stragglers`).
-    sizes : sequence of float
-        Available sub-model sizes in (0, 1].
+    widths : sequence of float
+        Available sub-model widths in (0, 1].
     predict : callable, optional
         The device's latency-vs-width curve (`curve_predictor`); None selects the linear rule.
     fixed : float
-        The size-independent part of ``full_seconds``.
+        The width-independent part of ``full_seconds``.
 
     Returns
     -------
@@ -420,8 +414,8 @@ def straggler_width(
         (ties and tolerances in the module docstring); 1.0 when no speed-up is needed.
     """
     if predict is not None:
-        return curve_width(full_seconds, target_seconds, sizes, predict, fixed)
-    return linear_width(variable_speedup(full_seconds, target_seconds, fixed), sizes)
+        return curve_width(full_seconds, target_seconds, widths, predict, fixed)
+    return linear_width(variable_speedup(full_seconds, target_seconds, fixed), widths)
 
 
 def _profile_series(
@@ -715,7 +709,7 @@ def invariant_submodel(
     ----------
     model : ZooModel
     width : float
-        Sub-model size in (0, 1]; each group keeps ``ceil(width * K)`` neurons.
+        Sub-model width in (0, 1]; each group keeps ``ceil(width * K)`` neurons.
     scores : mapping of str to numpy.ndarray or None
         Per-group invariance scores; None (nothing measured yet) drops at random.
     thresholds : mapping of str to float

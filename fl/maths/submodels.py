@@ -23,7 +23,7 @@ per *group*, and one draw per group is exactly "one draw per set of coupled laye
 (The public FD reference draws per layer and so adds mismatched channels.)
 
 Random draws are prefixes of one permutation per group: two calls with identically
-seeded generators give nested index sets for different rates, which is what a round
+seeded generators give nested index sets for different widths, which is what a round
 with one shared mask ("same") needs when clients differ in capacity.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from exporters.arch import SubModel, size_at_width
+from exporters.arch import SubModel
 from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 
@@ -108,29 +108,29 @@ def random_indices(rng: np.random.Generator, size: int, width: int) -> np.ndarra
     return np.sort(rng.permutation(size)[:width].astype(np.int64))
 
 
-def static_submodel(model: ZooModel, rate: float) -> SubModel:
-    """Return the prefix sub-model of ``model`` at ``rate`` (HeteroFL / FjORD).
+def static_submodel(model: ZooModel, width: float) -> SubModel:
+    """Return the prefix sub-model of ``model`` at ``width`` (HeteroFL / FjORD).
 
     Parameters
     ----------
     model : ZooModel
-    rate : float
+    width : float
         Kept fraction in (0, 1].
 
     Returns
     -------
     SubModel
     """
-    return model.static(rate)
+    return model.static(width)
 
 
-def rolling_submodel(model: ZooModel, rate: float, rnd: int) -> SubModel:
-    """Return FedRolex's rolling sub-model of round ``rnd`` at ``rate`` (eq. 4 per group).
+def rolling_submodel(model: ZooModel, width: float, rnd: int) -> SubModel:
+    """Return FedRolex's rolling sub-model of round ``rnd`` at ``width`` (eq. 4 per group).
 
     Parameters
     ----------
     model : ZooModel
-    rate : float
+    width : float
         The client's capacity ``beta`` in (0, 1].
     rnd : int
         Communication round.
@@ -139,11 +139,11 @@ def rolling_submodel(model: ZooModel, rate: float, rnd: int) -> SubModel:
     -------
     SubModel
     """
-    return _per_group_submodel(model, rate, lambda size, width: rolling_indices(rnd, size, width))
+    return _per_group_submodel(model, width, lambda size, kept: rolling_indices(rnd, size, kept))
 
 
-def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> SubModel:
-    """Return a Federated Dropout sub-model at ``rate``: one uniform draw per neuron group.
+def random_submodel(model: ZooModel, width: float, rng: np.random.Generator) -> SubModel:
+    """Return a Federated Dropout sub-model at ``width``: one uniform draw per neuron group.
 
     Groups are drawn in the model's group order from ``rng``; coupled layers share a
     group and therefore a draw (see the module docstring).
@@ -151,7 +151,7 @@ def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> S
     Parameters
     ----------
     model : ZooModel
-    rate : float
+    width : float
         Kept fraction in (0, 1].
     rng : numpy.random.Generator
 
@@ -159,30 +159,10 @@ def random_submodel(model: ZooModel, rate: float, rng: np.random.Generator) -> S
     -------
     SubModel
     """
-    return _per_group_submodel(model, rate, lambda size, width: random_indices(rng, size, width))
+    return _per_group_submodel(model, width, lambda size, kept: random_indices(rng, size, kept))
 
 
-def _per_group_submodel(model: ZooModel, rate: float, indices: Callable[[int, int], np.ndarray]) -> SubModel:
-    """Return the sub-model at ``rate`` keeping ``indices(group size, kept width)`` of each group, in group order."""
-    arch = model.arch(rate)
+def _per_group_submodel(model: ZooModel, width: float, indices: Callable[[int, int], np.ndarray]) -> SubModel:
+    """Return the sub-model at ``width`` keeping ``indices(group size, kept neurons)`` of each group, in group order."""
+    arch = model.arch(width)
     return SubModel(arch, tuple(indices(k, w) for k, w in zip(model.group_sizes, arch.sizes, strict=True)))
-
-
-def width_rate(rate: float) -> float:
-    """Validate a rate in (0, 1] and return it as a float.
-
-    Parameters
-    ----------
-    rate : float
-
-    Returns
-    -------
-    float
-
-    Raises
-    ------
-    InputError
-        If ``rate`` is outside (0, 1].
-    """
-    size_at_width(rate, 1)
-    return float(rate)

@@ -59,6 +59,34 @@ def check_widths(widths: Iterable[float], name: str = "widths") -> tuple[float, 
     return values
 
 
+def check_width(width: float | str, name: str = "width") -> float:
+    """Return ``width`` as a float after checking that it lies in (0, 1].
+
+    Parameters
+    ----------
+    width : float or str
+        A number, or its text (an option's value as given).
+    name : str
+        What the width is, for the error message.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    InputError
+        If ``width`` is outside (0, 1] or not finite.
+    """
+    try:
+        value = float(width)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number in (0, 1]; got {width!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise InputError(f"{name} must lie in (0, 1]; got {width!r}")
+    return value
+
+
 def positive(value: float, name: str) -> float:
     """Return ``value`` as a float after checking that it is finite and above 0.
 

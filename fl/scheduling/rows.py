@@ -99,7 +99,7 @@ def width_flops(model: str, width: float, rows: Iterable[Mapping[str, Any]] = ()
     model : str
         Model name.
     width : float
-        Width rate in (0, 1].
+        Width in (0, 1].
     rows : iterable of mapping
         Profile rows; the median ``train_flops`` of the rows of ``model`` at ``width``
         is used when present.

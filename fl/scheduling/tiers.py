@@ -25,7 +25,7 @@ Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
 Capacities, `capacities_for`
     Snaps each tier's width *down* to a method's level set: `HETEROFL_LEVELS` (1, 1/2,
     1/4, 1/8, 1/16; also FedRolex's, the levels of `fl.capacity`) or `uniform_levels`
-    ``(k)`` = {1/k, ..., 1} (FjORD's p_max). Snapping down keeps every device within its
+    ``(k)`` = {1/k, ..., 1} (FjORD's capacities). Snapping down keeps every device within its
     deadline and memory budget.
 
 Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
@@ -362,7 +362,7 @@ class Capacities:
     levels : tuple of float
         The level set, widest first.
     capacity : dict of str to float
-        Per included device: the largest level <= its tier's width (FjORD's p_max,
+        Per included device: the largest level <= its tier's width (FjORD's capacity,
         HeteroFL / FedRolex's capacity).
     tier : dict of str to int
         Per device in ``capacity``: its tier index in the plan.
@@ -394,7 +394,7 @@ def uniform_levels(k: int) -> tuple[float, ...]:
 
 
 def capacities_for(plan: TierPlan, levels: Iterable[float]) -> Capacities:
-    """Snap every tier's width down to ``levels``: FjORD's p_max or HeteroFL / FedRolex's capacity.
+    """Snap every tier's width down to ``levels``: FjORD's or HeteroFL / FedRolex's capacity.
 
     Parameters
     ----------

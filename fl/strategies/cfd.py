@@ -3,11 +3,11 @@
 Per round and per neuron group (conv filters, dense units, LSTM units: the zoo's
 layouts already tie an LSTM unit's four gate blocks to one neuron, so one mask per
 group is one mask across the gates), every sampled client gets a different row of a
-code matrix with exactly ``ceil(rate * K)`` ones; the ones are the neurons its
+code matrix with exactly ``ceil(width * K)`` ones; the ones are the neurons its
 sub-model keeps (section 3.2). Codes (option ``code``):
 
 * ``"gold"``: Gold codes (`fl.maths.codes.gold_code_matrix`; the paper's setting is
-  ``rate = 0.5``, where every row is a balanced Gold sequence);
+  ``width = 0.5``, where every row is a balanced Gold sequence);
 * ``"constant_weight"``: greedy constant-weight codes maximising the minimum
   distance (`fl.maths.codes.constant_weight_code`);
 * ``"random"``: an independent random mask per client (Wen et al.);
@@ -42,6 +42,7 @@ from fl.maths.aggregate import selective_average
 from fl.maths.codes import assign_rows, constant_weight_code, gold_code_matrix, random_rows
 from fl.maths.server_opt import ServerOptimizer, mean_update
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
+from fl.scheduling.checks import check_width
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
 
@@ -58,7 +59,7 @@ class CodedFD(Strategy):
         As for `fl.strategies.base.Strategy`.
     code : str
         One of `CODES`.
-    rate : float
+    width : float
         Kept fraction of every neuron group, in (0, 1] (the paper: 0.5).
     server_opt : str
         ``"fedavg"`` or ``"fedadam"``.
@@ -80,7 +81,7 @@ class CodedFD(Strategy):
         local: Mapping[str, Any] | None = None,
         *,
         code: str = "gold",
-        rate: float = 0.5,
+        width: float = 0.5,
         server_opt: str = "fedavg",
         server_lr: float = 1.0,
         beta1: float = 0.9,
@@ -92,29 +93,29 @@ class CodedFD(Strategy):
         if code not in CODES:
             raise InputError(f"unknown code {code!r}; known: {', '.join(CODES)}")
         self.code = code
-        self.rate = float(rate)
-        self.arch = model.arch(self.rate)  # validates the rate
+        self.width = check_width(width, "cfd width")
+        self.arch = model.arch(self.width)
         self.weighted = parse_bool(weighted, "weighted")
         self.optimizer = ServerOptimizer(str(server_opt), float(server_lr), float(beta1), float(beta2), float(tau))
 
     def masks(self, rnd: int, clients: int) -> list[np.ndarray]:
         """Return, per neuron group, the boolean ``(clients, K)`` masks of round ``rnd``.
 
-        Row ``i`` is client ``i``'s mask; every row has ``ceil(rate * K)`` ones.
+        Row ``i`` is client ``i``'s mask; every row has ``ceil(width * K)`` ones.
         """
         out = []
-        for g, (size, width) in enumerate(zip(self.model.group_sizes, self.arch.sizes, strict=True)):
+        for g, (size, kept) in enumerate(zip(self.model.group_sizes, self.arch.sizes, strict=True)):
             rng = np.random.default_rng((self.seed, rnd, g))
             if self.code == "random":
-                out.append(random_rows(size, width, clients, rng))
+                out.append(random_rows(size, kept, clients, rng))
             elif self.code == "same":
-                out.append(np.repeat(random_rows(size, width, 1, rng), clients, axis=0))
+                out.append(np.repeat(random_rows(size, kept, 1, rng), clients, axis=0))
             else:
-                out.append(assign_rows(self._matrix(g, size, width, clients), clients, rng))
+                out.append(assign_rows(self._matrix(g, size, kept, clients), clients, rng))
         return out
 
-    def _matrix(self, group: int, size: int, width: int, clients: int) -> np.ndarray:
-        return code_matrix(self.code, size, width, clients, (self.seed, group))
+    def _matrix(self, group: int, size: int, kept: int, clients: int) -> np.ndarray:
+        return code_matrix(self.code, size, kept, clients, (self.seed, group))
 
     def configure_round(
         self, rnd: int, clients: Sequence[ClientSpec], profiles: Profiles | None = None
@@ -198,7 +199,7 @@ def code_matrix(code: str, size: int, width: int, clients: int, key: tuple[int, 
     if code == "gold":
         rows = gold_code_matrix(size, width, clients, rng).rows
     else:
-        # Fewer distinct words than clients (tiny layers, rate 1): rows are then reused cyclically.
+        # Fewer distinct words than clients (tiny layers, width 1): rows are then reused cyclically.
         rows = constant_weight_code(size, width, min(clients, math.comb(size, width)), rng).rows
     rows.setflags(write=False)
     return rows

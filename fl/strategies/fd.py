@@ -6,10 +6,10 @@
   per layer and adds mismatched channels).
 * ``mask="same"`` (default; the baseline of the Coded FD paper): one draw per round for
   all clients. The draw is a random permutation per group seeded by ``(seed, round)``;
-  a client keeps its first ``ceil(r*K)`` entries, so clients of equal rate get the
+  a client keeps its first ``ceil(r*K)`` entries, so clients of equal width get the
   identical mask and a smaller client's mask is a subset of a larger one's.
   ``mask="per_client"``: each client draws its own, seeded by ``(seed, round, client)``.
-* Rate: the client's capacity, or option ``rate`` for everyone (Caldas' single rate).
+* Width: the client's capacity, or option ``width`` for everyone (Caldas' single rate).
 * Aggregation: per weight over the clients that held it, weighted by examples as FedAvg
   does (Caldas builds on FedAvg; the Coded FD paper's FAVG weights by ``n_k/n``);
   ``weighted=false`` gives FedRolex's unweighted variant (its Algorithm 3).
@@ -28,8 +28,9 @@ import numpy as np
 
 from exporters.arch import SubModel
 from exporters.userinput import InputError
-from fl.maths.submodels import random_submodel, width_rate
+from fl.maths.submodels import random_submodel
 from fl.records import ClientSpec
+from fl.scheduling.checks import check_width
 from fl.strategies.fedavg import FedAvg
 
 #: Values of the ``mask`` option.
@@ -49,24 +50,24 @@ class FederatedDropout(FedAvg):
     model, initial, seed, local
         As for `FedAvg`.
     **options
-        ``mask`` (``"same"`` or ``"per_client"``, default ``"same"``), ``rate`` (float in
+        ``mask`` (``"same"`` or ``"per_client"``, default ``"same"``), ``width`` (float in
         (0, 1]; default: each client's capacity), ``weighted`` (bool, default True).
     """
 
     name = "fd"
-    defaults: Mapping[str, Any] = {"mask": "same", "rate": None, "weighted": True}
+    defaults: Mapping[str, Any] = {"mask": "same", "width": None, "weighted": True}
 
     def check_options(self) -> None:
-        """Check ``mask`` and validate ``rate``."""
+        """Check ``mask`` and validate ``width``."""
         if self.options["mask"] not in MASKS:
             raise InputError(f"fd: mask={self.options['mask']!r} is not one of {', '.join(MASKS)}")
-        if self.options["rate"] is not None:
-            self.options["rate"] = width_rate(self.options["rate"])
+        if self.options["width"] is not None:
+            self.options["width"] = check_width(self.options["width"], "fd width")
 
-    def rate_for(self, client: ClientSpec) -> float:
-        """Return the kept fraction of ``client``: option ``rate`` or its capacity."""
-        rate = self.options["rate"]
-        return float(client.capacity if rate is None else rate)
+    def width_for(self, client: ClientSpec) -> float:
+        """Return the width ``client`` keeps: option ``width`` or its capacity."""
+        width = self.options["width"]
+        return float(client.capacity if width is None else width)
 
     def submodel_for(self, rnd: int, client: ClientSpec) -> SubModel:
         """Return the client's random sub-model of round ``rnd``."""
@@ -74,4 +75,4 @@ class FederatedDropout(FedAvg):
             rng = np.random.default_rng((self.seed, rnd))
         else:
             rng = np.random.default_rng((self.seed, rnd, client_key(client.cid)))
-        return random_submodel(self.model, self.rate_for(client), rng)
+        return random_submodel(self.model, self.width_for(client), rng)

@@ -9,7 +9,7 @@
   round's* holders only (the public reference accumulates a per-element count across
   clients and rounds; that is not eq. 10 and is not repeated here). Option
   ``weighted=true`` weights by example counts (the paper's Appendix E ablation).
-* The global model is the zoo model at rate 1 and may be larger than every client's
+* The global model is the zoo model at width 1 and may be larger than every client's
   model: capacities below 1 for all clients are fine, the rolling windows still cover
   every neuron over ``K`` rounds. Scaler rates in the zoo model are relative to it.
 """

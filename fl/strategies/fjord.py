@@ -1,18 +1,19 @@
 """FjORD: Ordered Dropout with per-step width sampling and nested aggregation.
 
 * Width set: uniform-k, ``P = {1/k, 2/k, ..., 1}`` (option ``k``, 5 in the paper).
-  A client's ``p_max`` is the largest ``p in P`` not above its capacity; it receives the
-  prefix sub-model ``F_{p_max}`` (``ceil(p*K)`` neurons per layer, paper section 3.1).
+  A client's ``capacity`` (the paper's ``p_max``) is the largest ``p in P`` not above the
+  capacity it was given; it receives the prefix sub-model ``F_{capacity}`` (``ceil(p*K)``
+  neurons per layer, paper section 3.1).
 * Local training (`train_ordered`, trainer ``"fjord"``): at every local step the client
-  samples ``p`` uniformly from ``{p in P : p <= p_max}`` (Algorithm 1, line 5) and takes
-  a plain SGD step on the ``p``-prefix sub-network of its ``p_max`` parameters. With
+  samples ``p`` uniformly from ``{p in P : p <= capacity}`` (Algorithm 1, line 5) and takes
+  a plain SGD step on the ``p``-prefix sub-network of its ``capacity`` parameters. With
   ``kd=true`` (self-distillation, section 3.2 with the paper's best alpha = T = 1) the
-  step's loss is ``CE(F_{p_max}(x), y) + KL(softmax(F_{p_max}(x)) || softmax(F_p(x)))``
+  step's loss is ``CE(F_{capacity}(x), y) + KL(softmax(F_{capacity}(x)) || softmax(F_p(x)))``
   with the teacher's distribution detached, so the teacher is trained by its own
-  cross-entropy and the sampled width learns to mimic it; when ``p = p_max`` the
+  cross-entropy and the sampled width learns to mimic it; when ``p = capacity`` the
   step is the teacher's cross-entropy alone.
 * Aggregation (eq. 1): for every width ``s_j`` the block ``F_{s_j}`` minus ``F_{s_{j-1}}`` is the
-  example-weighted average over the clients with ``p_max >= s_j``. Those are exactly the
+  example-weighted average over the clients with ``capacity >= s_j``. Those are exactly the
   clients whose nested sub-model holds the block, so eq. 1 is the per-weight average
   over holders, `fl.maths.aggregate.selective_average` weighted by examples; weights no client
   held keep their value.
@@ -24,7 +25,7 @@
   on the evaluated batch (use reasonably large evaluation batches), and the affine BN
   parameters are shared and sliced like every other weight.
 
-How a step trains the prefix: the client's ``p_max`` parameters are leaf tensors; for
+How a step trains the prefix: the client's ``capacity`` parameters are leaf tensors; for
 width ``p`` every parameter is viewed as its prefix slice (``narrow``; an index select
 for LSTM gate blocks) and the width-``p`` module (built once per width) runs on those
 views through ``torch.func.functional_call``. The gradient of the loss then lands in
@@ -50,6 +51,7 @@ from exporters.zoo import ZooModel
 from fl.client import batches, to_tensors
 from fl.maths.submodels import static_submodel
 from fl.records import ClientSpec, Params, TrainIns
+from fl.renamed_keys import current_train_config
 from fl.strategies.fedavg import FedAvg
 
 #: Tolerance when comparing a capacity with a width of the set.
@@ -73,13 +75,13 @@ def width_set(k: int) -> tuple[float, ...]:
     return tuple(i / k for i in range(1, k + 1))
 
 
-def p_max_for(capacity: float, widths: Sequence[float]) -> float:
-    """Return the largest width of ``widths`` not above ``capacity``.
+def capacity_for(capacity: float, widths: Sequence[float]) -> float:
+    """Return a client's FjORD capacity: the largest width of ``widths`` not above ``capacity``.
 
     Parameters
     ----------
     capacity : float
-        The client's capacity.
+        The capacity the client was given (`fl.records.ClientSpec.capacity`).
     widths : sequence of float
         The width set.
 
@@ -132,7 +134,7 @@ class FjORD(FedAvg):
         """
         for client in clients:
             try:
-                p_max_for(client.capacity, self.widths)
+                capacity_for(client.capacity, self.widths)
             except InputError:
                 raise InputError(
                     f"fjord: client {client.cid} has capacity {client.capacity:g}, below the smallest width "
@@ -140,16 +142,16 @@ class FjORD(FedAvg):
                 ) from None
 
     def submodel_for(self, rnd: int, client: ClientSpec) -> SubModel:
-        """Return the prefix sub-model at the client's ``p_max``."""
-        return static_submodel(self.model, p_max_for(client.capacity, self.widths))
+        """Return the prefix sub-model at the client's ``capacity``."""
+        return static_submodel(self.model, capacity_for(client.capacity, self.widths))
 
     def trainer_config(self, rnd: int, client: ClientSpec, submodel: SubModel) -> dict[str, Any]:
         """Name the ``fjord`` trainer and pass the widths the client may sample and ``kd``."""
-        p_max = p_max_for(client.capacity, self.widths)
+        capacity = capacity_for(client.capacity, self.widths)
         return {
             "trainer": "fjord",
-            "widths": [w for w in self.widths if w <= p_max + _EPS],
-            "p_max": p_max,
+            "widths": [w for w in self.widths if w <= capacity + _EPS],
+            "capacity": capacity,
             "kd": bool(self.options["kd"]),
         }
 
@@ -173,17 +175,17 @@ class FjORD(FedAvg):
         return dict(sorted(out.items()))
 
     def eval_submodels(self, clients: Sequence[ClientSpec]) -> dict[float, SubModel]:
-        """Evaluate every width of the set up to the largest client ``p_max``, largest first."""
+        """Evaluate every width of the set up to the largest client ``capacity``, largest first."""
         if not clients:
             return {}
-        top = max(p_max_for(c.capacity, self.widths) for c in clients)
+        top = max(capacity_for(c.capacity, self.widths) for c in clients)
         return {w: static_submodel(self.model, w) for w in sorted(self.widths, reverse=True) if w <= top + _EPS}
 
 
 def _prefix_index(model: ZooModel, arch: Arch, outer: Arch) -> dict[str, list[tuple[int, int | torch.Tensor]]]:
     """Per parameter, per sliced axis: a prefix length (narrow) or a position tensor (index select).
 
-    Positions are relative to the ``outer`` (``p_max``) tensors, whose group sizes are
+    Positions are relative to the ``outer`` (``capacity``) tensors, whose group sizes are
     ``outer.sizes``.
     """
     order = {g: i for i, g in enumerate(model.group_names)}
@@ -248,46 +250,47 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     ----------
     model : ZooModel
     ins : TrainIns
-        ``submodel`` is the client's ``p_max`` prefix sub-model and ``parameters`` its
-        parameters. ``config`` keys: ``widths`` (the rates the client may sample; each
-        must fit inside the ``p_max`` sub-model; default: only ``p_max``), ``kd`` (bool),
+        ``submodel`` is the client's ``capacity`` prefix sub-model and ``parameters`` its
+        parameters. ``config`` keys: ``widths`` (the widths the client may sample; each
+        must fit inside the ``capacity`` sub-model; default: only ``capacity``), ``kd`` (bool),
         ``epochs``, ``batch_size``, ``lr``, ``seed``. Batches are shuffled by
         ``numpy.random.default_rng(seed)`` exactly as `fl.client.train_plain` does;
-        widths are drawn uniformly, one per step, by `drawn_widths`.
+        widths are drawn uniformly, one per step, by `drawn_widths`. A config written
+        under the old key ``p_max`` is read as ``capacity`` (`fl.renamed_keys`).
 
     Returns
     -------
     params : Params
-        Trained ``p_max`` parameters.
+        Trained ``capacity`` parameters.
     metrics : dict
         ``loss`` (the optimised loss) and ``accuracy`` (of the sampled width's output)
-        over the last epoch, ``steps`` and ``mean_width`` (mean sampled rate; without
-        ``widths`` every step is ``p_max``, read from ``config["p_max"]``, default 1).
+        over the last epoch, ``steps`` and ``mean_width`` (mean sampled width; without
+        ``widths`` every step is ``capacity``, read from ``config["capacity"]``, default 1).
 
     Raises
     ------
     InputError
-        If a width does not fit in the ``p_max`` sub-model, or momentum / weight decay
+        If a width does not fit in the ``capacity`` sub-model, or momentum / weight decay
         is requested.
     """
-    cfg = ins.config
+    cfg = current_train_config(ins.config)
     for key in ("momentum", "weight_decay"):
         if float(cfg.get(key, 0.0)) != 0.0:
             raise InputError(f"fjord trainer: {key}={cfg[key]} is not supported (plain SGD only)")
     outer = ins.submodel.arch
-    rates = [float(w) for w in cfg.get("widths", [])]
-    archs = [model.arch(r) for r in rates] or [outer]
-    rates = rates or [float(cfg.get("p_max", 1.0))]
-    for rate, arch in zip(rates, archs, strict=True):
+    widths = [float(w) for w in cfg.get("widths", [])]
+    archs = [model.arch(w) for w in widths] or [outer]
+    widths = widths or [float(cfg.get("capacity", 1.0))]
+    for width, arch in zip(widths, archs, strict=True):
         if any(w > o for w, o in zip(arch.sizes, outer.sizes, strict=True)):
-            raise InputError(f"fjord trainer: width {rate} does not fit in the client's sub-model {outer.key()}")
+            raise InputError(f"fjord trainer: width {width} does not fit in the client's sub-model {outer.key()}")
     seed = int(cfg.get("seed", 0))
     lr = float(cfg.get("lr", 0.05))
     kd = bool(cfg.get("kd", False))
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     epochs, batch = int(cfg.get("epochs", 1)), int(cfg.get("batch_size", 20))
-    step_rates = drawn_widths(rates, seed, len(y), batch, epochs)
+    step_widths = drawn_widths(widths, seed, len(y), batch, epochs)
 
     leaves = {k: torch.tensor(np.asarray(v, dtype=np.float32), requires_grad=True) for k, v in ins.parameters.items()}
     modules: dict[tuple[int, ...], nn.Module] = {}
@@ -306,8 +309,8 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
     for _ in range(epochs):
         loss_sum = correct = seen = 0.0
         for idx in batches(len(yt), batch, rng):
-            rate = step_rates[steps]
-            arch = archs[rates.index(rate)]
+            width = step_widths[steps]
+            arch = archs[widths.index(width)]
             xb, yb = xt[idx], yt[idx]
             if kd:
                 teacher = forward(outer, xb)
@@ -327,7 +330,7 @@ def train_ordered(model: ZooModel, ins: TrainIns, x: np.ndarray, y: np.ndarray) 
                         leaf -= lr * leaf.grad
                         leaf.grad = None
             steps += 1
-            width_sum += rate
+            width_sum += width
             loss_sum += loss.item() * len(idx)
             correct += float((out.argmax(1) == yb).sum())
             seen += len(idx)

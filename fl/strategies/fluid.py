@@ -6,12 +6,12 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.maths.fluid`):
     On a calibration round (the first round with known times, then every
     ``calibration_period`` rounds) the stragglers are re-determined from every
     sampled client's latest end-to-end time, re-estimated as a full-model time
-    (``T / r`` for a client that trained a sub-model of size ``r``, or with its
+    (``T / r`` for a client that trained a sub-model of width ``r``, or with its
     device's measured curve), so that a different client that became slowest
-    takes over as straggler and every straggler's size is recomputed. A
-    straggler's size comes from its device's latency-vs-width profile for this
-    model when ``profiles`` has one (the size whose predicted time is closest to the target), else
-    from the linear rule (size closest to 1 / speed-up, ties to the smaller size):
+    takes over as straggler and every straggler's width is recomputed. A
+    straggler's width comes from its device's latency-vs-width profile for this
+    model when ``profiles`` has one (the width whose predicted time is closest to the target), else
+    from the linear rule (width closest to 1 / speed-up, ties to the smaller width):
     `fl.maths.fluid.straggler_width`, the project's one straggler sizing. Stragglers train
     sub-models of the chosen dropout (``invariant``: invariant neurons first,
     random fill; ``ordered``: FjORD prefix; ``random``: uniform draw), everyone
@@ -28,17 +28,17 @@ Per round ``rnd`` (paper Algorithm 1; the maths is in `fl.maths.fluid`):
 round-cost model of `fl.roundcost`: fixed cost, steps at the sub-model's architecture and
 transfers of its payload): the stragglers are still the clients with the slowest measured
 times, but the target is the *predicted* full-model round of the slowest non-straggler, and a
-straggler's size is the one whose predicted round is closest to that target
-(`fl.maths.fluid.curve_width` on the predicted round as a function of the size). **Decision:**
-target and size come from one model, so its bias toward one device cancels between them,
-and a fixed cost no size can remove is seen before the round (the smallest size is then
+straggler's width is the one whose predicted round is closest to that target
+(`fl.maths.fluid.curve_width` on the predicted round as a function of the width). **Decision:**
+target and width come from one model, so its bias toward one device cancels between them,
+and a fixed cost no width can remove is seen before the round (the smallest width is then
 chosen, and the demo shows the straggler above its target). Without a predictor, or for a
 client without a prediction, the measured rules below apply.
 
 Round times are ``TrainRes.round_seconds`` (download + compute + upload). Only the
-training steps scale with the sub-model size: the rest of a client's time (transfers and, on
+training steps scale with the sub-model width: the rest of a client's time (transfers and, on
 a device, the runner's start and loading, see `FLuID.fixed_seconds`) is carried over
-unchanged when times are re-estimated or predicted for another size. For
+unchanged when times are re-estimated or predicted for another width. For
 in-process runs, where every client runs on the same machine, ``slowdown``
 (``{"c0": 3.0}``) multiplies a client's measured compute seconds: a *simulation*
 of a slower device that lets the straggler logic run without hardware; with real
@@ -62,6 +62,8 @@ from fl.maths import fluid
 from fl.maths.aggregate import selective_average
 from fl.maths.submodels import random_submodel
 from fl.records import ClientFailure, ClientSpec, Params, RoundMetrics, TrainIns, TrainRes
+from fl.renamed_keys import current_fluid_memory
+from fl.scheduling.checks import check_width, check_widths
 from fl.strategies.base import Profiles, Strategy
 from fl.strategies.fedavg import parse_bool
 
@@ -78,11 +80,11 @@ class FLuID(Strategy):
         See `fl.strategies.base.Strategy`.
     dropout : {"invariant", "ordered", "random"}
         How stragglers' sub-models are chosen (the paper's method and its two baselines).
-    sizes : sequence of float or str
-        Available sub-model sizes (paper Table 2: 0.95, 0.85, 0.75, 0.65, 0.5);
+    widths : sequence of float or str
+        Available sub-model widths (paper Table 2: 0.95, 0.85, 0.75, 0.65, 0.5);
         a string is JSON or comma-separated.
-    rate : float, optional
-        Fixed size for every straggler (Table 2's experiments), bypassing the
+    width : float, optional
+        Fixed width for every straggler (Table 2's experiments), bypassing the
         time-based choice; stragglers are still detected from times.
     num_stragglers : int
         Stragglers per calibration (the paper's phones: 1).
@@ -102,7 +104,7 @@ class FLuID(Strategy):
         Use the devices' measured curves when available (else always the linear rule).
     planned : mapping or JSON str, optional
         A plan's start (`fl.plan.strategy_options`): ``{"target": seconds, "stragglers":
-        {cid: size}}``. Those stragglers train at those sizes from the first round, before
+        {cid: width}}``. Those stragglers train at those widths from the first round, before
         any round was measured; the first calibration then replaces them.
     """
 
@@ -116,8 +118,8 @@ class FLuID(Strategy):
         local: Mapping[str, Any] | None = None,
         *,
         dropout: str = "invariant",
-        sizes: Sequence[float] | float | str = fluid.PAPER_SIZES,
-        rate: float | str | None = None,
+        widths: Sequence[float] | float | str = fluid.PAPER_WIDTHS,
+        width: float | str | None = None,
         num_stragglers: int | str = 1,
         straggler_fraction: float | str | None = None,
         calibration_period: int | str = 1,
@@ -132,10 +134,8 @@ class FLuID(Strategy):
         if dropout not in DROPOUTS:
             raise InputError(f"unknown FLuID dropout {dropout!r}; known: {', '.join(DROPOUTS)}")
         self.dropout = dropout
-        self.sizes = _parse_sizes(sizes)
-        self.fixed_rate = None if rate in (None, "", "none", "None") else float(rate)
-        if self.fixed_rate is not None and not 0.0 < self.fixed_rate <= 1.0:
-            raise InputError(f"FLuID rate {rate!r} is outside (0, 1]")
+        self.widths = _parse_widths(widths)
+        self.fixed_width = None if width in (None, "", "none", "None") else check_width(width, "FLuID width")
         self.num_stragglers = int(num_stragglers)
         self.straggler_fraction = (
             None if straggler_fraction in (None, "", "none", "None") else float(straggler_fraction)
@@ -157,10 +157,10 @@ class FLuID(Strategy):
         self.use_profiles = parse_bool(use_profiles, "use_profiles")
         # memory across rounds (all of it in state())
         self.stragglers: list[str] = []
-        self.rates: dict[str, float] = {}
+        self.client_widths: dict[str, float] = {}
         self.assigned: dict[str, float] = {}
         self.last_seconds: dict[str, float] = {}
-        self.last_rate: dict[str, float] = {}
+        self.last_width: dict[str, float] = {}
         self.last_fixed: dict[str, float] = {}
         self.thresholds: dict[str, float] = {}
         self.threshold_history: dict[str, list[float]] = {}
@@ -170,12 +170,12 @@ class FLuID(Strategy):
         self._start_from(_parse_planned(planned))
 
     def _start_from(self, planned: Mapping[str, Any]) -> None:
-        """Take a plan's stragglers, sizes and target as the state before the first calibration."""
+        """Take a plan's stragglers, widths and target as the state before the first calibration."""
         if not planned:
             return
-        sizes = {str(cid): float(size) for cid, size in dict(planned.get("stragglers") or {}).items()}
-        self.rates = {cid: size for cid, size in sizes.items() if size < 1.0}
-        self.stragglers = sorted(self.rates)
+        widths = {str(cid): float(width) for cid, width in dict(planned.get("stragglers") or {}).items()}
+        self.client_widths = {cid: width for cid, width in widths.items() if width < 1.0}
+        self.stragglers = sorted(self.client_widths)
         target = planned.get("target")
         self.target_seconds = None if target is None else float(target)
 
@@ -189,17 +189,17 @@ class FLuID(Strategy):
         if self._calibration_due(rnd, clients):
             self.calibrate(rnd, clients, predictors)
         sampled = {c.cid for c in clients}
-        active = {cid: r for cid, r in self.rates.items() if cid in sampled and cid in self.stragglers}
+        active = {cid: r for cid, r in self.client_widths.items() if cid in sampled and cid in self.stragglers}
         if self.dropout == "invariant" and self.scores is not None and active:
             self._raise_thresholds(active.values())
         full = self.model.static(1.0)
         out: dict[str, TrainIns] = {}
         self.assigned = {}
         for client in clients:
-            rate = active.get(client.cid, 1.0)
-            submodel = full if rate >= 1.0 else self._straggler_submodel(rnd, client.cid, rate)
-            self.assigned[client.cid] = rate
-            config = self.client_config(rnd, client.cid, straggler=client.cid in active, width=rate)
+            width = active.get(client.cid, 1.0)
+            submodel = full if width >= 1.0 else self._straggler_submodel(rnd, client.cid, width)
+            self.assigned[client.cid] = width
+            config = self.client_config(rnd, client.cid, straggler=client.cid in active, width=width)
             out[client.cid] = TrainIns(client.cid, submodel, self.model.extract(self.global_state, submodel), config)
         return out
 
@@ -217,12 +217,12 @@ class FLuID(Strategy):
             seconds[res.cid] = self.simulated_seconds(res)
             self.last_seconds[res.cid] = self.steady_seconds(res)
             self.last_fixed[res.cid] = self.fixed_seconds(res)
-            self.last_rate[res.cid] = self.assigned.get(res.cid, 1.0)
+            self.last_width[res.cid] = self.assigned.get(res.cid, 1.0)
         for failure in failures:
             if failure.reason == "timeout" and failure.seconds > 0:
                 # a lower bound on its time: enough to make it a straggler at the next calibration
                 self.last_seconds[failure.cid] = float(failure.seconds)
-                self.last_rate[failure.cid] = self.assigned.get(failure.cid, 1.0)
+                self.last_width[failure.cid] = self.assigned.get(failure.cid, 1.0)
         if results:
             self.global_state = selective_average(
                 self.model, self.global_state, [(r.submodel, r.parameters, float(r.num_examples)) for r in results]
@@ -242,7 +242,7 @@ class FLuID(Strategy):
         """Return `simulated_seconds` less the once-per-run cost of opening the runner's sessions.
 
         A resident runner's first rounds also open its sessions (``metrics["session_open_seconds"]``
-        from the ``devices`` executor); later rounds reuse them, so stragglers and their sizes
+        from the ``devices`` executor); later rounds reuse them, so stragglers and their widths
         are decided on the time a round takes once the sessions are open.
         """
         opened = float(res.metrics.get("session_open_seconds", 0.0)) * self.slowdown.get(res.cid, 1.0)
@@ -265,7 +265,7 @@ class FLuID(Strategy):
     def calibrate(
         self, rnd: int, clients: Sequence[ClientSpec], predictors: Mapping[str, fluid.LatencyPredictor]
     ) -> None:
-        """Re-determine stragglers, the target time and every straggler's sub-model size.
+        """Re-determine stragglers, the target time and every straggler's sub-model width.
 
         Parameters
         ----------
@@ -279,7 +279,7 @@ class FLuID(Strategy):
         full_times = {
             c.cid: fluid.full_model_seconds(
                 self.last_seconds[c.cid],
-                self.last_rate.get(c.cid, 1.0),
+                self.last_width.get(c.cid, 1.0),
                 predictors.get(c.cid),
                 self.last_fixed.get(c.cid, 0.0),
             )
@@ -289,31 +289,31 @@ class FLuID(Strategy):
         count = fluid.straggler_count(len(full_times), self.num_stragglers, self.straggler_fraction)
         stragglers, measured_target = fluid.find_stragglers(full_times, count)
         planned = self._predicted_plan(clients, full_times, stragglers)
-        target, rates = (measured_target, {}) if planned is None else planned
+        target, widths = (measured_target, {}) if planned is None else planned
         for cid in stragglers:
-            if self.fixed_rate is not None:
-                rates[cid] = self.fixed_rate
-            elif cid not in rates:
+            if self.fixed_width is not None:
+                widths[cid] = self.fixed_width
+            elif cid not in widths:
                 fixed = self.last_fixed.get(cid, 0.0)
-                rates[cid] = fluid.straggler_width(
-                    full_times[cid], measured_target, self.sizes, predictors.get(cid), fixed
+                widths[cid] = fluid.straggler_width(
+                    full_times[cid], measured_target, self.widths, predictors.get(cid), fixed
                 )
-        self.rates = {cid: r for cid, r in rates.items() if r < 1.0}
-        self.stragglers = [cid for cid in stragglers if cid in self.rates]
+        self.client_widths = {cid: r for cid, r in widths.items() if r < 1.0}
+        self.stragglers = [cid for cid in stragglers if cid in self.client_widths]
         self.target_seconds = None if math.isnan(target) else target
         self.last_calibration = rnd
 
     def _predicted_plan(
         self, clients: Sequence[ClientSpec], full_times: Mapping[str, float], stragglers: Sequence[str]
     ) -> tuple[float, dict[str, float]] | None:
-        """Return the target and the stragglers' sizes planned on the predicted round, or None.
+        """Return the target and the stragglers' widths planned on the predicted round, or None.
 
         The target is the predicted full-model round of the slowest non-straggler; a
-        straggler's size is the one whose predicted round is closest to it (fixed cost and
+        straggler's width is the one whose predicted round is closest to it (fixed cost and
         transfers included). None when there is no round predictor or a client lacks a
         prediction: the measured rules apply then. A straggler the model predicts no
-        slower than the target at full size (the measurement and the model disagree) is
-        left out of the sizes returned and sized by the measured rule.
+        slower than the target at full width (the measurement and the model disagree) is
+        left out of the widths returned and sized by the measured rule.
         """
         predictor = self.round_predictor
         others = [cid for cid in full_times if cid not in stragglers]
@@ -326,18 +326,18 @@ class FLuID(Strategy):
             return None
         slowest_other = max(others, key=lambda cid: full_times[cid])
         target = float(predicted[slowest_other])  # type: ignore[arg-type]
-        rates: dict[str, float] = {}
+        widths: dict[str, float] = {}
         for cid in stragglers:
             client = by_cid[cid]
 
-            def round_at(size: float, client: ClientSpec = client) -> float:
-                value = predictor(client, self.model.arch(size))
+            def round_at(width: float, client: ClientSpec = client) -> float:
+                value = predictor(client, self.model.arch(width))
                 return math.inf if value is None else float(value)
 
             full_round = round_at(1.0)
             if full_round > target:
-                rates[cid] = fluid.curve_width(full_round, target, self.sizes, round_at)
-        return target, rates
+                widths[cid] = fluid.curve_width(full_round, target, self.widths, round_at)
+        return target, widths
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -366,9 +366,9 @@ class FLuID(Strategy):
                 out[client.cid] = predictor
         return out
 
-    def _raise_thresholds(self, rates: Any) -> None:
+    def _raise_thresholds(self, widths: Any) -> None:
         assert self.scores is not None
-        needed = fluid.neurons_to_drop(self.model, list(rates))
+        needed = fluid.neurons_to_drop(self.model, list(widths))
         for group, scores in self.scores.items():
             current = self.thresholds.get(group, 0.0)
             self.thresholds[group] = fluid.raise_threshold(current, scores, needed[group], self.threshold_step)
@@ -383,13 +383,13 @@ class FLuID(Strategy):
             if history:
                 self.thresholds[group] = float(np.mean(history))
 
-    def _straggler_submodel(self, rnd: int, cid: str, rate: float) -> SubModel:
+    def _straggler_submodel(self, rnd: int, cid: str, width: float) -> SubModel:
         rng = np.random.default_rng((self.seed, rnd, zlib.crc32(cid.encode())))
         if self.dropout == "ordered":
-            return self.model.static(rate)
+            return self.model.static(width)
         if self.dropout == "random":
-            return random_submodel(self.model, rate, rng)
-        return fluid.invariant_submodel(self.model, rate, self.scores, self.thresholds, rng)
+            return random_submodel(self.model, width, rng)
+        return fluid.invariant_submodel(self.model, width, self.scores, self.thresholds, rng)
 
     def _metrics(self, seconds: Mapping[str, float], failures: Sequence[ClientFailure]) -> dict[str, float]:
         stragglers = [cid for cid in seconds if self.assigned.get(cid, 1.0) < 1.0]
@@ -422,10 +422,10 @@ class FLuID(Strategy):
             "fluid": {
                 "has_scores": self.scores is not None,
                 "stragglers": list(self.stragglers),
-                "rates": dict(self.rates),
+                "client_widths": dict(self.client_widths),
                 "assigned": dict(self.assigned),
                 "last_seconds": dict(self.last_seconds),
-                "last_rate": dict(self.last_rate),
+                "last_width": dict(self.last_width),
                 "last_fixed": dict(self.last_fixed),
                 "thresholds": dict(self.thresholds),
                 "threshold_history": {g: list(h) for g, h in self.threshold_history.items()},
@@ -435,19 +435,19 @@ class FLuID(Strategy):
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what `state` returned."""
+        """Restore what `state` returned (a checkpoint's memory under older keys too: `fl.renamed_keys`)."""
         super().load_state(state)
-        memory = state["fluid"]
+        memory = current_fluid_memory(state["fluid"])
         self.scores = (
             {g: np.asarray(s, dtype=np.float64).copy() for g, s in state["scores"].items()}
             if memory["has_scores"]
             else None
         )
         self.stragglers = [str(c) for c in memory["stragglers"]]
-        self.rates = {str(k): float(v) for k, v in memory["rates"].items()}
+        self.client_widths = {str(k): float(v) for k, v in memory["client_widths"].items()}
         self.assigned = {str(k): float(v) for k, v in memory["assigned"].items()}
         self.last_seconds = {str(k): float(v) for k, v in memory["last_seconds"].items()}
-        self.last_rate = {str(k): float(v) for k, v in memory["last_rate"].items()}
+        self.last_width = {str(k): float(v) for k, v in memory["last_width"].items()}
         self.last_fixed = {str(k): float(v) for k, v in memory.get("last_fixed", {}).items()}
         self.thresholds = {str(k): float(v) for k, v in memory["thresholds"].items()}
         self.threshold_history = {str(g): [float(x) for x in h] for g, h in memory["threshold_history"].items()}
@@ -458,12 +458,12 @@ class FLuID(Strategy):
 
 
 def _parse_planned(value: Mapping[str, Any] | str | None) -> dict[str, Any]:
-    """Return the ``planned`` option: ``{"target": seconds, "stragglers": {cid: size}}`` (JSON text accepted).
+    """Return the ``planned`` option: ``{"target": seconds, "stragglers": {cid: width}}`` (JSON text accepted).
 
     Raises
     ------
     InputError
-        When it is not such an object, or a size is outside (0, 1].
+        When it is not such an object, or a width is outside (0, 1].
     """
     if value in (None, "", "none", "None"):
         return {}
@@ -473,29 +473,28 @@ def _parse_planned(value: Mapping[str, Any] | str | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             raise InputError(f"FLuID planned {value!r} is not JSON") from None
     if not isinstance(value, Mapping) or not isinstance(value.get("stragglers", {}), Mapping):
-        raise InputError(f"FLuID planned {value!r}: expected {{'target': seconds, 'stragglers': {{cid: size}}}}")
-    for cid, size in value.get("stragglers", {}).items():
-        if not 0.0 < float(size) <= 1.0:
-            raise InputError(f"FLuID planned size {size!r} of {cid} is outside (0, 1]")
+        raise InputError(f"FLuID planned {value!r}: expected {{'target': seconds, 'stragglers': {{cid: width}}}}")
+    for cid, width in value.get("stragglers", {}).items():
+        if not 0.0 < float(width) <= 1.0:
+            raise InputError(f"FLuID planned width {width!r} of {cid} is outside (0, 1]")
     return dict(value)
 
 
-def _parse_sizes(sizes: Sequence[float] | float | str) -> tuple[float, ...]:
-    if isinstance(sizes, int | float):
-        sizes = [float(sizes)]
-    if isinstance(sizes, str):
-        text = sizes.strip()
+def _parse_widths(widths: Sequence[float] | float | str) -> tuple[float, ...]:
+    """Return the available sub-model widths, largest first (JSON text or comma-separated accepted)."""
+    if isinstance(widths, int | float):
+        widths = [float(widths)]
+    if isinstance(widths, str):
+        text = widths.strip()
         try:
             parsed = json.loads(text) if text.startswith("[") else [float(s) for s in text.split(",") if s.strip()]
         except ValueError:
-            raise InputError(f"FLuID sizes {sizes!r} are not a list of numbers") from None
-        sizes = parsed
+            raise InputError(f"FLuID widths {widths!r} are not a list of numbers") from None
+        widths = parsed
     try:
-        values = tuple(float(s) for s in sizes)
+        values = check_widths(widths, "FLuID widths")
     except (TypeError, ValueError):
-        raise InputError(f"FLuID sizes {sizes!r} are not a list of numbers") from None
-    if not values or any(not 0.0 < s <= 1.0 for s in values):
-        raise InputError(f"FLuID sizes {sizes!r} must be non-empty and inside (0, 1]")
+        raise InputError(f"FLuID widths {widths!r} are not a list of numbers") from None
     return tuple(sorted(set(values), reverse=True))
 
 

@@ -10,7 +10,7 @@
   counts instead.
 * Static BN and the scaler are part of the zoo model (``heterofl-resnet18``): BN layers
   normalise with the statistics of the current batch in training and in evaluation,
-  and the scaler divides activations by the sub-model's rate during training.
+  and the scaler divides activations by the sub-model's width during training.
 * ``bn_recompute``: HeteroFL's server-side pass that recomputes BN running statistics
   for evaluation only means something for a model whose BN layers keep running
   statistics. No model of this zoo does (their BN always uses batch statistics, so an
@@ -18,7 +18,7 @@
   recompute), and parameters travel without buffers, so ``bn_recompute=true`` is
   refused with an `InputError` rather than silently ignored.
 
-The global model is the zoo model at rate 1; parts wider than every client's capacity
+The global model is the zoo model at width 1; parts wider than every client's capacity
 are never trained (a limitation of static extraction that FedRolex removes).
 """
 

@@ -59,8 +59,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     global_state = module_params(model.build())
     rng = np.random.default_rng(0)
     by_width = []
-    for rate in HETEROFL_WIDTHS:
-        sub = rolling_submodel(model, rate, 5) if args.rolling else model.static(rate)
+    for width in HETEROFL_WIDTHS:
+        sub = rolling_submodel(model, width, 5) if args.rolling else model.static(width)
         base = model.extract(global_state, sub)
         variants = [
             {k: (v + rng.standard_normal(v.shape, dtype=np.float32) * 0.01).astype(np.float32) for k, v in base.items()}

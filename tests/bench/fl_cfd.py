@@ -8,7 +8,7 @@ here with a 128-unit dense layer on 12x12 MNIST digits so that it fits a few min
 pooling; 4000 train / 1000 test, split over ``--clients`` clients by ``--partition``),
 ``--per-round`` clients per round, one local epoch of SGD (batch 10 as in the paper's
 Table 3; learning rate ``--client-lr``, 0.1 by default instead of the paper's 0.035 so
-that a few dozen rounds show the curves apart), keeping ``--rate`` of every layer's neurons with:
+that a few dozen rounds show the curves apart), keeping ``--width`` of every layer's neurons with:
 
 * ``gold``: Gold codes (32, 64, 128 units: degrees 5, 6, 7 padded as in the paper),
 * ``constant_weight``: greedy constant-weight codes,
@@ -63,14 +63,14 @@ def small_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 def make_strategy(
     model: ZooModel, initial: dict[str, np.ndarray], code: str, seed: int, args: argparse.Namespace, lr: float
 ) -> CodedFD:
-    """Return the Coded-FD strategy of one code (``none``: rate 1, no dropout)."""
+    """Return the Coded-FD strategy of one code (``none``: width 1, no dropout)."""
     return CodedFD(
         model,
         initial,
         seed=seed,
         local={"epochs": 1, "batch_size": 10, "lr": args.client_lr},
         code="same" if code == "none" else code,
-        rate=1.0 if code == "none" else args.rate,
+        width=1.0 if code == "none" else args.width,
         server_opt=args.server_opt,
         server_lr=lr,
     )
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=40)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--partition", default="dirichlet:0.5")
-    parser.add_argument("--rate", type=float, default=0.5)
+    parser.add_argument("--width", type=float, default=0.5)
     parser.add_argument("--client-lr", type=float, default=0.1)
     parser.add_argument("--server-opt", default="fedavg", choices=("fedavg", "fedadam"))
     parser.add_argument("--server-lr", type=float, default=1.0)
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = coded_cnn(sizes)
     print(
         f"model cfd-cnn {sizes.conv1}/{sizes.conv2}/{sizes.hidden} on 12x12 mnist5k; clients {args.clients}, "
-        f"{args.per_round} per round, partition {args.partition}, rate {args.rate}, {args.server_opt}, "
+        f"{args.per_round} per round, partition {args.partition}, width {args.width}, {args.server_opt}, "
         f"client lr {args.client_lr}, rounds {args.rounds}, seeds {seeds}, torch threads {args.threads}",
         flush=True,
     )

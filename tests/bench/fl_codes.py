@@ -1,8 +1,8 @@
 """Benchmark: building Coded-FD masks for one layer (Gold, constant-weight, random).
 
 Run from the repository root: ``python -m tests.bench.fl_codes [--width 2048] [--clients 35]``.
-For a layer of ``--width`` units kept at ``--rate`` (the paper's dense layer: 2048 units,
-rate 0.5, 35 clients per round), times in one process (median of ``--repeats``):
+For a layer of ``--size`` units kept at ``--width`` (the paper's dense layer: 2048 units,
+width 0.5, 35 clients per round), times in one process (median of ``--repeats``):
 
 * the Gold code matrix (`fl.maths.codes.gold_code_matrix`) and the constant-weight code
   (`fl.maths.codes.constant_weight_code`), built once per run;
@@ -45,16 +45,16 @@ def timed(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
 def main(argv: Sequence[str] | None = None) -> None:
     """Time Gold, constant-weight and random mask generation for one layer and print ratios."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--rate", type=float, default=0.5)
+    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--width", type=float, default=0.5)
     parser.add_argument("--clients", type=int, default=35)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    width, clients = args.width, args.clients
-    weight = size_at_width(args.rate, width)
-    print(f"layer {width} units, weight {weight} (rate {args.rate}), {clients} clients, seed {args.seed}")
+    width, clients = args.size, args.clients
+    weight = size_at_width(args.width, width)
+    print(f"layer {width} units, weight {weight} (width {args.width}), {clients} clients, seed {args.seed}")
 
     t_random, rand = timed(lambda: random_rows(width, weight, clients, np.random.default_rng(args.seed)), args.repeats)
     t_gold, gold = timed(

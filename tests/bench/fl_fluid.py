@@ -5,7 +5,7 @@ Run from the repository root: ``python -m tests.bench.fl_fluid [--rounds N] [--s
 Per data set (MNIST 5k with the FLuID FEMNIST CNN, IID over the clients; Shakespeare with the
 FLuID LSTM, one speaking role per client), per straggler sub-model size r and per dropout
 method, one in-process FL run of ``fleetbench fl run --strategy fluid --opt dropout=... --opt
-rate=r --opt slowdown='{"c0": 3.0}' --opt calibration_period=1000``: five clients, one
+width=r --opt slowdown='{"c0": 3.0}' --opt calibration_period=1000``: five clients, one
 straggler (as in the paper's phone experiments); client ``c0``'s compute time is multiplied by 3
 (simulated slow device), so it is detected as the straggler after round 0 and trains the size-r
 sub-model from then on while the others train the full model. The final global test accuracy
@@ -87,27 +87,27 @@ def table(dataset: str, store: ProfileStore, args: argparse.Namespace, seeds: li
     print(f"\n== {dataset} / {model_name}: {args.clients} clients, c0 straggler (slow-down 3), {rounds} rounds ==")
     print(f"{'r':>5} {'dropout':<10} " + " ".join(f"{'seed ' + str(s):>8}" for s in seeds) + f" {'mean':>8}")
     feds = {s: load_federated(dataset, model, args.clients, partition, s, max_examples=cap) for s in seeds}
-    for rate in args.rates:
+    for width in args.widths:
         for dropout in DROPOUTS:
             accs = []
             for seed in seeds:
-                options = {**TABLE_OPTIONS, "dropout": dropout, "rate": rate}
+                options = {**TABLE_OPTIONS, "dropout": dropout, "width": width}
                 acc, _ = run_one(store, feds[seed], dataset, args, seed, options)
                 accs.append(acc)
             mean = statistics.mean(accs)
-            out[f"{rate:g}/{dropout}"] = {"accuracy": accs, "mean": mean}
+            out[f"{width:g}/{dropout}"] = {"accuracy": accs, "mean": mean}
             shown = " ".join(f"{100 * a:>8.2f}" for a in accs)
-            print(f"{rate:>5g} {dropout:<10} {shown} {100 * mean:>8.2f}", flush=True)
+            print(f"{width:>5g} {dropout:<10} {shown} {100 * mean:>8.2f}", flush=True)
     seed = seeds[0]
     _, run_id = run_one(store, feds[seed], dataset, args, seed, {"dropout": "invariant", "slowdown": {"c0": 1.5}})
     rounds = RunLog(store).rounds(run_id)
     print(f"calibrated (slow-down 1.5, seed {seed}): round: straggler r, straggler time / slowest other")
     calibrated = []
     for rnd, metrics in zip(rounds["round"], rounds["metrics"], strict=True):
-        rate = metrics.get("straggler_width")
+        width = metrics.get("straggler_width")
         ratio = metrics.get("straggler_over_target")
-        calibrated.append({"round": int(rnd), "rate": rate, "over_target": ratio})
-        shown = "full model (measuring)" if rate is None else f"r {rate:g}, {ratio:.2f}x"
+        calibrated.append({"round": int(rnd), "width": width, "over_target": ratio})
+        shown = "full model (measuring)" if width is None else f"r {width:g}, {ratio:.2f}x"
         print(f"  {int(rnd)}: {shown}", flush=True)
     out["calibrated"] = calibrated
     return out
@@ -117,13 +117,13 @@ def main() -> None:
     """Parse arguments and run the benchmark."""
     parser = argparse.ArgumentParser(prog="python -m tests.bench.fl_fluid", description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="mnist5k,shakespeare")
-    parser.add_argument("--rates", default="0.95,0.75,0.5")
+    parser.add_argument("--widths", default="0.95,0.75,0.5")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per run (default: per data set)")
     parser.add_argument("--clients", type=int, default=5)
     parser.add_argument("--seeds", default="0", help="comma-separated run seeds")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args()
-    args.rates = [float(r) for r in args.rates.split(",")]
+    args.widths = [float(r) for r in args.widths.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"FLuID dropout benchmark on {sys.platform}, python {sys.version.split()[0]}, seeds {seeds}")
     results: dict[str, Any] = {}

@@ -48,14 +48,14 @@ from reports import tables
 
 MODEL = "fjord-cnn"
 WIDTHS = "0.25,0.5,0.75,1"
-#: FLuID's sizes: a 1/32 grid, fine enough that some size lands the straggler near its target.
-FLUID_SIZES = [i / 32 for i in range(8, 33)]
+#: FLuID's widths: a 1/32 grid, fine enough that some width lands the straggler near its target.
+FLUID_WIDTHS = [i / 32 for i in range(8, 33)]
 STRATEGIES: dict[str, list[str]] = {
     "fedavg": [],
     "fjord": ["--opt", "k=4"],
     "heterofl": [],
     "feddrop": [],
-    "fluid": ["--opt", f"sizes={json.dumps(FLUID_SIZES)}"],
+    "fluid": ["--opt", f"widths={json.dumps(FLUID_WIDTHS)}"],
 }
 TIERED = ("fjord", "heterofl")
 

@@ -7,7 +7,7 @@ In the spirit of FedRolex Table 3 (scaled down to MNIST 5k and the FjORD FEMNIST
 finishes in about ten minutes on 2 cores): clients hold capacities spread uniformly over the
 FedRolex levels 1, 1/2, 1/4, 1/8, 1/16 (``--capacities uniform:1,0.5,0.25,0.125,0.0625``) and
 train sub-models extracted by rolling windows (FedRolex), static prefixes (HeteroFL) or random
-draws redrawn every round (Federated Dropout, ``fd``, rate = each client's capacity). Two
+draws redrawn every round (Federated Dropout, ``fd``, width = each client's capacity). Two
 bounds bracket them: every client at the smallest capacity 1/16 (homogeneous-smallest:
 ``heterofl`` with capacities ``0.0625``, i.e. FedAvg of the 1/16 model) and every client at
 full capacity (homogeneous-largest: ``heterofl`` with capacities ``1``, i.e. FedAvg). Data

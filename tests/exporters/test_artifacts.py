@@ -22,7 +22,7 @@ from exporters import artifacts
 from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
 from exporters.flops import count
-from exporters.manifest import ARTIFACT_FILES, MANIFEST, load_valid_manifest
+from exporters.manifest import ARTIFACT_FILES, EXPORT_FORMAT_CHANGES, MANIFEST, load_valid_manifest
 from exporters.ort_training import OrtTrainer
 from exporters.torch_twin import torch_optimizer
 from exporters.userinput import InputError
@@ -84,7 +84,7 @@ def test_exports_loads_and_trains(root: Path, name: str, width: float) -> None:
     arch = model.arch(width)
 
     assert sorted(p.name for p in result.directory.iterdir()) == sorted((*ARTIFACT_FILES, MANIFEST))
-    assert manifest["model"] == name and manifest["arch"]["widths"] == list(arch.sizes)
+    assert manifest["model"] == name and manifest["arch"]["sizes"] == list(arch.sizes)
     assert manifest["arch"]["groups"] == list(model.group_names)
     assert manifest["batch"] == BATCH and manifest["optimizer"] == "adamw" and manifest["loss"] == "cross_entropy"
     assert manifest["inputs"] == [  # any batch size; `batch` is the one it was exported for
@@ -329,6 +329,25 @@ def test_cache_hit_writes_nothing_and_changes_reexport(tmp_path: Path) -> None:
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no temporary leftovers
 
 
+def test_a_set_of_an_older_export_format_is_exported_again(tmp_path: Path, monkeypatch) -> None:
+    model = get_model("cfd-cnn")
+    arch = model.arch(0.25)
+    older = artifacts.EXPORT_FORMAT_VERSION - 1
+    with monkeypatch.context() as patch:  # a set written by the format before, with its manifest's old keys
+        patch.setattr(artifacts, "EXPORT_FORMAT_VERSION", older)
+        old = export_artifacts(model, arch, batch=2, optimizer="adamw", out_dir=tmp_path)
+    manifest = json.loads((old.directory / MANIFEST).read_text())
+    manifest["arch"]["widths"] = manifest["arch"].pop("sizes")
+    (old.directory / MANIFEST).write_text(json.dumps(manifest))
+    assert load_valid_manifest(old.directory) is not None  # intact, but of the older format
+
+    new = export_artifacts(model, arch, batch=2, optimizer="adamw", out_dir=tmp_path)
+    assert not new.cached and new.directory != old.directory
+    assert new.manifest["format_version"] == artifacts.EXPORT_FORMAT_VERSION
+    assert new.manifest["arch"]["sizes"] == list(arch.sizes) and "widths" not in new.manifest["arch"]
+    assert "sizes" in EXPORT_FORMAT_CHANGES[artifacts.EXPORT_FORMAT_VERSION]
+
+
 @pytest.mark.parametrize("victim", ["checkpoint", "training_model.onnx", "manifest.json"])
 def test_corrupted_set_is_reexported(tmp_path: Path, victim: str) -> None:
     model = get_model("cfd-cnn")
@@ -432,12 +451,12 @@ def test_export_rejects_bad_requests(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("rate", [0.25, 0.5, 0.75, 1.0])
-def test_set_name_shows_the_requested_width_even_when_ceil_is_uneven(rate: float) -> None:
+@pytest.mark.parametrize("width", [0.25, 0.5, 0.75, 1.0])
+def test_set_name_shows_the_requested_width_even_when_ceil_is_uneven(width: float) -> None:
     from exporters.artifacts import set_name
 
     model = get_model("fjord-cnn")  # groups of 20 and 15: 0.25 keeps (5, 4), not a uniform fraction
-    assert set_name(model, model.arch(rate), 20, "adamw", "ab" * 32).startswith(f"fjord-cnn-w{rate:g}-b20-adamw-abab")
+    assert set_name(model, model.arch(width), 20, "adamw", "ab" * 32).startswith(f"fjord-cnn-w{width:g}-b20-adamw-abab")
 
 
 def test_set_name_lists_layer_widths_of_a_non_uniform_arch() -> None:

@@ -192,9 +192,20 @@ def test_runs_of_a_missing_store_is_exit_2(tmp_path, capsys):
     assert rc == 2 and "none.db" in err
 
 
+def test_an_old_option_key_on_the_command_line_trains_under_its_current_name(tmp_path, capsys):
+    db = str(tmp_path / "fl.db")
+    rc, out, err = run(capsys, "run", "--strategy", "fd", *SMALL, "--rounds", "1", "--opt", "rate=0.5", "--db", db)
+    assert rc == 0, err
+    with ProfileStore(db) as store:
+        assert RunLog(store).run(1)["config"]["options"] == {"width": 0.5}
+    both = ("--opt", "rate=0.5", "--opt", "width=0.25")
+    rc, out, err = run(capsys, "run", "--strategy", "fd", *SMALL, *both, "--db", db)
+    assert rc == 2 and "'rate' is the old name of 'width'" in err
+
+
 def test_options_parse_as_json_else_strings():
-    assert parse_options(["rate=0.5", "mask=per_client", "kd=true", "levels=[1, 0.5]", "name=", "x=a=b"]) == {
-        "rate": 0.5,
+    assert parse_options(["width=0.5", "mask=per_client", "kd=true", "levels=[1, 0.5]", "name=", "x=a=b"]) == {
+        "width": 0.5,
         "mask": "per_client",
         "kd": True,
         "levels": [1, 0.5],

@@ -81,8 +81,8 @@ def test_fjord_widths_tiers_and_rounds_follow_the_latency_lines(store: ProfileSt
     assert plan.deadline_s == pytest.approx(full["mid"], rel=0.02)
     fast, mid, slow = (plan.device(d) for d in ("fast", "mid", "slow"))
 
-    def drawn(device: str, p_max: float) -> float:  # a FjORD round: the mean over the widths it draws
-        widths = [w for w in (0.25, 0.5, 0.75, 1.0) if w <= p_max]
+    def drawn(device: str, capacity: float) -> float:  # a FjORD round: the mean over the widths it draws
+        widths = [w for w in (0.25, 0.5, 0.75, 1.0) if w <= capacity]
         return sum(round_s(device, w) for w in widths) / len(widths)
 
     assert fast.width == 1.0 and mid.width == 1.0
@@ -148,13 +148,13 @@ def test_feddrop_budgets_meet_the_deadline(store: ProfileStore) -> None:
     assert options == {"budgets": {"c0": 1.0, "c1": slow.budget}}
 
 
-def test_fluid_plans_the_straggler_its_size_and_the_target(store: ProfileStore) -> None:
-    sizes = [0.25, 0.5, 0.75]  # measured widths: the fitted curve is the line there
-    plan = plan_of(store, "fluid", options={"sizes": sizes})
+def test_fluid_plans_the_straggler_its_width_and_the_target(store: ProfileStore) -> None:
+    widths = [0.25, 0.5, 0.75]  # measured widths: the fitted curve is the line there
+    plan = plan_of(store, "fluid", options={"widths": widths})
     assert plan.target_s == pytest.approx(round_s("mid", 1.0), rel=0.02)
     slow = plan.device("slow")
     assert slow.straggler and not plan.device("mid").straggler
-    nearest = min(sizes, key=lambda s: abs(round_s("slow", s) - plan.target_s))
+    nearest = min(widths, key=lambda w: abs(round_s("slow", w) - plan.target_s))
     assert slow.width == nearest
     assert plan.capacity("slow") == 1.0  # FLuID sizes stragglers itself; capacities stay full
     assert strategy_options(plan, {"c0": "slow", "c1": "mid"}) == {

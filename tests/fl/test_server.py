@@ -744,11 +744,11 @@ def test_a_fjord_client_round_is_predicted_over_the_widths_it_draws_from():
     clients = {c: ClientSpec(c, capacity=1.0, num_examples=40, device="d") for c in ("a", "b")}
     sub = model.static(0.75)
     instructions = {
-        "a": TrainIns("a", sub, {}, {"trainer": "fjord", "widths": [0.25, 0.5, 0.75], "p_max": 0.75}),
+        "a": TrainIns("a", sub, {}, {"trainer": "fjord", "widths": [0.25, 0.5, 0.75], "capacity": 0.75}),
         "b": TrainIns("b", sub, {}, {}),
     }
     predicted = _predictions(strategy, instructions, [], clients)
-    assert predicted["a"] == pytest.approx(1.0 + (2.5 + 5.0 + 7.5) / 3)  # not the p_max round, 8.5
+    assert predicted["a"] == pytest.approx(1.0 + (2.5 + 5.0 + 7.5) / 3)  # not the capacity round, 8.5
     assert predicted["b"] == pytest.approx(8.5)
 
 
@@ -854,3 +854,36 @@ def test_a_round_s_steps_per_width_are_logged_as_one_object_a_reader_gets_back()
     assert logged == {"steps": 3.0, "steps_at_width": {"0.25": 2, "1": 1}}
     assert drawn_steps(logged) == {0.25: 2.0, 1.0: 1.0}
     assert "steps_at_width" not in _logged_metrics(TrainRes("b", model.static(1.0), {}, 40, metrics={"steps": 3.0}))
+
+
+def test_a_run_stored_with_the_old_option_keys_resumes(tmp_path, registered):
+    import json
+    import sqlite3
+
+    data = blob_data(4, 20)
+    cfg = config(tmp_path, strategy="fd", rounds=1, options={"width": 0.5})
+    first = run_fl(cfg, data=data, capacities=CAPACITIES, progress=None)
+    with sqlite3.connect(cfg.db) as db:  # as a store written before `rate` became `width`
+        stored = json.loads(db.execute("SELECT config FROM fl_runs WHERE id = ?", (first.run_id,)).fetchone()[0])
+        assert stored["options"] == {"width": 0.5}
+        stored["options"] = {"rate": 0.5}
+        db.execute("UPDATE fl_runs SET config = ? WHERE id = ?", (json.dumps(stored), first.run_id))
+    with ProfileStore(cfg.db) as store:
+        old = RunLog(store).run(first.run_id)["config"]
+    assert old["options"] == {"rate": 0.5}
+    assert RunConfig.from_dict(old).options == {"width": 0.5}  # what `fl run --resume` builds
+    resumed = run_fl(
+        dataclasses.replace(RunConfig.from_dict(old), rounds=2),
+        data=data, capacities=CAPACITIES, resume_run=first.run_id, progress=None,
+    )  # fmt: skip
+    assert resumed.run_id == first.run_id and resumed.rounds == 2
+
+
+def test_old_option_keys_are_read_under_their_current_names():
+    assert RunConfig(strategy="fd", options={"rate": 0.5, "mask": "same"}).options == {"width": 0.5, "mask": "same"}
+    assert RunConfig(strategy="cfd", options={"rate": "0.25"}).options == {"width": "0.25"}
+    fluid = RunConfig(strategy="fluid", options={"sizes": [0.75, 0.5], "rate": 0.5})
+    assert fluid.options == {"widths": [0.75, 0.5], "width": 0.5}
+    assert RunConfig(strategy="heterofl", options={"rate": 1}).options == {"rate": 1}  # not one of its renames
+    with pytest.raises(InputError, match="'rate' is the old name of 'width'; give only 'width'"):
+        RunConfig(strategy="fd", options={"rate": 0.5, "width": 0.25})

@@ -17,7 +17,7 @@ from tests.devices.conftest import require_tool
 
 
 def _check_tier_widths(out: Path, printed: str) -> None:
-    """FjORD's capacities are the p_max of the printed plan: demo widths, monotone in speed.
+    """FjORD's capacities are the capacities of the printed plan: demo widths, monotone in speed.
 
     The deadline is the median device's predicted full-width round, so the device whose
     full-width round is predicted slowest misses it and gets a narrower tier than the

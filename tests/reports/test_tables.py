@@ -358,7 +358,7 @@ def test_predicted_against_measured_client_rounds_per_device() -> None:
 
     rounds = pd.DataFrame([{"run_id": 1, "round": 0, "metrics": '{"target_seconds": 8.0}'}])
     [straggler] = fl_straggler_table(rounds, client_rounds).to_dict("records")
-    assert (straggler["device"], straggler["size"], straggler["seconds"]) == ("pi3", 0.5, 10.0)
+    assert (straggler["device"], straggler["width"], straggler["seconds"]) == ("pi3", 0.5, 10.0)
     assert straggler["over_target"] == pytest.approx(10.0 / 8.0) and straggler["predicted_s"] == 5.0
 
 

@@ -108,7 +108,7 @@ def test_an_unknown_local_trainer_and_fjord_kd_are_refused_not_dropped(tmp_path:
     )  # fmt: skip
     sub = model.static(0.25)
     params = model.extract(_global("fjord-cnn"), sub)
-    kd = {"trainer": "fjord", "widths": [0.25], "p_max": 0.25, "kd": True}
+    kd = {"trainer": "fjord", "widths": [0.25], "capacity": 0.25, "kd": True}
     instructions = {
         "c0": TrainIns("c0", sub, params, {"trainer": "scaffold"}),
         "c1": TrainIns("c1", sub, params, {"trainer": "syncdrop"}),  # SyncDrop trains the full model only
@@ -120,6 +120,23 @@ def test_an_unknown_local_trainer_and_fjord_kd_are_refused_not_dropped(tmp_path:
     messages = {f.cid: f.message for f in failures}
     assert "scaffold" in messages["c0"] and "full model" in messages["c1"]
     assert "kd=true" in messages["c2"] and "devices" in messages["c2"]
+
+
+def test_a_fjord_train_config_with_the_old_p_max_key_trains_at_that_capacity(tmp_path: Path) -> None:
+    model = get_model("fjord-cnn")
+    device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
+    executor = DevicesExecutor(
+        model, {"c0": device}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20, connect=connect
+    )
+    sub = model.static(0.25)
+    params = model.extract(_global("fjord-cnn"), sub)
+    try:
+        for key in ("p_max", "capacity"):  # a config from a checkpoint written before the rename, and today's
+            ins = TrainIns("c0", sub, params, {"trainer": "fjord", key: 0.25})
+            widths = executor._fjord_widths(ins, tmp_path / "set", {})
+            assert [(w.width, w.index) for w in widths] == [(0.25, None)], key
+    finally:
+        executor.close()
 
 
 def test_prefix_cut_and_flat_positions_on_an_lstm() -> None:
@@ -373,7 +390,7 @@ def test_fjord_samples_a_width_per_step_on_the_device_as_in_process(tmp_path: Pa
     g = _global("fjord-cnn")
     device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
     sub = model.static(0.6)
-    cfg = {"trainer": "fjord", "widths": [0.2, 0.4, 0.6], "p_max": 0.6, "epochs": 2, "lr": 0.05, "seed": 7,
+    cfg = {"trainer": "fjord", "widths": [0.2, 0.4, 0.6], "capacity": 0.6, "epochs": 2, "lr": 0.05, "seed": 7,
            "batch_size": 20}  # fmt: skip
     ins = TrainIns("c0", sub, model.extract(g, sub), cfg)
     x, y = _shard(80, 2)
@@ -461,7 +478,7 @@ def test_fjord_and_syncdrop_train_the_short_last_batch_on_the_device_as_in_proce
     g = _global("fjord-cnn")
     device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
     x, y = _shard(45, 4)
-    fjord = {"trainer": "fjord", "widths": [0.2, 0.4, 0.6], "p_max": 0.6, "epochs": 2, "lr": 0.05, "seed": 7,
+    fjord = {"trainer": "fjord", "widths": [0.2, 0.4, 0.6], "capacity": 0.6, "epochs": 2, "lr": 0.05, "seed": 7,
              "batch_size": 20}  # fmt: skip
     rng = np.random.default_rng(5)
     keep = {group: rng.uniform(0.3, 1.0, size).tolist() for group, size in model.groups}

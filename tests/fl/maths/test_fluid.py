@@ -52,7 +52,7 @@ def test_find_stragglers_target_is_next_slowest():
     assert fluid.find_stragglers({"b": 3.0, "a": 3.0, "c": 1.0}, 1) == (["a"], 3.0)
 
 
-def test_linear_rate_closest_to_inverse_speedup():
+def test_linear_width_closest_to_inverse_speedup():
     # speed-up 12/8 = 1.5 -> 1/1.5 = 0.667 -> 0.65 (distance 0.017 vs 0.083 for 0.75)
     assert fluid.linear_width(12.0 / 8.0) == 0.65
     # 12/5 = 2.4 -> 0.417 -> 0.5 is the smallest available size
@@ -63,37 +63,37 @@ def test_linear_rate_closest_to_inverse_speedup():
     assert fluid.linear_width(1.0) == 1.0
     assert fluid.linear_width(0.8) == 1.0
     # exact tie (0.5 is 0.25 from both) -> the smaller size, the one that meets the target
-    assert fluid.linear_width(2.0, sizes=(0.25, 0.75)) == 0.25
+    assert fluid.linear_width(2.0, widths=(0.25, 0.75)) == 0.25
     # a tie in exact arithmetic that floating point breaks the other way: 1/5 = 0.2 is 0.1 from
     # both 0.1 and 0.3, but |0.3 - 0.2| rounds below |0.1 - 0.2|; the tolerance keeps it a tie
     assert abs(0.3 - 1 / 5.0) < abs(0.1 - 1 / 5.0)
-    assert fluid.linear_width(5.0, sizes=(0.1, 0.3)) == 0.1
+    assert fluid.linear_width(5.0, widths=(0.1, 0.3)) == 0.1
     with pytest.raises(InputError):
-        fluid.linear_width(1.5, sizes=(0.5, 1.5))
+        fluid.linear_width(1.5, widths=(0.5, 1.5))
 
 
 CONVEX = ((0.25, 0.5, 0.75, 1.0), (300.0, 700.0, 1300.0, 2000.0))
 OVERHEAD = ((0.25, 0.5, 0.75, 1.0), (1000.0, 1200.0, 1400.0, 1600.0))
 
 
-def test_curve_rate_picks_the_size_whose_time_is_closest_to_the_target():
+def test_curve_width_picks_the_width_whose_time_is_closest_to_the_target():
     predict = fluid.curve_predictor(*CONVEX)
     # full 10 s, predicted 10 * lat(s) / 2000:
     # 0.95 -> lat 1300 + 0.8 * 700 = 1860 -> 9.3 s; 0.85 -> 1580 -> 7.9 s; 0.75 -> 6.5 s
     # target 7 s: 6.5 s is 0.5 s under it, 7.9 s 0.9 s over
-    assert fluid.curve_width(10.0, 7.0, fluid.PAPER_SIZES, predict) == 0.75
+    assert fluid.curve_width(10.0, 7.0, fluid.PAPER_WIDTHS, predict) == 0.75
     # target 7.5 s: 7.9 s is 0.4 s over it, 6.5 s 1 s under: the closer time, above the target
-    assert fluid.curve_width(10.0, 7.5, fluid.PAPER_SIZES, predict) == 0.85
-    assert fluid.curve_width(10.0, 11.0, fluid.PAPER_SIZES, predict) == 1.0
-    assert fluid.curve_width(10.0, 1.0, fluid.PAPER_SIZES, predict) == 0.5  # nothing meets it: smallest
+    assert fluid.curve_width(10.0, 7.5, fluid.PAPER_WIDTHS, predict) == 0.85
+    assert fluid.curve_width(10.0, 11.0, fluid.PAPER_WIDTHS, predict) == 1.0
+    assert fluid.curve_width(10.0, 1.0, fluid.PAPER_WIDTHS, predict) == 0.5  # nothing meets it: smallest
 
 
-def test_curve_rate_differs_from_linear_rule_when_time_is_not_proportional():
+def test_curve_width_differs_from_linear_rule_when_time_is_not_proportional():
     predict = fluid.curve_predictor(*OVERHEAD)
     # full 10 s, target 9.2 s. Linear: 1/speed-up = 0.92 -> 0.95.
     assert fluid.linear_width(10.0 / 9.2) == 0.95
     # Curve: 0.95 -> 1560/1600 -> 9.75 s; 0.85 -> 1480/1600 -> 9.25 s (0.05 s over); 0.75 -> 8.75 s
-    assert fluid.curve_width(10.0, 9.2, fluid.PAPER_SIZES, predict) == 0.85
+    assert fluid.curve_width(10.0, 9.2, fluid.PAPER_WIDTHS, predict) == 0.85
 
 
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
@@ -175,11 +175,11 @@ def test_straggler_sizing_rejects_bad_inputs():
             fluid.straggler_width(10.0, bad, WIDTHS)
         with pytest.raises(InputError, match="full_seconds"):
             fluid.straggler_width(bad, 5.0, WIDTHS, predict)
-    with pytest.raises(InputError, match="no sub-model sizes"):
+    with pytest.raises(InputError, match="sub-model widths is empty"):
         fluid.straggler_width(10.0, 5.0, ())
-    with pytest.raises(InputError, match="outside"):
+    with pytest.raises(InputError, match=r"must lie in \(0, 1\]"):
         fluid.straggler_width(10.0, 5.0, (0.5, 1.5), predict)
-    with pytest.raises(InputError, match="outside"):
+    with pytest.raises(InputError, match=r"must lie in \(0, 1\]"):
         fluid.predicted_seconds(10.0, 0.0)
 
 
@@ -194,7 +194,7 @@ def test_curve_predictor_interpolates_and_extrapolates():
         fluid.curve_predictor((0.5, 1.0), (700.0, -1.0))
 
 
-def test_full_model_seconds_reestimates_time_over_rate():
+def test_full_model_seconds_reestimates_time_over_width():
     assert fluid.full_model_seconds(6.0, 0.75) == pytest.approx(8.0)
     assert fluid.full_model_seconds(6.0, 1.0) == 6.0
     # with a curve: 6.5 s at 0.75 -> 6.5 * 2000 / 1300 = 10 s
@@ -343,7 +343,7 @@ def test_neurons_to_drop_uses_ceil_widths():
     assert fluid.neurons_to_drop(model, []) == {"conv1": 0, "conv2": 0, "fc1": 0}
 
 
-def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
+def test_only_the_training_part_of_a_time_scales_with_the_width() -> None:
     # 10 s at size 0.5, of which 4 s fixed (runner start, transfers): linear rule 4 + 6 / 0.5 = 16 s
     assert fluid.full_model_seconds(10.0, 0.5, None, fixed=4.0) == pytest.approx(16.0)
     assert fluid.full_model_seconds(10.0, 0.5, None) == pytest.approx(20.0)
@@ -369,7 +369,7 @@ def test_only_the_training_part_of_a_time_scales_with_the_size() -> None:
     assert fluid.linear_width(math.inf, [0.5, 0.75]) == 0.5
 
 
-def test_profile_predictor_asks_the_latency_model_for_unmeasured_sizes():
+def test_profile_predictor_asks_the_latency_model_for_unmeasured_widths():
     from harness.arch_counts import train_flops_per_example
     from harness.latency import fit_device
 
@@ -380,7 +380,7 @@ def test_profile_predictor_asks_the_latency_model_for_unmeasured_sizes():
     ]  # fmt: skip
     predict = fluid.profile_predictor(rows, "fjord-cnn", batch=20)
     model = fit_device([{**r, "device": "d"} for r in rows]).latency_model("fjord-cnn")
-    for size in fluid.PAPER_SIZES:  # 0.95, 0.85, ...: none of them measured
+    for size in fluid.PAPER_WIDTHS:  # 0.95, 0.85, ...: none of them measured
         assert predict(size) == model.predict(size).value
     # a model outside the zoo keeps the measured curve
     curve_rows = [{**r, "model": "m"} for r in rows]

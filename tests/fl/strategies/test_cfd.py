@@ -51,7 +51,7 @@ def test_registered():
 @pytest.mark.parametrize("code", ["gold", "constant_weight", "random"])
 def test_every_client_gets_a_different_mask_of_the_right_width(code):
     model = small_cnn()
-    strategy = CodedFD(model, module_params(model.build()), seed=3, code=code, rate=0.5)
+    strategy = CodedFD(model, module_params(model.build()), seed=3, code=code, width=0.5)
     ins = strategy.configure_round(0, clients(6))
     assert list(ins) == [f"c{i}" for i in range(6)]
     for g, size in enumerate(model.group_sizes):
@@ -66,7 +66,7 @@ def test_every_client_gets_a_different_mask_of_the_right_width(code):
 
 def test_same_code_gives_one_mask():
     model = small_cnn()
-    strategy = CodedFD(model, module_params(model.build()), code="same", rate=0.25)
+    strategy = CodedFD(model, module_params(model.build()), code="same", width=0.25)
     ins = strategy.configure_round(2, clients(5))
     for g, size in enumerate(model.group_sizes):
         sets = {tuple(i.submodel.indices[g].tolist()) for i in ins.values()}
@@ -103,7 +103,7 @@ def test_per_weight_average_and_fedavg_by_hand():
     # Client A holds neurons {0, 1} with value 1, client B {1, 2} with value 3.
     # Uniform average: neuron 0 -> 1, neuron 1 -> 2, neuron 2 -> 3, neuron 3 unheld -> 0 (update 0).
     # FedAvg with eta = 0.5 moves each half way.
-    strategy = CodedFD(TOY, toy_state(), rate=0.5, server_lr=0.5, weighted=False)
+    strategy = CodedFD(TOY, toy_state(), width=0.5, server_lr=0.5, weighted=False)
     new, metrics = strategy.aggregate_round(0, [toy_result("a", [0, 1], 1.0), toy_result("b", [1, 2], 3.0)], [])
     assert new["w1"][:, 0].tolist() == [0.5, 1.0, 1.5, 0.0]
     assert new["w2"][0].tolist() == [0.5, 1.0, 1.5, 0.0]
@@ -114,7 +114,7 @@ def test_per_weight_average_and_fedavg_by_hand():
 
 def test_weighted_average_by_hand():
     # Weights 1 and 3 on neuron 1: (1 * 1 + 3 * 3) / 4 = 2.5; eta = 1 takes the average.
-    strategy = CodedFD(TOY, toy_state(), rate=0.5, server_lr=1.0)
+    strategy = CodedFD(TOY, toy_state(), width=0.5, server_lr=1.0)
     results = [toy_result("a", [0, 1], 1.0, examples=1), toy_result("b", [1, 2], 3.0, examples=3)]
     new, _ = strategy.aggregate_round(0, results, [ClientFailure("c", "timeout")])
     assert new["w1"][:, 1].tolist() == [1.0, 2.5, 3.0, 0.0]
@@ -147,9 +147,9 @@ def test_no_results_keeps_the_model():
     assert (new["w1"] == 0).all() and metrics["failures"] == 1
 
 
-def test_rate_one_trains_the_full_model():
+def test_width_one_trains_the_full_model():
     model = small_cnn()
-    ins = CodedFD(model, module_params(model.build()), code="constant_weight", rate=1.0).configure_round(0, clients(3))
+    ins = CodedFD(model, module_params(model.build()), code="constant_weight", width=1.0).configure_round(0, clients(3))
     for i in ins.values():
         assert [len(x) for x in i.submodel.indices] == list(model.group_sizes)
 
@@ -171,7 +171,7 @@ def test_real_round_changes_the_model():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"code": "hamming"}, {"rate": 0.0}, {"server_opt": "sgd"}, {"server_lr": -1.0}, {"weighted": "maybe"}]
+    "kwargs", [{"code": "hamming"}, {"width": 0.0}, {"server_opt": "sgd"}, {"server_lr": -1.0}, {"weighted": "maybe"}]
 )
 def test_bad_options(kwargs):
     with pytest.raises(InputError):
@@ -179,5 +179,5 @@ def test_bad_options(kwargs):
 
 
 def test_string_options_from_the_command_line():
-    strategy = CodedFD(TOY, toy_state(), rate="0.5", server_lr="0.25", weighted="false")
-    assert strategy.rate == 0.5 and strategy.optimizer.lr == 0.25 and strategy.weighted is False
+    strategy = CodedFD(TOY, toy_state(), width="0.5", server_lr="0.25", weighted="false")
+    assert strategy.width == 0.5 and strategy.optimizer.lr == 0.25 and strategy.weighted is False

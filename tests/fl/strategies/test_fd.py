@@ -35,14 +35,14 @@ def test_same_mask_for_every_client_of_a_round_and_new_each_round():
     assert np.array_equal(r0["c0"].parameters["fc2.weight"], g[np.ix_(a.indices[1], a.indices[0])])
 
 
-def test_per_client_masks_differ_and_rate_option_overrides_capacity():
+def test_per_client_masks_differ_and_width_option_overrides_capacity():
     model = tiny_model(h1=40, h2=40)
-    strategy = FederatedDropout(model, initial_params(model), mask="per_client", rate="0.25")
+    strategy = FederatedDropout(model, initial_params(model), mask="per_client", width="0.25")
     ins = strategy.configure_round(0, _clients([1.0, 1.0]))
     a, b = ins["c0"].submodel, ins["c1"].submodel
     assert a.arch.sizes == b.arch.sizes == (10, 10)
     assert a.indices[0].tolist() != b.indices[0].tolist()
-    again = FederatedDropout(model, initial_params(model), mask="per_client", rate=0.25).configure_round(
+    again = FederatedDropout(model, initial_params(model), mask="per_client", width=0.25).configure_round(
         0, _clients([1.0, 1.0])
     )
     assert again["c1"].submodel.indices[0].tolist() == b.indices[0].tolist()
@@ -53,12 +53,12 @@ def test_bad_options():
     with pytest.raises(InputError, match="mask"):
         FederatedDropout(model, initial_params(model), mask="gold")
     with pytest.raises(InputError):
-        FederatedDropout(model, initial_params(model), rate=1.5)
+        FederatedDropout(model, initial_params(model), width=1.5)
 
 
 def test_aggregation_weighted_over_holders():
     model = tiny_model(h1=4, h2=4)
-    strategy = FederatedDropout(model, initial_params(model), mask="per_client", rate=0.5)
+    strategy = FederatedDropout(model, initial_params(model), mask="per_client", width=0.5)
     start = strategy.global_state["fc1.bias"].copy()
     clients = _clients([1.0, 1.0])  # 10 and 20 examples
     ins = strategy.configure_round(0, clients)

@@ -78,4 +78,4 @@ def test_end_to_end_learns_with_clients_smaller_than_the_global_model():
     strategy = FedRolex(model, initial_params(model), local={"epochs": 2, "batch_size": 10, "lr": 0.3})
     clients = [ClientSpec("c0", 30, 0.5), ClientSpec("c1", 30, 0.5), ClientSpec("c2", 30, 0.5)]
     x_test, y_test = learn_blobs(strategy, clients, 10)  # the windows cover every neuron in 10 rounds
-    assert accuracy(strategy, x_test, y_test, rate=1.0) > 0.8
+    assert accuracy(strategy, x_test, y_test, width=1.0) > 0.8

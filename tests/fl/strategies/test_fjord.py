@@ -9,7 +9,7 @@ from exporters.zoo import get_model
 from fl.client import TRAINERS, get_trainer, train_plain
 from fl.records import ClientSpec, TrainIns, TrainRes
 from fl.strategies import strategy_class
-from fl.strategies.fjord import FjORD, drawn_widths, p_max_for, train_ordered, width_set
+from fl.strategies.fjord import FjORD, capacity_for, drawn_widths, train_ordered, width_set
 from tests.fl.strategies.tiny import accuracy, blobs, initial_params, learn_blobs, tiny_model
 
 
@@ -19,23 +19,23 @@ def test_registered():
     assert get_trainer("fjord") is train_ordered
 
 
-def test_width_set_and_p_max():
+def test_width_set_and_capacity():
     assert width_set(5) == pytest.approx((0.2, 0.4, 0.6, 0.8, 1.0))
-    assert p_max_for(0.7, width_set(5)) == pytest.approx(0.6)
-    assert p_max_for(0.8, width_set(5)) == pytest.approx(0.8)
-    assert p_max_for(1.0, width_set(4)) == 1.0
+    assert capacity_for(0.7, width_set(5)) == pytest.approx(0.6)
+    assert capacity_for(0.8, width_set(5)) == pytest.approx(0.8)
+    assert capacity_for(1.0, width_set(4)) == 1.0
     with pytest.raises(InputError, match="0.1"):
-        p_max_for(0.1, width_set(5))
+        capacity_for(0.1, width_set(5))
     with pytest.raises(InputError):
         width_set(0)
 
 
-def test_configure_round_sends_p_max_prefix_and_the_widths_to_sample():
+def test_configure_round_sends_capacity_prefix_and_the_widths_to_sample():
     model = tiny_model()  # h1 = 10, h2 = 8
     strategy = FjORD(model, initial_params(model), kd="true")
     ins = strategy.configure_round(0, [ClientSpec("c0", 10, 0.7), ClientSpec("c1", 10, 1.0)])
     c0 = ins["c0"]
-    assert c0.submodel.arch.sizes == (6, 5)  # p_max 0.6: ceil(6), ceil(4.8)
+    assert c0.submodel.arch.sizes == (6, 5)  # capacity 0.6: ceil(6), ceil(4.8)
     assert c0.submodel.indices[0].tolist() == list(range(6))
     assert c0.config["trainer"] == "fjord" and c0.config["kd"] is True
     assert c0.config["widths"] == pytest.approx([0.2, 0.4, 0.6])
@@ -75,8 +75,8 @@ def test_nested_aggregation_eq1_hand_worked():
     assert np.array_equal(state["fc1.bias"][6:], start["fc1.bias"][6:])
 
 
-def _ins(model, p_max, widths, **config):
-    sub = model.static(p_max)
+def _ins(model, capacity, widths, **config):
+    sub = model.static(capacity)
     params = model.extract(initial_params(model, seed=3), sub)
     cfg = {"epochs": 1, "batch_size": 8, "lr": 0.2, "seed": 11, "widths": widths, **config}
     return TrainIns("c0", sub, params, cfg)
@@ -101,7 +101,7 @@ def test_train_ordered_with_one_width_equals_plain_sgd_on_that_prefix():
         assert np.array_equal(trained[k][mask], ins.parameters[k][mask])
 
 
-def test_train_ordered_samples_widths_uniformly_and_never_above_p_max():
+def test_train_ordered_samples_widths_uniformly_and_never_above_capacity():
     model = tiny_model()
     x, y = blobs(400, seed=1)
     ins = _ins(model, 0.6, [0.2, 0.4, 0.6], batch_size=2, lr=0.01)
@@ -176,7 +176,7 @@ def test_train_ordered_on_lstm_gate_blocks():
     y = rng.integers(0, 84, 6)
     ins = TrainIns("c0", sub, params, {"epochs": 1, "batch_size": 6, "lr": 0.5, "seed": 1, "widths": [0.2]})
     trained, _ = train_ordered(model, ins, x, y)
-    small = model.static(0.2)  # 26 of the 52 units kept by p_max 0.4
+    small = model.static(0.2)  # 26 of the 52 units kept by capacity 0.4
     h = small.arch.sizes[0]
     w = trained["lstm1.weight_ih_l0"]  # (4 * 52, 8): gate blocks i, f, g, o
     old = params["lstm1.weight_ih_l0"]
@@ -192,5 +192,16 @@ def test_end_to_end_with_tiers_learns_every_width():
     strategy = FjORD(model, initial_params(model), local={"epochs": 2, "batch_size": 10, "lr": 0.3})
     clients = [ClientSpec("c0", 30, 1.0), ClientSpec("c1", 30, 0.6), ClientSpec("c2", 30, 0.2)]
     x_test, y_test = learn_blobs(strategy, clients, 5)
-    for rate in (1.0, 0.6, 0.4):
-        assert accuracy(strategy, x_test, y_test, rate=rate) > 0.85
+    for width in (1.0, 0.6, 0.4):
+        assert accuracy(strategy, x_test, y_test, width=width) > 0.85
+
+
+def test_train_ordered_reads_an_old_train_config_p_max_as_capacity():
+    model = tiny_model()
+    x, y = blobs(24, seed=0)
+    ins = _ins(model, 0.4, [])
+    old = replace(ins, config={k: v for k, v in ins.config.items() if k != "widths"} | {"p_max": 0.4})
+    _, metrics = train_ordered(model, old, x, y)
+    assert metrics["mean_width"] == pytest.approx(0.4)  # every step at the capacity, not the default 1
+    _, current = train_ordered(model, replace(old, config={**ins.config, "capacity": 0.4}), x, y)
+    assert current["mean_width"] == pytest.approx(0.4)

@@ -76,14 +76,14 @@ def test_round_zero_trains_everyone_full():
     assert not any(i.config["straggler"] for i in ins.values())
 
 
-def test_straggler_and_linear_rate_from_times():
+def test_straggler_and_linear_width_from_times():
     strategy = FLuID(tiny_model(), initial())
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     ins = strategy.configure_round(1, CLIENTS, None)
     # target = next slowest = 8 s; speed-up 1.5; 1/1.5 = 0.667 -> 0.65; ceil(0.65 * 4) = 3 neurons
     assert strategy.stragglers == ["c0"]
     assert strategy.target_seconds == 8.0
-    assert strategy.rates == {"c0": 0.65}
+    assert strategy.client_widths == {"c0": 0.65}
     assert ins["c0"].submodel.arch.sizes == (3,)
     assert ins["c0"].config["straggler"] is True and ins["c0"].config["width"] == 0.65
     assert ins["c0"].parameters["fc1.weight"].shape == (3, 2)
@@ -106,16 +106,16 @@ def test_a_device_clients_fixed_start_cost_does_not_scale_with_the_size():
     play_with_device_metrics(strategy, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}, "c0", {"step_seconds": 6.0})
     strategy.configure_round(1, CLIENTS, None)
     # target 8 s: only the 6 s of steps scale, speed-up (12 - 6) / (8 - 6) = 3 -> 1/3 -> 0.5 (not 1/1.5 -> 0.65)
-    assert strategy.rates == {"c0": 0.5}
+    assert strategy.client_widths == {"c0": 0.5}
 
 
-def test_straggler_fraction_gives_each_straggler_its_own_rate():
+def test_straggler_fraction_gives_each_straggler_its_own_width():
     strategy = FLuID(tiny_model(), initial(), straggler_fraction=0.5)
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     strategy.configure_round(1, CLIENTS, None)
     # 2 stragglers, target 5 s: c0 12/5 -> 0.417 -> 0.5; c2 8/5 -> 0.625 -> 0.65
     assert strategy.stragglers == ["c0", "c2"]
-    assert strategy.rates == {"c0": 0.5, "c2": 0.65}
+    assert strategy.client_widths == {"c0": 0.5, "c2": 0.65}
 
 
 def test_slowdown_multiplies_compute_time_only():
@@ -127,11 +127,11 @@ def test_slowdown_multiplies_compute_time_only():
     assert strategy.last_seconds == {"c0": 4.0, "c1": 8.0, "c2": 4.0, "c3": 4.0}
     assert metrics["round_seconds"] == 8.0
     strategy.configure_round(1, CLIENTS, None)
-    assert strategy.stragglers == ["c1"] and strategy.rates == {"c1": 0.5}
+    assert strategy.stragglers == ["c1"] and strategy.client_widths == {"c1": 0.5}
 
 
-def test_straggler_switching_after_recalibration_reestimates_time_over_rate():
-    strategy = FLuID(tiny_model(), initial(), calibration_period=2, sizes="0.5")
+def test_straggler_switching_after_recalibration_reestimates_time_over_width():
+    strategy = FLuID(tiny_model(), initial(), calibration_period=2, widths="0.5")
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     # round 1: calibrate -> c0 at 0.5; c0 now takes 6 s on its half model, c2 got slow (20 s)
     play(strategy, 1, {"c0": 6.0, "c1": 4.0, "c2": 20.0, "c3": 5.0})
@@ -150,7 +150,7 @@ def test_straggler_switching_after_recalibration_reestimates_time_over_rate():
 
 
 def test_no_straggler_switch_when_old_straggler_is_still_slowest_at_full_size():
-    strategy = FLuID(tiny_model(), initial(), sizes="0.5")
+    strategy = FLuID(tiny_model(), initial(), widths="0.5")
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     # c0 on its half model takes 6 s: measured it is no longer the slowest (c2 8 s),
     # but its full-model estimate (12 s) is, so it stays the straggler.
@@ -166,10 +166,10 @@ def test_timed_out_client_counts_with_its_waited_seconds():
     strategy.aggregate_round(0, results, [ClientFailure("c0", "timeout", "too slow", seconds=10.0)])
     strategy.configure_round(1, CLIENTS, None)
     # 10 s against a target of 4 s: speed-up 2.5 -> 1/2.5 = 0.4 -> 0.5
-    assert strategy.stragglers == ["c0"] and strategy.rates == {"c0": 0.5}
+    assert strategy.stragglers == ["c0"] and strategy.client_widths == {"c0": 0.5}
 
 
-def _calibrated_rates(profiles, **options):
+def _calibrated_widths(profiles, **options):
     """Round 0 with c0 (device "pi") at 10 s and the next slowest at 9.2 s, then calibrate."""
     clients = [ClientSpec("c0", 10, device="pi"), *CLIENTS[1:]]
     times = {"c0": 10.0, "c1": 4.0, "c2": 9.2, "c3": 5.0}
@@ -177,27 +177,27 @@ def _calibrated_rates(profiles, **options):
     ins = strategy.configure_round(0, clients, profiles)
     strategy.aggregate_round(0, [result(ins[c.cid], times[c.cid]) for c in clients], [])
     strategy.configure_round(1, clients, profiles)
-    return strategy.rates
+    return strategy.client_widths
 
 
-def test_rate_from_device_profile_curve():
+def test_width_from_device_profile_curve():
     rows = [
         {"model": "tiny", "width": w, "batch": 20, "backend": "ort", "status": "ok", "median_us": lat}
         for w, lat in zip((0.25, 0.5, 0.75, 1.0), (1000.0, 1200.0, 1400.0, 1600.0), strict=True)
     ]
     # curve: 0.85 -> 10 * 1480 / 1600 = 9.25 s, 0.05 s over 9.2; 0.75 -> 8.75 s, 0.45 s under
     # (the linear rule would give 0.95)
-    assert _calibrated_rates({"pi": rows}) == {"c0": 0.85}
+    assert _calibrated_widths({"pi": rows}) == {"c0": 0.85}
     # without profiles, with use_profiles off, or with another device's profile only: the linear rule
-    assert _calibrated_rates(None) == {"c0": 0.95}
-    assert _calibrated_rates({"pi": rows}, use_profiles="false") == {"c0": 0.95}
-    assert _calibrated_rates({"nano": rows}) == {"c0": 0.95}
+    assert _calibrated_widths(None) == {"c0": 0.95}
+    assert _calibrated_widths({"pi": rows}, use_profiles="false") == {"c0": 0.95}
+    assert _calibrated_widths({"nano": rows}) == {"c0": 0.95}
     # another model's rows are no curve either
-    assert _calibrated_rates({"pi": [{**r, "model": "other"} for r in rows]}) == {"c0": 0.95}
+    assert _calibrated_widths({"pi": [{**r, "model": "other"} for r in rows]}) == {"c0": 0.95}
 
 
 def test_invariant_dropout_drops_neurons_invariant_for_most_non_stragglers():
-    strategy = FLuID(tiny_model(), initial(), sizes=[0.5])
+    strategy = FLuID(tiny_model(), initial(), widths=[0.5])
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}, CHANGES)
     # scores (3rd smallest change of 4 clients): [0.7, 0.002, 0.5, 0.003]
     assert strategy.scores["h"] == pytest.approx([0.7, 0.002, 0.5, 0.003], rel=1e-3)
@@ -212,12 +212,12 @@ def test_invariant_dropout_drops_neurons_invariant_for_most_non_stragglers():
 
 
 def test_ordered_and_random_baselines():
-    ordered = FLuID(tiny_model(), initial(), sizes=[0.5], dropout="ordered")
+    ordered = FLuID(tiny_model(), initial(), widths=[0.5], dropout="ordered")
     play(ordered, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0}, CHANGES)
     assert list(ordered.configure_round(1, CLIENTS, None)["c0"].submodel.indices[0]) == [0, 1]
     draws = set()
     for seed in range(12):
-        rnd_strategy = FLuID(tiny_model(), initial(), seed=seed, sizes=[0.5], dropout="random")
+        rnd_strategy = FLuID(tiny_model(), initial(), seed=seed, widths=[0.5], dropout="random")
         play(rnd_strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
         first = tuple(rnd_strategy.configure_round(1, CLIENTS, None)["c0"].submodel.indices[0])
         again = tuple(rnd_strategy.configure_round(1, CLIENTS, None)["c0"].submodel.indices[0])
@@ -226,15 +226,15 @@ def test_ordered_and_random_baselines():
     assert len(draws) > 1
 
 
-def test_fixed_rate_overrides_time_based_size():
-    strategy = FLuID(tiny_model(), initial(), rate=0.75, sizes=0.5)  # a bare number, as --opt sizes=0.5 gives
+def test_fixed_width_overrides_time_based_width():
+    strategy = FLuID(tiny_model(), initial(), width=0.75, widths=0.5)  # a bare number, as --opt widths=0.5 gives
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     ins = strategy.configure_round(1, CLIENTS, None)
-    assert strategy.rates == {"c0": 0.75} and ins["c0"].submodel.arch.sizes == (3,)
+    assert strategy.client_widths == {"c0": 0.75} and ins["c0"].submodel.arch.sizes == (3,)
 
 
 def test_aggregation_denominator_counts_only_holders():
-    strategy = FLuID(tiny_model(), initial(), sizes=[0.5], dropout="ordered")
+    strategy = FLuID(tiny_model(), initial(), widths=[0.5], dropout="ordered")
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     strategy.global_state = initial()
     ins = strategy.configure_round(1, CLIENTS, None)  # c0 holds hidden neurons 0 and 1
@@ -260,7 +260,7 @@ def test_state_round_trip_resumes_identically():
             seen.append({cid: tuple(i.submodel.indices[0]) for cid, i in ins.items()})
         return seen
 
-    options = {"sizes": [0.75, 0.5], "dropout": "invariant", "threshold_init_rounds": 2}
+    options = {"widths": [0.75, 0.5], "dropout": "invariant", "threshold_init_rounds": 2}
     straight = FLuID(tiny_model(), initial(), seed=3, **options)
     seen_straight = run(straight, range(5))
 
@@ -272,7 +272,7 @@ def test_state_round_trip_resumes_identically():
 
     assert seen_first + seen_resumed == seen_straight
     assert resumed.thresholds == straight.thresholds
-    assert resumed.stragglers == straight.stragglers and resumed.rates == straight.rates
+    assert resumed.stragglers == straight.stragglers and resumed.client_widths == straight.client_widths
     for name, value in straight.global_state.items():
         assert np.array_equal(resumed.global_state[name], value)
 
@@ -280,14 +280,14 @@ def test_state_round_trip_resumes_identically():
 def test_bad_options_are_input_errors():
     with pytest.raises(InputError, match="dropout"):
         FLuID(tiny_model(), initial(), dropout="prefix")
-    with pytest.raises(InputError, match="sizes"):
-        FLuID(tiny_model(), initial(), sizes="0.5,1.5")
+    with pytest.raises(InputError, match="widths"):
+        FLuID(tiny_model(), initial(), widths="0.5,1.5")
     with pytest.raises(InputError, match="slowdown"):
         FLuID(tiny_model(), initial(), slowdown="{c0: 3}")
     with pytest.raises(InputError, match="calibration_period"):
         FLuID(tiny_model(), initial(), calibration_period=0)
     with pytest.raises(InputError):
-        FLuID(tiny_model(), initial(), rate=1.5)
+        FLuID(tiny_model(), initial(), width=1.5)
 
 
 def test_target_and_size_come_from_the_predicted_round_when_there_is_a_predictor():
@@ -302,19 +302,19 @@ def test_target_and_size_come_from_the_predicted_round_when_there_is_a_predictor
     # target: c2's predicted full round, 1 + 4 = 5 s (not its measured 8 s); c0's predicted round at a size:
     # 3 + 2 * ceil(4 s); 0.5 -> 2 neurons -> 7 s, 0.65 -> 3 -> 9 s: none meets 5 s, so the smallest size
     assert strategy.target_seconds == 5.0
-    assert strategy.rates == {"c0": 0.5}
+    assert strategy.client_widths == {"c0": 0.5}
     # with a smaller fixed cost the size whose predicted round is closest to the target is taken:
     # 0.5 -> 0.5 + 2 * 2 = 4.5 s (0.5 s under 5 s), 0.65 -> 0.5 + 2 * 3 = 6.5 s (1.5 s over)
     fixed["c0"] = 0.5
     strategy.last_calibration = None
     strategy.configure_round(2, CLIENTS, None)
-    assert strategy.rates == {"c0": 0.5} and strategy.target_seconds == 5.0
+    assert strategy.client_widths == {"c0": 0.5} and strategy.target_seconds == 5.0
     # 1.6 s per neuron: 0.5 -> 3.7 s (1.3 s under), 0.65 and 0.75 -> 3 neurons, 5.3 s (0.3 s over):
     # the closer round, above the target; 0.65 and 0.75 tie and the smaller wins
     fixed["c0"], per_neuron["c0"] = 0.5, 1.6
     strategy.last_calibration = None
     strategy.configure_round(3, CLIENTS, None)
-    assert strategy.rates == {"c0": 0.65}
+    assert strategy.client_widths == {"c0": 0.65}
 
 
 def test_without_a_prediction_for_every_client_the_measured_rules_apply():
@@ -322,7 +322,8 @@ def test_without_a_prediction_for_every_client_the_measured_rules_apply():
     strategy.round_predictor = lambda client, arch: None if client.cid == "c3" else 1.0
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     strategy.configure_round(1, CLIENTS, None)
-    assert strategy.target_seconds == 8.0 and strategy.rates == {"c0": 0.65}  # as test_straggler_and_linear_rate
+    # as test_straggler_and_linear_width
+    assert strategy.target_seconds == 8.0 and strategy.client_widths == {"c0": 0.65}
 
 
 def test_a_round_that_opened_the_runners_sessions_is_judged_without_that_cost():
@@ -333,7 +334,7 @@ def test_a_round_that_opened_the_runners_sessions_is_judged_without_that_cost():
     strategy.configure_round(1, CLIENTS, None)
     # target c2's 8 s; c0's speed-up 9 / 8 = 1.125 -> 1/1.125 = 0.89 -> 0.85 on the paper's grid
     assert strategy.stragglers == ["c0"] and strategy.target_seconds == 8.0
-    assert strategy.rates == {"c0": 0.85}
+    assert strategy.client_widths == {"c0": 0.85}
 
 
 def test_a_measured_straggler_the_model_puts_under_the_target_is_sized_by_its_measured_time():
@@ -342,4 +343,20 @@ def test_a_measured_straggler_the_model_puts_under_the_target_is_sized_by_its_me
     strategy.round_predictor = lambda client, arch: 1.0 if client.cid == "c0" else 1.0 + arch.sizes[0]
     play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
     strategy.configure_round(1, CLIENTS, None)
-    assert strategy.stragglers == ["c0"] and strategy.rates == {"c0": 0.65}  # 12 s / 8 s measured, as without a model
+    # 12 s / 8 s measured, as without a model
+    assert strategy.stragglers == ["c0"] and strategy.client_widths == {"c0": 0.65}
+
+
+def test_a_checkpoint_with_the_old_memory_keys_loads():
+    strategy = FLuID(tiny_model(), initial(), widths=[0.5])
+    play(strategy, 0, {"c0": 12.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
+    play(strategy, 1, {"c0": 6.0, "c1": 4.0, "c2": 8.0, "c3": 5.0})
+    state = strategy.state()
+    memory = dict(state["fluid"])
+    memory["rates"] = memory.pop("client_widths")  # as checkpoints written before the rename
+    memory["last_rate"] = memory.pop("last_width")
+    resumed = FLuID(tiny_model(), initial(), widths=[0.5])
+    resumed.load_state(decode_state(encode_state({**state, "fluid": memory})))
+    assert resumed.client_widths == strategy.client_widths == {"c0": 0.5}
+    assert resumed.last_width == strategy.last_width and resumed.last_width["c0"] == 0.5
+    assert set(resumed.state()["fluid"]) == set(state["fluid"])  # written back under the current keys

@@ -84,8 +84,8 @@ def test_end_to_end_mixed_capacities_learn():
     strategy = HeteroFL(model, initial_params(model), local={"epochs": 2, "batch_size": 10, "lr": 0.3})
     clients = [ClientSpec("c0", 30, 1.0), ClientSpec("c1", 30, 0.5), ClientSpec("c2", 30, 0.5)]
     x_test, y_test = learn_blobs(strategy, clients, 4)
-    assert accuracy(strategy, x_test, y_test, rate=0.5) > 0.9
-    assert accuracy(strategy, x_test, y_test, rate=1.0) > 0.9
+    assert accuracy(strategy, x_test, y_test, width=0.5) > 0.9
+    assert accuracy(strategy, x_test, y_test, width=1.0) > 0.9
 
 
 def test_bn_recompute_with_running_stats_is_refused_with_its_own_reason():

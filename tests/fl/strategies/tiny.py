@@ -94,6 +94,6 @@ def learn_blobs(strategy: Strategy, clients: Sequence[ClientSpec], rounds: int) 
     return blobs(150, seed=99)
 
 
-def accuracy(strategy: Strategy, x: np.ndarray, y: np.ndarray, rate: float = 1.0) -> float:
-    sub = strategy.model.static(rate)
+def accuracy(strategy: Strategy, x: np.ndarray, y: np.ndarray, width: float = 1.0) -> float:
+    sub = strategy.model.static(width)
     return evaluate(strategy.model, sub.arch, strategy.model.extract(strategy.global_state, sub), x, y)["accuracy"]
