@@ -25,16 +25,29 @@ import numpy as np
 from exporters.step_model import INITIAL_PARAMETERS, STEP_MODEL
 from exporters.userinput import InputError
 
-#: What each export format changed that a measured step time can see, newest last; a
-#: format that changes what the export writes gets the next number and a line here.
+#: What each export format changed, newest last; a format that changes what the export
+#: writes gets the next number and a line here.
 EXPORT_FORMAT_CHANGES: dict[int, str] = {
     3: "an LSTM's recurrent gradient is one product over all time steps: its steps are up to 1.34x faster",
     4: "the manifest names the arch's neurons per group 'sizes' (was 'widths'); the graphs are unchanged",
 }
+#: The formats whose change no measured step time can see: a profile measured on the format
+#: before one of them still describes its artifacts.
+UNTIMED_EXPORT_FORMATS = frozenset({4})
 #: The format exported now: part of the cache key, and recorded with every measured cell.
 EXPORT_FORMAT_VERSION = max(EXPORT_FORMAT_CHANGES)
 #: The first format a cell recorded; a cell without one was measured on an older format.
 FIRST_RECORDED_EXPORT_FORMAT = 3
+
+
+def timed_format_changes() -> dict[int, str]:
+    """Return the export format changes a measured step time can see (`EXPORT_FORMAT_CHANGES` less the untimed).
+
+    Returns
+    -------
+    dict of int to str
+    """
+    return {n: what for n, what in EXPORT_FORMAT_CHANGES.items() if n not in UNTIMED_EXPORT_FORMATS}
 
 MANIFEST = "manifest.json"
 TRAINING_MODEL = "training_model.onnx"

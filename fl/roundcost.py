@@ -371,8 +371,9 @@ def export_format_warning(
     current : int
         The format this installation exports (`exporters.manifest.EXPORT_FORMAT_VERSION`).
     changes : mapping of int to str
-        What each format changed (`exporters.manifest.EXPORT_FORMAT_CHANGES`); those
-        newer than the profile's oldest format are named.
+        What each format changed that a step time can see (`exporters.manifest.timed_format_changes`);
+        a profile is of another format only when one of these lies between its format and
+        ``current``, and those newer than the profile's oldest format are named.
     first_recorded : int
         The first format cells recorded (`exporters.manifest.FIRST_RECORDED_EXPORT_FORMAT`):
         a row without one is older.
@@ -381,10 +382,13 @@ def export_format_warning(
     -------
     str or None
     """
-    other = {f for f in formats if f != str(current)}
+    def number(f: str) -> int:
+        return int(f) if f.isdigit() else first_recorded - 1
+
+    other = {f for f in formats if number(f) > current or any(number(f) < n <= current for n in changes)}
     if not other:
         return None
-    oldest = min(int(f) if f.isdigit() else first_recorded - 1 for f in other)
+    oldest = min(number(f) for f in other)
     named = sorted(f or f"unrecorded (before {first_recorded})" for f in other)
     since = "; ".join(f"format {n}: {what}" for n, what in sorted(changes.items()) if oldest < n <= current)
     return (
@@ -968,7 +972,7 @@ def run_predictor(
     -------
     CalibratedPredictor or None
     """
-    from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
+    from exporters.manifest import EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT, timed_format_changes
 
     measured = {d for d, ok in measured_models(profiles).items() if model in ok and d in set(devices)}
     if not measured:
@@ -988,7 +992,7 @@ def run_predictor(
         for line in (
             profile_age_warning(device, measured_at.get(device), now),
             export_format_warning(
-                device, formats.get(device, ()), EXPORT_FORMAT_VERSION, EXPORT_FORMAT_CHANGES,
+                device, formats.get(device, ()), EXPORT_FORMAT_VERSION, timed_format_changes(),
                 FIRST_RECORDED_EXPORT_FORMAT,
             ),  # fmt: skip
         ):

@@ -373,6 +373,14 @@ def test_a_profile_of_another_export_format_is_named() -> None:
     assert old is not None and "export format unrecorded (before 4)" in old
     assert "(format 4: four; format 5: five)" in old and "three" not in old
 
+    # Format 5 changed nothing a step time can see: a profile of format 4 still describes format 5's artifacts.
+    timed = {3: "three", 4: "four"}
+    assert export_format_warning("pi", {"4", "5"}, 5, timed, first_recorded=4) is None
+    line = export_format_warning("pi", {"3"}, 5, timed, first_recorded=4)
+    assert line is not None and "export format 3" in line and "(format 4: four)" in line
+    newer = export_format_warning("pi", {"6"}, 5, timed, first_recorded=4)
+    assert newer is not None and "export format 6" in newer
+
 
 def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:
     from fl.roundcost import CalibratedPredictor, ClientRoundPredictor

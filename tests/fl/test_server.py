@@ -656,14 +656,23 @@ def test_a_run_on_a_profile_of_an_older_export_says_so(tmp_path, registered):
         )  # fmt: skip
         return [w for w in said if "export format" in w]
 
-    from exporters.manifest import EXPORT_FORMAT_CHANGES, EXPORT_FORMAT_VERSION, FIRST_RECORDED_EXPORT_FORMAT
+    from exporters.manifest import (
+        EXPORT_FORMAT_VERSION,
+        FIRST_RECORDED_EXPORT_FORMAT,
+        UNTIMED_EXPORT_FORMATS,
+        timed_format_changes,
+    )
 
     assert warnings_of_a_run(tmp_path / "now.db", None) == []  # measured on this version's artifacts
-    previous = EXPORT_FORMAT_VERSION - 1
+    last_timed = max(timed_format_changes())
+    if last_timed < EXPORT_FORMAT_VERSION:  # only untimed changes since: the profile still holds
+        assert set(range(last_timed + 1, EXPORT_FORMAT_VERSION + 1)) <= UNTIMED_EXPORT_FORMATS
+        assert warnings_of_a_run(tmp_path / "untimed.db", f'{{"export_format": "{last_timed}"}}') == []
+    previous = last_timed - 1
     older = warnings_of_a_run(tmp_path / "older.db", f'{{"export_format": "{previous}"}}')
     assert len(older) == 1
     assert older[0].startswith(f"device 'pi4': its profile was measured on artifacts of export format {previous},")
-    assert EXPORT_FORMAT_CHANGES[EXPORT_FORMAT_VERSION] in older[0]  # what the newer format changed
+    assert timed_format_changes()[last_timed] in older[0]  # what the newer format changed
     unrecorded = warnings_of_a_run(tmp_path / "unrecorded.db", "{}")
     assert len(unrecorded) == 1
     assert f"export format unrecorded (before {FIRST_RECORDED_EXPORT_FORMAT})" in unrecorded[0]
