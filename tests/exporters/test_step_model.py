@@ -77,10 +77,10 @@ def _cases() -> list:
         pairs = [(first, "adamw"), (second, "sgd")]
         if name not in LSTMS:
             pairs += [(first, "sgd"), (second, "adamw")]
-        cases += [pytest.param(name, w, opt, id=f"{name}-{w:g}-{opt}") for w, opt in pairs]
+        cases += [pytest.param((name, w, opt), id=f"{name}-{w:g}-{opt}") for w, opt in pairs]
     # Users' models whose step is well conditioned: a BatchNorm CNN and a depthwise-separable one.
     for spec, label in ((SMALL_CNN, "small_cnn"), (DEPTHWISE, "depthwise")):
-        cases += [pytest.param(spec, w, opt, id=f"{label}-{w:g}-{opt}") for w, opt in ((0.5, "adamw"), (1.0, "sgd"))]
+        cases += [pytest.param((spec, w, opt), id=f"{label}-{w:g}-{opt}") for w, opt in ((0.5, "adamw"), (1.0, "sgd"))]
     return cases
 
 
@@ -92,6 +92,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("step-artifacts")
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request: pytest.FixtureRequest) -> tuple[str, float, str]:
+    """One (model, width, optimizer); module-scoped, so a case's tests run together on one export."""
+    name, width, optimizer = request.param
+    return name, width, optimizer
 
 
 def _session(path: Path) -> onnxruntime.InferenceSession:
@@ -190,8 +197,8 @@ def _assert_params_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]
 # --------------------------------------------------------------------------- same maths
 
 
-@pytest.mark.parametrize(("name", "width", "optimizer"), CASES)
-def test_one_step_equals_training_build_and_pytorch(root: Path, name: str, width: float, optimizer: str) -> None:
+def test_one_step_equals_training_build_and_pytorch(root: Path, case: tuple[str, float, str]) -> None:
+    name, width, optimizer = case
     run = _run(root, name, width, optimizer)
     atol = _param_tolerance(optimizer, LR[optimizer])
     for other in ("ort", "torch"):
@@ -201,8 +208,8 @@ def test_one_step_equals_training_build_and_pytorch(root: Path, name: str, width
     assert moved > 10 * PARAM_RTOL  # the step did something the tolerance cannot hide
 
 
-@pytest.mark.parametrize(("name", "width", "optimizer"), CASES)
-def test_ten_steps_give_the_same_loss_curve(root: Path, name: str, width: float, optimizer: str) -> None:
+def test_ten_steps_give_the_same_loss_curve(root: Path, case: tuple[str, float, str]) -> None:
+    name, width, optimizer = case
     run = _run(root, name, width, optimizer)
     curve = np.asarray(run.losses["step"])
     assert len(curve) == STEPS and np.all(np.isfinite(curve))
@@ -217,10 +224,8 @@ def test_ten_steps_give_the_same_loss_curve(root: Path, name: str, width: float,
 SHORT = 3  # an epoch's short last batch, on a set exported at BATCH
 
 
-@pytest.mark.parametrize(("name", "width", "optimizer"), CASES)
-def test_a_short_batch_steps_as_the_training_build_and_pytorch(
-    root: Path, name: str, width: float, optimizer: str
-) -> None:
+def test_a_short_batch_steps_as_the_training_build_and_pytorch(root: Path, case: tuple[str, float, str]) -> None:
+    name, width, optimizer = case
     run = _run(root, name, width, optimizer)
     spec = run.manifest["step_model"]
     assert [t["shape"][0] for t in spec["inputs"][:2]] == ["batch", "batch"]
@@ -271,8 +276,8 @@ def test_a_variable_batch_costs_the_runtime_no_fusion(root: Path, name: str, tmp
 # --------------------------------------------------------------------------- portability
 
 
-@pytest.mark.parametrize(("name", "width", "optimizer"), CASES)
-def test_step_model_holds_only_default_domain_operators(root: Path, name: str, width: float, optimizer: str) -> None:
+def test_step_model_holds_only_default_domain_operators(root: Path, case: tuple[str, float, str]) -> None:
+    name, width, optimizer = case
     run = _run(root, name, width, optimizer)
     model = onnx.load(str(run.directory / STEP_MODEL))
     assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
