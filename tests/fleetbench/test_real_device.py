@@ -8,6 +8,9 @@ user types them, in a directory holding ``my-fleet.yaml``, against two boards:
   distribution's own (``/usr/bin/python3``: no numpy, no onnxruntime);
 * aarch64: ``pi`` of ``devices/fleets/arm64.yaml``, a Debian arm64 tree with python3 and
   pip only, run through qemu-user (`devices.emulation.rootfs`, `devices.emulation.qemu`).
+  It runs the block up to ``report``: the last line, ``fl run``, is the x86 board's to run
+  verbatim, and FL training on a freshly provisioned aarch64 board through qemu is
+  ``tests/fl/test_cli.py::test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run``.
 """
 
 from __future__ import annotations
@@ -108,20 +111,26 @@ def _facts_line(out: str, key: str) -> str:
     return next(line.split(None, 1)[1] for line in out.splitlines() if line.strip().startswith(key + " "))
 
 
-def _journey(work: Path) -> list[str]:
-    """Run the journey block in ``work`` (which holds ``my-fleet.yaml``); return each command's output."""
+def _journey(work: Path, until: str | None = None) -> list[str]:
+    """Run the journey block in ``work`` (which holds ``my-fleet.yaml``); return each command's output.
+
+    ``until`` names the last command to run (``"report"``); None runs the whole block.
+    """
     commands = journey_commands()
     assert [c[1:3] for c in commands[:4]] == [["fleet", "check"], ["fleet", "facts"], ["fleet", "provision"],
                                               ["fleet", "facts"]]
     assert [c[1] for c in commands[4:]] == ["profile", "plan", "report", "fl"]
+    if until is not None:
+        commands = commands[: [c[1] for c in commands].index(until) + 1]
     return [_run(argv, work) for argv in commands]
 
 
-def _check_plan(plan: str, fl_run: str, device: str) -> None:
+def _check_plan(plan: str, device: str, fl_run: str | None = None) -> None:
     """One device: the median device is itself, so it plans full width and the run trains with that plan."""
     assert re.search(rf"^{device}\s+planned\s+1\s+0\s", plan, re.M), plan
     assert "deadline" in plan and "predicted fleet round" in plan, plan
-    assert re.search(rf"fleetbench: plan: {device}\s+planned\s+1\s+0\s", fl_run), fl_run
+    if fl_run is not None:
+        assert re.search(rf"fleetbench: plan: {device}\s+planned\s+1\s+0\s", fl_run), fl_run
 
 
 def _check_fl_run(fl_run: str) -> None:
@@ -141,7 +150,7 @@ def test_the_readme_journey_on_a_fresh_board(board: Board, tmp_path: Path) -> No
     )
     check, facts, provision, facts_after, profile, plan, report, fl_run = _journey(work)
 
-    _check_plan(plan, fl_run, "board")
+    _check_plan(plan, "board", fl_run)
     assert "1 device OK" in check
     assert _facts_line(facts, "numpy") == "missing" and _facts_line(facts, "onnxruntime") == "missing"
     assert re.fullmatch(r"3\.\d+\.\d+", _facts_line(facts, "python"))
@@ -181,7 +190,7 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
     fleet = load_fleet(work / "my-fleet.yaml")
     try:
         assert emulate.up(fleet, say=lambda line: None).ok
-        check, facts, provision, facts_after, profile, plan, report, fl_run = _journey(work)
+        check, facts, provision, facts_after, profile, plan, report = _journey(work, until="report")
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
 
@@ -204,6 +213,4 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
     assert "pi: round cost: fixed" in profile, profile
     assert "(no headline: the cells of pi ran under an instruction-set emulator" in report
     assert "pi" in (work / "report" / "report.html").read_text()
-    assert "backend of pi: onnx" in fl_run
-    _check_plan(plan, fl_run, "pi")
-    _check_fl_run(fl_run)
+    _check_plan(plan, "pi")
