@@ -490,10 +490,15 @@ def export_masked_artifacts(
         for name in ARTIFACT_FILES:
             shutil.copyfile(base.directory / name, tmp / name)
         initial = unflatten(base.manifest, np.load(tmp / INITIAL_PARAMETERS, allow_pickle=False))
-        widths = dict(zip(model.group_names, arch.sizes, strict=True))
+        group_sizes = dict(zip(model.group_names, arch.sizes, strict=True))
         try:
             step = write_step_model(
-                tmp, base.manifest["parameters"], initial, mask_groups=groups, layouts=model.layouts, widths=widths
+                tmp,
+                base.manifest["parameters"],
+                initial,
+                mask_groups=groups,
+                layouts=model.layouts,
+                group_sizes=group_sizes,
             )
         except LoweringError as exc:
             raise InputError(f"{model.name}: cannot mask {groups}: {exc}") from None

@@ -200,13 +200,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         counts = count(model, arch)
         rows.append((width, arch, counts, result, seconds))
     print(f"{model.name}: batch {args.batch}, optimizer {args.optimizer}, artifacts under {out_dir}")
-    header = f"{'width':>6} {'layer widths':<24} {'params':>11} {'MACs':>13} {'train FLOPs':>14} {'export':>10}"
+    header = f"{'width':>6} {'layer sizes':<24} {'params':>11} {'MACs':>13} {'train FLOPs':>14} {'export':>10}"
     print(f"{header}  directory")
     for width, arch, counts, result, seconds in rows:
         status = "cached" if result.cached else f"{seconds:.2f} s"
-        layer_widths = ",".join(str(w) for w in arch.sizes)
+        layer_sizes = ",".join(str(w) for w in arch.sizes)
         print(
-            f"{width:>6.2f} {layer_widths:<24} {counts.params:>11,} {counts.macs:>13,} "
+            f"{width:>6.2f} {layer_sizes:<24} {counts.params:>11,} {counts.macs:>13,} "
             f"{counts.train_flops:>14,} {status:>10}  {result.directory}"
         )
     if all(row[3].cached for row in rows):

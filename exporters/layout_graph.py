@@ -22,7 +22,7 @@ shape, cannot be sliced: it is refused, or, on request, kept at full width.
 The model's input and the classifier's output stay full: the graph only ever prunes
 layer outputs, and the layer that produces the model's output is excluded.
 
-`prune_to_widths` builds a sub-model: the same pruning, keeping the first ``w`` neurons
+`prune_to_sizes` builds a sub-model: the same pruning, keeping the first ``w`` neurons
 of every group (the prefix sub-model that `exporters.arch.static_submodel` names).
 """
 
@@ -334,10 +334,10 @@ def derive_layout(model: nn.Module, example: torch.Tensor, *, unsliceable: str =
     )
 
 
-def prune_to_widths(
-    model: nn.Module, example: torch.Tensor, groups: Sequence[GroupRoot], widths: Mapping[str, int]
+def prune_to_sizes(
+    model: nn.Module, example: torch.Tensor, groups: Sequence[GroupRoot], group_sizes: Mapping[str, int]
 ) -> nn.Module:
-    """Prune a full-width model in place to the prefix sub-model of ``widths``.
+    """Prune a full-width model in place to the prefix sub-model of ``group_sizes``.
 
     Parameters
     ----------
@@ -347,7 +347,7 @@ def prune_to_widths(
         A batch the model accepts (for the trace).
     groups : sequence of GroupRoot
         The groups of `derive_layout`.
-    widths : mapping of str to int
+    group_sizes : mapping of str to int
         Kept neurons per group name; each group keeps neurons ``0 .. w-1``.
 
     Returns
@@ -355,13 +355,13 @@ def prune_to_widths(
     torch.nn.Module
         ``model``, pruned.
     """
-    if all(widths[g.name] == g.size for g in groups):
+    if all(group_sizes[g.name] == g.size for g in groups):
         return model
     modules = dict(model.named_modules())
     graph = _graph(model, example)
     for group in groups:
-        if widths[group.name] < group.size:
-            _prune(graph, modules[group.name], range(widths[group.name], group.size))
+        if group_sizes[group.name] < group.size:
+            _prune(graph, modules[group.name], range(group_sizes[group.name], group.size))
     return model
 
 

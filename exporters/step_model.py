@@ -1084,7 +1084,7 @@ def _mask_producers(training: Any, layouts: Mapping[str, Sequence[Any]], groups:
 
 
 def _apply_masks(
-    nodes: list[Any], g: _Graph, producers: Mapping[str, Any], widths: Mapping[str, int]
+    nodes: list[Any], g: _Graph, producers: Mapping[str, Any], group_sizes: Mapping[str, int]
 ) -> tuple[list[Any], list[TensorSpec]]:
     """Scale each masked node's output (forward) and its incoming gradient (backward) by the mask.
 
@@ -1103,8 +1103,8 @@ def _apply_masks(
         out = node.output[0]
         rank = len(g.shape(out, node))
         name = mask_input(group)
-        specs.append(TensorSpec(name, (widths[group],), "float32"))
-        shape = g.const(name + "/shape", np.asarray([1, widths[group], *([1] * (rank - 2))], dtype=np.int64))
+        specs.append(TensorSpec(name, (group_sizes[group],), "float32"))
+        shape = g.const(name + "/shape", np.asarray([1, group_sizes[group], *([1] * (rank - 2))], dtype=np.int64))
         mask = g.fresh(name + "/bcast")
         head.append(helper.make_node("Reshape", [name, shape], [mask], name=g.fresh(name + "/Reshape")))
         for tensor in (out, out + "_grad"):
@@ -1348,7 +1348,7 @@ def build_step_model(
     *,
     mask_groups: Sequence[str] = (),
     layouts: Mapping[str, Sequence[Any]] | None = None,
-    widths: Mapping[str, int] | None = None,
+    group_sizes: Mapping[str, int] | None = None,
 ) -> tuple[Any, StepSignature]:
     """Lower an artifact set's training and optimizer graphs into one portable step graph.
 
@@ -1366,8 +1366,8 @@ def build_step_model(
     layouts : mapping, optional
         Parameter layouts of the zoo model (`exporters.zoo.ZooModel.layouts`), needed
         with ``mask_groups`` to find the node producing each group.
-    widths : mapping of str to int, optional
-        Width of every masked group in this arch, needed with ``mask_groups``.
+    group_sizes : mapping of str to int, optional
+        Neurons of every masked group in this arch, needed with ``mask_groups``.
 
     Returns
     -------
@@ -1435,9 +1435,9 @@ def build_step_model(
     masks: list[TensorSpec] = []
     nodes = g.nodes
     if masked:
-        if widths is None:
-            raise LoweringError("masks need the width of every masked group")
-        nodes, masks = _apply_masks(nodes, g, masked, widths)
+        if group_sizes is None:
+            raise LoweringError("masks need the size of every masked group")
+        nodes, masks = _apply_masks(nodes, g, masked, group_sizes)
 
     signature = StepSignature(
         optimizer=kind,
@@ -1500,7 +1500,7 @@ def write_step_model(
     *,
     mask_groups: Sequence[str] = (),
     layouts: Mapping[str, Sequence[Any]] | None = None,
-    widths: Mapping[str, int] | None = None,
+    group_sizes: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Write ``step_model.onnx`` and ``initial_parameters.npy`` into an artifact set being exported.
 
@@ -1513,7 +1513,7 @@ def write_step_model(
         The manifest's ``parameters`` entries, in flat buffer order.
     initial : mapping of str to numpy.ndarray
         The set's initial parameter values by name.
-    mask_groups, layouts, widths
+    mask_groups, layouts, group_sizes
         As for `build_step_model` (a masked variant; none for the exported set).
 
     Returns
@@ -1532,7 +1532,7 @@ def write_step_model(
         [(p["name"], p["shape"]) for p in parameters],
         mask_groups=mask_groups,
         layouts=layouts,
-        widths=widths,
+        group_sizes=group_sizes,
     )
     onnx.save(model, str(directory / STEP_MODEL))
     with open(directory / INITIAL_PARAMETERS, "wb") as handle:

@@ -493,7 +493,7 @@ def user_model(spec: str, options: ModelOptions | None = None) -> ZooModel:
     The factory builds the full model, its BatchNorm layers are made static, the input
     is checked by one forward pass, the definition is hashed into the name, and the
     layout is derived by `exporters.layout_graph.derive_layout`. A width is built by
-    calling the factory again and pruning it (`exporters.layout_graph.prune_to_widths`),
+    calling the factory again and pruning it (`exporters.layout_graph.prune_to_sizes`),
     so its weights are the prefix of a fresh full-width model's.
 
     Parameters
@@ -513,7 +513,7 @@ def user_model(spec: str, options: ModelOptions | None = None) -> ZooModel:
     InputError
         On any of the failures the module docstring lists, in one line.
     """
-    from exporters.layout_graph import derive_layout, make_static_batchnorm, prune_to_widths
+    from exporters.layout_graph import derive_layout, make_static_batchnorm, prune_to_sizes
     from exporters.zoo import ZooModel
 
     if spec in _RESOLVED and options is None:
@@ -538,10 +538,10 @@ def user_model(spec: str, options: ModelOptions | None = None) -> ZooModel:
     except InputError as exc:
         raise InputError(f"model {source.spec!r}: {exc}") from exc
 
-    def builder(widths: Mapping[str, int]) -> nn.Module:
+    def builder(group_sizes: Mapping[str, int]) -> nn.Module:
         net = call_factory(factory, source, options.num_classes)
         make_static_batchnorm(net)
-        return prune_to_widths(net, example, derived.groups, widths)
+        return prune_to_sizes(net, example, derived.groups, group_sizes)
 
     notes = list(derived.kept_full)
     if static:

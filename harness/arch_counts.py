@@ -57,7 +57,7 @@ class ArchCounts:
 
 @lru_cache(maxsize=4096)
 def zoo_counts(model_name: str, which: tuple[int, ...] | float) -> ArchCounts:
-    """Count a zoo model's architecture: its layer widths, or the uniform width ``which``."""
+    """Count a zoo model's architecture: its layer sizes, or the uniform width ``which``."""
     from exporters.arch import Arch
     from exporters.flops import count
     from exporters.zoo import get_model

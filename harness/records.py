@@ -50,7 +50,7 @@ class BenchSpec:
     width : float
         Nominal width the arch was made from.
     arch_sizes : tuple of int
-        Kept neurons per group (the `exporters.arch.Arch` widths).
+        Kept neurons per group (the `exporters.arch.Arch` sizes).
     batch : int
         Training batch size.
     backend : {"ort", "onnx", "torch"}

@@ -8,7 +8,7 @@ needs, so one generic algebra serves every model.
 
 Conventions shared by every model:
 
-* ``build(widths)`` returns a ``torch.nn.Module`` whose ``forward(x)`` returns
+* ``builder(group_sizes)`` returns a ``torch.nn.Module`` whose ``forward(x)`` returns
   logits of shape ``(N, num_classes)``; the loss is cross-entropy against int64
   labels of shape ``(N,)``.
 * parameter names are those of ``module.named_parameters()`` and are identical
@@ -48,7 +48,7 @@ class ZooModel:
     groups : tuple of (str, int)
         Prunable neuron groups in order: name and full size ``K``.
     builder : callable
-        Maps ``{group name: width}`` to a ``torch.nn.Module``.
+        Maps ``{group name: size}`` (the neurons each group keeps) to a ``torch.nn.Module``.
     layouts : mapping of str to ParamLayout
         Layout of every parameter of the built module.
     input_shape : tuple of int
@@ -132,10 +132,10 @@ class ZooModel:
         if arch.model != self.name:
             raise InputError(f"arch is for {arch.model!r}, not {self.name!r}")
         if len(arch.sizes) != len(self.groups):
-            raise InputError(f"{self.name}: arch has {len(arch.sizes)} widths, model {len(self.groups)} groups")
-        for width, (group, size) in zip(arch.sizes, self.groups, strict=True):
-            if not 1 <= width <= size:
-                raise InputError(f"{self.name}: width {width} of {group!r} outside [1, {size}]")
+            raise InputError(f"{self.name}: arch has {len(arch.sizes)} sizes, model {len(self.groups)} groups")
+        for kept, (group, size) in zip(arch.sizes, self.groups, strict=True):
+            if not 1 <= kept <= size:
+                raise InputError(f"{self.name}: {kept} neurons of {group!r} outside [1, {size}]")
 
 
 @cache

@@ -190,7 +190,7 @@ def two_conv_cnn(name: str, paper: str, sizes: TwoConvCNNSizes, paper_widths: tu
         name=name,
         paper=paper,
         groups=sizes.groups(),
-        builder=lambda widths: TwoConvCNN(sizes, widths),
+        builder=lambda group_sizes: TwoConvCNN(sizes, group_sizes),
         layouts=sizes.layouts(),
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",
@@ -200,19 +200,19 @@ def two_conv_cnn(name: str, paper: str, sizes: TwoConvCNNSizes, paper_widths: tu
 
 
 class TwoConvCNN(nn.Module):
-    """A two-conv CNN at the given widths.
+    """A two-conv CNN at the given group sizes.
 
     conv 'same' -> ReLU -> maxpool 2 -> conv 'same' -> ReLU -> maxpool 2 -> flatten
     -> dense -> ReLU -> dense.
     """
 
-    def __init__(self, sizes: TwoConvCNNSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: TwoConvCNNSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
         pad = sizes.kernel // 2
-        self.conv1 = nn.Conv2d(sizes.in_channels, widths["conv1"], sizes.kernel, padding=pad)
-        self.conv2 = nn.Conv2d(widths["conv1"], widths["conv2"], sizes.kernel, padding=pad)
-        self.fc1 = nn.Linear(widths["conv2"] * sizes.flat, widths["fc1"])
-        self.fc2 = nn.Linear(widths["fc1"], sizes.classes)
+        self.conv1 = nn.Conv2d(sizes.in_channels, group_sizes["conv1"], sizes.kernel, padding=pad)
+        self.conv2 = nn.Conv2d(group_sizes["conv1"], group_sizes["conv2"], sizes.kernel, padding=pad)
+        self.fc1 = nn.Linear(group_sizes["conv2"] * sizes.flat, group_sizes["fc1"])
+        self.fc2 = nn.Linear(group_sizes["fc1"], sizes.classes)
         self.pool = nn.MaxPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

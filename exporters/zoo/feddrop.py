@@ -138,16 +138,16 @@ def adaptive_avg_pool(side: int, out: int) -> nn.AvgPool2d:
 
 
 class LeNet(nn.Module):
-    """The Table 6 / Table 7 LeNet at the given widths (no dropout, see module docstring)."""
+    """The Table 6 / Table 7 LeNet at the given group sizes (no dropout, see module docstring)."""
 
-    def __init__(self, sizes: LeNetSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: LeNetSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
         pad = sizes.padding
-        self.conv1 = nn.Conv2d(sizes.in_channels, widths["conv1"], 5, padding=pad)
-        self.conv2 = nn.Conv2d(widths["conv1"], widths["conv2"], 5, padding=pad)
-        self.conv3 = nn.Conv2d(widths["conv2"], widths["conv3"], 3)
-        self.fc1 = nn.Linear(widths["conv3"] * sizes.pooled**2, widths["fc1"])
-        self.fc2 = nn.Linear(widths["fc1"], sizes.classes)
+        self.conv1 = nn.Conv2d(sizes.in_channels, group_sizes["conv1"], 5, padding=pad)
+        self.conv2 = nn.Conv2d(group_sizes["conv1"], group_sizes["conv2"], 5, padding=pad)
+        self.conv3 = nn.Conv2d(group_sizes["conv2"], group_sizes["conv3"], 3)
+        self.fc1 = nn.Linear(group_sizes["conv3"] * sizes.pooled**2, group_sizes["fc1"])
+        self.fc2 = nn.Linear(group_sizes["fc1"], sizes.classes)
         self.pool = nn.MaxPool2d(2)
         self.avgpool = adaptive_avg_pool(sizes.conv3_side, sizes.pooled)
 
@@ -174,7 +174,7 @@ def _lenet(name: str, paper: str, sizes: LeNetSizes, paper_widths: tuple[float, 
             ("conv3", sizes.conv3),
             ("fc1", sizes.hidden),
         ),
-        builder=lambda widths: LeNet(sizes, widths),
+        builder=lambda group_sizes: LeNet(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",
@@ -220,15 +220,15 @@ class VGG9Sizes:
 
 
 class FedDropVGG9(nn.Module):
-    """The Table 8 VGG-9 at the given widths (no dropout, see module docstring)."""
+    """The Table 8 VGG-9 at the given group sizes (no dropout, see module docstring)."""
 
-    def __init__(self, sizes: VGG9Sizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: VGG9Sizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
-        c = [sizes.in_channels] + [widths[f"conv{i + 1}"] for i in range(len(sizes.convs))]
+        c = [sizes.in_channels] + [group_sizes[f"conv{i + 1}"] for i in range(len(sizes.convs))]
         self.convs = nn.ModuleList(nn.Conv2d(c[i], c[i + 1], 3, padding=1) for i in range(len(c) - 1))
-        self.fc1 = nn.Linear(c[-1], widths["fc1"])
-        self.fc2 = nn.Linear(widths["fc1"], widths["fc2"])
-        self.fc3 = nn.Linear(widths["fc2"], sizes.classes)
+        self.fc1 = nn.Linear(c[-1], group_sizes["fc1"])
+        self.fc2 = nn.Linear(group_sizes["fc1"], group_sizes["fc2"])
+        self.fc3 = nn.Linear(group_sizes["fc2"], sizes.classes)
         self.pool = nn.MaxPool2d(2)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
 
@@ -252,7 +252,7 @@ def feddrop_vgg9(sizes: VGG9Sizes = VGG9Sizes()) -> ZooModel:
         name="feddrop-vgg9",
         paper="FedDrop, Table 8 (CIFAR-10 VGG-9)",
         groups=groups,
-        builder=lambda widths: FedDropVGG9(sizes, widths),
+        builder=lambda group_sizes: FedDropVGG9(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",
@@ -287,11 +287,11 @@ class CharLSTMSizes:
 class CharLSTM(nn.Module):
     """The Table 9 LSTM at the given width: next character from the last time step."""
 
-    def __init__(self, sizes: CharLSTMSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: CharLSTMSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
         self.encoder = nn.Embedding(sizes.vocab, sizes.embedding)
-        self.lstm = nn.LSTM(sizes.embedding, widths["lstm"], batch_first=True)
-        self.decoder = nn.Linear(widths["lstm"], sizes.vocab)
+        self.lstm = nn.LSTM(sizes.embedding, group_sizes["lstm"], batch_first=True)
+        self.decoder = nn.Linear(group_sizes["lstm"], sizes.vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map int64 character ids ``(N, L)`` to logits ``(N, vocab)``."""
@@ -310,7 +310,7 @@ def feddrop_lstm(sizes: CharLSTMSizes = CharLSTMSizes()) -> ZooModel:
         name="feddrop-lstm",
         paper="FedDrop, Table 9 (Shakespeare LSTM)",
         groups=(("lstm", sizes.hidden),),
-        builder=lambda widths: CharLSTM(sizes, widths),
+        builder=lambda group_sizes: CharLSTM(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.seq_len,),
         input_dtype="int64",

@@ -27,7 +27,7 @@ rounds to the printed precision, "26K", "456K", "2M"):
   cell; LEAF's bare 80 misses one cell (141.2K parameters at p = 0.8 against
   142K).
 * CNN: the paper gives no layer sizes, and no conv -> conv -> linear network with
-  ``ceil(p * K)`` widths reproduces both rows exactly (searched: 3x3 / 5x5 kernels,
+  ``ceil(p * K)`` sizes reproduces both rows exactly (searched: 3x3 / 5x5 kernels,
   same / valid padding, stride 1 / 2, max-pool or not, flatten or global pool, up to
   128 channels, MACs with or without bias, ReLU and pooling terms). The sizes here (20 and 15
   channels) give 4.9K, 9.9K, 15.1K, 20.6K, 26.2K parameters (table 5K, 10K, 15K,
@@ -76,21 +76,21 @@ class FjordCNNSizes:
 
 
 class FjordCNN(nn.Module):
-    """The FEMNIST CNN at the given widths.
+    """The FEMNIST CNN at the given group sizes.
 
     Parameters
     ----------
     sizes : FjordCNNSizes
         Full-width sizes.
-    widths : mapping of str to int
+    group_sizes : mapping of str to int
         Kept channels of ``"conv1"`` and ``"conv2"``.
     """
 
-    def __init__(self, sizes: FjordCNNSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: FjordCNNSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(sizes.in_channels, widths["conv1"], sizes.kernel)
-        self.conv2 = nn.Conv2d(widths["conv1"], widths["conv2"], sizes.kernel)
-        self.fc = nn.Linear(widths["conv2"] * sizes.pooled**2, sizes.classes)
+        self.conv1 = nn.Conv2d(sizes.in_channels, group_sizes["conv1"], sizes.kernel)
+        self.conv2 = nn.Conv2d(group_sizes["conv1"], group_sizes["conv2"], sizes.kernel)
+        self.fc = nn.Linear(group_sizes["conv2"] * sizes.pooled**2, sizes.classes)
         self.pool = nn.MaxPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ def fjord_cnn(sizes: FjordCNNSizes = FjordCNNSizes()) -> ZooModel:
         name="fjord-cnn",
         paper="FjORD, Table 1b (FEMNIST CNN)",
         groups=(("conv1", sizes.conv1), ("conv2", sizes.conv2)),
-        builder=lambda widths: FjordCNN(sizes, widths),
+        builder=lambda group_sizes: FjordCNN(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",
@@ -216,27 +216,27 @@ class BasicBlock(nn.Module):
 
 
 class FjordResNet(nn.Module):
-    """The CIFAR ResNet18 at the given widths (see `resnet_groups` for the names).
+    """The CIFAR ResNet18 at the given group sizes (see `resnet_groups` for the names).
 
     Parameters
     ----------
     sizes : ResNetSizes
-    widths : mapping of str to int
+    group_sizes : mapping of str to int
         Kept channels per group.
     """
 
-    def __init__(self, sizes: ResNetSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: ResNetSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(sizes.in_channels, widths["layer1"], 3, 1, 1, bias=False)
-        self.bn1 = static_bn(widths["layer1"])
+        self.conv1 = nn.Conv2d(sizes.in_channels, group_sizes["layer1"], 3, 1, 1, bias=False)
+        self.bn1 = static_bn(group_sizes["layer1"])
         stages: dict[str, list[nn.Module]] = {}
         for name, src, dst, stride in block_plan(sizes):
-            block = BasicBlock(widths[src], widths[name], widths[dst], stride, src != dst)
+            block = BasicBlock(group_sizes[src], group_sizes[name], group_sizes[dst], stride, src != dst)
             stages.setdefault(dst, []).append(block)
         for stage, blocks in stages.items():
             self.add_module(stage, nn.Sequential(*blocks))
         self.stage_names = tuple(stages)
-        self.linear = nn.Linear(widths[self.stage_names[-1]], sizes.classes)
+        self.linear = nn.Linear(group_sizes[self.stage_names[-1]], sizes.classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map images ``(N, 3, 32, 32)`` to logits ``(N, classes)``."""
@@ -277,7 +277,7 @@ def fjord_resnet18(sizes: ResNetSizes = ResNetSizes()) -> ZooModel:
         name="fjord-resnet18",
         paper="FjORD, Table 1b (CIFAR-10 ResNet18, CIFAR version)",
         groups=resnet_groups(sizes),
-        builder=lambda widths: FjordResNet(sizes, widths),
+        builder=lambda group_sizes: FjordResNet(sizes, group_sizes),
         layouts=fjord_resnet_layouts(sizes),
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",
@@ -303,16 +303,16 @@ class FjordRNN(nn.Module):
     Parameters
     ----------
     sizes : FjordRNNSizes
-    widths : mapping of str to int
+    group_sizes : mapping of str to int
         Kept hidden units of ``"lstm1"`` and ``"lstm2"``.
     """
 
-    def __init__(self, sizes: FjordRNNSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: FjordRNNSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
         self.embed = nn.Embedding(sizes.vocab, sizes.embed)
-        self.lstm1 = nn.LSTM(sizes.embed, widths["lstm1"], batch_first=True)
-        self.lstm2 = nn.LSTM(widths["lstm1"], widths["lstm2"], batch_first=True)
-        self.fc = nn.Linear(widths["lstm2"], sizes.vocab)
+        self.lstm1 = nn.LSTM(sizes.embed, group_sizes["lstm1"], batch_first=True)
+        self.lstm2 = nn.LSTM(group_sizes["lstm1"], group_sizes["lstm2"], batch_first=True)
+        self.fc = nn.Linear(group_sizes["lstm2"], sizes.vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map character ids ``(N, T)`` to next-character logits ``(N, vocab)``."""
@@ -333,7 +333,7 @@ def fjord_rnn(sizes: FjordRNNSizes = FjordRNNSizes()) -> ZooModel:
         name="fjord-rnn",
         paper="FjORD, Table 1b (Shakespeare RNN)",
         groups=(("lstm1", sizes.hidden1), ("lstm2", sizes.hidden2)),
-        builder=lambda widths: FjordRNN(sizes, widths),
+        builder=lambda group_sizes: FjordRNN(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.seq_len,),
         input_dtype="int64",

@@ -84,15 +84,15 @@ class FluidVGG9Sizes:
 
 
 class FluidVGG9(nn.Module):
-    """The FLuID VGG-9 at the given widths."""
+    """The FLuID VGG-9 at the given group sizes."""
 
-    def __init__(self, sizes: FluidVGG9Sizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: FluidVGG9Sizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
-        c = [sizes.in_channels] + [widths[f"conv{i + 1}"] for i in range(len(sizes.convs))]
+        c = [sizes.in_channels] + [group_sizes[f"conv{i + 1}"] for i in range(len(sizes.convs))]
         self.convs = nn.ModuleList(nn.Conv2d(c[i], c[i + 1], 3, padding=1) for i in range(len(c) - 1))
-        self.fc1 = nn.Linear(c[-1] * sizes.pooled**2, widths["fc1"])
-        self.fc2 = nn.Linear(widths["fc1"], widths["fc2"])
-        self.fc3 = nn.Linear(widths["fc2"], sizes.classes)
+        self.fc1 = nn.Linear(c[-1] * sizes.pooled**2, group_sizes["fc1"])
+        self.fc2 = nn.Linear(group_sizes["fc1"], group_sizes["fc2"])
+        self.fc3 = nn.Linear(group_sizes["fc2"], sizes.classes)
         self.pool = nn.MaxPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def fluid_vgg9(sizes: FluidVGG9Sizes = FluidVGG9Sizes()) -> ZooModel:
         name="fluid-vgg9",
         paper="FLuID, section 6 (CIFAR-10 VGG-9)",
         groups=groups,
-        builder=lambda widths: FluidVGG9(sizes, widths),
+        builder=lambda group_sizes: FluidVGG9(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",
@@ -148,12 +148,12 @@ class FluidLSTM(nn.Module):
     The layers are separate ``nn.LSTM`` modules so that each can have its own width.
     """
 
-    def __init__(self, sizes: FluidLSTMSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: FluidLSTMSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
         self.vocab = sizes.vocab
-        self.lstm1 = nn.LSTM(sizes.vocab, widths["lstm1"], batch_first=True)
-        self.lstm2 = nn.LSTM(widths["lstm1"], widths["lstm2"], batch_first=True)
-        self.fc = nn.Linear(widths["lstm2"], sizes.vocab)
+        self.lstm1 = nn.LSTM(sizes.vocab, group_sizes["lstm1"], batch_first=True)
+        self.lstm2 = nn.LSTM(group_sizes["lstm1"], group_sizes["lstm2"], batch_first=True)
+        self.fc = nn.Linear(group_sizes["lstm2"], sizes.vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map int64 character ids ``(N, L)`` to logits ``(N, vocab)``."""
@@ -174,7 +174,7 @@ def fluid_lstm(sizes: FluidLSTMSizes = FluidLSTMSizes()) -> ZooModel:
         name="fluid-lstm",
         paper="FLuID, section 6 (Shakespeare two-layer LSTM)",
         groups=(("lstm1", sizes.hidden[0]), ("lstm2", sizes.hidden[1])),
-        builder=lambda widths: FluidLSTM(sizes, widths),
+        builder=lambda group_sizes: FluidLSTM(sizes, group_sizes),
         layouts=layouts,
         input_shape=(sizes.seq_len,),
         input_dtype="int64",

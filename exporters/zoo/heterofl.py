@@ -11,7 +11,7 @@ conv -> scaler -> BN -> ReLU -> conv, i.e. every BN is preceded by a scaler:
 where ``shortcut`` is ``x`` (identity) or ``conv1x1(a)`` (projection, first block
 of stages 2-4), and the head is ``linear(avgpool(relu(bn(s(x)))))``.
 
-The scaler's rate is derived from the built widths as ``width(layer1) / 64`` (the
+The scaler's rate is derived from the built group sizes as ``size(layer1) / 64`` (the
 stem's kept channels over its full size). At the paper's capacities
 1, 1/2, 1/4, 1/8, 1/16 this is exactly the client rate; for a rate whose
 ``ceil(rate * 64)`` is not exact it is the realised fraction of the first layer.
@@ -99,27 +99,27 @@ class PreActBlock(nn.Module):
 
 
 class HeteroResNet(nn.Module):
-    """The pre-activation ResNet18 at the given widths (groups as `resnet_groups`).
+    """The pre-activation ResNet18 at the given group sizes (groups as `resnet_groups`).
 
     Parameters
     ----------
     sizes : ResNetSizes
-    widths : mapping of str to int
+    group_sizes : mapping of str to int
         Kept channels per group.
     """
 
-    def __init__(self, sizes: ResNetSizes, widths: Mapping[str, int]) -> None:
+    def __init__(self, sizes: ResNetSizes, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
-        rate = scaler_rate(sizes, widths)
-        self.conv1 = nn.Conv2d(sizes.in_channels, widths["layer1"], 3, 1, 1, bias=False)
+        rate = scaler_rate(sizes, group_sizes)
+        self.conv1 = nn.Conv2d(sizes.in_channels, group_sizes["layer1"], 3, 1, 1, bias=False)
         stages: dict[str, list[nn.Module]] = {}
         for name, src, dst, stride in block_plan(sizes):
-            block = PreActBlock(widths[src], widths[name], widths[dst], stride, src != dst, rate)
+            block = PreActBlock(group_sizes[src], group_sizes[name], group_sizes[dst], stride, src != dst, rate)
             stages.setdefault(dst, []).append(block)
         for stage, blocks in stages.items():
             self.add_module(stage, nn.Sequential(*blocks))
         self.stage_names = tuple(stages)
-        last = widths[self.stage_names[-1]]
+        last = group_sizes[self.stage_names[-1]]
         self.scaler = Scaler(rate)
         self.n4 = static_bn(last)
         self.linear = nn.Linear(last, sizes.classes)
@@ -134,20 +134,20 @@ class HeteroResNet(nn.Module):
         return self.linear(out)
 
 
-def scaler_rate(sizes: ResNetSizes, widths: Mapping[str, int]) -> float:
-    """Return the scaler's rate for built widths: kept stem channels over full stem channels.
+def scaler_rate(sizes: ResNetSizes, group_sizes: Mapping[str, int]) -> float:
+    """Return the scaler's rate for built group sizes: kept stem channels over full stem channels.
 
     Parameters
     ----------
     sizes : ResNetSizes
-    widths : mapping of str to int
+    group_sizes : mapping of str to int
 
     Returns
     -------
     float
-        ``widths["layer1"] / sizes.stages[0]``.
+        ``group_sizes["layer1"] / sizes.stages[0]``.
     """
-    return widths["layer1"] / sizes.stages[0]
+    return group_sizes["layer1"] / sizes.stages[0]
 
 
 def hetero_resnet_layouts(sizes: ResNetSizes) -> dict[str, ParamLayout]:
@@ -176,7 +176,7 @@ def heterofl_resnet18(sizes: ResNetSizes = PRERESNET18) -> ZooModel:
         name="heterofl-resnet18",
         paper="HeteroFL / FedRolex, section 4 (PreResNet18, static BN, scaler; CIFAR-10)",
         groups=resnet_groups(sizes),
-        builder=lambda widths: HeteroResNet(sizes, widths),
+        builder=lambda group_sizes: HeteroResNet(sizes, group_sizes),
         layouts=hetero_resnet_layouts(sizes),
         input_shape=(sizes.in_channels, sizes.image, sizes.image),
         input_dtype="float32",

@@ -27,8 +27,8 @@ size ``2^n`` with one 0 inserted after its longest run of zeros, which leaves th
 weight at ``2^(n-1) = K / 2``. `gold_code_matrix` does exactly that when the
 layer size is ``2^n`` or ``2^n - 1`` and the width is 0.5. Beyond the paper:
 
-* a width that is no such length uses the smallest supported degree with
-  ``2^n >= K`` and cuts the (padded) sequences to their first ``K`` positions,
+* a layer size ``K`` that is neither ``2^n`` nor ``2^n - 1`` uses the smallest
+  supported degree with ``2^n >= K`` and cuts the (padded) sequences to their first ``K`` positions,
   keeping the rows whose weight is then exactly ``w``;
 * when the family has too few rows of weight ``w`` (e.g. ``K = 32`` gives only
   17 balanced sequences, fewer than 35 clients), cyclic shifts of the family's
@@ -293,32 +293,32 @@ def pad_after_longest_zero_run(rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def gold_degree_for_width(width: int) -> int:
-    """Return the smallest supported degree ``n`` with ``2^n >= width``.
+def gold_degree_for_length(length: int) -> int:
+    """Return the smallest supported degree ``n`` with ``2^n >= length``.
 
-    A width of ``2^n`` uses the padded sequences, ``2^n - 1`` the sequences as they
-    are, anything smaller the sequences cut to ``width``.
+    A length of ``2^n`` uses the padded sequences, ``2^n - 1`` the sequences as they
+    are, anything smaller the sequences cut to ``length``.
 
     Raises
     ------
     InputError
-        If the width is below 1 or above ``2^15``.
+        If the length is below 1 or above ``2^15``.
     """
-    if width < 1:
-        raise InputError(f"layer width {width} must be at least 1")
+    if length < 1:
+        raise InputError(f"code length {length} must be at least 1")
     for degree in sorted(GOLD_PAIRS):
-        if 2**degree >= width:
+        if 2**degree >= length:
             return degree
-    raise InputError(f"layer width {width} exceeds the largest supported Gold length {2 ** max(GOLD_PAIRS)}")
+    raise InputError(f"code length {length} exceeds the largest supported Gold length {2 ** max(GOLD_PAIRS)}")
 
 
-def gold_code_matrix(width: int, weight: int, min_rows: int, rng: np.random.Generator) -> CodeMatrix:
-    """Return a Gold code matrix with rows of exactly ``weight`` ones over ``width`` columns.
+def gold_code_matrix(length: int, weight: int, min_rows: int, rng: np.random.Generator) -> CodeMatrix:
+    """Return a Gold code matrix with rows of exactly ``weight`` ones over ``length`` columns.
 
     Parameters
     ----------
-    width : int
-        Layer width ``K`` (number of neurons).
+    length : int
+        Code length ``K`` (the neurons of the layer).
     weight : int
         Required Hamming weight ``w`` of every row (kept neurons).
     min_rows : int
@@ -338,15 +338,15 @@ def gold_code_matrix(width: int, weight: int, min_rows: int, rng: np.random.Gene
     Raises
     ------
     InputError
-        If ``weight`` is outside ``[1, width]`` or ``min_rows < 1``.
+        If ``weight`` is outside ``[1, length]`` or ``min_rows < 1``.
     """
-    _check_shape(width, weight, min_rows)
-    degree = gold_degree_for_width(width)
+    _check_shape(length, weight, min_rows)
+    degree = gold_degree_for_length(length)
     a, b = _pair_sequences(degree)
-    length = len(a)
-    members = length + 2
-    cap = max(min_rows, GOLD_MAX_CELLS // width)
-    chunk = max(1, min(members, (1 << 20) // (length + 1)))
+    period = len(a)
+    members = period + 2
+    cap = max(min_rows, GOLD_MAX_CELLS // length)
+    chunk = max(1, min(members, (1 << 20) // (period + 1)))
     predicted = _family_weights(a, b)
     kept: list[np.ndarray] = []
     seen: set[bytes] = set()
@@ -361,17 +361,17 @@ def gold_code_matrix(width: int, weight: int, min_rows: int, rng: np.random.Gene
         return len(kept) - before
 
     cells = 0
-    for shift in range(length):
+    for shift in range(period):
         limit = cap if shift == 0 else min_rows
         added = 0
         for start in range(0, members, chunk):
             index = np.arange(start, min(members, start + chunk))
-            if width >= length:
+            if length >= period:
                 # Padding and cyclic shifts keep the weight: skip members that cannot match.
                 index = index[predicted[index] == weight]
             if index.size == 0:
                 continue
-            block = _fit_width(np.roll(_family_rows(a, b, index), shift, axis=1), width)
+            block = _fit_length(np.roll(_family_rows(a, b, index), shift, axis=1), length)
             cells += block.size
             added += take(block[block.sum(axis=1) == weight], limit)
             if len(kept) >= limit or cells > GOLD_SEARCH_CELLS:
@@ -381,18 +381,18 @@ def gold_code_matrix(width: int, weight: int, min_rows: int, rng: np.random.Gene
     repaired = 0
     if len(kept) < min_rows:
         # Too few rows of weight w: repair the family members closest in weight.
-        pool = _fit_width(_family_rows(a, b, np.arange(min(members, max(2 * min_rows, 64)))), width)
+        pool = _fit_length(_family_rows(a, b, np.arange(min(members, max(2 * min_rows, 64)))), length)
         order = np.argsort(np.abs(pool.sum(axis=1).astype(np.int64) - weight), kind="stable")
         for row in pool[order]:
             if len(kept) >= min_rows:
                 break
             repaired += take(_repair_weight(row, weight, rng)[None, :], min_rows)
-        reachable = min(min_rows, math.comb(width, weight))
+        reachable = min(min_rows, math.comb(length, weight))
         attempts = 0
         while len(kept) < reachable and attempts < 100 * min_rows:
             attempts += 1
-            repaired += take(_random_words(width, weight, 1, rng), min_rows)
-    rows = np.asarray(kept, dtype=bool).reshape(-1, width)
+            repaired += take(_random_words(length, weight, 1, rng), min_rows)
+    rows = np.asarray(kept, dtype=bool).reshape(-1, length)
     return CodeMatrix(rows=rows, weight=weight, kind="gold", degree=degree, repaired=repaired)
 
 
@@ -425,11 +425,11 @@ def _family_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return weights
 
 
-def _fit_width(rows: np.ndarray, width: int) -> np.ndarray:
-    """Pad (one 0 after the longest zero run) or cut rows to ``width`` columns."""
-    if width == rows.shape[1] + 1:
+def _fit_length(rows: np.ndarray, length: int) -> np.ndarray:
+    """Pad (one 0 after the longest zero run) or cut rows to ``length`` columns."""
+    if length == rows.shape[1] + 1:
         return pad_after_longest_zero_run(rows)
-    return rows[:, :width]
+    return rows[:, :length]
 
 
 def _repair_weight(row: np.ndarray, weight: int, rng: np.random.Generator) -> np.ndarray:
@@ -447,7 +447,7 @@ def _repair_weight(row: np.ndarray, weight: int, rng: np.random.Generator) -> np
 # ------------------------------------------------------------ constant-weight codes
 
 
-def distance_bound(width: int, weight: int, rows: int) -> int:
+def distance_bound(length: int, weight: int, rows: int) -> int:
     """Return an even upper bound on the minimum distance of ``rows`` words of weight ``weight``.
 
     The total distance over all pairs is ``sum_j c_j (M - c_j)`` where ``c_j`` is the
@@ -457,29 +457,29 @@ def distance_bound(width: int, weight: int, rows: int) -> int:
 
     Parameters
     ----------
-    width, weight, rows : int
+    length, weight, rows : int
         ``K``, ``w`` and ``M``.
 
     Returns
     -------
     int
     """
-    cap = 2 * min(weight, width - weight)
+    cap = 2 * min(weight, length - weight)
     if rows < 2:
         return cap
-    q, r = divmod(rows * weight, width)
-    total = r * (q + 1) * (rows - q - 1) + (width - r) * q * (rows - q)
+    q, r = divmod(rows * weight, length)
+    total = r * (q + 1) * (rows - q - 1) + (length - r) * q * (rows - q)
     average = total // math.comb(rows, 2)
     return min(cap, average - average % 2)
 
 
-def constant_weight_code(width: int, weight: int, rows: int, rng: np.random.Generator) -> CodeMatrix:
+def constant_weight_code(length: int, weight: int, rows: int, rng: np.random.Generator) -> CodeMatrix:
     """Greedy constant-weight code maximising the minimum Hamming distance.
 
     Parameters
     ----------
-    width : int
-        Codeword length ``K`` (the layer width).
+    length : int
+        Codeword length ``K`` (the neurons of the layer).
     weight : int
         Hamming weight ``w`` of every codeword.
     rows : int
@@ -496,16 +496,16 @@ def constant_weight_code(width: int, weight: int, rows: int, rng: np.random.Gene
     Raises
     ------
     InputError
-        If ``weight`` is outside ``[1, width]`` or fewer than ``rows`` words of
+        If ``weight`` is outside ``[1, length]`` or fewer than ``rows`` words of
         that weight exist.
     """
-    _check_shape(width, weight, rows)
-    available = math.comb(width, weight)
+    _check_shape(length, weight, rows)
+    available = math.comb(length, weight)
     if rows > available:
-        raise InputError(f"only {available} words of length {width} and weight {weight} exist; {rows} requested")
-    required = distance_bound(width, weight, rows)
+        raise InputError(f"only {available} words of length {length} and weight {weight} exist; {rows} requested")
+    required = distance_bound(length, weight, rows)
     if available <= LEXICOGRAPHIC_LIMIT:
-        words = _all_words(width, weight)
+        words = _all_words(length, weight)
         start = int(rng.integers(available))
         while True:
             chosen = _lexicographic_greedy(words, start, rows, max(required, 2))
@@ -514,15 +514,15 @@ def constant_weight_code(width: int, weight: int, rows: int, rng: np.random.Gene
                 break
             required -= 2
     else:
-        code, required = _pool_greedy(width, weight, rows, required, rng)
-    achieved = min_pairwise_distance(code) if rows > 1 else 2 * min(weight, width - weight)
+        code, required = _pool_greedy(length, weight, rows, required, rng)
+    achieved = min_pairwise_distance(code) if rows > 1 else 2 * min(weight, length - weight)
     return CodeMatrix(rows=code.astype(bool), weight=weight, kind="constant_weight", min_distance=achieved)
 
 
-def _all_words(width: int, weight: int) -> np.ndarray:
+def _all_words(length: int, weight: int) -> np.ndarray:
     """Every word of ``weight`` ones, in lexicographic order of the binary strings (descending)."""
-    combos = np.array(list(itertools.combinations(range(width), weight)), dtype=np.int64).reshape(-1, weight)
-    words = np.zeros((len(combos), width), dtype=np.uint8)
+    combos = np.array(list(itertools.combinations(range(length), weight)), dtype=np.int64).reshape(-1, weight)
+    words = np.zeros((len(combos), length), dtype=np.uint8)
     np.put_along_axis(words, combos, 1, axis=1)
     return words
 
@@ -548,7 +548,7 @@ def _lexicographic_greedy(words: np.ndarray, start: int, rows: int, required: in
 
 
 def _pool_greedy(
-    width: int, weight: int, rows: int, required: int, rng: np.random.Generator
+    length: int, weight: int, rows: int, required: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, int]:
     """Greedy over a pool of random candidates; lowers the requirement to what the pool offers.
 
@@ -558,15 +558,15 @@ def _pool_greedy(
     words already chosen meet the lower requirement too). A pool whose every
     candidate repeats a chosen word is redrawn.
     """
-    size = max(4 * rows, min(CANDIDATE_POOL, POOL_CELLS // width))
-    pool = _random_words(width, weight, size, rng).astype(np.float32)
+    size = max(4 * rows, min(CANDIDATE_POOL, POOL_CELLS // length))
+    pool = _random_words(length, weight, size, rng).astype(np.float32)
     chosen = [pool[0]]
     mind = 2 * (weight - np.rint(pool @ pool[0]).astype(np.int64))
     mind[0] = -1
     while len(chosen) < rows:
         pick = int(np.argmax(mind))
         if mind[pick] < 2:
-            pool = _random_words(width, weight, size, rng).astype(np.float32)
+            pool = _random_words(length, weight, size, rng).astype(np.float32)
             overlap = np.rint(pool @ np.asarray(chosen).T).astype(np.int64)
             mind = (2 * (weight - overlap)).min(axis=1)
             continue
@@ -577,24 +577,24 @@ def _pool_greedy(
     return np.asarray(chosen, dtype=np.uint8), required
 
 
-def _random_words(width: int, weight: int, count: int, rng: np.random.Generator) -> np.ndarray:
-    """``count`` uniformly random words of length ``width`` and weight ``weight`` (uint8)."""
-    keys = rng.random((count, width))
+def _random_words(length: int, weight: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` uniformly random words of length ``length`` and weight ``weight`` (uint8)."""
+    keys = rng.random((count, length))
     # The w smallest keys mark the ones (float64 keys: ties have probability ~0).
     threshold = np.partition(keys, weight - 1, axis=1)[:, weight - 1 : weight]
     return (keys <= threshold).astype(np.uint8)
 
 
-def random_rows(width: int, weight: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+def random_rows(length: int, weight: int, rows: int, rng: np.random.Generator) -> np.ndarray:
     """Return ``rows`` independent uniformly random masks of ``weight`` ones (Caldas / Wen FD).
 
     Returns
     -------
     numpy.ndarray
-        Boolean array of shape ``(rows, width)``.
+        Boolean array of shape ``(rows, length)``.
     """
-    _check_shape(width, weight, rows)
-    return _random_words(width, weight, rows, rng).astype(bool)
+    _check_shape(length, weight, rows)
+    return _random_words(length, weight, rows, rng).astype(bool)
 
 
 def min_pairwise_distance(rows: np.ndarray) -> int:
@@ -661,10 +661,10 @@ def iter_gold_lengths() -> Iterator[tuple[int, int]]:
         yield degree, 2**degree - 1
 
 
-def _check_shape(width: int, weight: int, rows: int) -> None:
-    if width < 1:
-        raise InputError(f"code length {width} must be at least 1")
-    if not 1 <= weight <= width:
-        raise InputError(f"code weight {weight} outside [1, {width}]")
+def _check_shape(length: int, weight: int, rows: int) -> None:
+    if length < 1:
+        raise InputError(f"code length {length} must be at least 1")
+    if not 1 <= weight <= length:
+        raise InputError(f"code weight {weight} outside [1, {length}]")
     if rows < 1:
         raise InputError(f"number of code rows {rows} must be at least 1")

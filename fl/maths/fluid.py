@@ -660,8 +660,8 @@ def raise_threshold(threshold: float, scores: np.ndarray, needed: int, step: flo
     return th
 
 
-def invariant_keep(scores: np.ndarray, threshold: float, width: int, rng: np.random.Generator) -> np.ndarray:
-    """Return the ``width`` neurons a straggler keeps: invariant ones dropped first, then random.
+def invariant_keep(scores: np.ndarray, threshold: float, kept: int, rng: np.random.Generator) -> np.ndarray:
+    """Return the ``kept`` neurons a straggler keeps: invariant ones dropped first, then random.
 
     Parameters
     ----------
@@ -669,10 +669,10 @@ def invariant_keep(scores: np.ndarray, threshold: float, width: int, rng: np.ran
         The layer's invariance scores (K entries).
     threshold : float
         The layer's threshold.
-    width : int
+    kept : int
         Neurons to keep.
     rng : numpy.random.Generator
-        Draws the fill when fewer than ``K - width`` neurons are invariant.
+        Draws the fill when fewer than ``K - kept`` neurons are invariant.
 
     Returns
     -------
@@ -682,9 +682,9 @@ def invariant_keep(scores: np.ndarray, threshold: float, width: int, rng: np.ran
     """
     scores = np.asarray(scores, dtype=np.float64)
     size = scores.size
-    if not 1 <= width <= size:
-        raise InputError(f"width {width!r} outside [1, {size}]")
-    n_drop = size - width
+    if not 1 <= kept <= size:
+        raise InputError(f"{kept!r} kept neurons outside [1, {size}]")
+    n_drop = size - kept
     invariant = np.flatnonzero(scores <= threshold)
     invariant = invariant[np.lexsort((invariant, scores[invariant]))]
     dropped = invariant[:n_drop]
@@ -727,9 +727,9 @@ def invariant_submodel(
     """
     arch = model.arch(width)
     indices: list[Any] = []
-    for (group, size), width in zip(model.groups, arch.sizes, strict=True):
+    for (group, size), kept in zip(model.groups, arch.sizes, strict=True):
         layer = np.full(size, np.inf) if scores is None or group not in scores else scores[group]
-        indices.append(invariant_keep(layer, float(thresholds.get(group, -np.inf)), width, rng))
+        indices.append(invariant_keep(layer, float(thresholds.get(group, -np.inf)), kept, rng))
     return make_submodel(arch, model.group_sizes, indices)
 
 

@@ -38,19 +38,19 @@ from exporters.userinput import InputError
 from exporters.zoo import ZooModel
 
 
-def _check(size: int, width: int) -> None:
-    if size < 1 or not 1 <= width <= size:
-        raise InputError(f"width {width} is outside [1, {size}] for a layer of {size} neurons")
+def _check(size: int, kept: int) -> None:
+    if size < 1 or not 1 <= kept <= size:
+        raise InputError(f"{kept} kept neurons is outside [1, {size}] for a layer of {size} neurons")
 
 
-def static_indices(size: int, width: int) -> np.ndarray:
-    """Return the prefix ``0 .. width-1`` of a layer with ``size`` neurons (FedRolex eq. 6).
+def static_indices(size: int, kept: int) -> np.ndarray:
+    """Return the prefix ``0 .. kept-1`` of a layer with ``size`` neurons (FedRolex eq. 6).
 
     Parameters
     ----------
     size : int
         Neurons ``K`` of the global layer.
-    width : int
+    kept : int
         Neurons kept, in ``[1, size]``.
 
     Returns
@@ -58,11 +58,11 @@ def static_indices(size: int, width: int) -> np.ndarray:
     numpy.ndarray
         Sorted int64 indices.
     """
-    _check(size, width)
-    return np.arange(width, dtype=np.int64)
+    _check(size, kept)
+    return np.arange(kept, dtype=np.int64)
 
 
-def rolling_indices(rnd: int, size: int, width: int) -> np.ndarray:
+def rolling_indices(rnd: int, size: int, kept: int) -> np.ndarray:
     """Return FedRolex's rolling window of round ``rnd`` (paper eq. 4), sorted.
 
     Parameters
@@ -71,41 +71,41 @@ def rolling_indices(rnd: int, size: int, width: int) -> np.ndarray:
         Communication round ``j`` (0-based, >= 0).
     size : int
         Neurons ``K`` of the global layer.
-    width : int
+    kept : int
         Window length ``ceil(beta * K)``.
 
     Returns
     -------
     numpy.ndarray
-        ``{(j mod K) + t mod K : t = 0 .. width-1}`` as sorted int64 indices; for
-        ``K = 8``, width 3 and round 6 this is ``[0, 6, 7]``.
+        ``{(j mod K) + t mod K : t = 0 .. kept-1}`` as sorted int64 indices; for
+        ``K = 8``, 3 kept and round 6 this is ``[0, 6, 7]``.
     """
-    _check(size, width)
+    _check(size, kept)
     if rnd < 0:
         raise InputError(f"round {rnd} is negative")
     start = rnd % size
-    return np.sort((start + np.arange(width, dtype=np.int64)) % size)
+    return np.sort((start + np.arange(kept, dtype=np.int64)) % size)
 
 
-def random_indices(rng: np.random.Generator, size: int, width: int) -> np.ndarray:
-    """Return ``width`` of ``size`` neurons drawn uniformly without replacement (FedRolex eq. 5).
+def random_indices(rng: np.random.Generator, size: int, kept: int) -> np.ndarray:
+    """Return ``kept`` of ``size`` neurons drawn uniformly without replacement (FedRolex eq. 5).
 
-    The draw is the first ``width`` entries of one permutation of ``range(size)``,
-    so equally seeded generators give nested sets for different widths.
+    The draw is the first ``kept`` entries of one permutation of ``range(size)``,
+    so equally seeded generators give nested sets for different counts.
 
     Parameters
     ----------
     rng : numpy.random.Generator
     size : int
-    width : int
+    kept : int
 
     Returns
     -------
     numpy.ndarray
         Sorted int64 indices.
     """
-    _check(size, width)
-    return np.sort(rng.permutation(size)[:width].astype(np.int64))
+    _check(size, kept)
+    return np.sort(rng.permutation(size)[:kept].astype(np.int64))
 
 
 def static_submodel(model: ZooModel, width: float) -> SubModel:
@@ -165,4 +165,4 @@ def random_submodel(model: ZooModel, width: float, rng: np.random.Generator) -> 
 def _per_group_submodel(model: ZooModel, width: float, indices: Callable[[int, int], np.ndarray]) -> SubModel:
     """Return the sub-model at ``width`` keeping ``indices(group size, kept neurons)`` of each group, in group order."""
     arch = model.arch(width)
-    return SubModel(arch, tuple(indices(k, w) for k, w in zip(model.group_sizes, arch.sizes, strict=True)))
+    return SubModel(arch, tuple(indices(size, kept) for size, kept in zip(model.group_sizes, arch.sizes, strict=True)))

@@ -173,7 +173,7 @@ class CodedFD(Strategy):
 
 
 @functools.lru_cache(maxsize=64)
-def code_matrix(code: str, size: int, width: int, clients: int, key: tuple[int, int]) -> np.ndarray:
+def code_matrix(code: str, size: int, kept: int, clients: int, key: tuple[int, int]) -> np.ndarray:
     """Return the (read-only) Gold or constant-weight matrix of one neuron group.
 
     Deterministic in its arguments, hence cached: a run resumed round by round (as the
@@ -184,7 +184,7 @@ def code_matrix(code: str, size: int, width: int, clients: int, key: tuple[int, 
     ----------
     code : str
         ``"gold"`` or ``"constant_weight"``.
-    size, width : int
+    size, kept : int
         Group size ``K`` and kept neurons ``w``.
     clients : int
         Rows needed.
@@ -197,10 +197,10 @@ def code_matrix(code: str, size: int, width: int, clients: int, key: tuple[int, 
     """
     rng = np.random.default_rng((*key, 0x0C0DE, clients))
     if code == "gold":
-        rows = gold_code_matrix(size, width, clients, rng).rows
+        rows = gold_code_matrix(size, kept, clients, rng).rows
     else:
         # Fewer distinct words than clients (tiny layers, width 1): rows are then reused cyclically.
-        rows = constant_weight_code(size, width, min(clients, math.comb(size, width)), rng).rows
+        rows = constant_weight_code(size, kept, min(clients, math.comb(size, kept)), rng).rows
     rows.setflags(write=False)
     return rows
 

@@ -450,13 +450,13 @@ class FedDrop(Strategy):
 
     def _random_submodel(self, seed: int, keep: float) -> SubModel:
         rng = np.random.default_rng((seed, 0xCA))
-        widths = []
+        sizes = []
         indices: list[list[int]] = []
         for (_, size), site in zip(self.model.groups, self.sites, strict=True):
-            width = size_at_width(keep, size) if site else size
-            widths.append(width)
-            indices.append([int(i) for i in rng.choice(size, size=width, replace=False)])
-        return make_submodel(Arch(self.model.name, tuple(widths)), self.model.group_sizes, indices)
+            kept = size_at_width(keep, size) if site else size
+            sizes.append(kept)
+            indices.append([int(i) for i in rng.choice(size, size=kept, replace=False)])
+        return make_submodel(Arch(self.model.name, tuple(sizes)), self.model.group_sizes, indices)
 
     def aggregate_round(
         self, rnd: int, results: Sequence[TrainRes], failures: Sequence[ClientFailure]

@@ -1,6 +1,6 @@
 """Benchmark: building Coded-FD masks for one layer (Gold, constant-weight, random).
 
-Run from the repository root: ``python -m tests.bench.fl_codes [--width 2048] [--clients 35]``.
+Run from the repository root: ``python -m tests.bench.fl_codes [--size 2048] [--width 0.5] [--clients 35]``.
 For a layer of ``--size`` units kept at ``--width`` (the paper's dense layer: 2048 units,
 width 0.5, 35 clients per round), times in one process (median of ``--repeats``):
 
@@ -52,16 +52,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    width, clients = args.size, args.clients
-    weight = size_at_width(args.width, width)
-    print(f"layer {width} units, weight {weight} (width {args.width}), {clients} clients, seed {args.seed}")
+    size, clients = args.size, args.clients
+    weight = size_at_width(args.width, size)
+    print(f"layer {size} units, weight {weight} (width {args.width}), {clients} clients, seed {args.seed}")
 
-    t_random, rand = timed(lambda: random_rows(width, weight, clients, np.random.default_rng(args.seed)), args.repeats)
+    t_random, rand = timed(lambda: random_rows(size, weight, clients, np.random.default_rng(args.seed)), args.repeats)
     t_gold, gold = timed(
-        lambda: gold_code_matrix(width, weight, clients, np.random.default_rng(args.seed)), args.repeats
+        lambda: gold_code_matrix(size, weight, clients, np.random.default_rng(args.seed)), args.repeats
     )
     t_cwc, cwc = timed(
-        lambda: constant_weight_code(width, weight, clients, np.random.default_rng(args.seed)), args.repeats
+        lambda: constant_weight_code(size, weight, clients, np.random.default_rng(args.seed)), args.repeats
     )
     t_assign, gold_round = timed(
         lambda: assign_rows(gold.rows, clients, np.random.default_rng((args.seed, 1))),

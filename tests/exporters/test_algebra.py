@@ -92,10 +92,10 @@ def test_static_submodel_is_a_prefix(zoo_model: ZooModel) -> None:
 
 
 @pytest.mark.parametrize(
-    ("rate", "size", "width"), [(0.6, 5, 3), (0.2, 5, 1), (0.01, 10, 1), (1.0, 7, 7), (0.25, 64, 16), (0.3, 10, 3)]
+    ("width", "size", "kept"), [(0.6, 5, 3), (0.2, 5, 1), (0.01, 10, 1), (1.0, 7, 7), (0.25, 64, 16), (0.3, 10, 3)]
 )
-def test_width_for_rate_is_ceil_without_float_noise(rate: float, size: int, width: int) -> None:
-    assert size_at_width(rate, size) == width
+def test_size_at_width_is_ceil_without_float_noise(width: float, size: int, kept: int) -> None:
+    assert size_at_width(width, size) == kept
 
 
 @pytest.mark.parametrize("rate", [0.0, -0.5, 1.5, float("nan")])

@@ -21,7 +21,7 @@ from exporters.layout_graph import (
     derive_layout,
     make_static_batchnorm,
     output_layer,
-    prune_to_widths,
+    prune_to_sizes,
 )
 from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model, model_names
@@ -79,8 +79,8 @@ def test_pruned_module_has_the_builders_shapes_at_every_width(derived: dict[str,
     x, _ = model.example_batch(2)
     for rate in sorted(set(DEFAULT_WIDTHS) | set(model.paper_widths) | {0.1, 0.3}):
         arch = model.arch(rate)
-        widths = {pairs[g]: w for g, w in zip(model.group_names, arch.sizes, strict=True)}
-        pruned = prune_to_widths(model.build(), x, layout.groups, widths)
+        group_sizes = {pairs[g]: w for g, w in zip(model.group_names, arch.sizes, strict=True)}
+        pruned = prune_to_sizes(model.build(), x, layout.groups, group_sizes)
         built = model.build(arch)
         assert {n: p.shape for n, p in pruned.named_parameters()} == {n: p.shape for n, p in built.named_parameters()}
         assert pruned(x).shape == (2, model.num_classes)
@@ -117,8 +117,8 @@ def test_pruning_keeps_the_prefix_of_every_group() -> None:
     torch.manual_seed(5)
     full = model.build()
     state = {n: p.detach().clone() for n, p in full.named_parameters()}
-    widths = {g.name: max(1, g.size // 3) for g in layout.groups}
-    pruned = prune_to_widths(full, x, layout.groups, widths)
+    group_sizes = {g.name: max(1, g.size // 3) for g in layout.groups}
+    pruned = prune_to_sizes(full, x, layout.groups, group_sizes)
     conv = pruned.get_parameter("layer2.0.conv1.weight")
     want = state["layer2.0.conv1.weight"][: conv.shape[0], : conv.shape[1]]
     np.testing.assert_array_equal(conv.detach().numpy(), want.numpy())

@@ -360,19 +360,19 @@ def test_syncdrop_masks_train_as_pytorch_hooks(root: Path) -> None:
     model = get_model(name)
     run = _run(root, name, width, "sgd")
     arch = model.arch(width)
-    widths = dict(zip(model.group_names, arch.sizes, strict=True))
+    group_sizes = dict(zip(model.group_names, arch.sizes, strict=True))
     training = onnx.load(str(run.directory / "training_model.onnx"))
     optimizer = onnx.load(str(run.directory / "optimizer_model.onnx"))
     params = [(p["name"], p["shape"]) for p in run.manifest["parameters"]]
     groups = list(model.group_names)  # conv1..conv3 and fc1
     masked, signature = build_step_model(
-        training, optimizer, params, mask_groups=groups, layouts=model.layouts, widths=widths
+        training, optimizer, params, mask_groups=groups, layouts=model.layouts, group_sizes=group_sizes
     )
     assert check_portable(masked) == []
     assert [t.name for t in signature.masks] == [mask_input(g) for g in groups]
     rng = np.random.default_rng(3)
     keep = 0.6
-    masks = {g: np.where(rng.random(widths[g]) < keep, 1.0 / keep, 0.0).astype(np.float32) for g in groups}
+    masks = {g: np.where(rng.random(group_sizes[g]) < keep, 1.0 / keep, 0.0).astype(np.float32) for g in groups}
     session = onnxruntime.InferenceSession(masked.SerializeToString(), providers=["CPUExecutionProvider"])
     outputs = [o.name for o in session.get_outputs()]
     lr = LR["sgd"]
@@ -391,7 +391,7 @@ def test_syncdrop_masks_train_as_pytorch_hooks(root: Path) -> None:
     assert abs(losses[0] - run.losses["step"][0]) > 1e-3  # the masks changed the forward pass
     # All-ones masks are the unmasked model.
     feeds.update(run.initial)
-    feeds.update({mask_input(g): np.ones(widths[g], np.float32) for g in groups})
+    feeds.update({mask_input(g): np.ones(group_sizes[g], np.float32) for g in groups})
     out = dict(zip(outputs, session.run(None, feeds), strict=True))
     assert float(out["loss"]) == pytest.approx(run.losses["step"][0], rel=LOSS_RTOL)
     _assert_params_close({p: out[p + ".next"] for p in run.initial}, run.first["step"], 0.0, "all-ones masks")
@@ -404,9 +404,11 @@ def test_masks_need_a_conv_or_linear_producer(root: Path) -> None:
     training = onnx.load(str(run.directory / "training_model.onnx"))
     optimizer = onnx.load(str(run.directory / "optimizer_model.onnx"))
     params = [(p["name"], p["shape"]) for p in run.manifest["parameters"]]
-    widths = dict(zip(model.group_names, model.arch(width).sizes, strict=True))
+    group_sizes = dict(zip(model.group_names, model.arch(width).sizes, strict=True))
     with pytest.raises(LoweringError, match="lstm1"):
-        build_step_model(training, optimizer, params, mask_groups=["lstm1"], layouts=model.layouts, widths=widths)
+        build_step_model(
+            training, optimizer, params, mask_groups=["lstm1"], layouts=model.layouts, group_sizes=group_sizes
+        )
 
 
 # --------------------------------------------------------------------------- users' deep BatchNorm models

@@ -40,9 +40,9 @@ def test_exact_parameter_counts(rate: float, expected: int) -> None:
 def test_channels_at_quarter_width() -> None:
     model = get_model("heterofl-resnet18")
     arch = model.arch(0.25)
-    widths = dict(zip(model.group_names, arch.sizes, strict=True))
-    assert [widths[f"layer{s}"] for s in range(1, 5)] == [16, 32, 64, 128]
-    assert all(widths[f"layer{s}.{b}"] == widths[f"layer{s}"] for s in range(1, 5) for b in range(2))
+    group_sizes = dict(zip(model.group_names, arch.sizes, strict=True))
+    assert [group_sizes[f"layer{s}"] for s in range(1, 5)] == [16, 32, 64, 128]
+    assert all(group_sizes[f"layer{s}.{b}"] == group_sizes[f"layer{s}"] for s in range(1, 5) for b in range(2))
     shapes = {name: tuple(p.shape) for name, p in model.build(arch).named_parameters()}
     assert shapes["conv1.weight"] == (16, 3, 3, 3)
     assert shapes["layer1.0.n1.weight"] == (16,)
@@ -83,5 +83,5 @@ def test_built_model_scales_before_every_batchnorm_in_training_only() -> None:
 @pytest.mark.parametrize(("rate", "expected"), [(1.0, 1.0), (1 / 16, 0.0625), (0.3, 20 / 64)])
 def test_scaler_rate_is_the_realised_fraction_of_the_stem(rate: float, expected: float) -> None:
     model = get_model("heterofl-resnet18")
-    widths = dict(zip(model.group_names, model.arch(rate).sizes, strict=True))
-    assert scaler_rate(PRERESNET18, widths) == expected
+    group_sizes = dict(zip(model.group_names, model.arch(rate).sizes, strict=True))
+    assert scaler_rate(PRERESNET18, group_sizes) == expected

@@ -9,7 +9,7 @@ Every latency is chosen so that the hand-worked expectations are exact:
   latency fit recovers ``a`` and ``b`` (up to its weak prior's pull, well under 1 %) and
   leave-one-out errors are about 0. The model is ``cnn``, a name the zoo does not know: the
   latency model is then the line in the rows' own training FLOPs (`harness.latency`), and
-  the fabricated layer widths are never checked against a zoo model.
+  the fabricated layer sizes are never checked against a zoo model.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ def _model(groups, layouts):
         name="hand",
         paper="test",
         groups=groups,
-        builder=lambda widths: nn.Identity(),
+        builder=lambda group_sizes: nn.Identity(),
         layouts=layouts,
         input_shape=(1,),
         input_dtype="float32",

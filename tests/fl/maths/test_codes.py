@@ -11,7 +11,7 @@ from fl.maths.codes import (
     constant_weight_code,
     distance_bound,
     gold_code_matrix,
-    gold_degree_for_width,
+    gold_degree_for_length,
     gold_family,
     gold_t,
     is_preferred_pair,
@@ -146,17 +146,17 @@ def test_pad_of_m_sequence_lengthens_its_longest_zero_run():
 
 
 @pytest.mark.parametrize(
-    "width, degree", [(2048, 11), (2047, 11), (32, 5), (31, 5), (16, 5), (33, 6), (256, 9), (8, 3)]
+    "length, degree", [(2048, 11), (2047, 11), (32, 5), (31, 5), (16, 5), (33, 6), (256, 9), (8, 3)]
 )
-def test_gold_degree_for_width(width, degree):
-    assert gold_degree_for_width(width) == degree
+def test_gold_degree_for_length(length, degree):
+    assert gold_degree_for_length(length) == degree
 
 
 def test_gold_degree_limits():
     with pytest.raises(InputError):
-        gold_degree_for_width(0)
+        gold_degree_for_length(0)
     with pytest.raises(InputError):
-        gold_degree_for_width(2**15 + 1)
+        gold_degree_for_length(2**15 + 1)
 
 
 def test_gold_matrix_paper_case_2048_units():
@@ -188,7 +188,7 @@ def test_gold_matrix_more_clients_than_family_uses_shifts():
     assert len({row.tobytes() for row in code.rows}) == 35
 
 
-def test_gold_matrix_cut_width():
+def test_gold_matrix_cut_length():
     code = gold_code_matrix(100, 50, 35, np.random.default_rng(0))
     assert code.degree == 7
     assert code.rows.shape[1] == 100 and len(code.rows) >= 35
@@ -240,13 +240,13 @@ def test_cwc_whole_space_when_needed():
     assert code.min_distance == 2
 
 
-@pytest.mark.parametrize("width, weight, rows", [(16, 8, 35), (32, 16, 35), (64, 16, 35), (256, 128, 35), (12, 3, 9)])
-def test_cwc_properties(width, weight, rows):
-    code = constant_weight_code(width, weight, rows, np.random.default_rng(1))
-    assert code.rows.shape == (rows, width)
+@pytest.mark.parametrize("length, weight, rows", [(16, 8, 35), (32, 16, 35), (64, 16, 35), (256, 128, 35), (12, 3, 9)])
+def test_cwc_properties(length, weight, rows):
+    code = constant_weight_code(length, weight, rows, np.random.default_rng(1))
+    assert code.rows.shape == (rows, length)
     assert (code.rows.sum(axis=1) == weight).all()
     assert brute_min_distance(code.rows) == code.min_distance >= 2
-    assert code.min_distance <= distance_bound(width, weight, rows)
+    assert code.min_distance <= distance_bound(length, weight, rows)
 
 
 def test_cwc_beats_random_masks():

@@ -19,11 +19,11 @@ from fl.maths import feddrop as fd
 class TinyNet(nn.Module):
     """conv 3x3 pad 1 (1 -> a) -> ReLU -> conv 3x3 pad 1 (a -> b) -> ReLU -> flatten -> dense 3, on 1x4x4."""
 
-    def __init__(self, widths):
+    def __init__(self, group_sizes):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, widths["conv1"], 3, padding=1)
-        self.conv2 = nn.Conv2d(widths["conv1"], widths["conv2"], 3, padding=1)
-        self.fc = nn.Linear(widths["conv2"] * 16, 3)
+        self.conv1 = nn.Conv2d(1, group_sizes["conv1"], 3, padding=1)
+        self.conv2 = nn.Conv2d(group_sizes["conv1"], group_sizes["conv2"], 3, padding=1)
+        self.fc = nn.Linear(group_sizes["conv2"] * 16, 3)
 
     def forward(self, x):
         x = torch.relu(self.conv1(x))

@@ -17,7 +17,7 @@ def tiny_model(blocks: int = 1) -> ZooModel:
         "fc2.weight": (None, Dim("h")),  # (2, 4): input of the next layer, not incoming
         "fc2.bias": (None,),
     }
-    return ZooModel("tiny", "test", (("h", 4),), lambda widths: None, layouts, (2,), "float32", 2)
+    return ZooModel("tiny", "test", (("h", 4),), lambda group_sizes: None, layouts, (2,), "float32", 2)
 
 
 def tiny_state(blocks: int = 1) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ TOY = ZooModel(
     name="toy",
     paper="test",
     groups=(("h", 4),),
-    builder=lambda widths: None,
+    builder=lambda group_sizes: None,
     layouts={"w1": (Dim("h"), None), "w2": (None, Dim("h"))},
     input_shape=(2,),
     input_dtype="float32",
@@ -84,8 +84,8 @@ def test_masks_change_across_rounds_and_replay_after_restart():
     for x, y in zip(m1, b.masks(1, 4), strict=True):
         assert np.array_equal(x, y)
     # Rows keep the required weight after the row and column shuffles.
-    for mask, width in zip(m1, model.arch(0.5).sizes, strict=True):
-        assert (mask.sum(axis=1) == width).all()
+    for mask, kept in zip(m1, model.arch(0.5).sizes, strict=True):
+        assert (mask.sum(axis=1) == kept).all()
 
 
 def test_lstm_mask_covers_all_four_gates():

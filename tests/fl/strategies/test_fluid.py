@@ -18,7 +18,7 @@ def tiny_model() -> ZooModel:
         "fc2.weight": (None, Dim("h")),
         "fc2.bias": (None,),
     }
-    return ZooModel("tiny", "test", (("h", 4),), lambda widths: None, layouts, (2,), "float32", 2)
+    return ZooModel("tiny", "test", (("h", 4),), lambda group_sizes: None, layouts, (2,), "float32", 2)
 
 
 def initial() -> dict[str, np.ndarray]:

@@ -91,8 +91,8 @@ def test_end_to_end_mixed_capacities_learn():
 def test_bn_recompute_with_running_stats_is_refused_with_its_own_reason():
     base = tiny_model()
 
-    def build(widths):
-        module = TinyMLP(widths)
+    def build(group_sizes):
+        module = TinyMLP(group_sizes)
         module.norm = nn.BatchNorm1d(3)  # tracks running statistics (buffers, not parameters)
         return module
 

@@ -21,11 +21,11 @@ CLASSES = 3
 class TinyMLP(nn.Module):
     """x (6) -> fc1 (h1) -> ReLU -> fc2 (h2) -> ReLU -> fc3 (3)."""
 
-    def __init__(self, widths: Mapping[str, int]) -> None:
+    def __init__(self, group_sizes: Mapping[str, int]) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(FEATURES, widths["h1"])
-        self.fc2 = nn.Linear(widths["h1"], widths["h2"])
-        self.fc3 = nn.Linear(widths["h2"], CLASSES)
+        self.fc1 = nn.Linear(FEATURES, group_sizes["h1"])
+        self.fc2 = nn.Linear(group_sizes["h1"], group_sizes["h2"])
+        self.fc3 = nn.Linear(group_sizes["h2"], CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
