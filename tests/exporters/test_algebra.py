@@ -98,10 +98,10 @@ def test_size_at_width_is_ceil_without_float_noise(width: float, size: int, kept
     assert size_at_width(width, size) == kept
 
 
-@pytest.mark.parametrize("rate", [0.0, -0.5, 1.5, float("nan")])
-def test_width_for_rate_rejects_rates_outside_unit_interval(rate: float) -> None:
+@pytest.mark.parametrize("width", [0.0, -0.5, 1.5, float("nan")])
+def test_size_at_width_rejects_widths_outside_the_unit_interval(width: float) -> None:
     with pytest.raises(InputError):
-        size_at_width(rate, 10)
+        size_at_width(width, 10)
 
 
 def test_expand_indices_covers_gate_blocks_and_flatten_columns() -> None:
