@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import socket
 import time
 import uuid
@@ -360,7 +359,7 @@ class ADBTransport:
         nonce = uuid.uuid4().hex[:12]
         errfile = f"{STREAM_ERR_DIR}/.fleetbench-{nonce}.err"
         inner = f"echo __fleetbench_pid_{nonce}=$$; exec {quote_argv(env_argv(argv, env))}"
-        command = (f"exec 2>{shlex.quote(errfile)}; {quote_argv(['sh', '-c', inner])}; "
+        command = (f"exec 2>{quote_argv([errfile])}; {quote_argv(['sh', '-c', inner])}; "
                    f"printf '__fleetbench_rc_{nonce}=%d\\n' \"$?\"")
         device = self.device()
         try:

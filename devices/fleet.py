@@ -57,7 +57,8 @@ class Device:
     Attributes
     ----------
     name : str
-        Unique name within the fleet.
+        Unique name within the fleet; safe as a file name on this machine
+        (`devices.fleetfile.check_name`).
     kind : {"local", "ssh", "adb"}
     host, port, user : str, int, str or None
         SSH connection (``host`` may be an alias from the user's ssh config).
@@ -71,7 +72,8 @@ class Device:
     serial : str or None
         ADB serial (``host:port`` for a network device).
     workdir : str
-        Directory on the device where fleetbench keeps its files.
+        Directory on the device where fleetbench keeps its files (may hold spaces and
+        quotes; never a ``..`` component, `devices.fleetfile.check_workdir`).
     python : str
         Python interpreter (or runner) path on the device.
     threads : int

@@ -4,7 +4,7 @@ A fleet file is one YAML mapping::
 
     state_dir: .fleetbench/lab          # optional
     devices:
-      - name: pi4                       # unique, [A-Za-z0-9_.-]+
+      - name: pi4                       # unique, [A-Za-z0-9_.-]+, not starting with '.' or '-'
         kind: ssh                       # local | ssh | adb
         host: pi4                       # address, or an alias from ~/.ssh/config
         port: 22                        # 1..65535 (default 22)
@@ -39,8 +39,19 @@ Rules, each one enforced with an error that names the file, the line and the fie
   device, ``host`` on a local one) and ``emulate`` keys a local device cannot honour
   (``delay_ms``, ``rate_kbit``, ``arch``: `LOCAL_EMULATE_REFUSED`).
 * ``ssh`` needs ``host``; ``adb`` needs ``serial``; ``local`` needs neither.  An emulated
-  ``adb`` device needs a ``HOST:PORT`` serial (the real adb server attaches to it with
-  ``adb connect``).  Two emulated devices may not share an address.
+  ``adb`` device needs a ``127.0.0.1:PORT`` serial (the real adb server attaches to it with
+  ``adb connect``; the emulated phone listens on loopback only), an emulated ``ssh`` device
+  a loopback ``host`` (``127.x.x.x``, ``::1`` or ``localhost``: its sshd listens there, never
+  on a network).  Two emulated devices may not share an address.
+* Names, workdirs and serials are checked for what they become (`check_name`,
+  `check_workdir`, `check_serial`).  A device name becomes a file name on this machine
+  (``<state_dir>/<name>/``, its logs, its cgroup), so it is letters, digits, ``_``, ``.``
+  and ``-``, neither starting with ``.`` or ``-`` nor holding ``..``.  A workdir or serial
+  may hold spaces, quotes and shell metacharacters (every remote command is an argv list,
+  quoted in one place, `devices.transport.quote_argv`), but no control character (a
+  newline would split the lines device scripts answer in); a workdir has no ``..``
+  component (it never climbs out of where it is put) and no ``:`` (it is put on the
+  device's ``PYTHONPATH``, `devices.site`).
 * An explicit ``null`` is an error: leave a key out to get its default.  YAML anchors,
   aliases and merge keys (``<<: *defaults``) may be used to share settings; top-level keys
   starting with ``x-`` are ignored, so they can hold such anchors
@@ -99,6 +110,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import ipaddress
 import os
 import re
 import sys
@@ -174,7 +186,12 @@ SSH_CONFIG_ENV = "FLEETBENCH_SSH_CONFIG"
 #: Default working directory of ADB devices.
 ADB_WORKDIR = "/data/local/tmp/fleetbench"
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Host names an emulated SSH device may listen on besides loopback addresses.
+LOOPBACK_NAMES: tuple[str, ...] = ("localhost",)
+#: Address an emulated phone listens on (`devices.emulation.adb_endpoint.AdbEndpoint.host`).
+PHONE_HOST = "127.0.0.1"
 _HOST_PORT = re.compile(r"(?P<host>.+):(?P<port>[0-9]+)")
 
 _STR = "tag:yaml.org,2002:str"
@@ -203,6 +220,91 @@ class _Context:
         if isinstance(line, Node):
             line = line.start_mark.line + 1
         return FleetFileError(self.path, line, field, message)
+
+
+# ---------------------------------------------------------------------------- value rules
+
+
+def check_name(name: str) -> str | None:
+    """Say what is wrong with a device name, or None when it is safe as a file name.
+
+    A name becomes a path component on this machine (the device's directory under the
+    fleet's state dir, its logs, its cgroup), so only letters, digits, ``_``, ``.`` and ``-``
+    are allowed, it may not start with ``.`` (``.``, ``..``, hidden files) or ``-`` (an
+    option to a command) and may not hold ``..``.
+
+    Parameters
+    ----------
+    name : str
+
+    Returns
+    -------
+    str or None
+        The problem, for a fleet-file message.
+    """
+    if not _NAME.fullmatch(name) or ".." in name:
+        return (
+            "expected letters, digits, '_', '.' or '-', not starting with '.' or '-' and without '..' "
+            f"(a name becomes a file name under the state dir), got {name!r}"
+        )
+    return None
+
+
+def check_workdir(workdir: str) -> str | None:
+    """Say what is wrong with a workdir, or None when it is safe to quote and use.
+
+    Spaces, quotes and shell metacharacters are fine (commands are quoted by
+    `devices.transport.quote_argv`); refused are the empty string, control characters
+    (device scripts answer in lines), ``..`` components (a workdir never climbs out of the
+    directory it names) and ``:`` (the workdir's site goes on the device's ``PYTHONPATH``).
+
+    Parameters
+    ----------
+    workdir : str
+
+    Returns
+    -------
+    str or None
+        The problem, for a fleet-file message.
+    """
+    if not workdir:
+        return "expected a directory, got ''"
+    if _CONTROL.search(workdir):
+        return f"may not hold control characters such as a newline, got {workdir!r}"
+    if ".." in workdir.split("/"):
+        return f"may not hold '..' components (a workdir never climbs out of its directory), got {workdir!r}"
+    if ":" in workdir:
+        return f"may not hold ':' (the workdir's site goes on the device's PYTHONPATH), got {workdir!r}"
+    return None
+
+
+def check_serial(serial: str) -> str | None:
+    """Say what is wrong with an ADB serial, or None when it is usable.
+
+    Parameters
+    ----------
+    serial : str
+
+    Returns
+    -------
+    str or None
+        The problem (empty, or a control character), for a fleet-file message.
+    """
+    if not serial:
+        return "expected an ADB serial, got ''"
+    if _CONTROL.search(serial):
+        return f"may not hold control characters such as a newline, got {serial!r}"
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (``127.x.x.x``, ``::1``, ``localhost``)."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------------------- node helpers
@@ -386,8 +488,8 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
             raise ctx.error(node, _join(field, required), "missing (every device needs a name and a kind)")
     name_node = entries["name"][1]
     name = _text(ctx, f"{field}.name", name_node, "a name of letters, digits, '_', '.' or '-'")
-    if not _NAME.fullmatch(name):
-        raise ctx.error(name_node, f"{field}.name", f"expected letters, digits, '_', '.' or '-', got {name!r}")
+    if (problem := check_name(name)) is not None:
+        raise ctx.error(name_node, f"{field}.name", problem)
     kind: DeviceKind = _choice(ctx, f"{field}.kind", entries["kind"][1], KINDS)  # type: ignore[assignment]
     for key, (key_node, _) in entries.items():
         if key not in KIND_KEYS[kind]:
@@ -426,6 +528,12 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
         if (n := get("trust_on_first_use")) is not None:
             trust = _bool(ctx, f"{field}.trust_on_first_use", n)
         if emulate is not None:
+            if not is_loopback(host):
+                raise ctx.error(
+                    host_node,
+                    f"{field}.host",
+                    f"an emulated device listens on loopback only (127.0.0.1, ::1 or localhost), got {host!r}",
+                )
             key_file = key_file or state_dir / "id_ed25519"
             known_hosts = known_hosts or state_dir / "known_hosts"
         elif ctx.ssh_config is not None:
@@ -437,6 +545,8 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
     elif kind == "adb":
         serial_node = entries["serial"][1]
         serial = _text(ctx, f"{field}.serial", serial_node, "an ADB serial")
+        if (problem := check_serial(serial)) is not None:
+            raise ctx.error(serial_node, f"{field}.serial", problem)
         if emulate is not None:
             match = _HOST_PORT.fullmatch(serial)
             if match is None or not 1 <= int(match["port"]) <= 65535:
@@ -445,9 +555,17 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
                     f"{field}.serial",
                     f"an emulated phone needs a HOST:PORT serial (e.g. 127.0.0.1:25555), got {serial!r}",
                 )
+            if match["host"] != PHONE_HOST:
+                raise ctx.error(
+                    serial_node,
+                    f"{field}.serial",
+                    f"an emulated phone listens on {PHONE_HOST} only, got {serial!r}",
+                )
 
     if (n := get("workdir")) is not None:
         workdir = _text(ctx, f"{field}.workdir", n, "a directory")
+        if (problem := check_workdir(workdir)) is not None:
+            raise ctx.error(n, f"{field}.workdir", problem)
         if on_this_machine:
             workdir = os.path.expanduser(workdir)
     elif on_this_machine:

@@ -158,9 +158,11 @@ def generate_key(path: Path, comment: str = "fleetbench", *, overwrite: bool = F
     Returns
     -------
     pathlib.Path
-        ``path``.
+        ``path``, a private key readable by its owner only (mode 0600, an existing
+        one's mode too).
     """
     if path.exists() and not overwrite:
+        path.chmod(0o600)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in (path, path.with_name(path.name + ".pub")):
@@ -176,6 +178,34 @@ def generate_key(path: Path, comment: str = "fleetbench", *, overwrite: bool = F
         raise SshdError(f"ssh-keygen failed for {path}: {proc.stderr.strip()}")
     path.chmod(0o600)
     return path
+
+
+def config_value(value: str | Path, *, tokens: bool = False) -> str:
+    """Return ``value`` as one ``sshd_config`` argument: double-quoted, ``%`` doubled where sshd expands tokens.
+
+    Paths under a fleet's state dir may hold spaces; sshd splits unquoted arguments at
+    them, and expands ``%h``, ``%u``... in ``AuthorizedKeysFile`` and ``ChrootDirectory``.
+
+    Parameters
+    ----------
+    value : str or pathlib.Path
+    tokens : bool
+        The keyword expands ``%`` tokens (``%`` is then written ``%%``).
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    SshdError
+        ``value`` holds a double quote, a backslash or a control character, which
+        sshd_config cannot carry in a quoted argument.
+    """
+    text = str(value)
+    if any(c in text for c in '"\\') or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise SshdError(f"{text!r} cannot be written to sshd_config (a double quote, backslash or control character)")
+    return '"' + (text.replace("%", "%%") if tokens else text) + '"'
 
 
 def prepare(
@@ -214,6 +244,8 @@ def prepare(
     SshdError
         If sshd is missing, a key cannot be generated or ``sshd -t`` rejects the config.
     """
+    if name in ("", ".", "..") or "/" in name:
+        raise SshdError(f"instance name {name!r} is not one directory name (its files live in state_dir/name)")
     directory = Path(state_dir).absolute() / name
     directory.mkdir(parents=True, exist_ok=True)
     inst = SshdInstance(
@@ -240,18 +272,18 @@ def prepare(
             [
                 f"ListenAddress {LOOPBACK}",
                 f"Port {port}",
-                f"HostKey {inst.host_key}",
-                f"AuthorizedKeysFile {inst.authorized_keys}",
+                f"HostKey {config_value(inst.host_key)}",
+                f"AuthorizedKeysFile {config_value(inst.authorized_keys, tokens=True)}",
                 "PubkeyAuthentication yes",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
                 "UsePAM no",
-                f"PidFile {inst.pid_file}",
+                f"PidFile {config_value(inst.pid_file)}",
                 "StrictModes no",
                 "PermitRootLogin prohibit-password",
                 "Subsystem sftp internal-sftp",
                 "LogLevel ERROR",
-                *([f"ChrootDirectory {chroot}"] if chroot is not None else []),
+                *([f"ChrootDirectory {config_value(chroot, tokens=True)}"] if chroot is not None else []),
                 *([f"PermitUserEnvironment {','.join(k for k, _ in inst.session_env)}"] if inst.session_env else []),
                 "",
             ]

@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -126,13 +127,13 @@ def sigkills(sent: list[tuple[int, int]]) -> list[int]:
     return [pid for pid, sig in sent if sig == signal.SIGKILL]
 
 
-def listening(port: int) -> bool:
-    """Whether a socket listens on ``port`` (any address), from the kernel's tables.
+def listen_addresses(port: int) -> set[str]:
+    """Addresses sockets listen on at ``port``, from the kernel's tables (``0.0.0.0`` / ``::``: every interface).
 
-    Not by connecting: a connection to a port nothing listens on can connect to itself
-    when the kernel picks that same port as its source (TCP simultaneous open).
+    The real listening sockets, whatever a config file says.
     """
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         try:
             rows = Path(table).read_text().splitlines()[1:]
         except OSError:
@@ -140,9 +141,22 @@ def listening(port: int) -> bool:
         for row in rows:
             fields = row.split()
             local, state = fields[1], fields[3]
-            if state == "0A" and int(local.rpartition(":")[2], 16) == port:  # 0A: TCP_LISTEN
-                return True
-    return False
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: TCP_LISTEN
+                # the kernel prints the address as 32-bit words in host byte order
+                words = (address[i : i + 8] for i in range(0, len(address), 8))
+                raw = b"".join(int(word, 16).to_bytes(4, sys.byteorder) for word in words)
+                found.add(socket.inet_ntop(family, raw))
+    return found
+
+
+def listening(port: int) -> bool:
+    """Whether a socket listens on ``port`` (any address), from the kernel's tables.
+
+    Not by connecting: a connection to a port nothing listens on can connect to itself
+    when the kernel picks that same port as its source (TCP simultaneous open).
+    """
+    return bool(listen_addresses(port))
 
 
 @pytest.fixture(scope="module")

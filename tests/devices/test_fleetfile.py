@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -272,6 +273,139 @@ MALFORMED = {
         "devices[0].name",
         "got 'my pi'",
     ),
+    "name climbing out of the state dir": (
+        "devices:\n  - name: ../x\n    kind: local\n",
+        "../x",
+        1,
+        "devices[0].name",
+        "got '../x'",
+    ),
+    "name with shell metacharacters": (
+        "devices:\n  - kind: local\n    name: a;rm -rf ~\n",
+        "rm -rf",
+        1,
+        "devices[0].name",
+        "got 'a;rm -rf ~'",
+    ),
+    "name with a command substitution": (
+        "devices:\n  - name: $(touch PWNED)\n    kind: local\n",
+        "PWNED",
+        1,
+        "devices[0].name",
+        "got '$(touch PWNED)'",
+    ),
+    "name starting with a dot": (
+        "devices:\n  - name: .hidden\n    kind: local\n",
+        ".hidden",
+        1,
+        "devices[0].name",
+        "not starting with '.' or '-'",
+    ),
+    "name of two dots": (
+        "devices:\n  - name: '..'\n    kind: local\n",
+        "name:",
+        1,
+        "devices[0].name",
+        "got '..'",
+    ),
+    "name starting with a dash": (
+        "devices:\n  - name: -rf\n    kind: local\n",
+        "-rf",
+        1,
+        "devices[0].name",
+        "got '-rf'",
+    ),
+    "name holding two dots": (
+        "devices:\n  - name: a..b\n    kind: local\n",
+        "a..b",
+        1,
+        "devices[0].name",
+        "without '..'",
+    ),
+    "name with a newline": (
+        'devices:\n  - kind: local\n    name: "a\\nb"\n',
+        "name:",
+        1,
+        "devices[0].name",
+        "got 'a\\nb'",
+    ),
+    "relative workdir climbing out": (
+        "devices:\n  - name: a\n    kind: local\n    workdir: work/../../x\n",
+        "workdir",
+        1,
+        "devices[0].workdir",
+        "'..' components",
+    ),
+    "absolute workdir with dot-dot": (
+        "devices:\n  - name: pi\n    kind: ssh\n    host: pi\n    workdir: /srv/fb/../../etc\n",
+        "workdir",
+        1,
+        "devices[0].workdir",
+        "'..' components",
+    ),
+    "home workdir with dot-dot": (
+        "devices:\n  - name: p\n    kind: adb\n    serial: X\n    workdir: ~/..\n",
+        "workdir",
+        1,
+        "devices[0].workdir",
+        "'..' components",
+    ),
+    "workdir with a newline": (
+        'devices:\n  - name: a\n    kind: local\n    workdir: "w\\n; touch PWNED"\n',
+        "workdir",
+        1,
+        "devices[0].workdir",
+        "control characters",
+    ),
+    "workdir with a colon": (
+        "devices:\n  - name: pi\n    kind: ssh\n    host: pi\n    workdir: /srv/a:b\n",
+        "workdir",
+        1,
+        "devices[0].workdir",
+        "PYTHONPATH",
+    ),
+    "empty workdir": (
+        "devices:\n  - name: a\n    kind: local\n    workdir: ''\n",
+        "workdir",
+        1,
+        "devices[0].workdir",
+        "expected a directory",
+    ),
+    "serial with a newline": (
+        'devices:\n  - name: p\n    kind: adb\n    serial: "R58\\n; reboot"\n',
+        "serial",
+        1,
+        "devices[0].serial",
+        "control characters",
+    ),
+    "empty serial": (
+        "devices:\n  - name: p\n    kind: adb\n    serial: ''\n",
+        "serial",
+        1,
+        "devices[0].serial",
+        "expected an ADB serial",
+    ),
+    "emulated sshd on every interface": (
+        "devices:\n  - name: e\n    kind: ssh\n    host: 0.0.0.0\n    port: 2222\n    emulate: {}\n",
+        "host",
+        1,
+        "devices[0].host",
+        "loopback only",
+    ),
+    "emulated sshd on a network address": (
+        "devices:\n  - name: e\n    kind: ssh\n    host: 192.168.1.5\n    emulate: {preset: pi4}\n",
+        "host",
+        1,
+        "devices[0].host",
+        "loopback only",
+    ),
+    "emulated phone on every interface": (
+        "devices:\n  - name: p\n    kind: adb\n    serial: 0.0.0.0:25555\n    emulate: {}\n",
+        "serial",
+        1,
+        "devices[0].serial",
+        "listens on 127.0.0.1 only",
+    ),
     "bad kind": (
         "devices:\n  - name: a\n    kind: sshh\n    host: x\n",
         "sshh",
@@ -495,6 +629,53 @@ def test_malformed_fleet_names_file_line_and_field(case: str, tmp_path: Path) ->
     path = write(tmp_path, text)
     line = 0 if marker is None else line_of(text, marker, occurrence)
     assert_error(path, line, field, fragment)
+
+
+#: A workdir a user may well write: spaces, quotes and shell metacharacters, kept as data.
+ODD_WORKDIR = '/srv/fleet bench/it\'s "here"; $(touch PWNED) `id` | & *'
+#: A serial with a space (adb serials are free text, e.g. ``usb:1-1 2``).
+ODD_SERIAL = "usb:1-1 2 'x'"
+
+
+def test_workdirs_and_serials_with_spaces_quotes_and_metacharacters_are_kept_verbatim(tmp_path: Path) -> None:
+    text = (
+        "devices:\n"
+        f"  - {{name: pi, kind: ssh, host: pi, workdir: {json.dumps(ODD_WORKDIR)}}}\n"
+        f"  - {{name: phone, kind: adb, serial: {json.dumps(ODD_SERIAL)}, workdir: '/data/local/tmp/a b'}}\n"
+        "  - {name: loc, kind: local, workdir: 'rel dir/it''s'}\n"
+    )
+    fleet = load_fleet(write(tmp_path, text))
+    assert fleet.device("pi").workdir == ODD_WORKDIR
+    assert (fleet.device("phone").serial, fleet.device("phone").workdir) == (ODD_SERIAL, "/data/local/tmp/a b")
+    assert fleet.device("loc").workdir == "rel dir/it's"
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_emulated_ssh_devices_listen_on_any_loopback_address(host: str, tmp_path: Path) -> None:
+    text = f"devices:\n  - {{name: e, kind: ssh, host: '{host}', port: 2222, emulate: {{}}}}\n"
+    assert load_fleet(write(tmp_path, text)).device("e").host == host
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    resolved, root = Path(os.path.normpath(path)), Path(os.path.normpath(directory))
+    return resolved != root and root in resolved.parents
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet="ab.-_/ ;$()`|&\n~*'\"\\", min_size=1, max_size=8))
+def test_a_device_name_is_refused_or_stays_inside_the_state_dir(tmp_path: Path, name: str) -> None:
+    text = f"state_dir: states\ndevices:\n  - kind: local\n    name: {json.dumps(name)}\n"
+    try:
+        fleet = parse_fleet(text, "fleet.yaml", cwd=tmp_path)
+    except FleetFileError as exc:
+        assert (exc.line, exc.field) == (4, "devices[0].name"), str(exc)
+        assert str(exc).startswith("fleet.yaml:4: devices[0].name: ") and "\n" not in str(exc)
+        return
+    device = fleet.devices[0]
+    assert device.name == name
+    assert _inside(fleet.state_dir / device.name, fleet.state_dir)
+    assert Path(device.workdir) == fleet.state_dir / name / "work" and _inside(Path(device.workdir), fleet.state_dir)
 
 
 def test_missing_file_is_line_zero(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ import pytest
 from devices.emulation.adb_endpoint import AdbEndpoint
 from devices.errors import ConnectionLost
 from devices.fleet import Device
+from devices.fleetfile import parse_fleet
 from devices.local import LocalTransport
+from devices.site import python_argv
 from devices.transport import RunResult, Transport
 from exporters.manifest import ARTIFACT_FILES
 from harness.deploy import (
@@ -313,3 +315,32 @@ def test_a_local_set_that_does_not_match_its_manifest_is_refused(tmp_path: Path,
     with pytest.raises(ValueError, match="eval_model.onnx"):
         deploy_artifact_set(LocalTransport(), device, broken)
     assert not (tmp_path / "device").exists()
+
+
+#: A workdir directory name with spaces, quotes and shell metacharacters: every one must stay data.
+ODD_WORKDIR = "work dir 'it''s' \"q\" $(touch PWNED); `touch PWNED` & | *"
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_a_workdir_with_spaces_quotes_and_metacharacters_works_end_to_end(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    host_dir = tmp_path / ODD_WORKDIR
+    if kind == "local":
+        entry = {"name": "loc", "kind": "local", "workdir": str(host_dir), "python": PY}
+        transport: Transport = LocalTransport()
+    else:
+        server: Server = request.getfixturevalue("sshd_server")
+        entry = {"name": "pi", "kind": "ssh", "host": "127.0.0.1", "port": server.instance.port,
+                 "workdir": str(host_dir), "python": PY}  # fmt: skip
+        transport = server.transport()
+    device = parse_fleet(json.dumps({"devices": [entry]}), "fleet.yaml", cwd=tmp_path).devices[0]
+    assert device.workdir == str(host_dir)
+    runner = tmp_path / "runner.py"
+    runner.write_text("import sys\nprint('runner', sys.argv[1])\n")
+    path = deploy_runner(transport, device, runner)
+    assert path.startswith(f"{host_dir}/runner/") and Path(path).read_text() == runner.read_text()
+    result = transport.run([*python_argv(device.python, device.workdir), path, "o'k $(x)"], timeout=30)
+    assert (result.rc, result.stdout.strip()) == (0, "runner o'k $(x)"), result.stderr
+    assert not list(tmp_path.rglob("PWNED")) and not (Path.home() / "PWNED").exists()

@@ -32,6 +32,8 @@ from devices.emulation.adb_endpoint import (
     encode_message,
     iter_messages,
 )
+from devices.emulation.sshd import free_port
+from tests.devices.conftest import listen_addresses
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -271,3 +273,29 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_endpoint_listens_on_loopback_only(endpoint: AdbEndpoint) -> None:
+    assert listen_addresses(endpoint.port) == {"127.0.0.1"}
+
+
+def test_the_endpoint_process_fleet_up_starts_listens_on_loopback_only(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "endpoint.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "devices.emulation.adb_endpoint", "--port", str(port), "--sandbox", str(tmp_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while not listen_addresses(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert listen_addresses(port) == {"127.0.0.1"}, log.read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
