@@ -71,7 +71,7 @@ PROFILE = ("--model", "fjord-cnn", "--widths", "0.25,0.5,0.75,1", "--batch", "4"
            "--precision", "0", "--passes", "1", "--optimizer", "sgd", "--no-round-cost", "--timeout", "60")  # fmt: skip
 #: The FL run the kill and resume is compared on (in-process clients: the fault is the host's).
 FL_RUN = ("--strategy", "fjord", "--model", "fjord-cnn", "--dataset", "digits", "--clients", "4", "--seed", "3")
-FL_ROUNDS = 4
+FL_ROUNDS = 8
 DEVICES = ("fast", "mid")
 FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown")
 #: What a campaign prints once its store is open and its devices are about to be measured.
@@ -320,8 +320,8 @@ def fl_killed(bench: Bench) -> Outcome:
     cwd = bench.fresh("kill-fl")
     db = cwd / "fl.db"
     with started("fl", "run", *FL_RUN, *rounds, "--db", str(db), cwd=cwd) as proc:
-        wait_for(cwd / "out.txt", r"^round 1/", proc)
-        time.sleep(bench.rng.uniform(0.0, 3.0))
+        wait_for(cwd / "err.txt", rf"^round {bench.rng.randint(1, FL_ROUNDS - 2)}/", proc)
+        time.sleep(bench.rng.uniform(0.0, 1.5))
         fault_at = time.monotonic()
         finished = proc.poll() is not None
         proc.send_signal(signal.SIGKILL)
@@ -335,7 +335,7 @@ def fl_killed(bench: Bench) -> Outcome:
     same = got.keys() == bench.uninterrupted.keys() and all(
         np.array_equal(got[k], bench.uninterrupted[k]) for k in got
     )
-    logged = len(re.findall(r"^round \d+/", (cwd / "out.txt").read_text(), re.M))
+    logged = len(re.findall(r"^round \d+/", (cwd / "err.txt").read_text(), re.M))
     seen = "the run had finished before the kill" if finished else f"killed after {logged} round(s)"
     return Outcome(same, 0, time.monotonic() - fault_at, seen, "" if same else "not bit-identical")
 
@@ -400,7 +400,7 @@ def resident_killed(bench: Bench) -> Outcome:
                 os.kill(pid, signal.SIGKILL)
         rc = proc.wait(timeout=900)
     out, err = (cwd / "out.txt").read_text(), (cwd / "err.txt").read_text()
-    rounds = re.findall(r"^round (\d+)/3: clients ok (\d+) failed (\d+)", out, re.M)
+    rounds = re.findall(r"^round (\d+)/3: clients ok (\d+) failed (\d+)", err, re.M)
     failed = [line for line in (out + err).splitlines() if victim in line and ("fail" in line or "error" in line)]
     survived = rc == 0 and [r[0] for r in rounds] == ["1", "2", "3"] and bool(pids)
     return Outcome(survived, 0, time.monotonic() - fault_at, failed[0] if failed else "",
