@@ -74,5 +74,5 @@ def test_wire_format_round_trips_in_manifest_order(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="'a' missing"):
         contract.write_params(tmp_path / "q.npy", manifest, {"b": params["b"]})
     np.save(tmp_path / "short.npy", np.zeros(6, dtype=np.float32))
-    with pytest.raises(ValueError, match=r"expected float \(7,\)"):
+    with pytest.raises(ValueError, match=r"expected float32 \(7,\)"):
         contract.read_params(tmp_path / "short.npy", manifest)
