@@ -1,6 +1,7 @@
 """A runner that lies: a test double for a broken or compromised device, speaking the real serve protocol.
 
-Run as ``python lying_runner.py PLAN.json`` in place of ``runner.pyz serve``. It prints a
+Run as ``python lying_runner.py PLAN.json [serve options]`` in place of ``runner.pyz serve``
+(of the options only ``--cwd`` is read: request paths start there). It prints a
 ready line, then answers each request line with one reply line, as
 `harness.runner.protocol` describes, except where the plan says to lie. The plan (JSON)::
 
@@ -69,6 +70,8 @@ def _line(doc: object) -> str:
 def main(plan_path: str) -> int:
     with open(plan_path) as handle:
         plan = json.load(handle)
+    if "--cwd" in sys.argv:
+        os.chdir(sys.argv[sys.argv.index("--cwd") + 1])
     ready = plan.get("ready") or {}
     out = sys.stdout
     out.write(_line(ready if isinstance(ready, str) else {**_ready(), **ready}) + "\n")
