@@ -48,6 +48,10 @@ from devices.errors import CommandTimeout, ProcessEnded, TransportError
 
 #: Bytes of a streamed process's stderr kept for `Process.stderr_tail`.
 STDERR_KEEP = 64 * 1024
+#: Most bytes of one streamed stdout line kept (16 MiB): a longer line is handed out cut to this
+#: many bytes and one more (the rest up to its newline dropped), so a process that never ends a
+#: line cannot fill the host's memory, and its reader sees that the line went over.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 #: Bytes read per ``recv`` by the reader threads.
 READ_CHUNK = 1 << 16
 #: Seconds `Process.close` waits for the process to end by itself before killing it.
@@ -239,9 +243,10 @@ class StreamingProcess:
                 pending += data
                 *complete, pending = pending.split(b"\n")
                 for line in complete:
-                    kept = self._filter_line(line)
+                    kept = self._filter_line(line[: MAX_LINE_BYTES + 1])
                     if kept is not None:
                         self._lines.put(kept)
+                pending = pending[: MAX_LINE_BYTES + 1]
             if pending:
                 kept = self._filter_line(pending, last=True)
                 if kept is not None:

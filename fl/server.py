@@ -8,7 +8,9 @@ One run is a `RunConfig`; `run_fl` executes it round by round:
    draws exactly what an uninterrupted one would.
 2. **Training.** ``strategy.configure_round`` gives one `TrainIns` per sampled
    client; the executor (``inprocess`` by default) trains them; failed clients
-   come back as `ClientFailure` and the round goes on without them.
+   come back as `ClientFailure` and the round goes on without them. A result the
+   global model must not take (parameters not as sent, NaN or Inf, a negative count
+   or time: `refuse_invalid_results`) fails its client the same way.
 3. **Aggregation** by ``strategy.aggregate_round``.
 4. **Evaluation** of the global model on the test set at every width of
    ``strategy.eval_submodels(clients)``, every ``eval_every`` rounds and always
@@ -826,13 +828,13 @@ def _run_round(
     virtual_of: dict[str, float] = {}
     virtual_seconds: float | None = None
     if virtual is None:
-        results, failures = executor.run(instructions, shards, config.timeout_s)
+        results, failures = refuse_invalid_results(instructions, *executor.run(instructions, shards, config.timeout_s))
         seen, seen_failures = results, failures
     else:
         timings = _virtual_timings(virtual, instructions, shards, config.epochs, config.batch_size)
         plan = virtual.schedule({cid: t.total for cid, t in timings.items()}, keep)
         kept = {cid: instructions[cid] for cid in instructions if cid in set(plan.kept)}
-        results, failures = executor.run(kept, shards, config.timeout_s)
+        results, failures = refuse_invalid_results(kept, *executor.run(kept, shards, config.timeout_s))
         failures = [*failures, *_virtual_failures(plan, instructions)]
         # The strategy sees virtual times; the log keeps the measured ones beside them.
         seen = [_with_timing(r, timings[r.cid]) for r in results]
@@ -1011,6 +1013,83 @@ def _predictions(
         if value is not None:
             out[cid] = float(value)
     return out
+
+
+def invalid_result(ins: TrainIns, res: TrainRes) -> str | None:
+    """Return why the global model must not take ``res`` (one line), or None when it may.
+
+    A client's result may come from a device that is broken or lies, so before
+    aggregation it must hold exactly the parameters sent (names, shapes), as floats, all
+    finite, with a whole number of examples >= 0 and finite, non-negative seconds.
+
+    Parameters
+    ----------
+    ins : TrainIns
+        What the client was sent.
+    res : TrainRes
+        What it returned.
+
+    Returns
+    -------
+    str or None
+    """
+    if set(res.parameters) != set(ins.parameters):
+        names = sorted(set(res.parameters) ^ set(ins.parameters))
+        return f"parameters {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} not as sent"
+    for name, sent in ins.parameters.items():
+        value = res.parameters[name]
+        if not isinstance(value, np.ndarray) or value.shape != np.shape(sent) or value.dtype.kind != "f":
+            got = f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}"
+            return f"parameter {name!r} is {got}, sent as {np.asarray(sent).dtype} {np.shape(sent)}"
+        if not np.isfinite(value).all():
+            return f"parameter {name!r} holds NaN or Inf"
+    examples = res.num_examples
+    if isinstance(examples, bool) or not isinstance(examples, (int, np.integer)) or examples < 0:
+        return f"num_examples {examples!r} is not a count"
+    if not _timed(res):
+        return f"seconds {(res.compute_seconds, res.download_seconds, res.upload_seconds)!r:.120} are not all >= 0"
+    return None
+
+
+def _timed(res: TrainRes) -> bool:
+    """Whether ``res``'s seconds are finite numbers >= 0."""
+    values = (res.compute_seconds, res.download_seconds, res.upload_seconds)
+    return all(isinstance(v, (int, float, np.floating)) and math.isfinite(v) and v >= 0 for v in values)
+
+
+def refuse_invalid_results(
+    instructions: Mapping[str, TrainIns], results: Sequence[TrainRes], failures: Sequence[ClientFailure]
+) -> tuple[list[TrainRes], list[ClientFailure]]:
+    """Turn every result the global model must not take (`invalid_result`) into a failure of its client.
+
+    Parameters
+    ----------
+    instructions : mapping of str to TrainIns
+        What each client was sent this round.
+    results : sequence of TrainRes
+        What the executor returned.
+    failures : sequence of ClientFailure
+        The executor's failures.
+
+    Returns
+    -------
+    results : list of TrainRes
+        The results that may be aggregated, in their order.
+    failures : list of ClientFailure
+        ``failures``, then an ``"error"`` failure per refused result, its message
+        ``"result refused: <why>"``.
+    """
+    kept: list[TrainRes] = []
+    refused = list(failures)
+    for res in results:
+        ins = instructions.get(res.cid)
+        why = "no instruction was sent to this client" if ins is None else invalid_result(ins, res)
+        if why is None:
+            kept.append(res)
+        else:
+            seconds = res.round_seconds if ins is not None and _timed(res) else 0.0
+            refused.append(ClientFailure(res.cid, "error", f"result refused: {why}", seconds))
+    return kept, refused
 
 
 def _virtual_timings(

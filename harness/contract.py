@@ -40,9 +40,14 @@ from typing import Any
 import numpy as np
 
 from devices.site import python_argv, site_path
+from devices.transport import MAX_LINE_BYTES
 from exporters.manifest import flatten, unflatten
 from harness.document import EMPTY_DOCUMENT, DocumentError, RunnerDocument, parse_document
 from harness.runner import protocol
+
+#: Most bytes of one runner document or reply line the host decodes (the transports' `MAX_LINE_BYTES`,
+#: 16 MiB: a train reply of a long FjORD run is well under 1 MiB); a longer one is refused unread.
+MAX_REPLY_BYTES = MAX_LINE_BYTES
 
 #: Exit status of the runner -> the status it means.
 RUNNER_EXIT_CODES: Mapping[int, str] = {code: status for status, code in protocol.EXIT_CODES.items()}
@@ -362,28 +367,71 @@ def train_request(
     return request
 
 
-def parse_reply(line: str) -> RunnerOutput:
+class ReplyRefused(ValueError):
+    """A runner reply the host does not accept (the message is one line saying why)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ReplyRefused(f"holds the non-finite number {name}")
+
+
+def _decode(text: str) -> Any:
+    """Decode one runner document or reply line (`MAX_REPLY_BYTES`, JSON, no NaN or Infinity).
+
+    Raises
+    ------
+    ReplyRefused
+        Too large, not JSON, or holding ``NaN`` / ``Infinity`` (the runner never writes them).
+    """
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_REPLY_BYTES:
+        raise ReplyRefused(f"is {size} bytes, over the cap of {MAX_REPLY_BYTES}")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ReplyRefused:
+        raise
+    except ValueError as exc:
+        raise ReplyRefused(f"is not JSON ({exc}): {text[:120]!r}") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]
+
+
+def parse_reply(line: str, *, ready: bool = False) -> RunnerOutput:
     """Turn one reply line of a serving runner into a `RunnerOutput`.
 
     Parameters
     ----------
     line : str
-        One stdout line (a JSON object).
+        One stdout line (a JSON object of at most `MAX_REPLY_BYTES`).
+    ready : bool
+        Whether ``line`` is the ready line: then it must be event ``"ready"`` of
+        protocol `harness.runner.protocol.PROTOCOL_VERSION`.
 
     Returns
     -------
     RunnerOutput
-        As `parse_output` for a one-shot run that exited with the document's own status.
+        As `parse_output` for a one-shot run that exited with the document's own status;
+        a line that is refused (too large, not JSON, not an object, NaN or Infinity, a
+        malformed document, another protocol) is a ``"runner error"`` whose one-line
+        message says why.
     """
     try:
-        doc = json.loads(line)
-    except ValueError:
-        doc = None
+        doc = _decode(line)
+    except ReplyRefused as exc:
+        return RunnerOutput("runner error", _one_line(f"serving runner's reply refused: it {exc}"), EMPTY_DOCUMENT)
     if not isinstance(doc, dict):
-        message = f"serving runner replied with a line that is not a JSON object: {line[:200]!r}"
-        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
+        message = f"serving runner's reply refused: it is JSON {type(doc).__name__}, not an object: {line[:120]!r}"
+        return RunnerOutput("runner error", _one_line(message), EMPTY_DOCUMENT)
+    if ready and (doc.get("event") != "ready" or doc.get("protocol") != protocol.PROTOCOL_VERSION):
+        message = (
+            f"serving runner's ready line refused: event {doc.get('event')!r:.40} of protocol "
+            f"{doc.get('protocol')!r:.40}, the host speaks protocol {protocol.PROTOCOL_VERSION}"
+        )
+        return RunnerOutput("runner error", _one_line(message), EMPTY_DOCUMENT)
     status = str(doc.get("status") or "runner error")
-    return parse_output(protocol.EXIT_CODES.get(status, 5), line, "")
+    return _output(protocol.EXIT_CODES.get(status, 5), doc, "")
 
 
 def ended_output(returncode: int | None, stderr: str) -> RunnerOutput:
@@ -417,29 +465,41 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     rc : int
         Exit status of the runner.
     stdout, stderr : str
-        Its output; stdout must be one JSON object.
+        Its output; stdout must be one JSON object of at most `MAX_REPLY_BYTES`.
 
     Returns
     -------
     RunnerOutput
         The document's status; where the exit status disagrees with an ``"ok"``
         document, the exit status wins; no document at all is a ``"runner error"``
-        whose message quotes the end of stderr, and so is a document with a key of the
-        wrong type (`harness.document.DocumentError`, its message naming the key).
+        whose message quotes the end of stderr, and so is a document that is refused:
+        too large, not JSON, not an object, holding NaN or Infinity, or malformed
+        (`harness.document.DocumentError`: a key of the wrong type, a number not
+        finite, negative seconds or counts, an unknown key; the message names the key).
+        Every message is one line.
     """
     tail = stderr.strip()[-300:]
-    try:
-        doc = json.loads(stdout)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        what = "no output" if not stdout.strip() else "output that is not a JSON object"
-        message = f"runner exited {rc} with {what}" + (f"; stderr: {tail}" if tail else "")
+    if not stdout.strip():
+        message = f"runner exited {rc} with no output" + (f"; stderr: {tail}" if tail else "")
         return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
     try:
-        document = parse_document(doc)
+        doc = _decode(stdout)
+    except ReplyRefused as exc:
+        message = f"runner exited {rc}; its output refused: it {exc}" + (f"; stderr: {tail}" if tail else "")
+        return RunnerOutput("runner error", _one_line(message), EMPTY_DOCUMENT)
+    if not isinstance(doc, dict):
+        message = f"runner exited {rc} with output that is not a JSON object" + (f"; stderr: {tail}" if tail else "")
+        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
+    return _output(rc, doc, tail)
+
+
+def _output(rc: int, doc: Mapping[str, Any], tail: str) -> RunnerOutput:
+    """Return the `RunnerOutput` of a decoded document (`parse_output`, `parse_reply`)."""
+    try:
+        document = parse_document(doc, from_device=True)
     except DocumentError as exc:
-        return RunnerOutput("runner error", f"runner exited {rc} with a malformed document: {exc}", EMPTY_DOCUMENT)
+        message = _one_line(f"runner exited {rc} with a malformed document: {exc}")
+        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
     status = document.status or RUNNER_EXIT_CODES.get(rc, "runner error")
     if status == "ok" and rc != 0:
         status = RUNNER_EXIT_CODES.get(rc, "runner error")
@@ -472,6 +532,11 @@ def write_params(path: Path, manifest: Mapping[str, Any], params: Mapping[str, n
 def read_params(path: Path, manifest: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Read a flat parameter vector the runner wrote, as named tensors.
 
+    The file comes from a device, so it is checked before any of it is used: ``np.load``
+    never unpickles (``allow_pickle=False``), the header is read first (a memory map) so
+    a file of the wrong shape, dtype or size is refused before its data is read, and
+    the values must all be finite.
+
     Parameters
     ----------
     path : pathlib.Path
@@ -484,10 +549,20 @@ def read_params(path: Path, manifest: Mapping[str, Any]) -> dict[str, np.ndarray
     Raises
     ------
     ValueError
-        If the file does not hold one float vector of the manifest's length.
+        If the file is not an ``.npy`` array, does not hold one float32 vector of the
+        manifest's length, or holds NaN or Inf (one line naming the file and the reason).
     """
-    flat = np.load(path, allow_pickle=False)
     size = int(manifest["num_parameters"])
-    if flat.ndim != 1 or flat.size != size or flat.dtype.kind != "f":
-        raise ValueError(f"{path}: parameters of shape {flat.shape} and dtype {flat.dtype}, expected float ({size},)")
+    try:
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError) as exc:
+        raise ValueError(f"{path}: not an .npy float32 vector ({_one_line(str(exc))[:200]})") from None
+    if not isinstance(mapped, np.ndarray) or mapped.ndim != 1 or mapped.size != size or mapped.dtype != np.float32:
+        shape, dtype = getattr(mapped, "shape", None), getattr(mapped, "dtype", type(mapped).__name__)
+        raise ValueError(f"{path}: parameters of shape {shape} and dtype {dtype}, expected float32 ({size},)")
+    flat = np.array(mapped)
+    del mapped
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size:
+        raise ValueError(f"{path}: parameters hold {bad.size} values that are NaN or Inf (the first at {bad[0]})")
     return unflatten(manifest, flat)

@@ -9,8 +9,10 @@ reads attributes, never string keys.
 
 Every key may be absent or null: documents of older runners, of failed runs and those
 kept in older profile stores lack some. A key of the wrong type is a `DocumentError`
-naming it. Keys the host does not read are kept in `RunnerDocument.raw`, the document
-as received, which is what a profile store keeps.
+naming it, and so is a number that is not finite, or negative seconds, bytes or counts.
+Keys the host does not read are kept in `RunnerDocument.raw`, the document as received,
+which is what a profile store keeps; a document straight from a device
+(``from_device``) with a key no runner sends is refused instead.
 
 Besides the runner's own keys, a cell's stored document carries what the host added:
 ``passes`` and ``pass_medians`` (`harness.passes.merge_passes`) and the artifact set's
@@ -19,6 +21,7 @@ analytic counts (``counts``, whose ``train_flops`` is `RunnerDocument.train_flop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -214,6 +217,8 @@ class RunnerDocument:
         Serve ready line: the protocol version.
     pid : int or None
         Serve ready line: the serving process's id on the device.
+    max_sessions : int or None
+        Serve ready line: the backend sessions the runner keeps open.
     cwd : str or None
         Serve ready line: the directory request paths start from.
     startup_seconds : float or None
@@ -290,6 +295,7 @@ class RunnerDocument:
     event: str | None = None
     protocol: int | None = None
     pid: int | None = None
+    max_sessions: int | None = None
     cwd: str | None = None
     startup_seconds: float | None = None
     passes: int | None = None
@@ -310,9 +316,16 @@ def _is_number(value: Any) -> bool:
 
 
 def _number(key: str, value: Any) -> float:
-    if not _is_number(value):
-        raise _fail(key, "a number", value)
+    if not _is_number(value) or not math.isfinite(value):
+        raise _fail(key, "a finite number", value)
     return float(value)
+
+
+def _duration(key: str, value: Any) -> float:
+    number = _number(key, value)
+    if number < 0:
+        raise _fail(key, "seconds (a number >= 0)", value)
+    return number
 
 
 def _integer(key: str, value: Any) -> int:
@@ -321,6 +334,13 @@ def _integer(key: str, value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     raise _fail(key, "an integer", value)
+
+
+def _count(key: str, value: Any) -> int:
+    number = _integer(key, value)
+    if number < 0:
+        raise _fail(key, "a count (an integer >= 0)", value)
+    return number
 
 
 def _text(key: str, value: Any) -> str:
@@ -365,7 +385,9 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
 
 _numbers = _sequence(_number)
 _optional_numbers = _sequence(_optional(_number))
-_integers = _sequence(_integer)
+_durations = _sequence(_duration)
+_optional_durations = _sequence(_optional(_duration))
+_counts = _sequence(_count)
 
 
 def _before_after(key: str, value: Any) -> BeforeAfter:
@@ -393,9 +415,9 @@ def _versions(key: str, value: Any) -> Versions:
 def _sessions(key: str, value: Any) -> Sessions:
     parts = _mapping(key, value)
     return Sessions(
-        opened=_integer(f"{key}.opened", parts.get("opened", 0)),
-        reused=_integer(f"{key}.reused", parts.get("reused", 0)),
-        open_seconds=_number(f"{key}.open_seconds", parts.get("open_seconds", 0.0)),
+        opened=_count(f"{key}.opened", parts.get("opened", 0)),
+        reused=_count(f"{key}.reused", parts.get("reused", 0)),
+        open_seconds=_duration(f"{key}.open_seconds", parts.get("open_seconds", 0.0)),
     )
 
 
@@ -414,6 +436,8 @@ def _train_flops(raw: Mapping[str, Any]) -> float | None:
 _text_or_none = _optional(_text)
 _integer_or_none = _optional(_integer)
 _number_or_none = _optional(_number)
+_duration_or_none = _optional(_duration)
+_count_or_none = _optional(_count)
 _flag_or_none = _optional(_flag)
 
 #: Document key -> how its value is read (absent keys read as None).
@@ -429,72 +453,89 @@ _READERS: Mapping[str, Callable[[str, Any], Any]] = {
     "threads": _integer_or_none,
     "seed": _integer_or_none,
     "flush_denormals": _flag_or_none,
-    "step_seconds": _numbers,
+    "step_seconds": _durations,
     "loss": _optional_numbers,
-    "peak_memory_bytes": _integer_or_none,
+    "peak_memory_bytes": _count_or_none,
     "peak_memory_source": _text_or_none,
     "peak_memory_scope": _text_or_none,
     "cpu_freq_khz": _before_after,
     "thermal_c": _temperatures,
     "throttled": lambda key, value: bool(_flag_or_none(key, value)),
-    "matmul_gflops": _number_or_none,
+    "matmul_gflops": _duration_or_none,
     "versions": _versions,
     "precision": _number_or_none,
     "max_seconds": _number_or_none,
     "sample_seconds": _number_or_none,
-    "steps_per_sample": _integers,
-    "cpu_step_seconds": _numbers,
+    "steps_per_sample": _counts,
+    "cpu_step_seconds": _durations,
     "disturbed": _sequence(lambda key, value: int(_flag(key, value))),
-    "warmup_steps": _integer_or_none,
-    "warmup_seconds": _numbers,
+    "warmup_steps": _count_or_none,
+    "warmup_seconds": _durations,
     "warmup_settled": _flag_or_none,
-    "samples": _integer_or_none,
-    "median_ci_seconds": lambda key, value: None if value is None else _numbers(key, value),
-    "precision_achieved": _number_or_none,
+    "samples": _count_or_none,
+    "median_ci_seconds": lambda key, value: None if value is None else _durations(key, value),
+    "precision_achieved": _duration_or_none,
     "stop_reason": _text_or_none,
     "imprecise": lambda key, value: bool(_flag_or_none(key, value)),
-    "timed_seconds": _number_or_none,
+    "timed_seconds": _duration_or_none,
     "loadavg": _before_after,
-    "cpus_available": _integer_or_none,
+    "cpus_available": _count_or_none,
     "bench_data": _text_or_none,
     "epochs": _integer_or_none,
     "lr": _number_or_none,
-    "examples": _integer_or_none,
-    "step_examples": _integers,
-    "num_parameters": _integer_or_none,
+    "examples": _count_or_none,
+    "step_examples": _counts,
+    "num_parameters": _count_or_none,
     "out": _text_or_none,
-    "loop_seconds": _number_or_none,
-    "loop_cpu_seconds": _number_or_none,
+    "loop_seconds": _duration_or_none,
+    "loop_cpu_seconds": _duration_or_none,
     "params_inline": _text_or_none,
     "id": lambda key, value: value,
-    "request_seconds": _number_or_none,
+    "request_seconds": _duration_or_none,
     "sessions": lambda key, value: None if value is None else _sessions(key, value),
-    "load_seconds": _number_or_none,
-    "save_seconds": _number_or_none,
-    "step_sets": _integers,
+    "load_seconds": _duration_or_none,
+    "save_seconds": _duration_or_none,
+    "step_sets": _counts,
     "step_widths": _numbers,
-    "switch_seconds": _numbers,
+    "switch_seconds": _durations,
     "mask_means": _sequence(_numbers),
-    "mask_seconds": _number_or_none,
+    "mask_seconds": _duration_or_none,
     "event": _text_or_none,
     "protocol": _integer_or_none,
-    "pid": _integer_or_none,
+    "pid": _count_or_none,
+    "max_sessions": _count_or_none,
     "cwd": _text_or_none,
-    "startup_seconds": _number_or_none,
-    "passes": _integer_or_none,
-    "pass_medians": _optional_numbers,
+    "startup_seconds": _duration_or_none,
+    "passes": _count_or_none,
+    "pass_medians": _optional_durations,
 }
 
 
-def parse_document(raw: Mapping[str, Any]) -> RunnerDocument:
-    """Check a runner document's types once and return it as a `RunnerDocument`.
+#: Keys the host adds to a stored document; a runner never sends them.
+HOST_KEYS = frozenset({"passes", "pass_medians", "counts", "train_flops", "manifest"})
+
+#: Every key a runner's document or serve reply may hold (`parse_document` with ``from_device``).
+RUNNER_KEYS = frozenset(_READERS) - HOST_KEYS
+
+
+def parse_document(raw: Mapping[str, Any], *, from_device: bool = False) -> RunnerDocument:
+    """Check a runner document's types and ranges once and return it as a `RunnerDocument`.
+
+    Numbers must be finite; seconds, byte sizes and counts must also be at least 0 (a
+    device that is broken or lies is refused here, before any of it is used).
 
     Parameters
     ----------
     raw : Mapping
         The decoded JSON object (a runner's stdout, a serve reply line, or a stored
-        document). Absent or null keys read as the attribute's default; unknown keys are
-        kept in ``raw`` only.
+        document). Absent or null keys read as the attribute's default.
+    from_device : bool
+        Whether ``raw`` came straight from a device (`harness.contract`): then a key
+        outside `RUNNER_KEYS` is refused. The document is versioned (the runner archive
+        the host deploys is built from this same tree, and the serve protocol carries
+        `harness.runner.protocol.PROTOCOL_VERSION`), so an unknown key is a broken or
+        foreign runner, never a newer one. Stored documents (``from_device`` False) keep
+        unknown keys, and the host's own, in ``raw`` only.
 
     Returns
     -------
@@ -505,10 +546,15 @@ def parse_document(raw: Mapping[str, Any]) -> RunnerDocument:
     ------
     DocumentError
         A key of the wrong type (a string where a number belongs, a list of strings where
-        seconds belong, ...); the message names the key.
+        seconds belong, ...), a number that is not finite, negative seconds or counts, or
+        (``from_device``) an unknown key; the message names the key.
     """
     if not isinstance(raw, Mapping):
         raise DocumentError(f"runner document: expected a JSON object, got {type(raw).__name__}")
+    if from_device:
+        unknown = sorted(str(k) for k in raw if k not in RUNNER_KEYS)
+        if unknown:
+            raise DocumentError(f"runner document: unknown keys {', '.join(repr(k) for k in unknown[:5])}"[:300])
     values = {name: read(name, raw.get(name)) for name, read in _READERS.items()}
     return RunnerDocument(**values, train_flops=_train_flops(raw), raw=MappingProxyType(dict(raw)))
 

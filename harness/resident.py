@@ -18,6 +18,11 @@ Decisions:
   there it is a runner error).
   Transport failures (unreachable, connection lost) propagate: the caller drops the
   connection, and a device that comes back gets a new transport and a new runner.
+* **Nothing a device sends is trusted**: each line is parsed once at the contract
+  boundary (`harness.contract.parse_reply`): one over `harness.contract.MAX_REPLY_BYTES`,
+  not a JSON object, holding NaN or Infinity, malformed (`harness.document.parse_document`
+  with ``from_device``), or a ready line of another protocol version is a ``"runner
+  error"`` with a one-line reason; a refused ready line leaves no process running.
 * **A failed reply does not restart the runner** (bad arguments, a missing file): the
   process answered, so it is healthy; an ``"out of memory"`` reply does restart it,
   since a failed allocation can leave a runtime in a state no one has tested.
@@ -180,7 +185,7 @@ class ResidentRunner:
         began = self.clock()
         self.process = self.transport.start(self.argv)
         self.starts += 1
-        output = self._reply(self.start_timeout)
+        output = self._reply(self.start_timeout, ready=True)
         self.start_seconds.append(self.clock() - began)
         if output.ok:
             self.ready = output.document
@@ -308,7 +313,7 @@ class ResidentRunner:
         rel = relative_paths(self.cwd, artifacts=artifacts, **({"data": data} if data else {}))
         return self.request(bench_request(rel["artifacts"], data=rel.get("data"), **options), timeout)[0]
 
-    def _reply(self, timeout: float) -> RunnerOutput:
+    def _reply(self, timeout: float, ready: bool = False) -> RunnerOutput:
         assert self.process is not None
         try:
             line = self.process.read_line(timeout)
@@ -318,7 +323,7 @@ class ResidentRunner:
         except ProcessEnded as exc:
             self.close()
             return ended_output(exc.returncode, exc.stderr)
-        return parse_reply(line)
+        return parse_reply(line, ready=ready)
 
     def close(self) -> None:
         """End the serving process (``exit`` is not needed: closing its stdin ends it) (idempotent)."""

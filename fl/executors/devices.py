@@ -656,7 +656,8 @@ class DevicesExecutor(ClosingExecutor):
                 output, compute = contract.parse_output(run.rc, run.stdout, run.stderr), run.seconds
             if not output.ok:
                 reason = contract.FAILURE_REASON_OF_STATUS.get(output.status, "error")
-                return ClientFailure(ins.cid, reason, output.message, self.clock() - started)
+                message = f"device {device.name}: {output.status}: {output.message}"
+                return ClientFailure(ins.cid, reason, message, self.clock() - started)
             doc = output.document
             t0 = self.clock()
             transport.get(remote_out, local_out)
@@ -667,7 +668,8 @@ class DevicesExecutor(ClosingExecutor):
             reason = contract.FAILURE_REASON_OF_STATUS.get(exc.kind, "error")
             return ClientFailure(ins.cid, reason, str(exc) or type(exc).__name__, self.clock() - started)
         except (OSError, ValueError) as exc:
-            return ClientFailure(ins.cid, "error", f"{type(exc).__name__}: {exc}", self.clock() - started)
+            message = f"device {device.name}: {type(exc).__name__}: {exc}"
+            return ClientFailure(ins.cid, "error", message, self.clock() - started)
         metrics = self._metrics(job, doc, local_in.stat().st_size, local_out.stat().st_size)
         metrics.update(extra)
         return TrainRes(

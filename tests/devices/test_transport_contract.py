@@ -13,6 +13,7 @@ with its exit status and stderr (also stderr that arrives after stdout ended).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -246,4 +247,34 @@ def test_an_ended_process_quotes_stderr_that_arrives_after_its_output_ended() ->
     with pytest.raises(ProcessEnded) as ended:
         proc.read_line(5)
     assert ended.value.stderr == "last words" and "stderr: last words" in str(ended.value)
+    proc.close()
+
+
+class _ChattyProcess(StreamingProcess):
+    """Stdout: ``chunks`` kB of a line that does not end (an overlong line), then a newline and a short line."""
+
+    def __init__(self, chunks: int) -> None:
+        out = itertools.chain(itertools.repeat(b"x" * 1000, chunks), [b"\nshort\n", b""])
+
+        def recv_out(_size: int) -> bytes:
+            return next(out)
+
+        super().__init__("chatty", lambda _data: None, recv_out, None)
+
+    def _alive(self) -> bool:
+        return False
+
+    def _returncode(self) -> int | None:
+        return 0
+
+    def _terminate(self, grace: float) -> None:
+        pass
+
+
+def test_an_overlong_line_is_cut_just_over_the_cap_and_the_next_line_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("devices.transport.MAX_LINE_BYTES", 5000)
+    # 200 MB before the newline: kept are 5001 bytes (a reader that kept them all would not be done in time)
+    proc = _ChattyProcess(chunks=200_000)
+    assert proc.read_line(20) == "x" * 5001
+    assert proc.read_line(5) == "short"
     proc.close()

@@ -42,10 +42,19 @@ class StaticAvg(Strategy):
     name = "test-static"
 
     def __init__(
-        self, model: ZooModel, initial: Params, seed: int = 0, local=None, *, fail: str = "", slow: str = ""
+        self,
+        model: ZooModel,
+        initial: Params,
+        seed: int = 0,
+        local=None,
+        *,
+        fail: str = "",
+        slow: str = "",
+        lie: dict[str, str] | None = None,
     ) -> None:
         super().__init__(model, initial, seed, local)
         self.fail = fail
+        self.lie = dict(lie or {})  # cid -> a trainer that returns a result the model must not take
         self.stragglers = [slow] if slow else []  # as FLuID names its stragglers
         self.aggregated: list[tuple[int, list[str], list[str]]] = []
         self.seen: list[dict[str, tuple[float, ...]]] = []  # per round: cid -> the times it was given
@@ -55,6 +64,8 @@ class StaticAvg(Strategy):
         for client in clients:
             sub = self.model.static(client.capacity)
             extra = {"trainer": "test-boom"} if client.cid == self.fail else {}
+            if client.cid in self.lie:
+                extra = {"trainer": self.lie[client.cid]}
             config = self.client_config(rnd, client.cid, width=client.capacity, **extra)
             out[client.cid] = TrainIns(client.cid, sub, self.model.extract(self.global_state, sub), config)
         return out
@@ -70,6 +81,18 @@ class StaticAvg(Strategy):
 
 def boom_trainer(model, ins, x, y):
     raise RuntimeError("client exploded")
+
+
+def nan_trainer(model, ins, x, y):
+    params = {k: v.copy() for k, v in ins.parameters.items()}
+    params["conv1.weight"].flat[0] = np.nan
+    return params, {"loss": 1.0}
+
+
+def reshaped_trainer(model, ins, x, y):
+    params = {k: v.copy() for k, v in ins.parameters.items()}
+    params["conv1.bias"] = params["conv1.bias"][:-1]
+    return params, {"loss": 1.0}
 
 
 def blob_data(num_clients: int, per_client: int, seed: int = 0, num_test: int = 100):
@@ -101,6 +124,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def registered(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(STRATEGIES, "test-static", "tests.fl.test_server:StaticAvg")
     monkeypatch.setitem(TRAINERS, "test-boom", "tests.fl.test_server:boom_trainer")
+    monkeypatch.setitem(TRAINERS, "test-nan", "tests.fl.test_server:nan_trainer")
+    monkeypatch.setitem(TRAINERS, "test-reshaped", "tests.fl.test_server:reshaped_trainer")
 
 
 def config(tmp_path: Path, **changes) -> RunConfig:
@@ -268,6 +293,60 @@ def test_failed_clients_are_left_out_of_aggregation(tmp_path, registered, monkey
     cfg = config(tmp_path, rounds=1, options={"fail": "c2"})
     run_fl(cfg, data=blob_data(4, 20), capacities=CAPACITIES, progress=None)
     assert seen == [(0, ["c0", "c1", "c3"], ["c2"])]
+
+
+def test_a_non_finite_or_misshapen_result_fails_its_client_and_never_reaches_the_global_model(
+    tmp_path, registered, monkeypatch
+):
+    seen: list[tuple[int, list[str], list[str]]] = []
+    original = StaticAvg.aggregate_round
+
+    def spy(self, rnd, results, failures):
+        assert all(np.isfinite(v).all() for r in results for v in r.parameters.values())
+        out = original(self, rnd, results, failures)
+        seen.extend(self.aggregated[-1:])
+        return out
+
+    monkeypatch.setattr(StaticAvg, "aggregate_round", spy)
+    cfg = config(tmp_path, rounds=1, options={"lie": {"c1": "test-nan", "c2": "test-reshaped"}})
+    summary = run_fl(cfg, data=blob_data(4, 20), capacities=CAPACITIES, progress=None)
+    assert seen == [(0, ["c0", "c3"], ["c1", "c2"])]  # the honest clients are aggregated
+    assert summary.history[0].clients_ok == 2 and summary.history[0].clients_failed == 2
+    with ProfileStore(cfg.db) as store:
+        log = RunLog(store)
+        rows = log.client_rounds(summary.run_id)
+        _, state = log.load_checkpoint(summary.run_id)
+    assert all(np.isfinite(v).all() for v in state["strategy"]["global"].values())
+    logged = {row.cid: (row.status, row.message) for row in rows.itertuples()}
+    assert logged["c1"] == ("error", "result refused: parameter 'conv1.weight' holds NaN or Inf")
+    assert logged["c2"][0] == "error"
+    assert logged["c2"][1].startswith("result refused: parameter 'conv1.bias' is float32 (9,), sent as float32 (10,)")
+    assert logged["c0"][0] == logged["c3"][0] == "ok"
+
+
+def test_a_result_is_taken_only_as_sent_finite_and_counted():
+    model = get_model("fjord-cnn")
+    sub = model.static(0.5)
+    sent = model.extract(initial_parameters(model, 0), sub)
+    ins = TrainIns("c0", sub, sent)
+
+    def res(**changes) -> TrainRes:
+        return dataclasses.replace(TrainRes("c0", sub, {k: v.copy() for k, v in sent.items()}, 10), **changes)
+
+    assert server.invalid_result(ins, res()) is None
+    first = next(iter(sent))
+    cases = {
+        "not as sent": res(parameters={k: v for k, v in sent.items() if k != first}),
+        "holds NaN or Inf": res(parameters={**sent, first: np.full_like(sent[first], np.inf)}),
+        "is int64": res(parameters={**sent, first: sent[first].astype(np.int64)}),
+        "is not a count": res(num_examples=-1),
+        "are not all >= 0": res(compute_seconds=float("nan")),
+    }
+    for why, bad in cases.items():
+        assert why in (server.invalid_result(ins, bad) or ""), why
+    kept, failures = server.refuse_invalid_results({"c0": ins}, [cases["is not a count"]], [])
+    assert kept == [] and [(f.cid, f.reason) for f in failures] == [("c0", "error")]
+    assert failures[0].message == "result refused: num_examples -1 is not a count"
 
 
 @pytest.mark.parametrize("strategy", ["test-static", "fjord", "fedrolex", "fd"])

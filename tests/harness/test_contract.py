@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,5 +75,103 @@ def test_wire_format_round_trips_in_manifest_order(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="'a' missing"):
         contract.write_params(tmp_path / "q.npy", manifest, {"b": params["b"]})
     np.save(tmp_path / "short.npy", np.zeros(6, dtype=np.float32))
-    with pytest.raises(ValueError, match=r"expected float \(7,\)"):
+    with pytest.raises(ValueError, match=r"expected float32 \(7,\)"):
         contract.read_params(tmp_path / "short.npy", manifest)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "reason"),
+    [
+        ("[]", "output that is not a JSON object"),
+        ("3", "output that is not a JSON object"),
+        ('{"status": "ok",', "its output refused: it is not JSON"),
+        ('{"status": "ok", "loss": [NaN]}', "holds the non-finite number NaN"),
+        ('{"status": "ok", "step_seconds": [-Infinity]}', "holds the non-finite number -Infinity"),
+        ('{"status": "ok", "step_seconds": [1e400]}', "'step_seconds[0]': expected a finite number"),
+        ('{"status": "ok", "loop_seconds": -0.25}', "'loop_seconds': expected seconds (a number >= 0)"),
+        ('{"status": "ok", "mystery": 1}', "unknown keys 'mystery'"),
+        ('{"status": "ok", "error": null, "x": "' + "y" * 3000 + '"}', "bytes, over the cap of 2000"),
+    ],
+)
+def test_a_one_shot_document_that_cannot_be_trusted_is_a_runner_error_saying_why_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, stdout: str, reason: str
+) -> None:
+    monkeypatch.setattr(contract, "MAX_REPLY_BYTES", 2000)
+    out = contract.parse_output(0, stdout, "line one\nline two")
+    assert out.status == "runner error" and reason in out.message and out.document == EMPTY_DOCUMENT
+    if "refused" in out.message or "malformed" in out.message:
+        assert "\n" not in out.message
+
+
+def test_the_byte_cap_is_the_transports_line_cap_and_a_reply_at_it_is_read() -> None:
+    from devices.transport import MAX_LINE_BYTES
+
+    assert contract.MAX_REPLY_BYTES == MAX_LINE_BYTES == 16 * 1024 * 1024
+    padding = contract.MAX_REPLY_BYTES - len('{"status": "ok", "error": ""}')
+    at_cap = json.dumps({"status": "ok", "error": "e" * padding})
+    assert len(at_cap.encode()) == contract.MAX_REPLY_BYTES and contract.parse_reply(at_cap).ok
+    over = contract.parse_reply(at_cap[:-2] + 'e"}')
+    assert over.status == "runner error" and "over the cap" in over.message
+
+
+def test_a_ready_line_must_speak_the_hosts_protocol() -> None:
+    ready = {"mode": "serve", "event": "ready", "protocol": protocol.PROTOCOL_VERSION, "status": "ok"}
+    assert contract.parse_reply(json.dumps(ready), ready=True).ok
+    for wrong in ({**ready, "protocol": 0}, {**ready, "protocol": "1"}, {**ready, "event": None}):
+        out = contract.parse_reply(json.dumps(wrong), ready=True)
+        assert out.status == "runner error" and "the host speaks protocol 1" in out.message
+    assert contract.parse_reply(json.dumps({**ready, "protocol": 0})).ok  # a reply is not a ready line
+
+
+class _Planted:
+    """Unpickling this creates a file: a device that could make the host unpickle would run code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[Path]]:
+        return (Path.touch, (self.path,))
+
+
+MANIFEST = {"num_parameters": 4, "parameters": [{"name": "w", "shape": [2, 2], "offset": 0, "size": 4}]}
+
+
+@pytest.mark.parametrize(
+    ("array", "reason"),
+    [
+        (np.array([1, np.nan, 3, 4], dtype=np.float32), "hold 1 values that are NaN or Inf (the first at 1)"),
+        (np.array([1, 2, np.inf, -np.inf], dtype=np.float32), "hold 2 values that are NaN or Inf (the first at 2)"),
+        (np.ones(4, dtype=np.float64), "dtype float64, expected float32 (4,)"),
+        (np.ones(4, dtype=np.float16), "dtype float16, expected float32 (4,)"),
+        (np.ones(4, dtype=np.int32), "dtype int32, expected float32 (4,)"),
+        (np.ones((2, 2), dtype=np.float32), "shape (2, 2) and dtype float32, expected float32 (4,)"),
+        (np.ones(5, dtype=np.float32), "shape (5,) and dtype float32, expected float32 (4,)"),
+        (np.ones(0, dtype=np.float32), "shape (0,) and dtype float32, expected float32 (4,)"),
+    ],
+)
+def test_a_parameter_file_of_the_wrong_shape_dtype_size_or_not_finite_is_refused(
+    tmp_path: Path, array: np.ndarray, reason: str
+) -> None:
+    path = tmp_path / "out.npy"
+    np.save(path, array, allow_pickle=False)
+    with pytest.raises(ValueError) as refused:
+        contract.read_params(path, MANIFEST)
+    assert reason in str(refused.value) and str(path) in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_parameter_file_is_never_unpickled_and_a_file_that_is_no_array_is_refused(tmp_path: Path) -> None:
+    planted = tmp_path / "planted"
+    path = tmp_path / "out.npy"
+    np.save(path, np.array([_Planted(planted)], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="not an .npy float32 vector"):
+        contract.read_params(path, MANIFEST)
+    assert not planted.exists()
+    np.load(path, allow_pickle=True)  # what unpickling it would have done
+    assert planted.exists()
+    path.write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(ValueError, match="not an .npy float32 vector"):
+        contract.read_params(path, MANIFEST)
+    np.save(path, np.ones(4, dtype=np.float32), allow_pickle=False)
+    path.write_bytes(path.read_bytes()[:-4])  # the header promises 4 floats, the data holds 3
+    with pytest.raises(ValueError, match="not an .npy float32 vector"):
+        contract.read_params(path, MANIFEST)

@@ -10,6 +10,8 @@ import pytest
 
 from harness.document import (
     EMPTY_DOCUMENT,
+    HOST_KEYS,
+    RUNNER_KEYS,
     BeforeAfter,
     DocumentError,
     RunnerDocument,
@@ -134,3 +136,52 @@ def test_a_key_of_the_wrong_type_is_one_error_naming_it(key: str, value: Any, na
 def test_a_document_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(DocumentError, match="JSON object"):
         parse_document([1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("step_seconds", [0.1, float("nan")], "'step_seconds[1]': expected a finite number"),
+        ("loss", [1.0, float("inf")], "'loss[1]': expected a finite number"),
+        ("matmul_gflops", float("-inf"), "'matmul_gflops': expected a finite number"),
+        ("step_seconds", [0.1, -0.1], "'step_seconds[1]': expected seconds (a number >= 0)"),
+        ("cpu_step_seconds", [-1e-9], "'cpu_step_seconds[0]': expected seconds"),
+        ("warmup_seconds", [-1], "'warmup_seconds[0]': expected seconds"),
+        ("timed_seconds", -2.0, "'timed_seconds': expected seconds"),
+        ("median_ci_seconds", [-0.1, 0.1], "'median_ci_seconds[0]': expected seconds"),
+        ("peak_memory_bytes", -1, "'peak_memory_bytes': expected a count (an integer >= 0)"),
+        ("samples", -6, "'samples': expected a count"),
+        ("steps_per_sample", [3, -1], "'steps_per_sample[1]': expected a count"),
+        ("sessions", {"open_seconds": -0.5}, "'sessions.open_seconds': expected seconds"),
+        ("sessions", {"reused": -1}, "'sessions.reused': expected a count"),
+    ],
+)
+def test_a_number_that_is_not_finite_or_negative_seconds_or_counts_are_refused(
+    key: str, value: Any, named: str
+) -> None:
+    with pytest.raises(DocumentError, match=re.escape(named)):
+        parse_document({**BENCH, key: value})
+
+
+def test_settings_echoed_back_may_be_negative_and_a_loss_may_be_null() -> None:
+    # a refused request's document echoes its settings ("bad arguments"), and a non-finite loss arrives as null
+    doc = parse_document({**TRAIN, "status": "bad arguments", "lr": -0.5, "warmup": -1, "loss": [1.0, None]})
+    assert (doc.lr, doc.warmup, doc.loss) == (-0.5, -1, (1.0, None))
+
+
+def test_a_document_from_a_device_with_an_unknown_key_is_refused_a_stored_one_keeps_it() -> None:
+    reply = {**TRAIN, "id": "c1", "request_seconds": 0.2, "sessions": {"opened": 1}}
+    assert parse_document(reply, from_device=True).id == "c1"
+    ready = {**protocol.new_result(), "mode": "serve", "event": "ready", "protocol": 1, "pid": 7, "max_sessions": 8}
+    assert parse_document(ready, from_device=True).max_sessions == 8
+    with pytest.raises(DocumentError, match=re.escape("unknown keys '__class__', 'exec'")):
+        parse_document({**TRAIN, "exec": "print(1)", "__class__": "x"}, from_device=True)
+    with pytest.raises(DocumentError, match=re.escape("unknown keys 'counts'")):  # the host adds it, never a runner
+        parse_document({**BENCH, "counts": {"train_flops": 5}}, from_device=True)
+    stored = parse_document({**BENCH, "exec": "print(1)", "counts": {"train_flops": 5}})
+    assert stored.raw["exec"] == "print(1)" and stored.train_flops == 5.0
+
+
+def test_every_key_the_runner_writes_is_one_the_host_reads() -> None:
+    runner_keys = {*protocol.new_result(), *protocol.new_bench_keys()}
+    assert runner_keys <= RUNNER_KEYS and not HOST_KEYS & RUNNER_KEYS

@@ -251,3 +251,79 @@ def test_reply_lines_parse_to_the_one_shot_statuses() -> None:
     assert contract.ended_output(-9, "").status == "out of memory"
     assert contract.ended_output(1, "Traceback: boom").status == "runner error"
     assert "boom" in contract.ended_output(1, "Traceback: boom").message
+
+
+# -- a runner that lies: every bad line is refused at the contract boundary, with its reason, in one line
+
+LYING_RUNNER = Path(__file__).with_name("lying_runner.py")
+
+
+def lying(tmp_path: Path, plan: Mapping[str, Any]) -> ResidentRunner:
+    """A `ResidentRunner` whose process is the lying runner, on a local transport."""
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    argv = [PY, str(LYING_RUNNER), str(tmp_path / "plan.json")]
+    return ResidentRunner(LocalTransport(workdir=tmp_path), argv, start_timeout=60.0)
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ({"raw": "x" * 3000}, "3000 bytes, over the cap of 2000"),
+        ({"raw": '{"status": "ok", '}, "is not JSON"),
+        ({"raw": "[1, 2]"}, "is JSON list, not an object"),
+        ({"raw": '"ok"'}, "is JSON str, not an object"),
+        ({"raw": '{"status": "ok", "loss": [NaN]}'}, "holds the non-finite number NaN"),
+        ({"raw": '{"status": "ok", "step_seconds": [Infinity]}'}, "holds the non-finite number Infinity"),
+        ({"raw": '{"status": "ok", "step_seconds": [1e999]}'}, "'step_seconds[0]': expected a finite number"),
+        ({"raw": '{"status": "ok", "loss": [-1e999]}'}, "'loss[0]': expected a finite number"),
+        ({"patch": {"step_seconds": [0.01, -0.5]}}, "'step_seconds[1]': expected seconds (a number >= 0)"),
+        ({"patch": {"request_seconds": -1}}, "'request_seconds': expected seconds (a number >= 0)"),
+        ({"patch": {"examples": -20}}, "'examples': expected a count (an integer >= 0)"),
+        ({"patch": {"loss": ["low"]}}, "'loss[0]': expected a finite number"),
+        ({"patch": {"surprise": 1, "eval": "__import__('os')"}}, "unknown keys 'eval', 'surprise'"),
+    ],
+)
+def test_a_lying_reply_is_refused_with_its_reason_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reply: dict[str, Any], reason: str
+) -> None:
+    monkeypatch.setattr(contract, "MAX_REPLY_BYTES", 2000)
+    runner = lying(tmp_path, {"replies": {"r1": reply, "r2": {}}})
+    try:
+        output, _ = runner.request({"id": "r1", "mode": "ping"}, timeout=60)
+        assert output.status == "runner error" and not output.ok and reason in output.message
+        assert "\n" not in output.message and output.document.raw == {}
+        # the lie is refused, not the device: its next honest reply is taken
+        honest, _ = runner.request({"id": "r2", "mode": "ping"}, timeout=60)
+        assert honest.ok and honest.document.id == "r2"
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize(
+    ("ready", "reason"),
+    [
+        ({"protocol": 2}, "event 'ready' of protocol 2, the host speaks protocol 1"),
+        ({"protocol": None}, "of protocol None"),
+        ({"event": "hello"}, "event 'hello'"),
+        ('{"mode": "serve", "event": "ready", "protocol": 1, "pid": -4}', "'pid': expected a count"),
+    ],
+)
+def test_a_ready_line_of_another_protocol_is_refused_and_no_runner_is_left(
+    tmp_path: Path, ready: dict[str, Any] | str, reason: str
+) -> None:
+    runner = lying(tmp_path, {"ready": ready})
+    try:
+        output = runner.start()
+        assert output.status == "runner error" and reason in output.message and "\n" not in output.message
+        assert not runner.alive() and runner.pid is None
+    finally:
+        runner.close()
+
+
+def test_the_honest_double_is_taken(tmp_path: Path) -> None:
+    runner = lying(tmp_path, {})
+    try:
+        ready = runner.start()
+        assert ready.ok and ready.document.protocol == 1 and ready.document.max_sessions == 8
+    finally:
+        runner.close()

@@ -12,9 +12,10 @@ weight).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from devices.emulation import emulate
 from devices.emulation.sshd import free_port
 from devices.fleet import Device, Emulation
 from devices.fleetfile import load_fleet
+from devices.transport import Process, RunResult, Transport
 from exporters.userinput import InputError
 from exporters.zoo import get_model
 from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions
@@ -635,3 +637,71 @@ def test_syncdrop_on_a_device_that_trains_with_ort_is_refused_before_anything_is
     assert not results and [(f.cid, f.reason) for f in failures] == [("c0", "refused")]
     assert "masks enter only the onnx backend's step model, and loc trains with ort" in failures[0].message
     assert not (tmp_path / "device").exists()  # nothing was sent to the device
+
+
+# -- a device that lies: its runner speaks the real protocol with bad data, and no result of it is taken
+
+LYING_RUNNER = Path(__file__).parents[2] / "harness" / "lying_runner.py"
+
+
+class LyingDevice:
+    """A local device whose serving runner is the lying runner (`tests.harness.lying_runner`), the rest real."""
+
+    def __init__(self, inner: Transport, plan: Path) -> None:
+        self.inner, self.plan = inner, plan
+
+    def run(self, argv: Sequence[str], timeout: float) -> RunResult:
+        return self.inner.run(argv, timeout)
+
+    def put(self, local: Path, remote: str) -> None:
+        self.inner.put(local, remote)
+
+    def get(self, remote: str, local: Path) -> None:
+        self.inner.get(remote, local)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Process:
+        options = list(argv[list(argv).index("serve") + 1 :])
+        return self.inner.start([PY, str(LYING_RUNNER), str(self.plan), *options], env)
+
+
+def test_a_lying_device_fails_each_lying_client_with_its_name_and_reason_and_the_honest_one_trains(
+    tmp_path: Path,
+) -> None:
+    model = get_model("fjord-cnn")
+    device = Device("liar", "local", workdir=str(tmp_path / "device"), python=PY)
+    lies = {
+        "c1": ({"params": "nan"}, "parameters hold 1 values that are NaN or Inf"),
+        "c2": ({"params": "inf"}, "parameters hold 1 values that are NaN or Inf (the first at 0)"),
+        "c3": ({"params": "float64"}, "dtype float64, expected float32"),
+        "c4": ({"params": "short"}, "expected float32"),
+        "c5": ({"params": "matrix"}, "expected float32"),
+        "c6": ({"patch": {"step_seconds": [-0.01]}}, "'step_seconds[0]': expected seconds (a number >= 0)"),
+        "c7": ({"patch": {"examples": -20}}, "'examples': expected a count (an integer >= 0)"),
+        "c8": ({"patch": {"payload": "__import__('os').system('true')"}}, "unknown keys 'payload'"),
+        "c9": ({"raw": '{"status": "ok", "loss": [NaN]}'}, "holds the non-finite number NaN"),
+        "c10": ({"raw": "[]"}, "not an object"),
+    }
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"replies": {cid: lie for cid, (lie, _) in lies.items()}}))
+    clients = ["c0", *lies]
+    executor = DevicesExecutor(
+        model, dict.fromkeys(clients, device), artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20,
+        connect=lambda d: LyingDevice(connect(d), plan), warm_up=False,
+    )  # fmt: skip
+    sub = model.static(0.25)
+    params = model.extract(_global("fjord-cnn"), sub)
+    instructions = {cid: TrainIns(cid, sub, params, {"lr": 0.1}) for cid in clients}
+    try:
+        results, failures = executor.run(instructions, {cid: _shard(20, 0) for cid in clients})
+    finally:
+        executor.close()
+    # the honest reply is taken: the lying runner sends the parameters back as they came
+    assert [r.cid for r in results] == ["c0"] and results[0].num_examples == 20
+    assert all(np.array_equal(results[0].parameters[k], params[k]) for k in params)
+    assert sorted(f.cid for f in failures) == sorted(lies)
+    for failure in failures:
+        assert failure.reason == "error" and failure.message.startswith("device liar: "), failure
+        assert lies[failure.cid][1] in failure.message and "\n" not in failure.message, failure
