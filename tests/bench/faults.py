@@ -399,12 +399,15 @@ def resident_killed(bench: Bench) -> Outcome:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         rc = proc.wait(timeout=900)
-    out, err = (cwd / "out.txt").read_text(), (cwd / "err.txt").read_text()
-    rounds = re.findall(r"^round (\d+)/3: clients ok (\d+) failed (\d+)", err, re.M)
-    failed = [line for line in (out + err).splitlines() if victim in line and ("fail" in line or "error" in line)]
-    survived = rc == 0 and [r[0] for r in rounds] == ["1", "2", "3"] and bool(pids)
-    return Outcome(survived, 0, time.monotonic() - fault_at, failed[0] if failed else "",
-                   "" if survived else f"rc {rc}, rounds {rounds}, runner pids {pids}")  # fmt: skip
+    rounds = re.findall(r"^round (\d+)/3: clients ok (\d+) failed (\d+)", (cwd / "err.txt").read_text(), re.M)
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        failed = con.execute(
+            "SELECT device, message FROM fl_client_rounds WHERE status != 'ok' ORDER BY round, cid"
+        ).fetchall()
+    reasons = [f"{device}: {message}" for device, message in failed if message]
+    survived = rc == 0 and [r[0] for r in rounds] == ["1", "2", "3"] and bool(pids) and len(reasons) == len(failed)
+    return Outcome(survived, 0, time.monotonic() - fault_at, reasons[0] if reasons else "",
+                   "" if survived else f"rc {rc}, rounds {rounds}, runner pids {pids}, failed {failed}")  # fmt: skip
 
 
 def fleet_processes(bench: Bench) -> list[int]:
