@@ -15,9 +15,11 @@ the work being whole again), and the error the user saw. The faults:
     records the device's cells with their reason and goes on; ``--resume`` measures exactly
     the cells that are missing.
 ``link``
-    the device's end of its network link taken down for seconds mid-campaign (the device
-    lives in a network namespace; with the link down every packet is dropped): each cell is
-    measured after the link returns or fails with its reason, and ``--resume`` completes.
+    the device's network link taken down for seconds as a campaign starts pushing it its
+    artifacts (its cache emptied first; the device lives in a network namespace, and with
+    the link down every packet is dropped): each cell is measured after the link returns or
+    fails with its reason, the pushed files are verified by their hash on the device before
+    use, and ``--resume`` completes.
 ``kill-campaign``
     ``fleetbench profile`` SIGKILLed at a random point: the store passes
     ``PRAGMA integrity_check``, every cell printed as finished is stored, ``--resume`` completes.
@@ -46,6 +48,7 @@ import contextlib
 import os
 import random
 import re
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -213,6 +216,13 @@ def device_state(bench: Bench, name: str) -> emulate.DeviceState:
     return state
 
 
+def forget_deployments(bench: Bench, name: str) -> None:
+    """Empty the device's content-addressed cache, its sets and runner, so that the next campaign pushes them."""
+    workdir = Path(str(bench.fleet.device(name).workdir))
+    for part in ("cas", "sets", "runner"):
+        shutil.rmtree(workdir / part, ignore_errors=True)
+
+
 def bring_up(bench: Bench) -> None:
     """Start every device that is down (those up are kept)."""
     result = emulate.up(bench.fleet, say=lambda line: None)
@@ -253,11 +263,12 @@ def sshd_killed(bench: Bench) -> Outcome:
 def link_down(bench: Bench) -> Outcome:
     """Take a device's link down for seconds mid-campaign (every packet dropped), then resume what failed."""
     cwd, victim = bench.fresh("link"), bench.rng.choice(DEVICES)
-    db, delay, down = cwd / "fleetbench.db", bench.rng.uniform(0.0, 4.0), bench.rng.uniform(1.0, 5.0)
+    db, delay, down = cwd / "fleetbench.db", bench.rng.uniform(0.0, 1.0), bench.rng.uniform(1.0, 5.0)
     host_if = device_state(bench, victim).host_if
     if host_if is None:
         return Outcome(False, 0, 0.0, "", f"{victim} has no network namespace (run as root)")
     link = ["ip", "link", "set", "dev", host_if]  # the host's end of the device's veth pair
+    forget_deployments(bench, victim)  # the campaign then starts by pushing the device everything
     with started(*profile(bench, db), cwd=cwd) as proc:
         wait_for(cwd / "err.txt", CAMPAIGN_STARTED, proc)
         time.sleep(delay)
