@@ -70,7 +70,7 @@ from devices.fleetfile import load_fleet
 from tests.devices.conftest import copy_example_fleet
 
 #: The bench's cells: small enough that one campaign takes seconds, wide enough to be a campaign.
-PROFILE = ("--model", "fjord-cnn", "--widths", "0.25,0.5,0.75,1", "--batch", "4", "--steps", "3", "--warmup", "1",
+PROFILE = ("--model", "fjord-cnn", "--batch", "4", "--steps", "3", "--warmup", "1",
            "--precision", "0", "--passes", "1", "--optimizer", "sgd", "--no-round-cost", "--timeout", "60")  # fmt: skip
 #: The FL run the kill and resume is compared on (in-process clients: the fault is the host's).
 FL_RUN = ("--strategy", "fjord", "--model", "fjord-cnn", "--dataset", "digits", "--clients", "4", "--seed", "3")
@@ -116,6 +116,7 @@ class Bench:
     fleet: Fleet
     artifacts: Path
     rng: random.Random
+    widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     counter: int = 0
     uninterrupted: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -160,8 +161,9 @@ def wait_for(path: Path, pattern: str, proc: subprocess.Popen[str], timeout: flo
 
 def profile(bench: Bench, db: Path, *extra: str) -> tuple[str, ...]:
     """The argv of the bench's campaign into ``db``."""
-    return ("profile", "--fleet", str(bench.fleet_file), *PROFILE, "--db", str(db), "--artifacts",
-            str(bench.artifacts), *extra)  # fmt: skip
+    widths = ",".join(f"{w:g}" for w in bench.widths)
+    return ("profile", "--fleet", str(bench.fleet_file), *PROFILE, "--widths", widths, "--db", str(db),
+            "--artifacts", str(bench.artifacts), *extra)  # fmt: skip
 
 
 def integrity(db: Path) -> str:
@@ -181,10 +183,9 @@ def ok_cells(db: Path) -> set[tuple[str, float]]:
     return {(d, round(w, 2)) for d, w, status in rows if status == "ok"}
 
 
-def expected_cells() -> set[tuple[str, float]]:
+def expected_cells(bench: Bench) -> set[tuple[str, float]]:
     """Every (device, width) of the bench's campaign."""
-    widths = [float(w) for w in PROFILE[PROFILE.index("--widths") + 1].split(",")]
-    return {(d, w) for d in DEVICES for w in widths}
+    return {(d, w) for d in DEVICES for w in bench.widths}
 
 
 def printed_ok(text: str) -> set[tuple[str, float]]:
@@ -205,7 +206,7 @@ def first_failure(text: str) -> str:
 def resume(bench: Bench, db: Path, cwd: Path) -> tuple[bool, str]:
     """``--resume`` the bench's campaign into ``db``; whether it completed, and what it printed."""
     done = fleetbench(*profile(bench, db, "--resume"), cwd=cwd)
-    return done.returncode == 0 and ok_cells(db) == expected_cells(), done.stdout + done.stderr
+    return done.returncode == 0 and ok_cells(db) == expected_cells(bench), done.stdout + done.stderr
 
 
 def device_state(bench: Bench, name: str) -> emulate.DeviceState:
@@ -252,9 +253,9 @@ def sshd_killed(bench: Bench) -> Outcome:
     if rc not in (0, 1) or integrity(db) != "ok":
         return Outcome(False, lost, 0.0, first_failure(text), f"profile exited {rc}")
     whole, resumed = resume(bench, db, cwd)
-    missing = len(expected_cells() - before)
+    missing = len(expected_cells(bench) - before)
     skipped = re.search(r"(\d+) cell\(s\) were already measured and skipped", resumed)
-    exact = missing == len(expected_cells()) - (int(skipped.group(1)) if skipped else 0)
+    exact = missing == len(expected_cells(bench)) - (int(skipped.group(1)) if skipped else 0)
     survived = whole and lost == 0 and exact
     return Outcome(survived, lost, time.monotonic() - fault_at, first_failure(text),
                    "" if survived else f"resume whole={whole} exact={exact}")  # fmt: skip
@@ -281,7 +282,7 @@ def link_down(bench: Bench) -> Outcome:
     lost = len(printed_ok(text) - ok_cells(db))
     if rc not in (0, 1) or integrity(db) != "ok":
         return Outcome(False, lost, 0.0, first_failure(text), f"profile exited {rc}")
-    whole = rc == 0 and ok_cells(db) == expected_cells()
+    whole = rc == 0 and ok_cells(db) == expected_cells(bench)
     if not whole:
         whole, _ = resume(bench, db, cwd)
     return Outcome(whole and lost == 0, lost, time.monotonic() - fault_at, first_failure(text),
@@ -355,11 +356,11 @@ def concurrent(bench: Bench) -> Outcome:
     """Two campaigns (different widths) write one store at once."""
     cwd = bench.fresh("concurrent")
     db = cwd / "fleetbench.db"
-    halves = (("0.25", "0.5"), ("0.75", "1"))
+    half = len(bench.widths) // 2
     argvs = []
-    for widths in halves:
+    for widths in (bench.widths[:half], bench.widths[half:]):
         argv = list(profile(bench, db))
-        argv[argv.index("--widths") + 1] = ",".join(widths)
+        argv[argv.index("--widths") + 1] = ",".join(f"{w:g}" for w in widths)
         argvs.append(argv)
     start = time.monotonic()
     procs = []
@@ -372,9 +373,9 @@ def concurrent(bench: Bench) -> Outcome:
     locked = [line for text, _ in outputs for line in text.splitlines() if "locked" in line]
     with contextlib.closing(sqlite3.connect(db)) as con:
         counts = con.execute("SELECT count(*) FROM cells GROUP BY cell_key").fetchall()
-    once = len(counts) == len(expected_cells()) and all(n == 1 for (n,) in counts)
+    once = len(counts) == len(expected_cells(bench)) and all(n == 1 for (n,) in counts)
     survived = all(rc == 0 for _, rc in outputs) and not locked and once and integrity(db) == "ok"
-    return Outcome(survived, len(expected_cells() - ok_cells(db)), time.monotonic() - start,
+    return Outcome(survived, len(expected_cells(bench) - ok_cells(db)), time.monotonic() - start,
                    locked[0] if locked else "", "" if survived else f"rcs {[rc for _, rc in outputs]}, once {once}")
 
 
@@ -457,8 +458,8 @@ INJECT: dict[str, Callable[[Bench], Outcome]] = {
 }
 
 
-def setup(work: Path, seed: int, netns: bool) -> Bench:
-    """Write the bench's fleet (``fast`` and ``mid`` of the example fleet) and start it."""
+def setup(work: Path, seed: int, netns: bool, widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> Bench:
+    """Write the bench's fleet (``fast`` and ``mid`` of the example fleet), start it; campaigns measure ``widths``."""
     path = copy_example_fleet(work)
     document = yaml.safe_load(path.read_text())
     document["devices"] = [d for d in document["devices"] if d["name"] in DEVICES]
@@ -467,7 +468,7 @@ def setup(work: Path, seed: int, netns: bool) -> Bench:
             device.setdefault("emulate", {})["delay_ms"] = 1
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     fleet = load_fleet(path)
-    bench = Bench(work, path, fleet, work / "artifacts", random.Random(seed))
+    bench = Bench(work, path, fleet, work / "artifacts", random.Random(seed), widths)
     bring_up(bench)
     return bench
 

@@ -23,7 +23,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[faults.Bench]:
     require_tool("sshd")
     if os.geteuid() != 0:
         pytest.fail("the link fault takes a device's network namespace down: run as root, as CI does")
-    bench = faults.setup(tmp_path_factory.mktemp("faults"), seed=0, netns=True)
+    bench = faults.setup(tmp_path_factory.mktemp("faults"), seed=0, netns=True, widths=(0.25, 1.0))
     try:
         yield bench
     finally:
