@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.errors import says_out_of_space
 from devices.site import python_argv, site_path
 from exporters.manifest import flatten, unflatten
 from harness.document import EMPTY_DOCUMENT, DocumentError, RunnerDocument, parse_document
@@ -55,6 +56,7 @@ FAILURE_REASON_OF_STATUS: Mapping[str, str] = {
     "connection lost": "unreachable",
     "missing runtime": "refused",
     "bad arguments": "refused",
+    "out of space": "refused",
 }
 
 
@@ -424,8 +426,10 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     RunnerOutput
         The document's status; where the exit status disagrees with an ``"ok"``
         document, the exit status wins; no document at all is a ``"runner error"``
-        whose message quotes the end of stderr, and so is a document with a key of the
-        wrong type (`harness.document.DocumentError`, its message naming the key).
+        whose message quotes the end of stderr (``"out of space"`` when stderr says
+        the device's file system is full, `devices.errors.says_out_of_space`), and so is
+        a document with a key of the wrong type (`harness.document.DocumentError`, its
+        message naming the key).
     """
     tail = stderr.strip()[-300:]
     try:
@@ -435,7 +439,8 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     if not isinstance(doc, dict):
         what = "no output" if not stdout.strip() else "output that is not a JSON object"
         message = f"runner exited {rc} with {what}" + (f"; stderr: {tail}" if tail else "")
-        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
+        status = "out of space" if rc != 0 and says_out_of_space(tail) else "runner error"
+        return RunnerOutput(status, message, EMPTY_DOCUMENT)
     try:
         document = parse_document(doc)
     except DocumentError as exc:

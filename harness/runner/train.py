@@ -32,7 +32,7 @@ from .arguments import check_threads
 from .artifacts import load_manifest, variable_batch
 from .backends import open_backend
 from .data import BatchFeed, cached, check_shard, epoch_orders, load_shard
-from .failures import bad, is_oom
+from .failures import bad, is_oom, is_out_of_space, out_of_space
 from .probes import readings_after, readings_before
 from .runtimes import import_numpy
 
@@ -56,9 +56,11 @@ def _save_atomic(np, path: str, flat) -> None:
         with os.fdopen(fd, "wb") as handle:
             np.save(handle, flat, allow_pickle=False)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if is_out_of_space(exc):
+            raise out_of_space(path, exc) from None
         raise
 
 
