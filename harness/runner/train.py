@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import math
 import os
 import tempfile
@@ -53,8 +54,10 @@ def _save_atomic(np, path: str, flat) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".runner-", suffix=".npy")
     try:
+        buffer = io.BytesIO()  # numpy's own writes report a full disk as a short write, without ENOSPC
+        np.save(buffer, flat, allow_pickle=False)
         with os.fdopen(fd, "wb") as handle:
-            np.save(handle, flat, allow_pickle=False)
+            handle.write(buffer.getbuffer())
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
