@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 import adbutils
 from adbutils.errors import AdbError, AdbTimeout
 
-from devices.errors import CommandTimeout, ConnectionLost, TransportError, Unreachable
+from devices.errors import CommandTimeout, ConnectionLost, OutOfSpace, TransportError, Unreachable, says_out_of_space
 from devices.files import atomic_path
 from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
 
@@ -380,6 +380,7 @@ class ADBTransport:
         Raises
         ------
         CommandTimeout, Unreachable, TransportError
+            `devices.errors.OutOfSpace` when the device says its storage is full.
         """
         size = local.stat().st_size
         device = self.device()
@@ -391,7 +392,8 @@ class ADBTransport:
         except (TimeoutError, AdbTimeout) as exc:
             raise CommandTimeout(f"push {local} to {self.serial}:{remote}: {exc}") from None
         except (AdbError, OSError) as exc:
-            raise TransportError(f"push {local} to {self.serial}:{remote}: {exc}") from None
+            failure = OutOfSpace if says_out_of_space(str(exc)) else TransportError
+            raise failure(f"push {local} to {self.serial}:{remote}: {exc}") from None
         if got != size & 0xFFFFFFFF:  # sync v1 STAT sizes are 32-bit
             raise TransportError(f"push {local} to {self.serial}:{remote}: {got} of {size} bytes arrived")
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class FleetFileError(ValueError):
     """A fleet file that cannot be used as written.
@@ -60,6 +63,37 @@ class ConnectionLost(TransportError):
     """The connection dropped during a command and one reconnect did not help."""
 
     kind = "connection lost"
+
+
+class OutOfSpace(TransportError):
+    """The device's file system has no room for what was to be written there.
+
+    Its message is one line naming the device or the path, what failed, and the bytes
+    needed and free where they are known.
+    """
+
+    kind = "out of space"
+
+
+#: How a device words a write that found its file system full (C's ``strerror(ENOSPC)``, lower case).
+NO_SPACE_TEXT = (os.strerror(errno.ENOSPC).lower(), "enospc")
+
+
+def says_out_of_space(text: str) -> bool:
+    """Tell whether a device's error text says that its file system is full.
+
+    Parameters
+    ----------
+    text : str
+        An error message or the end of a command's stderr.
+
+    Returns
+    -------
+    bool
+        True when ``text`` holds one of `NO_SPACE_TEXT` (in any case).
+    """
+    lowered = text.lower()
+    return any(words in lowered for words in NO_SPACE_TEXT)
 
 
 class ProcessEnded(TransportError):

@@ -21,7 +21,9 @@ device's limits, read afresh for each command:
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from devices import processes
 from devices.emulation import limits
-from devices.errors import CommandTimeout, TransportError
+from devices.errors import CommandTimeout, OutOfSpace, TransportError
 from devices.files import atomic_copy
 from devices.transport import RunResult, StreamingProcess
 
@@ -183,8 +185,24 @@ class LocalTransport:
         return proc, duty
 
     def put(self, local: Path, remote: str) -> None:
-        """Copy ``local`` to ``remote`` atomically (relative to ``workdir``)."""
-        atomic_copy(Path(local), self._path(remote))
+        """Copy ``local`` to ``remote`` atomically (relative to ``workdir``).
+
+        Raises
+        ------
+        OutOfSpace
+            If ``remote``'s file system is full (``ENOSPC``): one line with the path, the
+            bytes to write and the bytes free; nothing is left at ``remote``.
+        """
+        target = self._path(remote)
+        try:
+            atomic_copy(Path(local), target)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise OutOfSpace(
+                f"put {local} to {target}: {exc.strerror} ({Path(local).stat().st_size} bytes to write, "
+                f"{_free_bytes(target.parent)} free)"
+            ) from None
 
     def get(self, remote: str, local: Path) -> None:
         """Copy ``remote`` (relative to ``workdir``) to ``local`` atomically."""
@@ -258,6 +276,14 @@ class LocalProcess(StreamingProcess):
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _free_bytes(directory: Path) -> str:
+    """Return the free bytes of ``directory``'s file system, as words ("unknown" when it cannot be read)."""
+    try:
+        return f"{shutil.disk_usage(directory).free} bytes"
+    except OSError:
+        return "unknown bytes"
 
 
 def _end_duty(duty: subprocess.Popen[bytes] | None) -> None:

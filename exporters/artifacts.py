@@ -43,6 +43,12 @@ returned as is (``cached=True``) and nothing is written. Otherwise the set is
 exported into a hidden temporary directory inside ``out_dir`` and renamed into
 place, so a crash never leaves a directory that looks valid.
 
+Disk space: before exporting, the set's size is estimated from its parameter count
+(`export_bytes`, a lower bound: the checkpoint and the initial parameters each hold every
+parameter as float32); a cache whose file system has fewer free bytes is refused at
+once, and a write that still finds it full (``ENOSPC``) removes the temporary
+directory; both are `exporters.host_disk.DiskFull`, one line naming ``out_dir``.
+
 Exports are reproducible byte for byte: weights are seeded from the arch key
 (`seed_for`) without touching the caller's RNG, and onnxblock's process-wide name
 counter is restarted for every export.
@@ -97,6 +103,7 @@ from torch import nn
 from exporters.arch import Arch
 from exporters.errors import ExportError
 from exporters.export_forms import export_form, fuse_gradient_sums
+from exporters.host_disk import check_room, disk_full, is_disk_full
 from exporters.manifest import (
     ARTIFACT_FILES,
     CHECKPOINT,
@@ -119,6 +126,11 @@ OPSET = 17
 
 #: Optimizers that can be exported (CLI names).
 OPTIMIZERS = ("adamw", "sgd")
+
+#: Bytes per parameter an artifact set holds at least: the checkpoint and ``initial_parameters.npy``, float32 each.
+EXPORT_BYTES_PER_PARAMETER = 8
+#: Bytes an artifact set holds at least beside its parameters (graphs and manifest of the smallest zoo model).
+EXPORT_FIXED_BYTES = 32 * 1024
 
 #: The only loss exported: mean cross-entropy of logits ``(N, C)`` against int64 labels ``(N,)``.
 LOSS = "cross_entropy"
@@ -195,11 +207,29 @@ def check_writable(out_dir: Path) -> Path:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full(out_dir, "the artifact cache", exc) from None
         raise InputError(f"cannot write artifacts to {out_dir}: {exc.strerror or type(exc).__name__}") from None
     # access(2), not a probe file: a cache hit must leave even out_dir's mtime alone.
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise InputError(f"cannot write artifacts to {out_dir}: permission denied or read-only file system")
     return out_dir
+
+
+def export_bytes(num_parameters: int) -> int:
+    """Return the bytes an artifact set of ``num_parameters`` parameters takes at least (pure).
+
+    Parameters
+    ----------
+    num_parameters : int
+
+    Returns
+    -------
+    int
+        ``EXPORT_BYTES_PER_PARAMETER * num_parameters + EXPORT_FIXED_BYTES``: never more than
+        the set's real size, so a check against it refuses only an export that cannot fit.
+    """
+    return EXPORT_BYTES_PER_PARAMETER * int(num_parameters) + EXPORT_FIXED_BYTES
 
 
 def set_name(model: ZooModel, arch: Arch, batch: int, optimizer: str, key: str) -> str:
@@ -389,6 +419,9 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         On a bad batch, optimizer, arch or an unwritable ``out_dir``.
     ExportError
         If the exported graphs break the artifact contract.
+    exporters.host_disk.DiskFull
+        If ``out_dir``'s file system has no room for the set (checked before exporting,
+        against `export_bytes`, and at every write); nothing of the set is left behind.
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InputError(f"batch {batch!r} must be an integer of at least 1")
@@ -408,7 +441,8 @@ def export_artifacts(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone (model builds draw from it)
             return _export_into(tmp, model, arch, net, batch=batch, optimizer=optimizer)
 
-    return _write_set(out_dir, target, key, key_inputs, fill)
+    needed = export_bytes(sum(p.numel() for p in net.parameters()))
+    return _write_set(out_dir, target, key, key_inputs, fill, needed)
 
 
 #: One export at a time in a process: the torch ONNX exporter keeps its state in module globals,
@@ -417,13 +451,26 @@ _EXPORTING = threading.RLock()
 
 
 def _write_set(
-    out_dir: Path, target: Path, key: str, key_inputs: Mapping[str, Any], fill: Callable[[Path], dict[str, Any]]
+    out_dir: Path,
+    target: Path,
+    key: str,
+    key_inputs: Mapping[str, Any],
+    fill: Callable[[Path], dict[str, Any]],
+    needed: int,
 ) -> ExportResult:
-    """Fill a hidden work directory (``fill(tmp)`` returns the manifest), add the key, move it to ``target``."""
+    """Fill a hidden work directory (``fill(tmp)`` returns the manifest), add the key, move it to ``target``.
+
+    ``needed``: the bytes the set takes at least (`export_bytes`); fewer free bytes, or a
+    write that finds the file system full, is `exporters.host_disk.DiskFull`.
+    """
+    what = f"the artifact set {target.name}"
     _remove_abandoned(out_dir, target.name)
+    free = check_room(out_dir, needed, what)
     try:
         tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".tmp-{target.name}-"))
     except OSError as exc:
+        if is_disk_full(exc, out_dir):
+            raise disk_full(out_dir, what, exc, free) from None
         raise InputError(f"cannot write artifacts to {out_dir}: {exc.strerror or type(exc).__name__}") from None
     try:
         with _EXPORTING:
@@ -432,6 +479,10 @@ def _write_set(
         manifest["cache_key_inputs"] = dict(key_inputs)
         write_json(tmp / MANIFEST, manifest)
         _move_into_place(tmp, target)
+    except Exception as exc:
+        if is_disk_full(exc, out_dir):
+            raise disk_full(out_dir, what, exc, free) from None
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -508,7 +559,7 @@ def export_masked_artifacts(
         )
         return manifest
 
-    return _write_set(Path(out_dir), target, key, key_inputs, fill)
+    return _write_set(Path(out_dir), target, key, key_inputs, fill, export_bytes(base.manifest["num_parameters"]))
 
 
 #: A temporary directory of a killed export is removed after this many seconds.

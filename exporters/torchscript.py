@@ -26,6 +26,7 @@ import torch
 
 from exporters.arch import Arch
 from exporters.artifacts import ExportError, build_seeded
+from exporters.host_disk import disk_full, is_disk_full
 from exporters.manifest import MANIFEST
 from exporters.userinput import InputError
 from exporters.zoo import ZooModel
@@ -58,6 +59,8 @@ def export_torchscript(model: ZooModel, arch: Arch, directory: Path) -> Path:
         model or arch.
     ExportError
         If the traced module's parameters differ from the manifest's names and shapes.
+    exporters.host_disk.DiskFull
+        If the directory's file system has no room for ``model.pt`` (nothing is left behind).
     """
     directory = Path(directory)
     try:
@@ -78,14 +81,19 @@ def export_torchscript(model: ZooModel, arch: Arch, directory: Path) -> Path:
     if sorted(shapes) != sorted(expected):
         raise ExportError(f"{directory}: traced parameters {shapes} differ from the manifest's {expected}")
     target = directory / TORCHSCRIPT_FILE
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model-", suffix=".pt")
-    os.close(fd)
+    tmp = ""
     try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model-", suffix=".pt")
+        os.close(fd)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript; still loads
             torch.jit.save(traced, tmp)
         os.replace(tmp, target)
+    except Exception as exc:
+        if is_disk_full(exc, directory):
+            raise disk_full(directory, f"the TorchScript model {TORCHSCRIPT_FILE}", exc) from None
+        raise
     finally:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
     return target

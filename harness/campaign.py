@@ -17,7 +17,9 @@ A campaign is thin orchestration over the other harness pieces:
 
 Ctrl-C sets a stop event; each device thread finishes (or times out) its current
 cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
-`harness.profile_cli.cmd_profile` prints the command that resumes the campaign.
+`harness.profile_cli.cmd_profile` prints the command that resumes the campaign. A store
+that a device thread cannot write (a full disk) sets the same event, and `run_campaign`
+raises its `harness.store.StoreUnavailable` once every thread has stopped.
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def run_campaign(
     exporters.userinput.InputError
         Before anything is measured, when cells name bench data that ``data`` is not, or
         the file does not fit their models (`check_bench_data`).
+    exporters.host_disk.DiskFull
+        Before anything is measured, when the artifact cache has no room for a set.
+    harness.store.StoreUnavailable
+        When the store could not be written (a full disk): raised after every device
+        stopped; the cells stored before stay stored.
     """
     stop = stop or threading.Event()
     say = announce if announce is not None else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -192,6 +199,8 @@ def run_campaign(
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.2)
+    if result.store_failure is not None:
+        raise result.store_failure
     if stop.is_set():
         result.interrupted = True
     return result

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.errors import says_out_of_space
 from devices.site import python_argv, site_path
 from devices.transport import MAX_LINE_BYTES
 from exporters.manifest import flatten, unflatten
@@ -60,6 +61,7 @@ FAILURE_REASON_OF_STATUS: Mapping[str, str] = {
     "connection lost": "unreachable",
     "missing runtime": "refused",
     "bad arguments": "refused",
+    "out of space": "refused",
 }
 
 
@@ -472,16 +474,18 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     RunnerOutput
         The document's status; where the exit status disagrees with an ``"ok"``
         document, the exit status wins; no document at all is a ``"runner error"``
-        whose message quotes the end of stderr, and so is a document that is refused:
-        too large, not JSON, not an object, holding NaN or Infinity, or malformed
-        (`harness.document.DocumentError`: a key of the wrong type, a number not
-        finite, negative seconds or counts, an unknown key; the message names the key).
-        Every message is one line.
+        whose message quotes the end of stderr (``"out of space"`` when stderr says
+        the device's file system is full, `devices.errors.says_out_of_space`), and so is
+        a document that is refused: too large, not JSON, not an object, holding NaN or
+        Infinity, or malformed (`harness.document.DocumentError`: a key of the wrong type,
+        a number not finite, negative seconds or counts, an unknown key; the message names
+        the key). Every message is one line.
     """
     tail = stderr.strip()[-300:]
     if not stdout.strip():
         message = f"runner exited {rc} with no output" + (f"; stderr: {tail}" if tail else "")
-        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
+        status = "out of space" if rc != 0 and says_out_of_space(tail) else "runner error"
+        return RunnerOutput(status, message, EMPTY_DOCUMENT)
     try:
         doc = _decode(stdout)
     except ReplyRefused as exc:
@@ -489,7 +493,8 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
         return RunnerOutput("runner error", _one_line(message), EMPTY_DOCUMENT)
     if not isinstance(doc, dict):
         message = f"runner exited {rc} with output that is not a JSON object" + (f"; stderr: {tail}" if tail else "")
-        return RunnerOutput("runner error", message, EMPTY_DOCUMENT)
+        status = "out of space" if rc != 0 and says_out_of_space(tail) else "runner error"
+        return RunnerOutput(status, message, EMPTY_DOCUMENT)
     return _output(rc, doc, tail)
 
 

@@ -13,10 +13,12 @@ Protocol of one deployment (four remote commands when something is missing, thre
 1. **check**: one command hashes every wanted entry already in ``W/cas`` on the device;
    an entry whose content does not match its name is deleted and reported as corrupt
    (then pushed again: ``repaired_files``). Abandoned ``.tmp-*`` files older than
-   `STALE_TMP_S` are removed.
-2. **push** only the missing contents, each to ``W/cas/.tmp-<sha>-<random>``. If a push
-   fails, the temporary files of this deployment are removed (best effort) and the
-   transport error propagates: ``W/cas/<sha>`` never exists with wrong content.
+   `STALE_TMP_S` are removed. It also says the free bytes of ``W/cas``'s file system.
+2. **push** only the missing contents, each to ``W/cas/.tmp-<sha>-<random>``. When their
+   bytes exceed the free bytes the check saw, nothing is pushed and `OutOfSpace` says
+   both numbers. If a push fails, the temporary files of this deployment are removed
+   (best effort) and the transport error propagates: ``W/cas/<sha>`` never exists with
+   wrong content.
 3. **commit**: one command re-hashes every pushed temporary file on the device, fsyncs it
    and renames it to ``W/cas/<sha>`` (atomic within a directory); a mismatch deletes it
    and raises `DeployError`.
@@ -31,6 +33,11 @@ hashing. A device without Python (Android's toybox shell) needs ``sha256sum``, `
 or ``cp``, ``mv`` and ``mkdir``: when running the Python fails with status 126/127 (or
 the local program cannot start) the same protocol runs as POSIX shell scripts over
 ``sha256sum``. That fallback always rebuilds the set directory.
+
+A full file system on the device is `devices.errors.OutOfSpace` (kind ``"out of space"``),
+one line naming the device or the path and what failed, whichever step finds it: the
+push's own check above, a transport whose write failed with ``ENOSPC``, or a remote
+step whose output says "No space left on device" (`devices.errors.says_out_of_space`).
 
 Cas files are shared by hard links with every set directory: nothing may write into a
 deployed set (its files are read-only; root ignores that, so the check step re-hashes,
@@ -52,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devices.errors import TransportError
+from devices.errors import OutOfSpace, TransportError, says_out_of_space
 from devices.fleet import Device
 from devices.transport import RunResult, Transport
 
@@ -108,6 +115,11 @@ for s in A["want"]:
         out["corrupt"].append(s)
         drop(p)
 sweep(cas)
+try:
+    st = os.statvfs(cas)
+    out["free"] = st.f_bavail * st.f_frsize
+except (OSError, AttributeError):
+    out["free"] = None
 print(json.dumps(out))
 """
 
@@ -184,6 +196,8 @@ for s in "$@"; do
     else rm -rf -- "$s"; echo "corrupt $s"; fi
   fi
 done
+kb=$(df -Pk . 2>/dev/null | tail -n 1 | { read -r _ _ _ a _; echo "$a"; })
+case "$kb" in *[!0-9]*|"") ;; *) echo "free $(( kb * 1024 ))";; esac
 exit 0
 """
 
@@ -259,6 +273,8 @@ class _CasState:
     python: str | None  # None: the shell + sha256sum fallback
     present: frozenset[str]
     corrupt: frozenset[str]
+    device: str = ""
+    free: int | None = None  # free bytes of the cas directory's file system, None when unknown
 
     @property
     def cas(self) -> str:
@@ -555,27 +571,36 @@ def _check(transport: Transport, device: Device, python: str, want: Sequence[str
         result = None
     if result is not None and not _python_missing(result):
         data = _json_or_fail(result, device, "check the cache")
-        return _state(device.workdir, data["workdir"], python, data["present"], data["corrupt"])
+        return _state(device, data["workdir"], python, data["present"], data["corrupt"], data.get("free"))
     result = transport.run(["sh", "-c", _SH_CHECK, "sh", device.workdir, *want], timeout=timeout)
     if not result.ok:
-        raise DeployError(f"{device.name}: cannot check the cache: {_tail(result)}")
+        raise _failure(f"{device.name}: cannot check the cache", result)
     words = [line.split(" ", 1) for line in result.stdout.splitlines() if " " in line]
     expanded = next((rest for tag, rest in words if tag == "workdir"), device.workdir)
-    return _state(device.workdir, expanded, None,
-                  [s for tag, s in words if tag == "present"], [s for tag, s in words if tag == "corrupt"])
+    free = next((int(rest) for tag, rest in words if tag == "free" and rest.isdigit()), None)
+    return _state(device, expanded, None,
+                  [s for tag, s in words if tag == "present"], [s for tag, s in words if tag == "corrupt"], free)
 
 
-def _state(raw: str, expanded: str, python: str | None, present: Iterable[str],
-           corrupt: Iterable[str]) -> _CasState:
+def _state(device: Device, expanded: str, python: str | None, present: Iterable[str],
+           corrupt: Iterable[str], free: Any = None) -> _CasState:
     # Only a leading ``~`` takes the device's word: other paths stay as written (on the
     # emulated phone the device answers with its sandbox's host path, which sync refuses).
-    workdir = expanded if raw.startswith("~") else raw
-    return _CasState(workdir.rstrip("/") or "/", python, frozenset(present), frozenset(corrupt))
+    workdir = expanded if device.workdir.startswith("~") else device.workdir
+    return _CasState(workdir.rstrip("/") or "/", python, frozenset(present), frozenset(corrupt), device.name,
+                     int(free) if isinstance(free, int) and not isinstance(free, bool) else None)
 
 
 def _sync(transport: Transport, state: _CasState, sources: Mapping[str, Path], timeout: float) -> tuple[set[str], int]:
-    """Push (step 2) and commit (step 3) the missing contents; return (pushed shas, bytes)."""
+    """Push (step 2) and commit (step 3) the missing contents; return (pushed shas, bytes).
+
+    Contents larger than the free bytes the check saw are refused before anything is pushed.
+    """
     missing = sorted(set(sources) - state.present)
+    needed = sum(sources[sha].stat().st_size for sha in missing)
+    if state.free is not None and needed > state.free:
+        raise OutOfSpace(f"{state.device}: pushing {len(missing)} file(s) to {state.cas} needs {needed} bytes, "
+                         f"{state.free} bytes are free there")
     pushed: list[tuple[str, str]] = []
     try:
         for sha in missing:
@@ -587,7 +612,7 @@ def _sync(transport: Transport, state: _CasState, sources: Mapping[str, Path], t
         raise
     if pushed:
         _commit(transport, state, pushed, timeout)
-    return set(missing), sum(sources[sha].stat().st_size for sha in missing)
+    return set(missing), needed
 
 
 def _commit(transport: Transport, state: _CasState, pushed: Sequence[tuple[str, str]],
@@ -595,12 +620,12 @@ def _commit(transport: Transport, state: _CasState, pushed: Sequence[tuple[str, 
     if state.python is not None:
         result = _run_python(transport, state.python, _PY_COMMIT,
                              {"cas": state.cas, "pushed": [list(p) for p in pushed]}, timeout)
-        bad = _json_or_fail(result, None, "commit pushed files")["bad"]
+        bad = _json_or_fail(result, state.device, "commit pushed files")["bad"]
     else:
         flat = [item for pair in pushed for item in pair]
         result = transport.run(["sh", "-c", _SH_COMMIT, "sh", state.cas, *flat], timeout=timeout)
         if not result.ok:
-            raise DeployError(f"cannot commit pushed files: {_tail(result)}")
+            raise _failure(f"{state.device}: cannot commit pushed files", result)
         bad = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("bad ")]
     if bad:
         raise DeployError(f"{len(bad)} pushed file(s) did not verify on the device (sha256 {', '.join(bad)})")
@@ -629,14 +654,14 @@ def _materialise_all(transport: Transport, state: _CasState, dirs: Sequence[tupl
         listed = [{"parent": parent, "name": name, "entries": dict(named)} for parent, name, named in dirs]
         what = f"materialise {', '.join(name for _, name, _ in dirs)}"
         _json_or_fail(_run_python(transport, state.python, _PY_MATERIALISE, {"cas": state.cas, "dirs": listed},
-                                  timeout), None, what)
+                                  timeout), state.device, what)
     else:
         for parent, name, named in dirs:
             flat = [item for pair in named.items() for item in pair]
             result = transport.run(["sh", "-c", _SH_MATERIALISE, "sh", state.cas, parent, name, *flat],
                                    timeout=timeout)
             if not result.ok:
-                raise DeployError(f"cannot materialise {name}: {_tail(result)}")
+                raise _failure(f"{state.device}: cannot materialise {name} in {parent}", result)
     return [f"{parent}/{name}" for parent, name, _ in dirs]
 
 
@@ -654,10 +679,11 @@ def _result(remote_dir: str, named: Mapping[str, str], state: _CasState,
     )
 
 
-def _json_or_fail(result: RunResult, device: Device | None, what: str) -> dict[str, Any]:
-    where = f"{device.name}: " if device is not None else ""
+def _json_or_fail(result: RunResult, device: Device | str, what: str) -> dict[str, Any]:
+    name = device.name if isinstance(device, Device) else device
+    where = f"{name}: " if name else ""
     if not result.ok:
-        raise DeployError(f"{where}cannot {what}: {_tail(result)}")
+        raise _failure(f"{where}cannot {what}", result)
     try:
         data = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -665,6 +691,25 @@ def _json_or_fail(result: RunResult, device: Device | None, what: str) -> dict[s
     if not isinstance(data, dict):
         raise DeployError(f"{where}cannot {what}: unreadable answer {_tail(result)}")
     return data
+
+
+def _failure(what: str, result: RunResult) -> TransportError:
+    """Return the error of a failed remote step: `OutOfSpace` when its output says the disk is full, else `DeployError`.
+
+    Parameters
+    ----------
+    what : str
+        The device and the step that failed (``"pi: cannot check the cache"``).
+    result : RunResult
+        The step's command.
+
+    Returns
+    -------
+    TransportError
+        Its message is ``what`` and the end of the command's output.
+    """
+    error = OutOfSpace if says_out_of_space(result.stderr + result.stdout) else DeployError
+    return error(f"{what}: {_tail(result)}")
 
 
 def _tail(result: RunResult) -> str:

@@ -18,6 +18,15 @@ Failure policy:
 - a `TransportError` during a cell records the cell with the error's ``kind``
   (``unreachable``, ``timeout``, ``connection lost``, ...); the transport is closed
   and the next cell reconnects;
+- a device whose file system is full records the cell as ``out of space``
+  (`devices.errors.OutOfSpace` from a push or a deployment step, or the runner's own
+  status), its message naming the device, the path and what failed; the other cells
+  and devices go on (a later cell finds the space freed, or fails the same way);
+- a store that cannot be written (`harness.store.StoreUnavailable`: a full disk on the
+  host, a lock held too long) stops the campaign: the device keeps the error in
+  `CampaignResult.store_failure` and sets the stop event, every device stops after its
+  cell in progress, and `harness.campaign.run_campaign` raises it (one line on the
+  command line); every cell stored before it stays, for ``--resume``;
 - after a failure that says the device cannot be reached at all (`DEVICE_DOWN_KINDS`)
   the device's remaining cells are recorded as failed with the same kind without being
   tried, so a dead device costs at most one connect timeout, never one per cell;
@@ -37,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from devices.errors import TransportError
+from devices.errors import OutOfSpace, TransportError
 from devices.fleet import Device
 from devices.transport import Transport
 from harness import contract, runner_archive
@@ -90,6 +99,9 @@ class CampaignResult:
         Device name -> list of `harness.roundcost.RoundCostModel` measured by this run.
     round_cost_failures : dict
         Device name -> list of one-line reasons a round-cost measurement failed.
+    store_failure : Exception or None
+        The first `harness.store.StoreUnavailable` a device run met recording a cell (it
+        stopped the campaign; `harness.campaign.run_campaign` raises it).
     """
 
     campaign_id: int
@@ -102,6 +114,7 @@ class CampaignResult:
     plan: IsolationPlan | None = None
     round_costs: dict[str, list[Any]] = field(default_factory=dict)
     round_cost_failures: dict[str, list[str]] = field(default_factory=dict)
+    store_failure: Exception | None = None
 
     @property
     def complete(self) -> bool:
@@ -402,19 +415,30 @@ class DeviceRun:
             )  # fmt: skip
             run = transport.run(argv, timeout=self.campaign.timeout)
             output = contract.parse_output(run.rc, run.stdout, run.stderr)
-            cell.status, cell.message = output.status, output.message
+            cell.status, cell.message = output.status, self._named(output.status, output.message)
             if output.document.raw:
                 # The analytic counts travel with the cell, so stored rows carry train FLOPs.
                 manifest = json.loads((set_dir / "manifest.json").read_text())
                 cell.docs.append(parse_document({**output.document.raw, "counts": manifest.get("counts", {})}))
         except TransportError as exc:
-            cell.status, cell.message = exc.kind, str(exc) or type(exc).__name__
+            cell.status, cell.message = exc.kind, self._reason(exc)
             self._drop_transport()
         except Exception as exc:  # noqa: BLE001 - one broken cell is a record, never a crashed campaign
             cell.status, cell.message = "runner error", f"{type(exc).__name__}: {exc}"
             self._drop_transport()
         cell.concurrent |= self.campaign.activity.cell_finished(self.device.name)
         return cell
+
+    def _reason(self, exc: TransportError) -> str:
+        """Return the message of a cell that ``exc`` failed (`_named`)."""
+        return self._named(exc.kind, str(exc) or type(exc).__name__)
+
+    def _named(self, status: str, message: str) -> str:
+        """Return a failed cell's message; an ``out of space`` one is led by the device's name."""
+        name = self.device.name
+        if status == OutOfSpace.kind and not message.startswith(f"{name}: "):
+            return f"{name}: {message}"
+        return message
 
     def _later_pass(self, cell: _Cell, number: int) -> tuple[str, str] | None:
         """Run pass ``number`` of ``cell`` on the device's resident runner; the failure when the device is gone."""
@@ -511,7 +535,7 @@ class DeviceRun:
                 data=self.campaign.data if spec.data else None, transfer_bytes=payload_bytes(model_sets),
             )  # fmt: skip
         except TransportError as exc:
-            status, message = exc.kind, str(exc) or type(exc).__name__
+            status, message = exc.kind, self._reason(exc)
             self._drop_transport()
         except RoundCostError as exc:
             status, message = exc.status, str(exc)
@@ -588,7 +612,21 @@ class DeviceRun:
             print(f"fleetbench: progress display failed: {exc!r}", file=sys.stderr)
 
     def __call__(self) -> None:
-        """Run the device's cells pass by pass in its turns, then its round costs; store each cell as it finishes."""
+        """Run the device's cells pass by pass in its turns, then its round costs; store each cell as it finishes.
+
+        A store that cannot be written stops the campaign (`CampaignResult.store_failure`).
+        """
+        from harness.store import StoreUnavailable
+
+        try:
+            self._run()
+        except StoreUnavailable as exc:
+            with self.campaign.lock:
+                if self.campaign.result.store_failure is None:
+                    self.campaign.result.store_failure = exc
+            self.campaign.stop.set()
+
+    def _run(self) -> None:
         down: tuple[str, str] | None = None
         name = self.device.name
         done = 0

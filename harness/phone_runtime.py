@@ -31,7 +31,7 @@ Decisions, with the reasons:
   for the x86_64 bundle) but lets a corrupted runtime be repaired without pushing again
   and keeps a second provision at zero bytes pushed. Before pushing, the space needed
   (missing parts, plus the unpacked tree when it is absent) is compared with ``df``'s
-  free bytes in the workdir; too little is one line with both numbers (`NoSpace`),
+  free bytes in the workdir; too little is one line with both numbers (`devices.errors.OutOfSpace`),
   and the other devices go on.
 * **Backends**: a bundle runs the ``onnx`` backend only (the portable step model on the
   plain onnxruntime package); onnxruntime-training has no wheels for phones. That fact
@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from devices import bundle as bundles
-from devices.errors import TransportError
+from devices.errors import OutOfSpace, TransportError, says_out_of_space
 from devices.fleet import Device
 from devices.transport import Transport
 from harness.contract import RunnerStart, python_start
@@ -69,12 +69,6 @@ RUNTIME_DIR = "runtime"
 BUNDLE_BACKENDS: tuple[str, ...] = ("onnx",)
 #: Seconds for unpacking and verifying a bundle on the phone.
 UNPACK_TIMEOUT_S = 600.0
-
-
-class NoSpace(DeployError):
-    """The phone has too little free storage for the runtime bundle."""
-
-    kind = "no space"
 
 
 class UnsupportedAbiError(TransportError):
@@ -297,7 +291,7 @@ def provision_phone(transport: Transport, device: Device, *, verify: bool = True
 
     Raises
     ------
-    NoSpace
+    devices.errors.OutOfSpace
         Too little free storage: one line with the bytes needed and free.
     UnsupportedAbiError
         The phone's ABI has no bundle.
@@ -325,7 +319,7 @@ def provision_phone(transport: Transport, device: Device, *, verify: bool = True
     missing = [p for p in built.parts if p.sha256 not in state.parts]
     needed = sum(p.size for p in missing) + built.size
     if state.free_bytes is not None and state.free_bytes < needed:
-        raise NoSpace(f"{device.name}: the runtime bundle needs {needed} bytes in {state.workdir}, "
+        raise OutOfSpace(f"{device.name}: the runtime bundle needs {needed} bytes in {state.workdir}, "
                       f"{state.free_bytes} bytes are free")
     started = time.monotonic()
     pushed: list[str] = []
@@ -342,7 +336,8 @@ def provision_phone(transport: Transport, device: Device, *, verify: bool = True
                            timeout=max(timeout, UNPACK_TIMEOUT_S))
     if "unpacked" not in result.stdout:
         tail = (result.stdout.strip() or result.stderr.strip() or f"exit {result.rc}").splitlines()[-1]
-        raise DeployError(f"{device.name}: cannot unpack the runtime bundle in {root}: {tail}")
+        failure = OutOfSpace if says_out_of_space(tail) else DeployError
+        raise failure(f"{device.name}: cannot unpack the runtime bundle in {root}: {tail}")
     return RuntimeReport(bundle_start(root, built), tuple(pushed), pushed_bytes, tuple(repaired), push_seconds,
                          time.monotonic() - started, built.size)
 
@@ -369,7 +364,7 @@ def device_runtime(transport: Transport, device: Device, *, verify: bool = True,
 
     Raises
     ------
-    NoSpace, UnsupportedAbiError, TransportError
+    devices.errors.OutOfSpace, UnsupportedAbiError, TransportError
         As `provision_phone`.
     """
     if device.kind != "adb":

@@ -465,7 +465,7 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
     harness.wheels.NoWheel
         No wheel exists for the device's platform and Python.
     TransportError
-        The device failed (a phone: also `harness.phone_runtime.NoSpace`, unsupported ABI).
+        The device failed (a phone: also `devices.errors.OutOfSpace`, unsupported ABI).
     """
     runtime = device_runtime(transport, device, verify=verify_runtime, say=say)
     before = dataclasses.replace(check_device(transport, device, packages, runtime.start), runtime=runtime)
@@ -633,7 +633,7 @@ def provision(fleet: Fleet | Sequence[Device], wheels: Sequence[Path] = (),
     -------
     FleetResult of ProvisionReport
         Devices that answered, and devices that failed with the failure's kind
-        (``unreachable``, ``timeout``, a phone's ``no space`` or ``unsupported ABI``, ...).
+        (``unreachable``, ``timeout``, a phone's ``out of space`` or ``unsupported ABI``, ...).
     """
     devices = fleet.devices if isinstance(fleet, Fleet) else tuple(fleet)
     for wheel in wheels:

@@ -29,7 +29,7 @@ Status = Literal[
     "timeout",
     "out of memory",
     "missing runtime",
-    "no space",
+    "out of space",
     "unsupported ABI",
     "bad arguments",
     "runner error",

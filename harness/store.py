@@ -30,6 +30,10 @@ Design
 * **Threads**: one connection guarded by a lock, so the devices' worker threads of
   a campaign may share one `ProfileStore`. Other processes may open the same file
   (WAL; writers wait up to `BUSY_TIMEOUT_S`).
+* **A full disk**: a write that finds the file system full is rolled back whole (the
+  file stays consistent and every earlier cell stays stored) and is `StoreUnavailable`,
+  one line naming the file and the bytes free (`exporters.host_disk.free_bytes`); once
+  space is freed, ``--resume`` measures only the cells that were not stored.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from exporters.host_disk import free_bytes
 from exporters.userinput import InputError
 from harness.document import parse_document
 from harness.passes import undisturbed
@@ -123,6 +128,35 @@ class StoreUnavailable(RuntimeError):
 #: SQLite primary result codes that say the environment failed, not the file or the SQL:
 #: PERM, BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL.
 _ENVIRONMENT_CODES = frozenset({3, 5, 6, 8, 10, 13, 14, 15})
+
+#: SQLite's primary result code of a write that found the file system full (SQLITE_FULL).
+_FULL_CODE = 13
+
+
+def unavailable(path: Path, exc: sqlite3.Error, doing: str = "") -> StoreUnavailable:
+    """Return the `StoreUnavailable` of an environmental SQLite error on the store at ``path``.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The store file.
+    exc : sqlite3.Error
+        An error `environmental` says is the environment's.
+    doing : str
+        What was being done, leading the message (``"cannot use "``), or nothing.
+
+    Returns
+    -------
+    StoreUnavailable
+        One line naming the file; for a full file system (SQLITE_FULL) it says so and the
+        bytes free there.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and int(code) & 0xFF == _FULL_CODE:
+        free = free_bytes(path)
+        seen = f"{free} bytes free" if free is not None else "free space unknown"
+        return StoreUnavailable(f"{doing}profile store {path}: its file system is full ({seen}): {exc}")
+    return StoreUnavailable(f"{doing}profile store {path}: {exc}")
 
 
 def environmental(exc: sqlite3.Error) -> bool:
@@ -211,7 +245,7 @@ class ProfileStore:
             self._conn.close()
             if not environmental(exc):
                 raise StoreError(f"{self.path} is not a usable profile store: {exc}") from None
-            raise StoreUnavailable(f"cannot use profile store {self.path}: {exc}") from None
+            raise unavailable(self.path, exc, "cannot use ") from None
         except StoreUnavailable:
             self._conn.close()
             raise
@@ -246,7 +280,7 @@ class ProfileStore:
             except sqlite3.OperationalError as exc:
                 if not environmental(exc):
                     raise
-                raise StoreUnavailable(f"profile store {self.path}: {exc}") from exc
+                raise unavailable(self.path, exc) from exc
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -266,7 +300,12 @@ class ProfileStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error:
+                if conn.in_transaction:  # a COMMIT that could not write (a full disk) leaves it open
+                    conn.execute("ROLLBACK")
+                raise
 
     # -- schema ------------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +44,58 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class SmallFileSystems:
+    """Small tmpfs file systems mounted under a test's ``tmp_path`` (a full disk on demand)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mounted: list[Path] = []
+
+    def mount(self, name: str, size: str) -> Path:
+        """Mount a tmpfs of ``size`` (``"64k"``, ``"4m"``) on ``root/name`` and return that directory."""
+        where = self.root / name
+        where.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+        self.mounted.append(where)
+        return where
+
+    def resize(self, where: Path, size: str) -> None:
+        """Give the tmpfs at ``where`` a new size, keeping its files."""
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(where)], check=True)
+
+    def fill(self, where: Path) -> Path:
+        """Write zeros into ``where/filler`` until its file system is full; return the file (unlink it to free)."""
+        filler = where / "filler"
+        with open(filler, "wb", buffering=0) as out:
+            try:
+                while out.write(b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+        return filler
+
+    def unmount_all(self) -> None:
+        """Unmount every file system mounted here (lazily, should a process still hold one)."""
+        for where in reversed(self.mounted):
+            subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+        self.mounted.clear()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[SmallFileSystems]:
+    """Mount small tmpfs file systems under ``tmp_path``; all are unmounted at teardown (root only, else skip)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    file_systems = SmallFileSystems(tmp_path / "fs")
+    try:
+        yield file_systems
+    finally:
+        file_systems.unmount_all()
 
 
 #: Modules whose tests run for minutes in all (whole demos, campaigns and FL runs on emulated

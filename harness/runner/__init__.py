@@ -16,7 +16,7 @@ Modules, one job each:
 
 ``protocol``    what host and device share: exit codes, file names, defaults, the document's keys
 ``sampling``    the statistics of one measurement: the median's interval, warm-up, disturbed samples
-``failures``    the failures with a known status (bad arguments, missing runtime, out of memory)
+``failures``    the failures with a known status (bad arguments, missing runtime, out of memory, out of space)
 ``runtimes``    importing numpy and the backends' runtimes the runner's way; flushing denormals
 ``probes``      readings of the device: cpu frequencies, thermal zones, memory, load, versions
 ``artifacts``   an artifact set's manifest and files, and a random batch from its shapes

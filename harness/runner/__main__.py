@@ -26,7 +26,7 @@ def main(argv: list | None = None) -> int:
     Returns
     -------
     int
-        0 ok, 2 bad arguments, 3 missing runtime, 4 out of memory, 5 runner error.
+        0 ok, 2 bad arguments, 3 missing runtime, 4 out of memory, 5 runner error, 6 out of space.
     """
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.flush()

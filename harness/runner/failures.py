@@ -1,10 +1,13 @@
-"""The runner's failures with a known status: bad arguments, missing runtime, out of memory.
+"""The runner's failures with a known status: bad arguments, missing runtime, out of memory, out of space.
 
 Standard library only. Anything else a mode raises is a "runner error"
 (`harness.runner.modes.guarded`).
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 #: Substrings (lower case) of ORT / PyTorch / loader messages that mean an allocation failed.
 OOM_MESSAGES = (
@@ -19,8 +22,12 @@ OOM_MESSAGES = (
 )
 
 
+#: What a library says when a write found the file system full (C's ``strerror(ENOSPC)``, lower case).
+NO_SPACE_MESSAGE = os.strerror(errno.ENOSPC).lower()
+
+
 class RunnerFailure(Exception):
-    """A failure with a known status (bad arguments, missing runtime, out of memory)."""
+    """A failure with a known status (bad arguments, missing runtime, out of memory, out of space)."""
 
     def __init__(self, status: str, message: str, missing: str | None = None) -> None:
         super().__init__(message)
@@ -76,3 +83,39 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = (f"{type(exc).__name__} {exc}").lower()
     return any(m in text for m in OOM_MESSAGES)
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    """Tell whether an exception says that the device's file system is full.
+
+    Parameters
+    ----------
+    exc : BaseException
+
+    Returns
+    -------
+    bool
+        True for an ``OSError`` with ``errno.ENOSPC`` (or ``EDQUOT``, a full quota) and
+        for a native library's message holding `NO_SPACE_MESSAGE`.
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return NO_SPACE_MESSAGE in str(exc).lower()
+
+
+def out_of_space(path: str, exc: BaseException) -> RunnerFailure:
+    """Return the "out of space" failure of writing ``path``.
+
+    Parameters
+    ----------
+    path : str
+        The file the runner was writing.
+    exc : BaseException
+        What the write raised.
+
+    Returns
+    -------
+    RunnerFailure
+    """
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return RunnerFailure("out of space", f"writing {path}: {reason}")

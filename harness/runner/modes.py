@@ -9,7 +9,7 @@ import traceback
 
 from .arguments import build_parser
 from .bench import run_bench
-from .failures import RunnerFailure, bad, is_oom
+from .failures import RunnerFailure, bad, is_oom, is_out_of_space
 from .probes import peak_memory, versions
 from .protocol import new_result
 from .runtimes import flush_denormals
@@ -80,7 +80,10 @@ def guarded(result: dict, work) -> dict:
         result["mode"] = "help"
     except BaseException as exc:  # noqa: BLE001 - the document must come out whatever happened
         traceback.print_exc(file=sys.stderr)
-        result["status"] = "out of memory" if is_oom(exc) else "runner error"
+        if is_out_of_space(exc):
+            result["status"] = "out of space"
+        else:
+            result["status"] = "out of memory" if is_oom(exc) else "runner error"
         result["error"] = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, KeyboardInterrupt):
             result["error"] = "interrupted"

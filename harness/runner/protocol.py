@@ -20,7 +20,8 @@ anything a native library prints go to stderr: file descriptor 1 is pointed at
 stderr while the runner works). Keys::
 
     mode               "bench" | "train" (null if the mode itself was not understood)
-    status             "ok" | "bad arguments" | "missing runtime" | "out of memory" | "runner error"
+    status             "ok" | "bad arguments" | "missing runtime" | "out of memory" | "out of space"
+                       | "runner error"
     error              message or null
     missing            the module that could not be imported (status "missing runtime"), else null
     backend, batch, warmup, steps, threads, seed
@@ -117,7 +118,9 @@ an artifact set that the backend cannot use, a parameter vector of the wrong
 length, an empty shard, and a shard smaller than one batch for ``bench --data``
 or a set with a fixed batch), 3 missing runtime, 4 out of memory
 (``MemoryError``, and ORT / PyTorch allocation failures recognised by their
-message), 5 runner error (anything else; the traceback goes to stderr). A runner
+message), 5 runner error (anything else; the traceback goes to stderr), 6 out of
+space (a write found the device's file system full: ``OSError`` ``ENOSPC``, or a
+native library's "No space left on device"; the error names the file). A runner
 killed by the kernel's OOM killer prints nothing: the caller sees the signal
 (exit status -9 / 137) and decides (the campaign records it as out of memory).
 """
@@ -133,6 +136,7 @@ EXIT_CODES = {
     "missing runtime": 3,
     "out of memory": 4,
     "runner error": 5,
+    "out of space": 6,
 }
 
 #: Files of an artifact set beside its manifest: the TorchScript model, the step model, its initial parameters.

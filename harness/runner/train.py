@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import math
 import os
 import tempfile
@@ -32,7 +33,7 @@ from .arguments import check_threads
 from .artifacts import load_manifest, variable_batch
 from .backends import open_backend
 from .data import BatchFeed, cached, check_shard, epoch_orders, load_shard
-from .failures import bad, is_oom
+from .failures import bad, is_oom, is_out_of_space, out_of_space
 from .probes import readings_after, readings_before
 from .runtimes import import_numpy
 
@@ -53,12 +54,16 @@ def _save_atomic(np, path: str, flat) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".runner-", suffix=".npy")
     try:
+        buffer = io.BytesIO()  # numpy's own writes report a full disk as a short write, without ENOSPC
+        np.save(buffer, flat, allow_pickle=False)
         with os.fdopen(fd, "wb") as handle:
-            np.save(handle, flat, allow_pickle=False)
+            handle.write(buffer.getbuffer())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if is_out_of_space(exc):
+            raise out_of_space(path, exc) from None
         raise
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from devices.errors import CommandTimeout, TransportError
+from devices.errors import CommandTimeout, OutOfSpace, TransportError
 from devices.local import LocalTransport
 from devices.transport import Transport
+from tests.conftest import SmallFileSystems
 from tests.devices.conftest import cmdline_running
 
 
@@ -58,3 +59,17 @@ def test_put_get_atomic_with_parent_dirs(tmp_path: Path) -> None:
         t.get("absent", tmp_path / "y")
     assert not (tmp_path / "y").exists()
     t.close()
+
+
+def test_put_onto_a_full_file_system_is_out_of_space_and_leaves_nothing(
+    tmp_path: Path, small_fs: SmallFileSystems
+) -> None:
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(64 * 1024))
+    workdir = small_fs.mount("device", "16k")
+    with pytest.raises(OutOfSpace) as caught:
+        LocalTransport(workdir=workdir).put(src, "cas/big.bin")
+    message = str(caught.value)
+    assert caught.value.kind == "out of space" and "\n" not in message
+    assert str(workdir / "cas" / "big.bin") in message and "65536 bytes to write" in message and "free" in message
+    assert list((workdir / "cas").iterdir()) == []  # no half-written file, no temporary file

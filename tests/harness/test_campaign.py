@@ -6,6 +6,8 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from devices.emulation import emulate
 from exporters.flops import count
 from exporters.manifest import EXPORT_FORMAT_VERSION
@@ -13,9 +15,10 @@ from exporters.zoo import get_model
 from harness.campaign import run_campaign
 from harness.cells import plan_cells
 from harness.progress import CellEvent
-from harness.store import ProfileStore
+from harness.store import ProfileStore, StoreUnavailable
+from tests.conftest import SmallFileSystems
 from tests.devices.conftest import kill_device
-from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS, Counting, load
+from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS, Counting, load, local_fleet_file
 
 
 def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, artifacts: Path, tmp_path: Path) -> None:
@@ -97,3 +100,30 @@ def test_stop_event_keeps_finished_cells_and_resume_completes(
     assert resumed.complete, [(m.status, m.message) for m in resumed.measurements]
     assert resumed.runner_invocations == n - len(stored)
     assert store.measured_keys() == {s.cell_key() for s in specs}
+
+
+def test_a_store_that_fills_up_stops_the_campaign_in_one_error_and_resume_completes(
+    artifacts: Path, tmp_path: Path, small_fs: SmallFileSystems
+) -> None:
+    fleet = load(local_fleet_file(tmp_path))
+    specs = plan_cells(fleet, MODEL, WIDTHS[:3], [BATCH], ["ort"], 2, 1, precision=0.0)
+    db = small_fs.mount("store", "2m") / "fleetbench.db"
+    store = ProfileStore(db)
+    filler: list[Path] = []
+
+    def fill_after_first(event: CellEvent) -> None:
+        if event.done == 1:
+            filler.append(small_fs.fill(db.parent))
+
+    with pytest.raises(StoreUnavailable, match="file system is full") as caught:
+        run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=Counting(fill_after_first),
+                     announce=lambda line: None)  # fmt: skip
+    assert str(db) in str(caught.value) and "\n" not in str(caught.value)
+    assert len(store.measured_keys()) == 1  # the cell stored before the disk filled up; none after it
+
+    filler[0].unlink()
+    resumed = run_campaign(fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, resume=True,
+                           progress=Counting(), announce=lambda line: None)  # fmt: skip
+    assert resumed.complete and len(resumed.skipped) == 1 and len(resumed.measurements) == 2
+    assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    store.close()

@@ -175,3 +175,16 @@ def test_a_parameter_file_is_never_unpickled_and_a_file_that_is_no_array_is_refu
     path.write_bytes(path.read_bytes()[:-4])  # the header promises 4 floats, the data holds 3
     with pytest.raises(ValueError, match="not an .npy float32 vector"):
         contract.read_params(path, MANIFEST)
+
+
+def test_a_full_device_disk_is_out_of_space() -> None:
+    assert protocol.EXIT_CODES["out of space"] == 6 and contract.RUNNER_EXIT_CODES[6] == "out of space"
+    doc = {"status": "out of space", "error": "writing /w/out.npy: No space left on device"}
+    full = contract.parse_output(6, json.dumps(doc), "")
+    assert (full.status, full.message) == ("out of space", doc["error"])
+    assert contract.parse_output(6, json.dumps({"mode": "train"}), "").status == "out of space"  # exit code decides
+    # no document, and stderr says why: the device's file system is full
+    crashed = contract.parse_output(1, "", "OSError: [Errno 28] No space left on device: '/w/runner'")
+    assert crashed.status == "out of space" and "No space left" in crashed.message
+    assert contract.parse_output(1, "", "boom").status == "runner error"
+    assert contract.FAILURE_REASON_OF_STATUS["out of space"] == "refused"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from devices.emulation.adb_endpoint import AdbEndpoint
-from devices.errors import ConnectionLost
+from devices.errors import ConnectionLost, OutOfSpace
 from devices.fleet import Device
 from devices.fleetfile import parse_fleet
 from devices.local import LocalTransport
@@ -33,6 +33,7 @@ from harness.deploy import (
     deploy_runner,
     sha256_file,
 )
+from tests.conftest import SmallFileSystems
 from tests.devices.sshd_server import Server
 
 PY = sys.executable
@@ -344,3 +345,38 @@ def test_a_workdir_with_spaces_quotes_and_metacharacters_works_end_to_end(
     result = transport.run([*python_argv(device.python, device.workdir), path, "o'k $(x)"], timeout=30)
     assert (result.rc, result.stdout.strip()) == (0, "runner o'k $(x)"), result.stderr
     assert not list(tmp_path.rglob("PWNED")) and not (Path.home() / "PWNED").exists()
+
+
+@pytest.mark.parametrize("python", [PY, "/nonexistent/python3"], ids=["python", "sh"])
+def test_a_device_without_room_is_out_of_space_before_anything_is_pushed(
+    artifact_set: Path, small_fs: SmallFileSystems, python: str
+) -> None:
+    workdir = small_fs.mount("device", "16k")
+    device = Device("tiny", "local", workdir=str(workdir), python=python)
+    with pytest.raises(OutOfSpace) as caught:
+        deploy_artifact_set(LocalTransport(), device, artifact_set)
+    message = str(caught.value)
+    assert caught.value.kind == "out of space" and "\n" not in message
+    assert message.startswith("tiny: pushing ") and f"to {workdir}/cas needs " in message
+    assert "bytes are free" in message
+    assert list((workdir / "cas").iterdir()) == [] and not (workdir / "sets").exists()
+
+
+def test_a_remote_step_that_finds_the_disk_full_is_out_of_space(artifact_set: Path, tmp_path: Path) -> None:
+    class FullAfterPush:
+        """A local device whose commit step answers as a full disk does."""
+
+        def __init__(self) -> None:
+            self.inner = LocalTransport()
+
+        def run(self, argv: Sequence[str], timeout: float) -> RunResult:
+            if '"pushed"' in argv[-1]:  # the commit step's arguments
+                return RunResult(1, "", "OSError: [Errno 28] No space left on device", 0.0)
+            return self.inner.run(argv, timeout)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+    device = Device("full", "local", workdir=str(tmp_path / "device"), python=PY)
+    with pytest.raises(OutOfSpace, match=r"^full: cannot commit pushed files: exit 1: OSError: \[Errno 28\] No space"):
+        deploy_artifact_set(FullAfterPush(), device, artifact_set)  # type: ignore[arg-type]

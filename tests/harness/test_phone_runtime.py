@@ -20,13 +20,13 @@ import pytest
 
 from devices.adb import ADBTransport
 from devices.emulation.adb_endpoint import AdbEndpoint
-from devices.errors import ConnectionLost
+from devices.errors import ConnectionLost, OutOfSpace
 from devices.fleet import Device
 from devices.site import python_argv
 from devices.transport import Transport
 from harness import contract, phone_runtime
 from harness.deploy import deploy_artifact_set, deploy_runner
-from harness.phone_runtime import NoSpace, UnsupportedAbiError
+from harness.phone_runtime import UnsupportedAbiError
 from harness.runner_archive import archive_path
 
 WORKDIR = "/data/local/tmp/fleetbench"
@@ -255,7 +255,7 @@ def test_too_little_storage_is_one_line_and_the_other_phones_go_on(make_phone: A
     assert set(result.successes) == {"roomy"} and set(result.failures) == {"small"}
     failure = result.failures["small"]
     needed = bundle_x86_64.push_bytes + bundle_x86_64.size
-    assert failure.kind == "no space" and "\n" not in failure.message
+    assert failure.kind == "out of space" and "\n" not in failure.message
     assert f"needs {needed} bytes" in failure.message and f"{50000 * 1024} bytes are free" in failure.message
     assert not small.host_path(f"{WORKDIR}/cas").exists() or not os.listdir(small.host_path(f"{WORKDIR}/cas"))
     # the roomy phone's packages were checked with the bundle's Python, and it uses onnx
@@ -264,11 +264,11 @@ def test_too_little_storage_is_one_line_and_the_other_phones_go_on(make_phone: A
     assert roomy_report.packages["onnxruntime"].importable and roomy_report.python is not None
     assert usable_devices(choices_from(result, devices)) == {"roomy": "onnx", "small": "ort"}  # small: not checked
     lines = format_table(result, devices, DEFAULT_PACKAGES[:2]).splitlines()
-    assert lines[2].startswith("small ") and "FAILED: no space" in lines[2]
+    assert lines[2].startswith("small ") and "FAILED: out of space" in lines[2]
     assert lines[3].split(" | ")[3].strip() == "bundle" and lines[3].split(" | ")[-1].strip() == "onnx"
     assert any(line.startswith("roomy: runtime: runtime bundle x86_64") for line in lines)
-    assert any(line.startswith("small: no space: small: the runtime bundle needs") for line in lines)
-    with pytest.raises(NoSpace):
+    assert any(line.startswith("small: out of space: small: the runtime bundle needs") for line in lines)
+    with pytest.raises(OutOfSpace):
         phone_runtime.provision_phone(small.transport, small.device)
 
 

@@ -16,6 +16,7 @@ from devices.emulation import emulate
 from harness.bench_data import bench_data_label
 from harness.store import ProfileStore
 from harness.widths import AUTO_CANDIDATES
+from tests.conftest import SmallFileSystems
 from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, load, local_fleet_file
 from tests.harness.test_runner_onnx import plain_python  # noqa: F401, F811 - a fixture, used as an argument
 
@@ -185,3 +186,55 @@ def test_cells_and_round_costs_train_on_the_bench_data_they_name(
     assert "absent.npz" in err
     with ProfileStore(db) as store:
         assert len(store.campaigns()) == campaigns
+
+
+def _cheap_profile(fleet_file: Path, db: Path, artifacts: Path, widths: str) -> list[str]:
+    """``fleetbench profile`` of the cheapest cells: ort, two steps, one pass, no round cost."""
+    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", widths, "--batch", str(BATCH)]
+    argv += ["--backend", "ort", "--steps", "2", "--warmup", "1", "--precision", "0", "--passes", "1"]
+    return [*argv, "--no-round-cost", "--db", str(db), "--artifacts", str(artifacts)]
+
+
+def test_a_full_artifact_cache_is_one_line_and_resume_completes_once_there_is_room(
+    tmp_path: Path, small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetbench.cli import main
+
+    cache = small_fs.mount("artifacts", "40k")
+    argv = _cheap_profile(local_fleet_file(tmp_path), tmp_path / "p.db", cache, "0.25")
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fleetbench: error: no room for the artifact set "), err
+    assert f" in {cache}: it needs about " in err and "bytes are free" in err
+    assert list(cache.iterdir()) == []  # nothing half-written
+    with ProfileStore(tmp_path / "p.db") as store:
+        assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    small_fs.resize(cache, "8m")
+    assert main([*argv, "--resume"]) == 0
+    with ProfileStore(tmp_path / "p.db") as store:
+        assert list(store.latest_cells().status) == ["ok"]
+
+
+def test_a_device_out_of_space_records_its_cells_and_the_others_measure(
+    tmp_path: Path, small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetbench.cli import main
+
+    tiny = small_fs.mount("tiny", "16k")
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(
+        "devices:\n"
+        f"  - {{name: roomy, kind: local, workdir: {tmp_path / 'roomy'}}}\n"
+        f"  - {{name: tiny, kind: local, workdir: {tiny}}}\n"
+    )
+    db = tmp_path / "p.db"
+    assert main(_cheap_profile(fleet_file, db, tmp_path / "artifacts", "0.25,0.5")) == 1  # not every cell measured
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.startswith("tiny") and "out of space" in line]) == 2, out
+    with ProfileStore(db) as store:
+        cells = store.latest_cells()
+    by_device = {d: sorted(cells[cells.device == d].status) for d in ("roomy", "tiny")}
+    assert by_device == {"roomy": ["ok", "ok"], "tiny": ["out of space", "out of space"]}
+    for message in cells[cells.device == "tiny"].message:
+        assert message.startswith("tiny: pushing ") and f"to {tiny}/cas needs " in message, message

@@ -32,6 +32,7 @@ from exporters.zoo import get_model
 from harness.contract import RUNNER_EXIT_CODES
 from harness.runner import protocol
 from harness.runner_archive import SOURCE_DIR, archive_path
+from tests.conftest import SmallFileSystems
 
 RUNNER = archive_path()
 
@@ -377,6 +378,17 @@ def test_out_of_memory_exit_4(sets: dict[str, Path], start: Path, tmp_path: Path
     rc, doc, _ = run_runner(*train_args(sets["cnn"], start, data, tmp_path / "out.npy"), preexec=_limit_address_space)
     assert rc == 4 and doc["status"] == "out of memory", doc
     assert "allocate" in doc["error"]
+
+
+def test_out_of_space_exit_6_names_the_file_and_leaves_nothing(
+    sets: dict[str, Path], start: Path, tmp_path: Path, small_fs: SmallFileSystems
+) -> None:
+    data = learnable_shard(tmp_path / "shard.npz", 8)
+    full = small_fs.mount("out", "8k")  # the fjord-cnn set's parameters take 26 KB
+    rc, doc, _ = run_runner(*train_args(sets["cnn"], start, data, full / "out.npy"))
+    assert rc == 6 and doc["status"] == "out of space", doc
+    assert doc["error"] == f"writing {full / 'out.npy'}: No space left on device"
+    assert list(full.iterdir()) == []
 
 
 def _limit_address_space_1g() -> None:

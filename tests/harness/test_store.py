@@ -26,8 +26,10 @@ from harness.document import parse_document
 from harness.provenance import git_commit, host_versions
 from harness.records import BenchSpec, Measurement
 from harness.roundcost import RoundCostModel
-from harness.store import ProfileStore, StoreError
+from harness.store import ProfileStore, StoreError, StoreUnavailable
 from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
+from tests.conftest import SmallFileSystems
+from tests.harness.campaigns import local_fleet_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -334,6 +336,38 @@ def test_killed_process_loses_no_committed_cell(db: Path) -> None:
     assert len(indices) >= committed + 1  # every cell reported committed is there
     assert all(len(m.step_seconds) == 200 for m in stored)
     assert len(keys) == len(indices)
+
+
+def test_a_full_disk_is_one_line_naming_the_store_and_loses_nothing(
+    small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = small_fs.mount("store", "2m") / "fleetbench.db"
+    store = ProfileStore(db)
+    cid = store.start_campaign(fleet="f", model="cnn")
+    store.record(cid, measurement(spec("pi4")))
+    filler = small_fs.fill(db.parent)
+    big = Measurement(spec=spec("pi3"), status="runner error", message="x" * 200_000, started_at=1.0, finished_at=2.0)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.record(cid, big)
+    message = str(caught.value)
+    assert "\n" not in message and str(db) in message and "file system is full" in message and "bytes free" in message
+    assert store.measured_keys() == {spec("pi4").cell_key()}  # the stored cell is there, the failed write is not
+
+    filler.unlink()  # space freed: the same store writes again (no transaction was left open)
+    store.record(cid, big)
+    store.close()
+    with ProfileStore(db) as reopened:
+        assert reopened._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert len(reopened.measurements()) == 2
+
+    # a store that cannot even be created: one line, exit status 1, naming the file
+    small_fs.fill(db.parent)
+    fresh = db.parent / "fresh.db"
+    fleet = local_fleet_file(small_fs.root)
+    argv = ["profile", "--fleet", str(fleet), "--model", "fjord-cnn", "--widths", "1", "--backend", "ort"]
+    assert main([*argv, "--db", str(fresh), "--artifacts", str(small_fs.root / "artifacts")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(fresh) in err and "file system is full" in err, err
 
 
 def make_v1(db: Path) -> None:
