@@ -104,6 +104,7 @@ def small_fs(tmp_path: Path) -> Iterator[SmallFileSystems]:
 LONG_MODULES = (
     "tests/fleetbench/test_real_device.py",
     "tests/fleetbench/test_demo.py",
+    "tests/fleetbench/test_faults.py",
     "tests/fl/test_cli.py",
     "tests/fleetbench/test_package.py",
     "tests/harness/test_device_run.py",

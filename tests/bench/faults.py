@@ -36,6 +36,13 @@ the work being whole again), and the error the user saw. The faults:
 ``updown``
     ``fleet down`` followed at once by ``fleet up`` on the same ports: no failed start, and no
     process of the fleet left once it is down.
+``host-disk``
+    the artifact cache on a filesystem too small for the export (a tmpfs; root only): one
+    line naming the path, the store intact, and ``--resume`` completes once space is freed.
+``device-disk``
+    a device's work directory on a filesystem too small for its artifacts: its cells are
+    recorded as out of space with the reason, the other device's cells are measured, and
+    ``--resume`` completes once the device has room again.
 
 A fault is survived when its checks hold; the table's last column is the first line the user
 saw about it (the cell's or client's reason, or the command's own error).
@@ -76,7 +83,7 @@ PROFILE = ("--model", "fjord-cnn", "--batch", "4", "--steps", "3", "--warmup", "
 FL_RUN = ("--strategy", "fjord", "--model", "fjord-cnn", "--dataset", "digits", "--clients", "4", "--seed", "3")
 FL_ROUNDS = 8
 DEVICES = ("fast", "mid")
-FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown")
+FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown", "host-disk", "device-disk")
 #: What a campaign prints once its store is open and its devices are about to be measured.
 CAMPAIGN_STARTED = r"^isolation plan"
 CELL_OK = re.compile(r"^\[(\S+)\] \d+/\d+ w(\d\.\d\d) b\d+ \S+ ok\b", re.M)
@@ -422,6 +429,55 @@ def resident_killed(bench: Bench) -> Outcome:
                    "" if survived else f"rc {rc}, rounds {rounds}, runner pids {pids}, failed {failed}")  # fmt: skip
 
 
+@contextlib.contextmanager
+def small_disk(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``where`` for the block (root only); unmounted after it."""
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def host_disk_full(bench: Bench) -> Outcome:
+    """The artifact cache on a filesystem too small for the export; then space is freed and the campaign resumed."""
+    cwd = bench.fresh("host-disk")
+    db, start = cwd / "fleetbench.db", time.monotonic()
+    with small_disk(cwd / "small", "48k") as small:
+        argv = list(profile(bench, db))
+        argv[argv.index("--artifacts") + 1] = str(small / "artifacts")
+        full = fleetbench(*argv, cwd=cwd)
+        said = [line for line in full.stderr.splitlines() if line.startswith("fleetbench: error")]
+        one_line = full.returncode != 0 and len(said) == 1 and str(small) in said[0]
+        intact = not db.exists() or integrity(db) == "ok"
+        subprocess.run(["mount", "-o", "remount,size=256m", str(small)], check=True)
+        done = fleetbench(*argv, "--resume", cwd=cwd)
+        whole = done.returncode == 0 and ok_cells(db) == expected_cells(bench)
+    survived = one_line and intact and whole
+    return Outcome(survived, 0, time.monotonic() - start, said[0] if said else full.stderr.strip()[-200:],
+                   "" if survived else f"one line {one_line}, intact {intact}, resumed {whole}")  # fmt: skip
+
+
+def device_disk_full(bench: Bench) -> Outcome:
+    """A device's work directory on a filesystem too small for its artifacts: its cells are out of space."""
+    cwd, victim = bench.fresh("device-disk"), bench.rng.choice(DEVICES)
+    db, start = cwd / "fleetbench.db", time.monotonic()
+    workdir = Path(str(bench.fleet.device(victim).workdir))
+    with small_disk(workdir, "32k"):
+        full = fleetbench(*profile(bench, db), cwd=cwd)
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            rows = con.execute("SELECT device, status, message FROM cells").fetchall()
+    others = {(d, round(w, 2)) for d, w in expected_cells(bench) if d != victim}
+    spaced = [message for device, status, message in rows if device == victim and status == "out of space"]
+    recorded = len(spaced) == len(bench.widths) and all(spaced)
+    others_ok = others <= ok_cells(db)
+    whole, _ = resume(bench, db, cwd)  # the device's own work directory again, with room
+    survived = full.returncode != 0 and recorded and others_ok and whole and integrity(db) == "ok"
+    return Outcome(survived, len(others - ok_cells(db)), time.monotonic() - start, spaced[0] if spaced else "",
+                   "" if survived else f"out of space cells {len(spaced)}, others ok {others_ok}, resumed {whole}")
+
+
 def fleet_processes(bench: Bench) -> list[int]:
     """Live processes whose command line names the fleet's state directory."""
     marker = str(bench.fleet.state_dir).encode()
@@ -455,6 +511,8 @@ INJECT: dict[str, Callable[[Bench], Outcome]] = {
     "concurrent": concurrent,
     "resident": resident_killed,
     "updown": down_then_up,
+    "host-disk": host_disk_full,
+    "device-disk": device_disk_full,
 }
 
 
