@@ -34,8 +34,8 @@ the work being whole again), and the error the user saw. The faults:
     the resident runner SIGKILLed on a device mid-request of an FL run over the fleet: that
     client fails with its reason, the runner restarts, and the run finishes every round.
 ``updown``
-    ``fleet down`` followed at once by ``fleet up`` on the same ports: no failed start, and no
-    process of the fleet left once it is down.
+    ``fleet down`` followed at once by ``fleet up`` on the same ports, twice per injection: no
+    failed start, and no process of the fleet left once it is down.
 ``host-disk``
     the artifact cache on a filesystem too small for the export (a tmpfs; root only): one
     line naming the path, the store intact, and ``--resume`` completes once space is freed.
@@ -82,6 +82,8 @@ PROFILE = ("--model", "fjord-cnn", "--batch", "4", "--steps", "3", "--warmup", "
 #: The FL run the kill and resume is compared on (in-process clients: the fault is the host's).
 FL_RUN = ("--strategy", "fjord", "--model", "fjord-cnn", "--dataset", "digits", "--clients", "4", "--seed", "3")
 FL_ROUNDS = 8
+#: ``fleet down`` / ``fleet up`` cycles per injection of the updown fault.
+UPDOWN_CYCLES = 2
 DEVICES = ("fast", "mid")
 FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown", "host-disk", "device-disk")
 #: What a campaign prints once its store is open and its devices are about to be measured.
@@ -491,16 +493,19 @@ def fleet_processes(bench: Bench) -> list[int]:
 
 
 def down_then_up(bench: Bench) -> Outcome:
-    """``fleet down`` then at once ``fleet up``: no failed start, nothing left behind while down."""
+    """`UPDOWN_CYCLES` times ``fleet down`` then at once ``fleet up``: no failed start, nothing left while down."""
     cwd = bench.fresh("updown")
     start = time.monotonic()
-    down = fleetbench("fleet", "down", str(bench.fleet_file), cwd=cwd)
-    left = fleet_processes(bench)
-    up = fleetbench("fleet", "up", str(bench.fleet_file), cwd=cwd)
-    survived = down.returncode == 0 and up.returncode == 0 and not left
-    seen = (up.stdout + up.stderr).strip().splitlines()[-1:] if up.returncode else []
-    return Outcome(survived, 0, time.monotonic() - start, seen[0] if seen else "",
-                   "" if survived else f"down {down.returncode}, up {up.returncode}, left {left}")  # fmt: skip
+    failures: list[str] = []
+    for _ in range(UPDOWN_CYCLES):
+        down = fleetbench("fleet", "down", str(bench.fleet_file), cwd=cwd)
+        left = fleet_processes(bench)
+        up = fleetbench("fleet", "up", str(bench.fleet_file), cwd=cwd)
+        if down.returncode or up.returncode or left:
+            said = (up.stdout + up.stderr).strip().splitlines()[-1:]
+            failures.append(f"down {down.returncode}, up {up.returncode}, left {left}: {said}")
+    return Outcome(not failures, 0, time.monotonic() - start, failures[0] if failures else "",
+                   "; ".join(failures))  # fmt: skip
 
 
 INJECT: dict[str, Callable[[Bench], Outcome]] = {
