@@ -17,11 +17,12 @@ from tests.devices.conftest import require_tool
 
 
 def _check_tier_widths(out: Path, printed: str) -> None:
-    """FjORD's capacities are the capacities of the printed plan: demo widths, monotone in speed.
+    """FjORD's capacities are the printed plan's: demo widths, full width where the deadline is met.
 
-    The deadline is the median device's predicted full-width round, so the device whose
-    full-width round is predicted slowest misses it and gets a narrower tier than the
-    others (two tiers), and no faster device gets a narrower tier than a slower one.
+    The deadline is the median device's predicted full-width round, so a device whose
+    full-width round is predicted within it trains at full width, and every slower one
+    misses it and gets a narrower tier (how much narrower follows its own curve: a device
+    whose time is mostly fixed cost gains less from a narrower width).
     """
     from fleetbench.demo import DEMO_WIDTHS
 
@@ -35,9 +36,9 @@ def _check_tier_widths(out: Path, printed: str) -> None:
     assert {d for d, _, _ in planned} == set(capacity), printed
     assert all(float(w) == capacity[d] for d, w, _ in planned), (planned, capacity)
     full = {d: float(f) for d, _, f in planned}
-    by_speed = sorted(capacity, key=lambda d: full[d])
-    assert [capacity[d] for d in by_speed] == sorted(capacity.values(), reverse=True), (full, capacity)
-    assert len(set(capacity.values())) == 2 and capacity[by_speed[-1]] < capacity[by_speed[0]], (full, capacity)
+    deadline = sorted(full.values())[len(full) // 2]  # the median device's (the upper one of an even count)
+    assert all((capacity[d] == 1.0) == (full[d] <= deadline) for d in capacity), (full, capacity)
+    assert any(capacity[d] < 1.0 for d in capacity), (full, capacity)  # the slowest misses it
     trained = db.execute(
         "SELECT device, width FROM fl_client_rounds WHERE run_id = ? AND status = 'ok'", (run_id,)
     ).fetchall()
