@@ -101,7 +101,7 @@ def test_a_quarter_share_device_gets_a_quarter_of_a_core_and_a_whole_one_more(
     assert all(dev.cpu in expected for dev in state.devices), state
     check_share(0.25, lambda seconds: _share(fleet, quarter, seconds), duty_cycle=method == "fallback")
     seen = []
-    for _ in range(3):  # the machine is shared: the whole core may be busy for a moment
+    for _ in range(8):  # the machine is shared: the whole core may be busy for a moment
         pair = (_share(fleet, quarter, 1.0), _share(fleet, whole, 1.0))
         seen.append(pair)
         if pair[1] > 2 * pair[0]:
