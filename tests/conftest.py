@@ -105,6 +105,8 @@ LONG_MODULES = (
     "tests/fleetbench/test_real_device.py",
     "tests/fleetbench/test_demo.py",
     "tests/fleetbench/test_faults.py",
+    "tests/exporters/test_step_model.py",
+    "tests/exporters/test_artifacts.py",
     "tests/fl/test_cli.py",
     "tests/fleetbench/test_package.py",
     "tests/harness/test_device_run.py",
