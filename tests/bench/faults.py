@@ -432,14 +432,20 @@ def resident_killed(bench: Bench) -> Outcome:
 
 
 @contextlib.contextmanager
-def small_disk(where: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted on ``where`` for the block (root only); unmounted after it."""
+def small_disk(where: Path, size: str, inside: int | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``where`` for the block (root only); unmounted after it.
+
+    ``inside`` is a pid whose mount namespace gets the mount: a device in a network
+    namespace runs in a mount namespace of its own (``ip netns exec`` makes one), where a
+    mount made on the host is not seen.
+    """
+    enter = [] if inside is None else ["nsenter", "-t", str(inside), "-m"]
     where.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    subprocess.run([*enter, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        subprocess.run([*enter, "umount", "-l", str(where)], check=False)
 
 
 def host_disk_full(bench: Bench) -> Outcome:
@@ -466,7 +472,8 @@ def device_disk_full(bench: Bench) -> Outcome:
     cwd, victim = bench.fresh("device-disk"), bench.rng.choice(DEVICES)
     db, start = cwd / "fleetbench.db", time.monotonic()
     workdir = Path(str(bench.fleet.device(victim).workdir))
-    with small_disk(workdir, "32k"):
+    sshd = next(rec for rec in device_state(bench, victim).processes if rec.role == "sshd")
+    with small_disk(workdir, "32k", inside=sshd.pid):
         full = fleetbench(*profile(bench, db), cwd=cwd)
         with contextlib.closing(sqlite3.connect(db)) as con:
             rows = con.execute("SELECT device, status, message FROM cells").fetchall()
