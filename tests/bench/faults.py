@@ -584,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still brings its fleet down
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus", flush=True)
     with tempfile.TemporaryDirectory(prefix="fleetbench-faults-") as tmp:
         results = run(faults, args.repeats, args.seed, Path(tmp))
