@@ -1070,8 +1070,12 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
             continue
         old = state.get(device.name)
         if old is not None:
-            if all(processes.running(r) for r in old.processes) and _answers(device, 5.0)[0]:
-                say(f"{device.name}: already up at {old.address}")
+            if all(processes.running(r) for r in old.processes):
+                # A device whose processes all run is kept even when it is too busy to answer
+                # at once: a campaign or FL round may be running on it, under its CPU share.
+                answers, why = _answers(device, 5.0)
+                say(f"{device.name}: already up at {old.address}"
+                    + ("" if answers else f" (busy: no answer within 5 s: {why}; `fleet down` stops it)"))
                 already.append(device.name)
                 continue
             say(f"{device.name}: cleaning a stale entry")

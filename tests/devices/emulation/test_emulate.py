@@ -169,7 +169,29 @@ def test_stale_entry_is_cleaned_and_restarted(fleet_file: Path) -> None:
     second = emulate.load_state(fleet.state_dir)
     new = second.get(victim.name)
     assert new is not None and new.processes[0].pid != victim.processes[0].pid
-    assert all(r.answers for r in emulate.status(fleet, timeout=10))
+    statuses = emulate.status(fleet, timeout=10)
+    assert all(r.answers for r in statuses), statuses
+    assert emulate.down(fleet, say=lambda line: None) == []
+    _assert_nothing_left(fleet, second)
+
+
+def test_a_running_device_too_busy_to_answer_is_kept_not_restarted(
+    fleet_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = _load(fleet_file)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    first = emulate.load_state(fleet.state_dir)
+    monkeypatch.setattr(emulate, "_answers", lambda device, timeout=10.0: (False, "timed out"))
+    lines: list[str] = []
+    result = emulate.up(fleet, say=lines.append)
+    assert result.ok and result.started == () and set(result.already_up) == {d.name for d in first.devices}
+    assert not any("stale" in line for line in lines), lines
+    kept = [line for line in lines if "already up" in line]
+    assert len(kept) == len(first.devices) and all("busy: no answer within 5 s: timed out" in x for x in kept), lines
+    second = emulate.load_state(fleet.state_dir)
+    assert [d.processes for d in second.devices] == [d.processes for d in first.devices]
+    assert all(processes.running(r) for d in second.devices for r in d.processes)
+    monkeypatch.undo()
     assert emulate.down(fleet, say=lambda line: None) == []
     _assert_nothing_left(fleet, second)
 
