@@ -484,8 +484,7 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
     tail = stderr.strip()[-300:]
     if not stdout.strip():
         message = f"runner exited {rc} with no output" + (f"; stderr: {tail}" if tail else "")
-        status = "out of space" if rc != 0 and says_out_of_space(tail) else "runner error"
-        return RunnerOutput(status, message, EMPTY_DOCUMENT)
+        return RunnerOutput(_undocumented_status(rc, tail), message, EMPTY_DOCUMENT)
     try:
         doc = _decode(stdout)
     except ReplyRefused as exc:
@@ -493,9 +492,13 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
         return RunnerOutput("runner error", _one_line(message), EMPTY_DOCUMENT)
     if not isinstance(doc, dict):
         message = f"runner exited {rc} with output that is not a JSON object" + (f"; stderr: {tail}" if tail else "")
-        status = "out of space" if rc != 0 and says_out_of_space(tail) else "runner error"
-        return RunnerOutput(status, message, EMPTY_DOCUMENT)
+        return RunnerOutput(_undocumented_status(rc, tail), message, EMPTY_DOCUMENT)
     return _output(rc, doc, tail)
+
+
+def _undocumented_status(rc: int, tail: str) -> str:
+    """Return the status of a runner that gave no document: out of space when its stderr says the disk is full."""
+    return "out of space" if rc != 0 and says_out_of_space(tail) else "runner error"
 
 
 def _output(rc: int, doc: Mapping[str, Any], tail: str) -> RunnerOutput:

@@ -74,7 +74,7 @@ from devices import processes
 from devices.emulation import emulate
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
-from tests.devices.conftest import copy_example_fleet
+from tests.devices.conftest import cmdlines, copy_example_fleet
 
 #: The bench's cells: small enough that one campaign takes seconds, wide enough to be a campaign.
 PROFILE = ("--model", "fjord-cnn", "--batch", "4", "--steps", "3", "--warmup", "1",
@@ -389,19 +389,8 @@ def concurrent(bench: Bench) -> Outcome:
 
 
 def _resident_pids(bench: Bench, device: str) -> list[int]:
-    workdir = str(bench.fleet.device(device).workdir or "")
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        text = b" ".join(cmd).decode(errors="replace")
-        if "serve" in text and "runner" in text and (not workdir or workdir.replace("~", "") in text):
-            found.append(int(proc.name))
-    return found
+    workdir = str(bench.fleet.device(device).workdir or "").replace("~", "")
+    return [pid for pid, line in cmdlines().items() if "serve" in line and "runner" in line and workdir in line]
 
 
 def resident_killed(bench: Bench) -> Outcome:
@@ -489,14 +478,8 @@ def device_disk_full(bench: Bench) -> Outcome:
 
 def fleet_processes(bench: Bench) -> list[int]:
     """Live processes whose command line names the fleet's state directory."""
-    marker = str(bench.fleet.state_dir).encode()
-    live = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if marker in (proc / "cmdline").read_bytes():
-                    live.append(int(proc.name))
-    return live
+    marker = str(bench.fleet.state_dir)
+    return [pid for pid, line in cmdlines().items() if marker in line and pid != os.getpid()]
 
 
 def down_then_up(bench: Bench) -> Outcome:
@@ -584,9 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still brings its fleet down
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus", flush=True)
-    with tempfile.TemporaryDirectory(prefix="fleetbench-faults-") as tmp:
+    # A bench stopped with SIGTERM or SIGHUP still brings its fleet down.
+    with processes.terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix="fleetbench-faults-") as tmp:
         results = run(faults, args.repeats, args.seed, Path(tmp))
     print(table(results))
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")

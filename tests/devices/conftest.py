@@ -63,16 +63,23 @@ def adb_path() -> str:
     return require_tool("adb")
 
 
-def cmdline_running(marker: str) -> bool:
-    """Whether any process on this machine has ``marker`` in its command line."""
+def cmdlines() -> dict[int, str]:
+    """The command line of every process on this machine, arguments joined by spaces, by pid."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    return True
+                found[int(entry.name)] = entry.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace"
+                )
             except OSError:
                 continue
-    return False
+    return found
+
+
+def cmdline_running(marker: str) -> bool:
+    """Whether any process on this machine has ``marker`` in its command line."""
+    return any(marker in line for line in cmdlines().values())
 
 
 def copy_example_fleet(directory: Path, phone_python: str | None = sys.executable, fresh: bool = False) -> Path:
