@@ -484,6 +484,8 @@ def _start_ssh(
         argv = [sshd.sshd_binary(), "-D", "-f", str(inst.config), "-E", str(inst.log_file)]
         if root is not None:
             argv = qemu.enter_argv(root.tree, root.layer, argv, chroot=False)  # unshare, mount, exec: same pid
+        else:
+            argv = sshd.without_startup_files(argv, Path.home())
         if netns:
             argv = ["ip", "netns", "exec", netns, *argv]  # ip execs sshd: same pid
         proc = _spawn(argv, plan, inst.directory / "stdout.log", unit)

@@ -10,6 +10,13 @@ Session environment: `prepare` can give every session a few environment variable
 authorized_keys (``environment="NAME=value"``, allowed by name with
 ``PermitUserEnvironment NAME``) rather than with sshd_config's ``SetEnv``, which
 OpenSSH has only since 8.7.
+
+Shell start-up: sshd runs each command through the user's login shell, and bash started by
+sshd reads ``~/.bashrc`` first. The emulated device logs in as the host's user, whose
+start-up files set up the host's own tools (a Python version manager, say): work a board
+would not do before every command, which would also make each command wait on the host's
+tools. `without_startup_files` starts sshd in a mount namespace of its own where those
+files read as empty, as a freshly flashed board's do (root only; otherwise they run).
 """
 
 from __future__ import annotations
@@ -311,6 +318,43 @@ def authorize(instance: SshdInstance, public_key: str) -> None:
     options = ",".join(f'environment="{k}={v}"' for k, v in instance.session_env)
     lines.append(f"{options} {key}" if options else key)
     instance.authorized_keys.write_text("".join(f"{line}\n" for line in lines))
+
+
+#: The files a shell that sshd starts for a command reads before it: bash's and zsh's.
+STARTUP_FILES = (".bashrc", ".zshenv")
+
+# Bind /dev/null over each file named by the count-prefixed list, then exec the command.
+_EMPTY_STARTUP = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do mount --bind /dev/null "$1" || exit 1; n=$((n - 1)); shift; done; '
+    'exec "$@"'
+)
+
+
+def without_startup_files(argv: list[str], home: Path) -> list[str]:
+    """Return the argv that runs sshd ``argv`` where ``home``'s shell start-up files read as empty.
+
+    The files (`STARTUP_FILES` that exist in ``home``) are covered by ``/dev/null`` in a
+    private mount namespace (``unshare --mount``), so only the emulated device's sessions
+    see them empty. Needs root and ``unshare``; without either, or without such files,
+    ``argv`` is returned as it is.
+
+    Parameters
+    ----------
+    argv : list of str
+        The sshd command line.
+    home : pathlib.Path
+        Home directory of the user the device's sessions log in as.
+
+    Returns
+    -------
+    list of str
+        A command whose process becomes sshd (every step execs), so its pid is sshd's.
+    """
+    files = [str(home / name) for name in STARTUP_FILES if (home / name).is_file()]
+    if not files or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return argv
+    head = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", _EMPTY_STARTUP, "sh"]
+    return [*head, str(len(files)), *files, *argv]
 
 
 def _ensure_privsep_dir() -> None:

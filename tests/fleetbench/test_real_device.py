@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from devices.emulation import emulate
-from devices.emulation.sshd import free_port
+from devices.emulation.sshd import free_port, without_startup_files
 from devices.fleetfile import load_fleet
 from tests.devices.conftest import require_tool
 
@@ -84,8 +84,9 @@ def board(tmp_path: Path) -> Iterator[Board]:
     host_key = (sshd_dir / "host_ed25519.pub").read_text().split()
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
-    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_dir / "sshd_config")],
-                            stdout=subprocess.DEVNULL, stderr=(sshd_dir / "sshd.log").open("w"))
+    # a fresh board's root has no shell start-up of the host's tools: its sessions start without them
+    argv = without_startup_files(["/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_dir / "sshd_config")], Path.home())
+    sshd = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=(sshd_dir / "sshd.log").open("w"))
     name = f".fleetbench-journey-{uuid.uuid4().hex[:8]}"  # in the board user's home, as a user would set it
     home_workdir = Path.home() / name
     try:
