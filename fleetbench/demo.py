@@ -231,7 +231,7 @@ def run_demo(args: argparse.Namespace) -> int:
                                   max_examples=args.examples)  # fmt: skip
             paths = (artifacts, out / "fl-work")
             runs = (
-                ("fjord", f"FjORD with each tier's p_max, {args.rounds} rounds", {"k": len(DEMO_WIDTHS)}),
+                ("fjord", f"FjORD with each tier's capacity, {args.rounds} rounds", {"k": len(DEMO_WIDTHS)}),
                 ("fluid", f"FLuID straggler handling, {args.rounds} rounds", {"widths": list(DEMO_FLUID_WIDTHS)}),
             )
             for strategy, title, options in runs:
