@@ -53,8 +53,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _fl_run(tmp_path: Path) -> list[str]:
-    """The arguments of a one-round ``fleetbench fl run`` on two Ray workers, its summary as JSON."""
-    argv = ["fl", "run", "--executor", "ray", "--workers", "2", "--dataset", "digits", "--clients", "4"]
+    """The arguments of a one-round ``fleetbench fl run`` of four clients on one Ray worker, its summary as JSON."""
+    argv = ["fl", "run", "--executor", "ray", "--workers", "1", "--dataset", "digits", "--clients", "4"]
     return [*argv, "--rounds", "1", "--batch", "16", "--db", str(tmp_path / "fl.db"), "--json"]
 
 
