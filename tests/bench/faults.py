@@ -131,6 +131,9 @@ class Pace:
         ``fl_rounds - 2``).
     resident_rounds : int
         Rounds of the FL run over the fleet whose resident runner is killed in its first round.
+    resident_options : tuple[str, ...]
+        More ``fl run`` options of that run (``--opt k=2``: FjORD's two widths, two artifact
+        sets to export instead of five).
     updown_cycles : int
         ``fleet down`` / ``fleet up`` cycles per injection of the updown fault.
     """
@@ -139,6 +142,7 @@ class Pace:
     link_down: tuple[float, float] = (1.0, 5.0)
     fl_rounds: int = 8
     resident_rounds: int = 3
+    resident_options: tuple[str, ...] = ()
     updown_cycles: int = 2
 
 
@@ -425,7 +429,7 @@ def resident_killed(bench: Bench) -> Outcome:
     cwd, victim = bench.fresh("resident"), bench.rng.choice(DEVICES)
     db = cwd / "fl.db"
     argv = ("fl", "run", "--fleet", str(bench.fleet_file), "--artifacts", str(bench.artifacts), *FL_RUN,
-            "--rounds", str(bench.pace.resident_rounds), "--db", str(db))  # fmt: skip
+            *bench.pace.resident_options, "--rounds", str(bench.pace.resident_rounds), "--db", str(db))  # fmt: skip
     with started(*argv, cwd=cwd) as proc:
         deadline = time.monotonic() + 300
         while not (pids := _resident_pids(bench, victim)) and proc.poll() is None and time.monotonic() < deadline:

@@ -20,8 +20,11 @@ from tests.devices.conftest import require_tool
 
 #: Seconds of fault, FL rounds and fleet cycles of one injection here: a link or sshd down for
 #: under two seconds, an FL run killed after round 1 or 2 of 4, one round after the runner
-#: restarts, one down/up cycle.
-PACE = faults.Pace(sshd_down=(0.25, 1.0), link_down=(0.5, 1.5), fl_rounds=4, resident_rounds=2, updown_cycles=1)
+#: restarts (FjORD with two widths), one down/up cycle.
+PACE = faults.Pace(
+    sshd_down=(0.25, 1.0), link_down=(0.5, 1.5), fl_rounds=4, resident_rounds=2, resident_options=("--opt", "k=2"),
+    updown_cycles=1,
+)  # fmt: skip
 #: The widths of each fault's campaigns (default: one). The concurrent fault gives each of its two
 #: campaigns half of them; the sshd fault's resume must then measure exactly the missing cells
 #: of a device that may have some of its cells.
