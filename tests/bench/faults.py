@@ -81,9 +81,6 @@ PROFILE = ("--model", "fjord-cnn", "--batch", "4", "--steps", "3", "--warmup", "
            "--precision", "0", "--passes", "1", "--optimizer", "sgd", "--no-round-cost", "--timeout", "60")  # fmt: skip
 #: The FL run the kill and resume is compared on (in-process clients: the fault is the host's).
 FL_RUN = ("--strategy", "fjord", "--model", "fjord-cnn", "--dataset", "digits", "--clients", "4", "--seed", "3")
-FL_ROUNDS = 8
-#: ``fleet down`` / ``fleet up`` cycles per injection of the updown fault.
-UPDOWN_CYCLES = 2
 DEVICES = ("fast", "mid")
 FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown", "host-disk", "device-disk")
 #: What a campaign prints once its store is open and its devices are about to be measured.
@@ -116,6 +113,39 @@ class Outcome:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How long the faults that last a while last, and how much work an injection runs.
+
+    The defaults are the bench's; a shorter pace keeps every fault and check, with fewer
+    seconds of fault and fewer rounds and cycles around it.
+
+    Attributes
+    ----------
+    sshd_down : tuple[float, float]
+        Range of the seconds a killed ``sshd`` stays down.
+    link_down : tuple[float, float]
+        Range of the seconds a device's link stays down.
+    fl_rounds : int
+        Rounds of the FL run that is killed and resumed (it is killed after round 1 to
+        ``fl_rounds - 2``).
+    resident_rounds : int
+        Rounds of the FL run over the fleet whose resident runner is killed in its first round.
+    resident_options : tuple[str, ...]
+        More ``fl run`` options of that run (``--opt k=2``: FjORD's two widths, two artifact
+        sets to export instead of five).
+    updown_cycles : int
+        ``fleet down`` / ``fleet up`` cycles per injection of the updown fault.
+    """
+
+    sshd_down: tuple[float, float] = (1.0, 4.0)
+    link_down: tuple[float, float] = (1.0, 5.0)
+    fl_rounds: int = 8
+    resident_rounds: int = 3
+    resident_options: tuple[str, ...] = ()
+    updown_cycles: int = 2
+
+
 @dataclass
 class Bench:
     """The emulated fleet the faults are injected into, and the shared artifact cache."""
@@ -126,6 +156,7 @@ class Bench:
     artifacts: Path
     rng: random.Random
     widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    pace: Pace = Pace()
     counter: int = 0
     uninterrupted: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -246,7 +277,7 @@ def bring_up(bench: Bench) -> None:
 def sshd_killed(bench: Bench) -> Outcome:
     """SIGKILL a device's sshd mid-campaign, start it again seconds later, then resume."""
     cwd, victim = bench.fresh("sshd"), bench.rng.choice(DEVICES)
-    db, delay, down = cwd / "fleetbench.db", bench.rng.uniform(0.0, 4.0), bench.rng.uniform(1.0, 4.0)
+    db, delay, down = cwd / "fleetbench.db", bench.rng.uniform(0.0, 4.0), bench.rng.uniform(*bench.pace.sshd_down)
     with started(*profile(bench, db), cwd=cwd) as proc:
         wait_for(cwd / "err.txt", CAMPAIGN_STARTED, proc)
         time.sleep(delay)
@@ -273,7 +304,7 @@ def sshd_killed(bench: Bench) -> Outcome:
 def link_down(bench: Bench) -> Outcome:
     """Take a device's link down for seconds mid-campaign (every packet dropped), then resume what failed."""
     cwd, victim = bench.fresh("link"), bench.rng.choice(DEVICES)
-    db, delay, down = cwd / "fleetbench.db", bench.rng.uniform(0.0, 1.0), bench.rng.uniform(1.0, 5.0)
+    db, delay, down = cwd / "fleetbench.db", bench.rng.uniform(0.0, 1.0), bench.rng.uniform(*bench.pace.link_down)
     host_if = device_state(bench, victim).host_if
     if host_if is None:
         return Outcome(False, 0, 0.0, "", f"{victim} has no network namespace (run as root)")
@@ -331,7 +362,7 @@ def final_global(db: Path) -> dict[str, np.ndarray]:
 
 def fl_killed(bench: Bench) -> Outcome:
     """SIGKILL ``fleetbench fl run`` after its first round; resume; compare with an uninterrupted run."""
-    rounds = ("--rounds", str(FL_ROUNDS))
+    rounds = ("--rounds", str(bench.pace.fl_rounds))
     if not bench.uninterrupted:
         cwd = bench.fresh("fl-reference")
         done = fleetbench("fl", "run", *FL_RUN, *rounds, "--db", str(cwd / "fl.db"), cwd=cwd)
@@ -341,7 +372,7 @@ def fl_killed(bench: Bench) -> Outcome:
     cwd = bench.fresh("kill-fl")
     db = cwd / "fl.db"
     with started("fl", "run", *FL_RUN, *rounds, "--db", str(db), cwd=cwd) as proc:
-        wait_for(cwd / "err.txt", rf"^round {bench.rng.randint(1, FL_ROUNDS - 2)}/", proc)
+        wait_for(cwd / "err.txt", rf"^round {bench.rng.randint(1, bench.pace.fl_rounds - 2)}/", proc)
         time.sleep(bench.rng.uniform(0.0, 1.5))
         fault_at = time.monotonic()
         finished = proc.poll() is not None
@@ -398,7 +429,7 @@ def resident_killed(bench: Bench) -> Outcome:
     cwd, victim = bench.fresh("resident"), bench.rng.choice(DEVICES)
     db = cwd / "fl.db"
     argv = ("fl", "run", "--fleet", str(bench.fleet_file), "--artifacts", str(bench.artifacts), *FL_RUN,
-            "--rounds", "3", "--db", str(db))  # fmt: skip
+            *bench.pace.resident_options, "--rounds", str(bench.pace.resident_rounds), "--db", str(db))  # fmt: skip
     with started(*argv, cwd=cwd) as proc:
         deadline = time.monotonic() + 300
         while not (pids := _resident_pids(bench, victim)) and proc.poll() is None and time.monotonic() < deadline:
@@ -409,13 +440,15 @@ def resident_killed(bench: Bench) -> Outcome:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         rc = proc.wait(timeout=900)
-    rounds = re.findall(r"^round (\d+)/3: clients ok (\d+) failed (\d+)", (cwd / "err.txt").read_text(), re.M)
+    last = bench.pace.resident_rounds
+    rounds = re.findall(rf"^round (\d+)/{last}: clients ok (\d+) failed (\d+)", (cwd / "err.txt").read_text(), re.M)
     with contextlib.closing(sqlite3.connect(db)) as con:
         failed = con.execute(
             "SELECT device, message FROM fl_client_rounds WHERE status != 'ok' ORDER BY round, cid"
         ).fetchall()
     reasons = [f"{device}: {message}" for device, message in failed if message]
-    survived = rc == 0 and [r[0] for r in rounds] == ["1", "2", "3"] and bool(pids) and len(reasons) == len(failed)
+    every_round = [r[0] for r in rounds] == [str(n) for n in range(1, last + 1)]
+    survived = rc == 0 and every_round and bool(pids) and len(reasons) == len(failed)
     return Outcome(survived, 0, time.monotonic() - fault_at, reasons[0] if reasons else "",
                    "" if survived else f"rc {rc}, rounds {rounds}, runner pids {pids}, failed {failed}")  # fmt: skip
 
@@ -483,11 +516,11 @@ def fleet_processes(bench: Bench) -> list[int]:
 
 
 def down_then_up(bench: Bench) -> Outcome:
-    """`UPDOWN_CYCLES` times ``fleet down`` then at once ``fleet up``: no failed start, nothing left while down."""
+    """``fleet down`` then at once ``fleet up``, ``pace.updown_cycles`` times: no failed start, nothing left down."""
     cwd = bench.fresh("updown")
     start = time.monotonic()
     failures: list[str] = []
-    for _ in range(UPDOWN_CYCLES):
+    for _ in range(bench.pace.updown_cycles):
         down = fleetbench("fleet", "down", str(bench.fleet_file), cwd=cwd)
         left = fleet_processes(bench)
         up = fleetbench("fleet", "up", str(bench.fleet_file), cwd=cwd)
@@ -511,7 +544,9 @@ INJECT: dict[str, Callable[[Bench], Outcome]] = {
 }
 
 
-def setup(work: Path, seed: int, netns: bool, widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> Bench:
+def setup(
+    work: Path, seed: int, netns: bool, widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0), pace: Pace = Pace()
+) -> Bench:
     """Write the bench's fleet (``fast`` and ``mid`` of the example fleet), start it; campaigns measure ``widths``."""
     path = copy_example_fleet(work)
     document = yaml.safe_load(path.read_text())
@@ -521,7 +556,7 @@ def setup(work: Path, seed: int, netns: bool, widths: tuple[float, ...] = (0.25,
             device.setdefault("emulate", {})["delay_ms"] = 1
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     fleet = load_fleet(path)
-    bench = Bench(work, path, fleet, work / "artifacts", random.Random(seed), widths)
+    bench = Bench(work, path, fleet, work / "artifacts", random.Random(seed), widths, pace)
     bring_up(bench)
     return bench
 
