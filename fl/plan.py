@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.userinput import InputError
-from exporters.zoo import get_model
 from fl.population import full_batch_steps
 from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
@@ -522,6 +521,8 @@ def plan_on(
     say = warn or (lambda line: None)
     levels = levels_of(request.strategy, request.options)
     cost_fn = _scaled(fitted.cost, scale or {})
+    from exporters.zoo import get_model  # torch: only once a plan is made, not when a parser is built
+
     zoo = get_model(request.model)
     steps = {d: full_batch_steps(request.examples[d], request.batch, request.epochs) for d in request.examples}
 

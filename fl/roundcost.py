@@ -10,7 +10,7 @@ seconds`` function `fl.population.VirtualClock` and the server's predictions nee
 model (`harness.latency`: any width or mixed architecture), ``fixed`` and the transfer lines
 the device's measured `harness.roundcost.RoundCostModel` (a device without one is costed
 from latency alone, with a warning). A ``--link`` of a virtual population replaces the
-measured transfer time by ``bytes * 8 / rate + delay`` (`fl.executors.devices.modelled_transfer_seconds`).
+measured transfer time by ``bytes * 8 / rate + delay`` (`modelled_transfer_seconds`).
 
 `round_cost_from_store` does the same from a store, each device's profile and round cost
 chosen to match the configuration it trains with in the run (`fl.scheduling.configs`:
@@ -37,7 +37,6 @@ from typing import Any
 
 from exporters.arch import Arch
 from exporters.userinput import InputError
-from fl.executors.devices import modelled_transfer_seconds
 from fl.population import full_batch_steps, split_item
 from fl.records import ClientSpec
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
@@ -116,10 +115,32 @@ def _link(text: str, spec: str) -> Link:
     return rate, delay
 
 
+def modelled_transfer_seconds(nbytes: int, rate_kbit: int | None, delay_ms: float | None) -> float | None:
+    """Return the modelled one-way transfer time of ``nbytes`` over an emulated link.
+
+    Parameters
+    ----------
+    nbytes : int
+        Payload size in bytes.
+    rate_kbit : int or None
+        Link rate in kbit/s; None when the link is not shaped.
+    delay_ms : float or None
+        One-way delay in milliseconds.
+
+    Returns
+    -------
+    float or None
+        ``nbytes * 8 / (rate_kbit * 1000) + delay_ms / 1000``; None without a rate.
+    """
+    if not rate_kbit:
+        return None
+    return nbytes * 8 / (rate_kbit * 1000.0) + (delay_ms or 0.0) / 1000.0
+
+
 def link_transfer(links: Mapping[str, Link] | None) -> Callable[[str, int], float | None]:
     """Return ``(device, nbytes) -> seconds or None``: the modelled transfer time of a device with a link.
 
-    ``bytes * 8 / rate + delay`` (`fl.executors.devices.modelled_transfer_seconds`) for a
+    ``bytes * 8 / rate + delay`` (`modelled_transfer_seconds`) for a
     device of ``links``; None for the others (their measured transfer time stands).
     """
     link_of = dict(links or {})

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from exporters.userinput import InputError
-from exporters.zoo import ZooModel
 from fl.records import ClientFailure, TrainIns, TrainRes
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+
+
+    from exporters.zoo import ZooModel
 
 #: One client's training data: examples and labels.
 Shard = tuple[np.ndarray, np.ndarray]

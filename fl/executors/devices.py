@@ -94,6 +94,7 @@ from exporters.zoo import ZooModel
 from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 from fl.renamed_keys import current_train_config
+from fl.roundcost import modelled_transfer_seconds
 from harness.contract import RunnerStart
 from harness.document import RunnerDocument
 
@@ -135,28 +136,6 @@ class _Job:
 def _sets_of(job: _Job) -> frozenset[Path]:
     """Return the artifact sets ``job`` trains (a FjORD job: one per width)."""
     return frozenset([job.set_dir, *(w.set_dir for w in job.widths)])
-
-
-def modelled_transfer_seconds(nbytes: int, rate_kbit: int | None, delay_ms: float | None) -> float | None:
-    """Return the modelled one-way transfer time of ``nbytes`` over an emulated link.
-
-    Parameters
-    ----------
-    nbytes : int
-        Payload size in bytes.
-    rate_kbit : int or None
-        Link rate in kbit/s; None when the link is not shaped.
-    delay_ms : float or None
-        One-way delay in milliseconds.
-
-    Returns
-    -------
-    float or None
-        ``nbytes * 8 / (rate_kbit * 1000) + delay_ms / 1000``; None without a rate.
-    """
-    if not rate_kbit:
-        return None
-    return nbytes * 8 / (rate_kbit * 1000.0) + (delay_ms or 0.0) / 1000.0
 
 
 def prefix_positions(

@@ -7,7 +7,13 @@ import pytest
 from exporters.flops import count
 from exporters.userinput import InputError
 from exporters.zoo import get_model
-from fl.roundcost import measured_models, parse_links, round_cost_from_rows, round_cost_from_store
+from fl.roundcost import (
+    measured_models,
+    modelled_transfer_seconds,
+    parse_links,
+    round_cost_from_rows,
+    round_cost_from_store,
+)
 from fl.scheduling.configs import ProfileConfig
 from harness.latency import fit
 from harness.roundcost import RoundCostModel
@@ -400,3 +406,8 @@ def test_rounds_whose_transfers_stalled_do_not_calibrate() -> None:
     first.observe("mid", 0.4, 0.69, transfer=(0.276, payload))
     first.observe("mid", 0.4, 0.8, transfer=None)
     assert [slowed for _, slowed in first.rounds["mid"]] == [False, False]
+
+
+def test_modelled_transfer_time() -> None:
+    assert modelled_transfer_seconds(1_000_000, 8000, 20.0) == pytest.approx(1.0 + 0.02)
+    assert modelled_transfer_seconds(10, None, 5.0) is None

@@ -119,3 +119,19 @@ def test_a_locked_store_is_a_failure_of_the_environment(
         holder.close()
     assert rc == 1 and err.count("\n") == 1
     assert err == f"fleetbench: error: profile store {db}: database is locked\n"
+
+
+def test_the_command_line_is_built_and_a_fleet_checked_without_importing_torch(tmp_path: Path) -> None:
+    """Commands that export nothing start quickly: building the parser and `fleet check` leave torch unimported."""
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "devices" / "fleets" / "emulated.yaml"
+    code = (
+        "import sys\n"
+        "from fleetbench.cli import main\n"
+        f"rc = main(['fleet', 'check', {str(example)!r}])\n"
+        "print(rc, sorted(m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert done.stdout.splitlines()[-1] == "0 []", done.stdout + done.stderr

@@ -29,7 +29,7 @@ from devices.fleetfile import load_fleet
 from devices.transport import Process, RunResult, Transport
 from exporters.userinput import InputError
 from exporters.zoo import get_model
-from fl.executors.devices import DevicesExecutor, cut_prefix, modelled_transfer_seconds, prefix_positions
+from fl.executors.devices import DevicesExecutor, cut_prefix, prefix_positions
 from fl.records import ClientFailure, TrainIns
 
 PY = sys.executable
@@ -165,11 +165,6 @@ def test_prefix_cut_and_flat_positions_on_an_lstm() -> None:
     positions = prefix_positions(model, outer, outer_m, inner, inner_m)
     assert np.array_equal(flatten(outer_m, outer_params)[positions], flatten(inner_m, direct))
     assert len(set(positions.tolist())) == positions.size
-
-
-def test_modelled_transfer_time() -> None:
-    assert modelled_transfer_seconds(1_000_000, 8000, 20.0) == pytest.approx(1.0 + 0.02)
-    assert modelled_transfer_seconds(10, None, 5.0) is None
 
 
 # ---------------------------------------------------------------------------- connections are closed
