@@ -198,12 +198,11 @@ ADAMW_END_TO_END = _parity_cases([("cfd-cnn", 0.5), ("cfd-cnn", 1.0)])
 
 
 def _one_step_end_to_end(
-    root: SharedArtifacts, name: str, width: float, optimizer: str, batch: int = BATCH, *, eval_first: bool = False
+    trainer: OrtTrainer, model: ZooModel, width: float, optimizer: str, batch: int = BATCH, *, eval_first: bool = False
 ) -> None:
-    """One training step of a fresh set against PyTorch; with ``eval_first``, the eval loss of the
-    fresh set first (the eval graph does not touch the parameters the step starts from)."""
-    model, result = _export(root, name, width, optimizer)
-    trainer = OrtTrainer(result.directory)
+    """One training step of ``trainer`` (at its set's initial parameters) against PyTorch; with
+    ``eval_first``, the eval loss first (the eval graph does not touch the parameters the step
+    starts from)."""
     before = trainer.get_parameters()
     net = _torch_from(model, width, before)
     x, y = _numpy_batch(model, batch)
@@ -229,22 +228,25 @@ def _one_step_end_to_end(
 
 
 @pytest.mark.parametrize(("name", "width"), SGD_CASES)
-def test_one_ort_sgd_step_matches_one_pytorch_step(root: SharedArtifacts, name: str, width: float) -> None:
-    _one_step_end_to_end(root, name, width, "sgd")
-
-
-@pytest.mark.parametrize("batch", [1, BATCH - 1])
-@pytest.mark.parametrize(("name", "width"), SGD_CASES)
-def test_a_set_trains_a_batch_smaller_than_its_own_as_pytorch(
-    root: SharedArtifacts, name: str, width: float, batch: int
+def test_one_ort_sgd_step_matches_one_pytorch_step_at_its_batch_and_smaller_ones(
+    root: SharedArtifacts, name: str, width: float
 ) -> None:
-    """The graphs take any batch size: an epoch's short last batch (a set of batch 4 on 3 and 1 examples)."""
-    _one_step_end_to_end(root, name, width, "sgd", batch, eval_first=True)
+    """The graphs take any batch size: one SGD step on the set's own batch, then on an epoch's
+    short last batch (a set of batch 4 on 3 and 1 examples, with its eval loss), each from the
+    set's initial parameters as PyTorch. SGD keeps no state, so one trainer set back to those
+    parameters serves every batch."""
+    model, result = _export(root, name, width, "sgd")
+    trainer = OrtTrainer(result.directory)
+    initial = trainer.get_parameters()
+    for batch in (BATCH, BATCH - 1, 1):
+        trainer.set_parameters(initial)
+        _one_step_end_to_end(trainer, model, width, "sgd", batch, eval_first=batch < BATCH)
 
 
 @pytest.mark.parametrize(("name", "width"), ADAMW_END_TO_END)
 def test_one_ort_adamw_step_matches_one_pytorch_step(root: SharedArtifacts, name: str, width: float) -> None:
-    _one_step_end_to_end(root, name, width, "adamw")
+    model, result = _export(root, name, width, "adamw")
+    _one_step_end_to_end(OrtTrainer(result.directory), model, width, "adamw")
 
 
 def test_ort_adamw_differs_from_torch_adamw_as_documented() -> None:
