@@ -60,6 +60,7 @@ def _cases(widths: tuple[float, ...]) -> list:
 
 @pytest.fixture
 def root(shared_artifacts: SharedArtifacts) -> SharedArtifacts:
+    """The run's artifact root, shared with the step model's tests (the same sets are exported once)."""
     return shared_artifacts
 
 
