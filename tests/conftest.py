@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +25,11 @@ from tests.devices.conftest import (  # noqa: F401 - fixtures offered to every t
     sshd_server,
 )
 
+if TYPE_CHECKING:
+    from exporters.arch import Arch
+    from exporters.artifacts import ExportResult
+    from exporters.zoo import ZooModel
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _model_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -33,6 +41,46 @@ def _model_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("FLEETBENCH_MODELS_DIR", None)
     else:
         os.environ["FLEETBENCH_MODELS_DIR"] = old
+
+
+class SharedArtifacts:
+    """One artifact root for the whole test run, shared by every pytest-xdist worker.
+
+    A (model, width, batch, optimizer) set is exported once per run: `export` holds a file
+    lock per set, so a worker asking for a set another worker is exporting waits for it and
+    then finds it in the cache (`exporters.artifacts.export_artifacts` keys the root by
+    content). Tests that assert on a first export, a cache miss or the root's listing use
+    their own ``tmp_path`` instead.
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.root = base / "sets"
+        self.locks = base / "locks"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.locks.mkdir(parents=True, exist_ok=True)
+
+    def export(self, model: ZooModel, arch: Arch, *, batch: int, optimizer: str) -> ExportResult:
+        """Export (or find in the shared root) one set, one worker at a time per set."""
+        from exporters.artifacts import export_artifacts
+
+        label = f"{model.name}|{arch.key()}|{batch}|{optimizer}".encode()
+        lock = self.locks / f"{hashlib.sha256(label).hexdigest()[:24]}.lock"
+        with open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            try:
+                return export_artifacts(model, arch, batch=batch, optimizer=optimizer, out_dir=self.root)
+            finally:
+                fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def shared_artifacts(tmp_path_factory: pytest.TempPathFactory) -> SharedArtifacts:
+    """The run's shared artifact root: the run's base directory under pytest-xdist (the workers'
+    common parent), else this session's own base directory."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    return SharedArtifacts(base / "shared-artifacts")
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """ONNX Runtime training artifacts: export, training, PyTorch parity, flat order, cache.
 
-Every test that exports shares one artifact root per module (`root`), so the
-same (model, width, batch, optimizer) set is exported once and later tests hit
-the cache. Models are parametrized from `exporters.zoo.model_names()`, so a
-model added to the zoo is covered without editing this file; big ones are
-marked ``slow`` by their analytic size (selection only: CI runs them too).
+Every test that exports shares the run's artifact root (`shared_artifacts`, the
+same root as the step model's tests), so the same (model, width, batch,
+optimizer) set is exported once and later tests hit the cache. Models are
+parametrized from `exporters.zoo.model_names()`, so a model added to the zoo is
+covered without editing this file; big ones are marked ``slow`` by their
+analytic size (selection only: CI runs them too).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from exporters.ort_training import OrtTrainer
 from exporters.torch_twin import torch_optimizer
 from exporters.userinput import InputError
 from exporters.zoo import ZooModel, get_model, model_names
+from tests.conftest import SharedArtifacts
 
 BATCH = 4
 
@@ -56,17 +58,18 @@ def _cases(widths: tuple[float, ...]) -> list:
     ]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("artifacts")
+@pytest.fixture
+def root(shared_artifacts: SharedArtifacts) -> SharedArtifacts:
+    """The run's artifact root, shared with the step model's tests (the same sets are exported once)."""
+    return shared_artifacts
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _export(root: Path, name: str, width: float, optimizer: str = "adamw", batch: int = BATCH):
+def _export(root: SharedArtifacts, name: str, width: float, optimizer: str = "adamw", batch: int = BATCH):
     model = get_model(name)
-    return model, export_artifacts(model, model.arch(width), batch=batch, optimizer=optimizer, out_dir=root)
+    return model, root.export(model, model.arch(width), batch=batch, optimizer=optimizer)
 
 
 def _numpy_batch(model: ZooModel, batch: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +81,7 @@ def _numpy_batch(model: ZooModel, batch: int = BATCH) -> tuple[np.ndarray, np.nd
 
 
 @pytest.mark.parametrize(("name", "width"), _cases(DEFAULT_WIDTHS))
-def test_exports_loads_and_trains(root: Path, name: str, width: float) -> None:
+def test_exports_loads_and_trains(root: SharedArtifacts, name: str, width: float) -> None:
     model, result = _export(root, name, width)
     manifest = result.manifest
     arch = model.arch(width)
@@ -109,7 +112,7 @@ def test_exports_loads_and_trains(root: Path, name: str, width: float) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in model_names() if "lstm" in n])
-def test_a_recurrent_weight_gradient_is_one_product_over_all_time_steps(root: Path, name: str) -> None:
+def test_a_recurrent_weight_gradient_is_one_product_over_all_time_steps(root: SharedArtifacts, name: str) -> None:
     """Autodiff's one product per time step and their Sum are stacked into one Gemm (`fuse_gradient_sums`)."""
     import onnx
 
@@ -149,7 +152,7 @@ ALL_AT_HALF = _parity_cases([(name, 0.5) for name in model_names()])
 
 
 @pytest.mark.parametrize(("name", "width"), ALL_AT_HALF)
-def test_ort_loss_gradients_and_adamw_step_match_pytorch(root: Path, name: str, width: float) -> None:
+def test_ort_loss_gradients_and_adamw_step_match_pytorch(root: SharedArtifacts, name: str, width: float) -> None:
     """Forward, backward and the AdamW update each match PyTorch from the same weights.
 
     The update is checked given the same gradients (ORT's): for deep BatchNorm nets,
@@ -195,12 +198,24 @@ SGD_CASES = _parity_cases([(name, 0.5) for name in model_names()])
 ADAMW_END_TO_END = _parity_cases([("cfd-cnn", 0.5), ("cfd-cnn", 1.0)])
 
 
-def _one_step_end_to_end(root: Path, name: str, width: float, optimizer: str, batch: int = BATCH) -> None:
-    model, result = _export(root, name, width, optimizer)
-    trainer = OrtTrainer(result.directory)
+def _one_step_end_to_end(
+    trainer: OrtTrainer, model: ZooModel, width: float, optimizer: str, batch: int = BATCH, *, eval_first: bool = False
+) -> None:
+    """One training step of ``trainer`` (at its set's initial parameters) against PyTorch; with
+    ``eval_first``, the eval loss first (the eval graph does not touch the parameters the step
+    starts from)."""
     before = trainer.get_parameters()
     net = _torch_from(model, width, before)
     x, y = _numpy_batch(model, batch)
+    if eval_first:
+        net.eval()
+        with torch.no_grad():
+            eval_torch = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y)).item()
+        assert trainer.eval_loss(x, y) == pytest.approx(eval_torch, rel=1e-5, abs=1e-6)
+        net.train()
+        assert trainer.get_parameters().keys() == before.keys()
+        for pname, value in trainer.get_parameters().items():
+            np.testing.assert_array_equal(value, before[pname])
     opt = torch_optimizer(optimizer, net.parameters())
     opt.zero_grad()
     loss_torch = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y))
@@ -214,27 +229,25 @@ def _one_step_end_to_end(root: Path, name: str, width: float, optimizer: str, ba
 
 
 @pytest.mark.parametrize(("name", "width"), SGD_CASES)
-def test_one_ort_sgd_step_matches_one_pytorch_step(root: Path, name: str, width: float) -> None:
-    _one_step_end_to_end(root, name, width, "sgd")
-
-
-@pytest.mark.parametrize("batch", [1, BATCH - 1])
-@pytest.mark.parametrize(("name", "width"), SGD_CASES)
-def test_a_set_trains_a_batch_smaller_than_its_own_as_pytorch(root: Path, name: str, width: float, batch: int) -> None:
-    """The graphs take any batch size: an epoch's short last batch (a set of batch 4 on 3 and 1 examples)."""
-    _one_step_end_to_end(root, name, width, "sgd", batch)
+def test_one_ort_sgd_step_matches_one_pytorch_step_at_its_batch_and_smaller_ones(
+    root: SharedArtifacts, name: str, width: float
+) -> None:
+    """The graphs take any batch size: one SGD step on the set's own batch, then on an epoch's
+    short last batch (a set of batch 4 on 3 and 1 examples, with its eval loss), each from the
+    set's initial parameters as PyTorch. SGD keeps no state, so one trainer set back to those
+    parameters serves every batch."""
     model, result = _export(root, name, width, "sgd")
     trainer = OrtTrainer(result.directory)
-    net = _torch_from(model, width, trainer.get_parameters()).eval()
-    x, y = _numpy_batch(model, batch)
-    with torch.no_grad():
-        eval_torch = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y)).item()
-    assert trainer.eval_loss(x, y) == pytest.approx(eval_torch, rel=1e-5, abs=1e-6)
+    initial = trainer.get_parameters()
+    for batch in (BATCH, BATCH - 1, 1):
+        trainer.set_parameters(initial)
+        _one_step_end_to_end(trainer, model, width, "sgd", batch, eval_first=batch < BATCH)
 
 
 @pytest.mark.parametrize(("name", "width"), ADAMW_END_TO_END)
-def test_one_ort_adamw_step_matches_one_pytorch_step(root: Path, name: str, width: float) -> None:
-    _one_step_end_to_end(root, name, width, "adamw")
+def test_one_ort_adamw_step_matches_one_pytorch_step(root: SharedArtifacts, name: str, width: float) -> None:
+    model, result = _export(root, name, width, "adamw")
+    _one_step_end_to_end(OrtTrainer(result.directory), model, width, "adamw")
 
 
 def test_ort_adamw_differs_from_torch_adamw_as_documented() -> None:
@@ -259,7 +272,7 @@ def test_ort_adamw_differs_from_torch_adamw_as_documented() -> None:
 
 
 @pytest.mark.parametrize("name", model_names())
-def test_manifest_order_round_trips_through_ort_flat_buffer(root: Path, name: str) -> None:
+def test_manifest_order_round_trips_through_ort_flat_buffer(root: SharedArtifacts, name: str) -> None:
     model, result = _export(root, name, 0.25)
     manifest = result.manifest
     trainer = OrtTrainer(result.directory)
