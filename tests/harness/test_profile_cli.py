@@ -29,14 +29,14 @@ def test_cli_profile_prints_table(
     fleet = load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok  # whatever the previous test left
     db = tmp_path / "cli.db"
-    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25,0.5", "--batch", str(BATCH)]
+    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
     argv += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--db", str(db), "--artifacts", str(artifacts)]
-    argv += ["--timeout", str(TIMEOUT), "--precision", "0", "--no-round-cost"]
+    argv += ["--timeout", str(TIMEOUT), "--precision", "0", "--passes", "1", "--no-round-cost"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     names = {d.name for d in fleet.devices}
     lines = [line for line in captured.out.splitlines() if line.split() and line.split()[0] in names]
-    assert len(lines) == 2 * len(fleet.devices) and all(line.rstrip().endswith("ok") for line in lines), captured.out
+    assert len(lines) == len(fleet.devices) and all(line.rstrip().endswith("ok") for line in lines), captured.out
     assert "us/img" in captured.err  # progress lines
 
     assert main([*argv, "--resume"]) == 0  # nothing left to measure
@@ -58,6 +58,7 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     argv = [sys.executable, "-m", "fleetbench", "profile", "--fleet", str(fleet_file), "--model", MODEL]
     argv += ["--widths", "0.25,0.5", "--batch", str(BATCH), "--steps", str(STEPS), "--warmup", str(WARMUP)]
     argv += ["--db", str(db), "--artifacts", str(artifacts), "--timeout", str(TIMEOUT), "--precision", "0"]
+    argv += ["--passes", "1"]  # each cell is stored after its one pass: the first is soon there to interrupt
     env = {**os.environ, "PYTHONPATH": str(Path(harness.__file__).resolve().parents[1])}
     # A shell starting the tests in the background (``cmd &`` without job control) leaves
     # SIGINT ignored, and a Python started with it ignored never raises KeyboardInterrupt.
@@ -101,6 +102,7 @@ def test_cli_profile_auto_widths_on_a_local_device(
 
 def test_profile_measures_each_device_with_its_best_backend_and_skips_one_without(
     plain_python: str,  # noqa: F811 - the imported fixture
+    artifacts: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -115,7 +117,7 @@ def test_profile_measures_each_device_with_its_best_backend_and_skips_one_withou
     )
     db = tmp_path / "p.db"
     argv = ["profile", "--fleet", str(fleet), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
-    argv += ["--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
+    argv += ["--steps", "2", "--warmup", "1", "--precision", "0", "--db", str(db), "--artifacts", str(artifacts)]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "backend of full: ort (best available)" in captured.err
@@ -217,7 +219,7 @@ def test_a_full_artifact_cache_is_one_line_and_resume_completes_once_there_is_ro
 
 
 def test_a_device_out_of_space_records_its_cells_and_the_others_measure(
-    tmp_path: Path, small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
+    artifacts: Path, tmp_path: Path, small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fleetbench.cli import main
 
@@ -229,7 +231,7 @@ def test_a_device_out_of_space_records_its_cells_and_the_others_measure(
         f"  - {{name: tiny, kind: local, workdir: {tiny}}}\n"
     )
     db = tmp_path / "p.db"
-    assert main(_cheap_profile(fleet_file, db, tmp_path / "artifacts", "0.25,0.5")) == 1  # not every cell measured
+    assert main(_cheap_profile(fleet_file, db, artifacts, "0.25,0.5")) == 1  # not every cell measured
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith("tiny") and "out of space" in line]) == 2, out
     with ProfileStore(db) as store:
