@@ -29,14 +29,14 @@ def test_cli_profile_prints_table(
     fleet = load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok  # whatever the previous test left
     db = tmp_path / "cli.db"
-    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
+    argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25,0.5", "--batch", str(BATCH)]
     argv += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--db", str(db), "--artifacts", str(artifacts)]
     argv += ["--timeout", str(TIMEOUT), "--precision", "0", "--passes", "1", "--no-round-cost"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     names = {d.name for d in fleet.devices}
     lines = [line for line in captured.out.splitlines() if line.split() and line.split()[0] in names]
-    assert len(lines) == len(fleet.devices) and all(line.rstrip().endswith("ok") for line in lines), captured.out
+    assert len(lines) == 2 * len(fleet.devices) and all(line.rstrip().endswith("ok") for line in lines), captured.out
     assert "us/img" in captured.err  # progress lines
 
     assert main([*argv, "--resume"]) == 0  # nothing left to measure
@@ -58,7 +58,6 @@ def test_ctrl_c_stops_cleanly_and_prints_resume(fleet_file: Path, artifacts: Pat
     argv = [sys.executable, "-m", "fleetbench", "profile", "--fleet", str(fleet_file), "--model", MODEL]
     argv += ["--widths", "0.25,0.5", "--batch", str(BATCH), "--steps", str(STEPS), "--warmup", str(WARMUP)]
     argv += ["--db", str(db), "--artifacts", str(artifacts), "--timeout", str(TIMEOUT), "--precision", "0"]
-    argv += ["--passes", "1"]  # each cell is stored after its one pass: the first is soon there to interrupt
     env = {**os.environ, "PYTHONPATH": str(Path(harness.__file__).resolve().parents[1])}
     # A shell starting the tests in the background (``cmd &`` without job control) leaves
     # SIGINT ignored, and a Python started with it ignored never raises KeyboardInterrupt.
