@@ -101,7 +101,7 @@ def test_devices_sharing_cpus_never_overlap_and_cells_record_precision_and_isola
     fleet = load(fleet_file)
     assert emulate.up(fleet, say=lambda line: None).ok
     plan = plan_isolation(fleet.devices, pinned_cpus(fleet))
-    specs = plan_cells(fleet, MODEL, WIDTHS[:2], [BATCH], ["ort"], 6, 2, precision=0.02, max_seconds=3.0)
+    specs = plan_cells(fleet, MODEL, WIDTHS[:2], [BATCH], ["ort"], 6, 20, precision=0.02, max_seconds=3.0)
     store = ProfileStore(tmp_path / "fleetbench.db")
     lines: list[str] = []
     result = run_campaign(
