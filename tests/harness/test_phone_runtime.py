@@ -1,7 +1,8 @@
 """Phones without Python (`harness.phone_runtime`), on the real adb server and the emulated phone.
 
 Each test gets its own emulated phone (a fresh sandbox, its shell without python3)
-attached to a private adb server. The x86_64 runtime bundle is built once per machine
+attached to a private adb server; the tests that provision the bundle and then use it
+share one. The x86_64 runtime bundle is built once per machine
 into the user's cache (`tests.devices.conftest._built_bundle`); pushing it to a phone
 takes a few seconds.
 """
@@ -64,6 +65,18 @@ def make_phone(adb_server: tuple[str, int], tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
+def bundled_phone(adb_server: tuple[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phone]:
+    """One phone for the module's tests that put the bundle on it and then use it.
+
+    The first of them finds it bare (it asserts the first push); the others take it as they
+    find it, provisioning it when they run alone.
+    """
+    phone = Phone(adb_server[1], tmp_path_factory.mktemp("bundled") / "phone")
+    yield phone
+    phone.close()
+
+
+@pytest.fixture(scope="module")
 def artifact_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from exporters.artifacts import export_artifacts
     from exporters.zoo import get_model
@@ -95,9 +108,9 @@ def test_the_emulated_phones_shell_finds_no_python(make_phone: Any) -> None:
 
 
 def test_a_phone_without_python_gets_the_bundle_and_runs_the_runner(
-    make_phone: Any, bundle_x86_64: Any, artifact_set: Path
+    bundled_phone: Phone, bundle_x86_64: Any, artifact_set: Path
 ) -> None:
-    phone = make_phone()
+    phone = bundled_phone
     first = phone_runtime.provision_phone(phone.transport, phone.device, say=lambda line: None)
     assert first.start.runtime == "bundle" and first.start.backends == ("onnx",)
     assert first.pushed_parts == tuple(p.name for p in bundle_x86_64.parts)
@@ -121,7 +134,7 @@ def test_a_phone_without_python_gets_the_bundle_and_runs_the_runner(
 
 
 def test_the_resident_runner_serves_through_the_bundle_on_the_phones_exec_service(
-    make_phone: Any, bundle_x86_64: Any, artifact_set: Path, tmp_path: Path
+    bundled_phone: Phone, bundle_x86_64: Any, artifact_set: Path, tmp_path: Path
 ) -> None:
     import numpy as np
 
@@ -129,7 +142,7 @@ def test_the_resident_runner_serves_through_the_bundle_on_the_phones_exec_servic
     from harness.resident import ResidentRunner
     from tests.harness.test_runner import learnable_shard
 
-    phone = make_phone()
+    phone = bundled_phone
     start = phone_runtime.runner_start(phone.transport, phone.device, say=lambda line: None)
     assert start.runtime == "bundle"
     runner = deploy_runner(phone.transport, phone.device, archive_path())
@@ -203,9 +216,9 @@ def test_an_interrupted_push_resumes_with_the_parts_still_missing(make_phone: An
 
 
 def test_corrupted_bundle_files_are_found_by_sha256_and_replaced(
-    make_phone: Any, bundle_x86_64: Any, artifact_set: Path
+    bundled_phone: Phone, bundle_x86_64: Any, artifact_set: Path
 ) -> None:
-    phone = make_phone()
+    phone = bundled_phone
     phone_runtime.provision_phone(phone.transport, phone.device)
     numpy_part = next(p for p in bundle_x86_64.parts if p.name == "numpy")
     cached = phone.host_path(f"{WORKDIR}/cas/{numpy_part.sha256}")
@@ -352,8 +365,15 @@ def _cells(db: Path) -> dict[str, str]:
     return dict(rows)
 
 
+def _profile_argv(path: Path, artifact_set: Path) -> list[str]:
+    """``fleetbench profile`` of the phone's one cheap cell, on the module's artifact set (found in its cache)."""
+    argv = ["profile", "--fleet", str(path), "--model", "fjord-cnn", "--widths", "0.25", "--batch", "8"]
+    argv += ["--optimizer", "sgd", "--steps", "2", "--warmup", "1", "--precision", "0", "--passes", "1"]
+    return [*argv, "--artifacts", str(artifact_set.parent)]
+
+
 def test_fleet_provision_and_profile_on_an_emulated_x86_64_phone(
-    up_fleet: Any, bundle_x86_64: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    up_fleet: Any, bundle_x86_64: Any, artifact_set: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fleetbench.cli import main
 
@@ -366,22 +386,21 @@ def test_fleet_provision_and_profile_on_an_emulated_x86_64_phone(
     assert row[1:4] == ["x86_64", row[2], "bundle"] and row[-2:] == ["onnx", "onnx"]
     assert "phone: no ort: the bundle runtime offers onnx only" in out
     db = tmp_path / "fleetbench.db"
-    argv = ["profile", "--fleet", str(path), "--model", "fjord-cnn", "--widths", "0.25", "--backend", "onnx,ort",
-            "--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
-    assert main(argv) == 1  # the ort cell cannot run on the bundle
+    argv = _profile_argv(path, artifact_set)
+    assert main([*argv, "--backend", "onnx,ort", "--no-round-cost", "--db", str(db)]) == 1  # ort cannot run there
     assert _cells(db) == {"onnx": "ok", "ort": "missing runtime"}
     import sqlite3
 
     (message,) = sqlite3.connect(db).execute("SELECT message FROM cells WHERE backend = 'ort'").fetchone()
     assert message.startswith("phone: the ort backend does not run on runtime bundle x86_64")
     auto = tmp_path / "auto.db"  # --backend auto (the default) chooses onnx for the phone on its bundle
-    auto_argv = [*argv[: argv.index("--backend")], *argv[argv.index("--steps") : -4], "--precision", "0"]
-    assert main([*auto_argv, "--db", str(auto), "--artifacts", str(tmp_path / "artifacts")]) == 0
+    assert main([*argv, "--db", str(auto)]) == 0  # the round cost too, measured on the bundle
     assert _cells(auto) == {"onnx": "ok"}
 
 
 def test_the_aarch64_phone_runs_the_arm64_bundle_through_qemu(
-    arm64_tree: Path, bundle_arm64: Any, up_fleet: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    arm64_tree: Path, bundle_arm64: Any, up_fleet: Any, artifact_set: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from fleetbench.cli import main
 
@@ -395,7 +414,5 @@ def test_the_aarch64_phone_runs_the_arm64_bundle_through_qemu(
     assert main(["fleet", "provision", str(path)]) == 0
     assert "phone: runtime: runtime bundle arm64-v8a" in capsys.readouterr().out
     db = tmp_path / "fleetbench.db"
-    argv = ["profile", "--fleet", str(path), "--model", "fjord-cnn", "--widths", "0.25", "--backend", "onnx",
-            "--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
-    assert main(argv) == 0
+    assert main([*_profile_argv(path, artifact_set), "--backend", "onnx", "--db", str(db)]) == 0
     assert _cells(db) == {"onnx": "ok"}

@@ -31,7 +31,7 @@ def test_cli_profile_prints_table(
     db = tmp_path / "cli.db"
     argv = ["profile", "--fleet", str(fleet_file), "--model", MODEL, "--widths", "0.25,0.5", "--batch", str(BATCH)]
     argv += ["--steps", str(STEPS), "--warmup", str(WARMUP), "--db", str(db), "--artifacts", str(artifacts)]
-    argv += ["--timeout", str(TIMEOUT), "--precision", "0", "--no-round-cost"]
+    argv += ["--timeout", str(TIMEOUT), "--precision", "0", "--passes", "1", "--no-round-cost"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     names = {d.name for d in fleet.devices}
@@ -101,6 +101,7 @@ def test_cli_profile_auto_widths_on_a_local_device(
 
 def test_profile_measures_each_device_with_its_best_backend_and_skips_one_without(
     plain_python: str,  # noqa: F811 - the imported fixture
+    artifacts: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -115,7 +116,7 @@ def test_profile_measures_each_device_with_its_best_backend_and_skips_one_withou
     )
     db = tmp_path / "p.db"
     argv = ["profile", "--fleet", str(fleet), "--model", MODEL, "--widths", "0.25", "--batch", str(BATCH)]
-    argv += ["--steps", "2", "--warmup", "1", "--db", str(db), "--artifacts", str(tmp_path / "artifacts")]
+    argv += ["--steps", "2", "--warmup", "1", "--precision", "0", "--db", str(db), "--artifacts", str(artifacts)]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "backend of full: ort (best available)" in captured.err
@@ -217,7 +218,7 @@ def test_a_full_artifact_cache_is_one_line_and_resume_completes_once_there_is_ro
 
 
 def test_a_device_out_of_space_records_its_cells_and_the_others_measure(
-    tmp_path: Path, small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
+    artifacts: Path, tmp_path: Path, small_fs: SmallFileSystems, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fleetbench.cli import main
 
@@ -229,7 +230,7 @@ def test_a_device_out_of_space_records_its_cells_and_the_others_measure(
         f"  - {{name: tiny, kind: local, workdir: {tiny}}}\n"
     )
     db = tmp_path / "p.db"
-    assert main(_cheap_profile(fleet_file, db, tmp_path / "artifacts", "0.25,0.5")) == 1  # not every cell measured
+    assert main(_cheap_profile(fleet_file, db, artifacts, "0.25,0.5")) == 1  # not every cell measured
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith("tiny") and "out of space" in line]) == 2, out
     with ProfileStore(db) as store:

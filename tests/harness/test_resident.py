@@ -60,8 +60,15 @@ def artifact_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ).directory
 
 
-@pytest.fixture(params=["local", "ssh", "adb"])
-def board(request: pytest.FixtureRequest, tmp_path: Path, artifact_set: Path) -> Iterator[Board]:
+@pytest.fixture(scope="module", params=["local", "ssh", "adb"])
+def board(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, artifact_set: Path
+) -> Iterator[Board]:
+    """A board of each transport for the module: runner, set, shard and parameters pushed once.
+
+    Its tests write outputs of their own names beside them and leave the inputs as they found them.
+    """
+    tmp_path = tmp_path_factory.mktemp(f"board-{request.param}")
     host_dir = tmp_path / "device"
     host_dir.mkdir()
     if request.param == "local":
