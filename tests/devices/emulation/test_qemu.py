@@ -167,8 +167,10 @@ def test_a_missing_need_is_one_line_and_the_rest_of_the_fleet_comes_up(
 
 
 def fleet_file(directory: Path) -> Path:
-    """The shipped arm64.yaml on a free port with its state in ``directory``."""
-    text = (REPO / "devices" / "fleets" / "arm64.yaml").read_text().replace("port: 22301", f"port: {free_port()}")
+    """The shipped arm64.yaml on free ports (the board's and the phone's) with its state in ``directory``."""
+    text = (REPO / "devices" / "fleets" / "arm64.yaml").read_text()
+    assert "port: 22301" in text and "serial: 127.0.0.1:25301" in text
+    text = text.replace("port: 22301", f"port: {free_port()}").replace("127.0.0.1:25301", f"127.0.0.1:{free_port()}")
     path = directory / "arm64.yaml"
     path.write_text(f"state_dir: {directory / 'state'}\n" + text)
     return path
