@@ -201,6 +201,7 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
     row = [c.strip() for c in next(line for line in provision.splitlines() if line.startswith("pi ")).split("|")]
     assert row[1:4] == ["aarch64", "3.11.2", "python"] and row[-2:] == ["onnx", "onnx"], provision
     numpy_version, ort_version = row[4], row[5]
+    assert row[6] == "missing", provision  # onnxruntime-training: no aarch64 wheel
     assert re.fullmatch(r"\d+\.\d+\.\d+", numpy_version) and re.fullmatch(r"1\.\d+\.\d+", ort_version)
     assert re.search(r"pi: fetched .*onnxruntime-1\.\d+\.\d+-cp311-cp311-manylinux\S+_aarch64\.whl", provision)
     assert "pi: installed numpy, onnxruntime into /root/.fleetbench/site" in provision

@@ -240,27 +240,6 @@ def test_a_device_without_onnxruntime_falls_back_to_torch_and_one_without_python
     assert [c.backend for c in fleet_backends(devices, "onnx")] == ["onnx"] * 3  # an override asks nothing
 
 
-def test_the_aarch64_device_runs_onnx_only_and_says_why_not_ort(
-    arm64_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from devices.emulation import emulate
-    from devices.fleetfile import load_fleet
-    from tests.devices.emulation.test_qemu import fleet_file
-
-    path = fleet_file(tmp_path)
-    fleet = load_fleet(path)
-    try:
-        assert emulate.up(fleet, say=lambda line: None).ok
-        assert main(["fleet", "provision", str(path), "--install"]) == 0
-    finally:
-        assert emulate.down(fleet, say=lambda line: None) == []
-    out = capsys.readouterr().out
-    row = [cell.strip() for cell in next(line for line in out.splitlines() if line.startswith("pi ")).split(" | ")]
-    assert row[1] == "aarch64" and row[-2:] == ["onnx", "onnx"]
-    assert row[3] == "python" and row[5] != "missing" and row[6] == "missing"  # runtime, onnxruntime, -training
-    assert "pi: no ort: onnxruntime-training 1.19.2 has no wheel for aarch64" in out
-
-
 def python_with(tmp_path: Path, name: str, sitecustomize: str) -> str:
     """A wrapper of this Python that runs ``sitecustomize`` first (a stand-in for another interpreter)."""
     custom = tmp_path / f"custom-{name}"
