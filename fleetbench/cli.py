@@ -46,7 +46,7 @@ from devices.errors import EmulationError, FleetFileError, SshdError, TransportE
 from devices.processes import Terminated, terminate_as_interrupt
 from exporters.cli import settle_model
 from exporters.userinput import InputError
-from harness.store import StoreUnavailable
+from harness.store_errors import StoreUnavailable
 
 #: Exit status for bad input (unknown model, bad width, malformed fleet file, ...).
 EXIT_USAGE = 2

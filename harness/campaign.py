@@ -19,7 +19,7 @@ Ctrl-C sets a stop event; each device thread finishes (or times out) its current
 cell, stores it and stops; `run_campaign` returns with ``interrupted=True`` and
 `harness.profile_cli.cmd_profile` prints the command that resumes the campaign. A store
 that a device thread cannot write (a full disk) sets the same event, and `run_campaign`
-raises its `harness.store.StoreUnavailable` once every thread has stopped.
+raises its `harness.store_errors.StoreUnavailable` once every thread has stopped.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def run_campaign(
         the file does not fit their models (`check_bench_data`).
     exporters.host_disk.DiskFull
         Before anything is measured, when the artifact cache has no room for a set.
-    harness.store.StoreUnavailable
+    harness.store_errors.StoreUnavailable
         When the store could not be written (a full disk): raised after every device
         stopped; the cells stored before stay stored.
     """

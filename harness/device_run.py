@@ -22,7 +22,7 @@ Failure policy:
   (`devices.errors.OutOfSpace` from a push or a deployment step, or the runner's own
   status), its message naming the device, the path and what failed; the other cells
   and devices go on (a later cell finds the space freed, or fails the same way);
-- a store that cannot be written (`harness.store.StoreUnavailable`: a full disk on the
+- a store that cannot be written (`harness.store_errors.StoreUnavailable`: a full disk on the
   host, a lock held too long) stops the campaign: the device keeps the error in
   `CampaignResult.store_failure` and sets the stop event, every device stops after its
   cell in progress, and `harness.campaign.run_campaign` raises it (one line on the
@@ -100,7 +100,7 @@ class CampaignResult:
     round_cost_failures : dict
         Device name -> list of one-line reasons a round-cost measurement failed.
     store_failure : Exception or None
-        The first `harness.store.StoreUnavailable` a device run met recording a cell (it
+        The first `harness.store_errors.StoreUnavailable` a device run met recording a cell (it
         stopped the campaign; `harness.campaign.run_campaign` raises it).
     """
 
@@ -616,7 +616,7 @@ class DeviceRun:
 
         A store that cannot be written stops the campaign (`CampaignResult.store_failure`).
         """
-        from harness.store import StoreUnavailable
+        from harness.store_errors import StoreUnavailable
 
         try:
             self._run()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from devices.files import atomic_path
 from exporters.userinput import InputError
-from harness.store import ProfileStore, StoreError
+from harness.store import ProfileStore
+from harness.store_errors import StoreError
 
 
 def cmd_export(args: argparse.Namespace) -> int:

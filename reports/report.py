@@ -29,7 +29,8 @@ import pandas as pd
 from devices.files import atomic_write
 from fl.runlog import read_history
 from harness.records import ModelRecord
-from harness.store import ProfileStore, StoreError
+from harness.store import ProfileStore
+from harness.store_errors import StoreError
 from reports import plots, tables
 from reports.html import EmbeddedFigure, Page, Section, TableBlock, render_page
 

@@ -15,7 +15,8 @@ from exporters.zoo import get_model
 from harness.campaign import run_campaign
 from harness.cells import plan_cells
 from harness.progress import CellEvent
-from harness.store import ProfileStore, StoreUnavailable
+from harness.store import ProfileStore
+from harness.store_errors import StoreUnavailable
 from tests.conftest import SmallFileSystems
 from tests.devices.conftest import kill_device
 from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS, Counting, load, local_fleet_file

@@ -26,7 +26,8 @@ from harness.document import parse_document
 from harness.provenance import git_commit, host_versions
 from harness.records import BenchSpec, Measurement
 from harness.roundcost import RoundCostModel
-from harness.store import ProfileStore, StoreError, StoreUnavailable
+from harness.store import ProfileStore
+from harness.store_errors import StoreError, StoreUnavailable
 from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
 from tests.conftest import SmallFileSystems
 from tests.harness.campaigns import local_fleet_file
