@@ -63,7 +63,7 @@ from adbutils.errors import AdbError, AdbTimeout
 
 from devices.errors import CommandTimeout, ConnectionLost, OutOfSpace, TransportError, Unreachable, says_out_of_space
 from devices.files import atomic_path
-from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
+from devices.transport import READ_CHUNK, CappedOutput, RunResult, StreamingProcess, env_argv, quote_argv, too_large
 
 if TYPE_CHECKING:
     from devices.fleet import Device
@@ -305,6 +305,9 @@ class ADBTransport:
         Raises
         ------
         CommandTimeout, Unreachable, ConnectionLost, TransportError
+        OutputTooLarge
+            Its output went over `devices.transport.MAX_OUTPUT_BYTES` (the stream was closed,
+            which kills the command).
         """
         command = wrap_command(argv)
         start = time.monotonic()
@@ -316,7 +319,7 @@ class ADBTransport:
             raise CommandTimeout(f"adb shell on {self.serial}: {exc}") from None
         except AdbError as exc:
             raise Unreachable(f"adb shell on {self.serial}: {exc}") from None
-        chunks: list[bytes] = []
+        output = CappedOutput()  # stdout, stderr and the exit-status line arrive merged: one cap for them
         try:
             sock = conn.conn
             while True:
@@ -324,10 +327,11 @@ class ADBTransport:
                 if remaining <= 0:
                     raise TimeoutError
                 sock.settimeout(remaining)
-                data = sock.recv(65536)
+                data = sock.recv(READ_CHUNK)
                 if not data:
                     break
-                chunks.append(data)
+                if not output.add(data):
+                    raise too_large([output], ["output"], self.serial, argv[0])
         except TimeoutError:
             raise CommandTimeout(f"{argv[0]} on {self.serial}: no exit within {timeout:g} s "
                                  "(the adb stream was closed, which kills the command)") from None
@@ -335,7 +339,7 @@ class ADBTransport:
             raise ConnectionLost(f"adb shell on {self.serial}: {exc}") from None
         finally:
             conn.close()  # closing the stream makes adbd kill the command
-        rc, out = parse_output(b"".join(chunks))
+        rc, out = parse_output(output.data())
         return RunResult(rc=rc, stdout=out.decode("utf-8", "replace"), stderr="",
                          seconds=time.monotonic() - start)
 

@@ -75,6 +75,13 @@ class OutOfSpace(TransportError):
     kind = "out of space"
 
 
+class OutputTooLarge(TransportError):
+    """A one-shot command wrote more than the host keeps (`devices.transport.MAX_OUTPUT_BYTES`).
+
+    The command was stopped; the message names the device, the command and the stream.
+    """
+
+
 #: How a device words a write that found its file system full (C's ``strerror(ENOSPC)``, lower case).
 NO_SPACE_TEXT = (os.strerror(errno.ENOSPC).lower(), "enospc")
 

@@ -22,6 +22,7 @@ device's limits, read afresh for each command:
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -35,7 +36,7 @@ from devices import processes
 from devices.emulation import limits
 from devices.errors import CommandTimeout, OutOfSpace, TransportError
 from devices.files import atomic_copy
-from devices.transport import RunResult, StreamingProcess
+from devices.transport import RunResult, StreamingProcess, read_capped, too_large
 
 #: Seconds a command's duty-cycle supervisor gets to exit once the command has ended.
 DUTY_EXIT_S = 5.0
@@ -97,6 +98,9 @@ class LocalTransport:
         ------
         CommandTimeout
             If the command did not finish in time.
+        OutputTooLarge
+            If it wrote more than `devices.transport.MAX_OUTPUT_BYTES` to stdout or stderr
+            (its process group was killed).
         TransportError
             If the program cannot be started (not found, not executable), or, for a
             confined transport, the device's limits are not in place (what ``confine``
@@ -104,21 +108,34 @@ class LocalTransport:
         """
         start = time.monotonic()
         proc, duty = self._popen(argv, subprocess.DEVNULL, None)
+        assert proc.stdout is not None and proc.stderr is not None
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.communicate()
-            raise CommandTimeout(f"local command {argv[0]!r} did not finish within {timeout:g} s (killed)") from None
+            reads = [functools.partial(os.read, stream.fileno()) for stream in (proc.stdout, proc.stderr)]
+            (out, err), readers, ended = read_capped(reads, start + timeout)
+            if ended:
+                try:
+                    proc.wait(max(0.0, start + timeout - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    ended = False
+            if not ended:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                for reader in readers:
+                    reader.join(1.0)
+                if out.over or err.over:
+                    raise too_large((out, err), ("stdout", "stderr"), "local", argv[0])
+                raise CommandTimeout(f"local command {argv[0]!r} did not finish within {timeout:g} s (killed)")
         finally:
+            proc.stdout.close()
+            proc.stderr.close()
             _end_duty(duty)
         return RunResult(
             rc=proc.returncode,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
+            stdout=out.data().decode("utf-8", "replace"),
+            stderr=err.data().decode("utf-8", "replace"),
             seconds=time.monotonic() - start,
         )
 

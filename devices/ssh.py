@@ -40,9 +40,8 @@ from devices.errors import (
 )
 from devices.files import atomic_path
 from devices.fleet import Device
-from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv
+from devices.transport import RunResult, StreamingProcess, env_argv, quote_argv, read_capped, too_large
 
-_CHUNK = 1 << 16
 LOGIN_ATTEMPTS = 3
 
 
@@ -305,6 +304,9 @@ class SSHTransport:
         ------
         CommandTimeout
             The command did not finish in time; its remote process group was killed.
+        OutputTooLarge
+            It wrote more than `devices.transport.MAX_OUTPUT_BYTES` to stdout or stderr; its
+            remote process group was killed.
         ConnectionLost
             The connection dropped and could not be reopened, or dropped mid-command.
         Unreachable, HostKeyRejected, AuthenticationFailed
@@ -312,24 +314,19 @@ class SSHTransport:
         """
         chan, tag = self._open_tagged(argv, None, "run")
         start = time.monotonic()
-        out: list[bytes] = []
-        err: list[bytes] = []
-        readers = [
-            threading.Thread(target=_drain, args=(chan.recv, out), daemon=True),
-            threading.Thread(target=_drain, args=(chan.recv_stderr, err), daemon=True),
-        ]
-        for reader in readers:
-            reader.start()
         deadline = start + timeout
-        for reader in readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-        finished = not any(r.is_alive() for r in readers) and chan.status_event.wait(
-            max(0.0, deadline - time.monotonic())
-        )
+        (out, err), readers, ended = read_capped([chan.recv, chan.recv_stderr], deadline)
+        if out.over or err.over:
+            self._kill_group(_split_pid(err.data(), tag)[0])
+            chan.close()
+            for reader in readers:
+                reader.join(1.0)
+            raise too_large((out, err), ("stdout", "stderr"), self.address, argv[0])
+        finished = ended and chan.status_event.wait(max(0.0, deadline - time.monotonic()))
         if not finished:
             lost = self._active() is None
             if not lost:
-                self._kill_group(_split_pid(b"".join(err), tag)[0])
+                self._kill_group(_split_pid(err.data(), tag)[0])
             chan.close()
             for reader in readers:
                 reader.join(1.0)
@@ -344,8 +341,8 @@ class SSHTransport:
             raise ConnectionLost(f"{self.address}: connection dropped while running {argv[0]!r}")
         return RunResult(
             rc=rc,
-            stdout=b"".join(out).decode("utf-8", "replace"),
-            stderr=_split_pid(b"".join(err), tag)[1].decode("utf-8", "replace"),
+            stdout=out.data().decode("utf-8", "replace"),
+            stderr=_split_pid(err.data(), tag)[1].decode("utf-8", "replace"),
             seconds=time.monotonic() - start,
         )
 
@@ -470,17 +467,6 @@ class SSHTransport:
         except TimeoutError as exc:
             self.close()
             raise CommandTimeout(f"{self.address}: get {remote!r}: no data for {self.io_timeout:g} s") from exc
-
-
-def _drain(recv: Any, sink: list[bytes]) -> None:
-    try:
-        while True:
-            data = recv(_CHUNK)
-            if not data:
-                return
-            sink.append(data)
-    except (OSError, EOFError, paramiko.SSHException):
-        return
 
 
 def _split_pid(err: bytes, tag: str) -> tuple[int | None, bytes]:

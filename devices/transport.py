@@ -39,12 +39,13 @@ from __future__ import annotations
 import queue
 import shlex
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from devices.errors import CommandTimeout, ProcessEnded, TransportError
+from devices.errors import CommandTimeout, OutputTooLarge, ProcessEnded, TransportError
 
 #: Bytes of a streamed process's stderr kept for `Process.stderr_tail`.
 STDERR_KEEP = 64 * 1024
@@ -54,10 +55,121 @@ STDERR_KEEP = 64 * 1024
 MAX_LINE_BYTES = 16 * 1024 * 1024
 #: Bytes read per ``recv`` by the reader threads.
 READ_CHUNK = 1 << 16
+#: Most bytes of a one-shot command's stdout, and of its stderr, the host keeps (`Transport.run`):
+#: a device that writes more has its command stopped, which then fails with `OutputTooLarge`.
+MAX_OUTPUT_BYTES = MAX_LINE_BYTES
 #: Seconds `Process.close` waits for the process to end by itself before killing it.
 CLOSE_GRACE_S = 2.0
 #: Seconds an ended process's stderr gets to be drained before the error quotes it.
 STDERR_DRAIN_S = 2.0
+
+
+class CappedOutput:
+    """One output stream of a one-shot command, kept up to a cap (`MAX_OUTPUT_BYTES` by default).
+
+    Parameters
+    ----------
+    cap : int, optional
+        Most bytes kept; the module's `MAX_OUTPUT_BYTES` when None (read when made).
+    """
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = MAX_OUTPUT_BYTES if cap is None else cap
+        self.size = 0
+        self._chunks: list[bytes] = []
+
+    @property
+    def over(self) -> bool:
+        """Whether the stream went over the cap (what came after was not kept)."""
+        return self.size > self.cap
+
+    def add(self, data: bytes) -> bool:
+        """Keep ``data`` unless the stream goes over the cap; return whether reading should go on."""
+        self.size += len(data)
+        if self.over:
+            return False
+        self._chunks.append(data)
+        return True
+
+    def data(self) -> bytes:
+        """Return the bytes kept."""
+        return b"".join(self._chunks)
+
+
+def read_capped(
+    reads: Sequence[Callable[[int], bytes]], deadline: float, clock: Callable[[], float] = time.monotonic
+) -> tuple[list[CappedOutput], list[threading.Thread], bool]:
+    """Read a command's streams, each on a thread, until all end, one goes over its cap, or time is up.
+
+    Parameters
+    ----------
+    reads : sequence of callables
+        ``read(n)`` of each stream (stdout, stderr): at most ``n`` bytes, ``b""`` at its
+        end. A read that raises ends its stream (the connection is gone).
+    deadline : float
+        When to stop waiting, on ``clock``'s scale.
+    clock : callable
+        Monotonic seconds.
+
+    Returns
+    -------
+    outputs : list of CappedOutput
+        One per stream; a stream that went over its cap says so (``over``) and its
+        reader has stopped, so the caller stops the command.
+    readers : list of threading.Thread
+        The reader threads (daemons), for the caller to join once it has stopped the command.
+    ended : bool
+        True when every stream ended within its cap before the deadline.
+    """
+    outputs = [CappedOutput() for _ in reads]
+    lock = threading.Lock()
+    wake = threading.Event()
+    finished = [0]
+
+    def pump(read: Callable[[int], bytes], sink: CappedOutput) -> None:
+        try:
+            while (data := read(READ_CHUNK)) and sink.add(data):
+                pass
+        except Exception:  # noqa: BLE001 - a stream that cannot be read has ended
+            pass
+        finally:
+            with lock:
+                finished[0] += 1
+            wake.set()
+
+    pairs = zip(reads, outputs, strict=True)
+    readers = [threading.Thread(target=pump, args=(read, sink), daemon=True) for read, sink in pairs]
+    for reader in readers:
+        reader.start()
+    while True:
+        wake.clear()  # before looking: a reader that ends after this wakes the wait below
+        with lock:
+            done = finished[0] == len(readers)
+        remaining = deadline - clock()
+        if done or remaining <= 0 or any(o.over for o in outputs):
+            return outputs, readers, done and not any(o.over for o in outputs)
+        wake.wait(remaining)
+
+
+def too_large(outputs: Sequence[CappedOutput], names: Sequence[str], where: str, program: str) -> OutputTooLarge:
+    """Return the `OutputTooLarge` of a command one of whose ``outputs`` went over its cap.
+
+    Parameters
+    ----------
+    outputs : sequence of CappedOutput
+    names : sequence of str
+        The streams' names (``stdout``, ``stderr``), in the order of ``outputs``.
+    where : str
+        The device (its address or serial).
+    program : str
+        The command's program.
+
+    Returns
+    -------
+    OutputTooLarge
+    """
+    name, cap = next((n, o.cap) for n, o in zip(names, outputs, strict=True) if o.over)
+    return OutputTooLarge(f"{where}: {program!r} wrote over {cap} bytes to its {name} (stopped)")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from devices.adb import ADBTransport
 from devices.emulation.adb_endpoint import AdbEndpoint
-from devices.errors import CommandTimeout, ProcessEnded
+from devices.errors import CommandTimeout, OutputTooLarge, ProcessEnded
 from devices.local import LocalTransport
 from devices.transport import Process, StreamingProcess, Transport
 
@@ -136,6 +137,27 @@ def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device
         device.transport.run(["sleep", "30"], timeout=1.0)
     assert time.monotonic() - start < 10  # stopped at its timeout, not after its 30 s (slack for a loaded host)
     assert device.transport.run(["echo", "again"], timeout=10).stdout == "again\n"
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_command_that_floods_its_output_is_stopped_at_the_cap_and_the_transport_stays_usable(
+    device: Device, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("devices.transport.MAX_OUTPUT_BYTES", 100_000)
+    redirect = "" if stream == "stdout" else " >&2"
+    # a line of 100 bytes forever: a host that kept it all would never return before the timeout
+    flood = f"line=$(printf '%099d' 0); while :; do echo \"$line\"{redirect}; done"
+    start = time.monotonic()
+    with pytest.raises(OutputTooLarge) as refused:
+        device.transport.run(["sh", "-c", flood], timeout=30)
+    assert time.monotonic() - start < 20
+    message = str(refused.value)
+    assert "'sh' wrote over 100000 bytes to its " in message and message.endswith("(stopped)") and "\n" not in message
+    if not isinstance(device.transport, ADBTransport):  # adb merges the two streams into one
+        assert f"to its {stream} (stopped)" in message
+    assert device.transport.run(["echo", "again"], timeout=10).stdout == "again\n"
+    listed = device.transport.run(["sh", "-c", "ps -eo args 2>/dev/null || ps"], timeout=10).stdout
+    assert "while :; do echo" not in listed  # the flooding command was stopped
 
 
 # ---------------------------------------------------------------------------- streamed processes
