@@ -297,8 +297,9 @@ class SSHTransport:
         Returns
         -------
         RunResult
-            ``rc`` is -1 when the remote command was killed by a signal (paramiko
-            ignores OpenSSH's ``exit-signal``); ``seconds`` excludes connecting.
+            ``rc`` is ``128 + n`` when the remote command was killed by signal ``n``: the
+            remote shell waits for it and exits with its status, since paramiko ignores
+            OpenSSH's ``exit-signal``; ``seconds`` excludes connecting.
 
         Raises
         ------
@@ -312,7 +313,7 @@ class SSHTransport:
         Unreachable, HostKeyRejected, AuthenticationFailed
             From the first connect.
         """
-        chan, tag = self._open_tagged(argv, None, "run")
+        chan, tag = self._open_tagged(argv, None, "run", wait=True)
         start = time.monotonic()
         deadline = start + timeout
         (out, err), readers, ended = read_capped([chan.recv, chan.recv_stderr], deadline)
@@ -367,16 +368,20 @@ class SSHTransport:
         return SSHProcess(self, chan, tag, f"{argv[0]} on {self.address}")
 
     def _open_tagged(
-        self, argv: Sequence[str], env: Mapping[str, str] | None, what: str
+        self, argv: Sequence[str], env: Mapping[str, str] | None, what: str, *, wait: bool = False
     ) -> tuple[paramiko.Channel, str]:
         """Open a session channel running ``argv``; return it and the tag of its pid line on stderr.
 
         The remote shell reports its pid (sshd made it a process group leader) on a line of
-        stderr tagged with a nonce, then exec-s the command in place, so the command's whole
-        process group can be killed remotely.
+        stderr tagged with a nonce, so the command's whole process group can be killed
+        remotely. It then exec-s the command in place, or with ``wait`` runs it and exits with
+        its status, so that a command killed by a signal exits ``128 + n`` (the channel's
+        ``exit-signal`` is lost to paramiko).
         """
         tag = f"__fleetbench_pid_{uuid.uuid4().hex[:12]}="
-        command = f"echo {tag}$$ >&2; exec {quote_argv(env_argv(argv, env))}"
+        quoted = quote_argv(env_argv(argv, env))
+        # "rc=$?; exit $rc" keeps the command from being the shell's last one, which bash would exec
+        command = f"echo {tag}$$ >&2; " + (f"{quoted}; rc=$?; exit $rc" if wait else f"exec {quoted}")
 
         def open_channel() -> paramiko.Channel:
             transport = self._active()

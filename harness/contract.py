@@ -452,14 +452,14 @@ def ended_output(returncode: int | None, stderr: str) -> RunnerOutput:
         ``"out of memory"`` when SIGKILL ended it (what the kernel's OOM killer sends),
         else as `parse_output` with no document.
     """
-    if returncode in (-9, 137):
-        tail = stderr.strip()[-300:]
-        message = "runner killed by SIGKILL during the request (the kernel's OOM killer?)"
-        return RunnerOutput("out of memory", message + (f"; stderr: {tail}" if tail else ""), EMPTY_DOCUMENT)
-    return parse_output(-1 if returncode is None else returncode, "", stderr)
+    return parse_output(-1 if returncode is None else returncode, "", stderr, during="during the request")
 
 
-def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
+#: Exit statuses of a process SIGKILL ended: negative from a local wait, ``128 + 9`` from a shell.
+KILLED = (-9, 128 + 9)
+
+
+def parse_output(rc: int, stdout: str, stderr: str, *, during: str = "") -> RunnerOutput:
     """Turn the runner's exit status and output into a `RunnerOutput`.
 
     Parameters
@@ -468,12 +468,16 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
         Exit status of the runner.
     stdout, stderr : str
         Its output; stdout must be one JSON object of at most `MAX_REPLY_BYTES`.
+    during : str
+        What the runner was doing, for the message of one SIGKILL ended (``"during the request"``).
 
     Returns
     -------
     RunnerOutput
         The document's status; where the exit status disagrees with an ``"ok"``
-        document, the exit status wins; no document at all is a ``"runner error"``
+        document, the exit status wins; no document from a runner SIGKILL ended (`KILLED`:
+        what the kernel's OOM killer sends, as on a device whose memory limit a wide
+        sub-model went over) is ``"out of memory"``; no document otherwise is a ``"runner error"``
         whose message quotes the end of stderr (``"out of space"`` when stderr says
         the device's file system is full, `devices.errors.says_out_of_space`), and so is
         a document that is refused: too large, not JSON, not an object, holding NaN or
@@ -482,6 +486,9 @@ def parse_output(rc: int, stdout: str, stderr: str) -> RunnerOutput:
         the key). Every message is one line.
     """
     tail = stderr.strip()[-300:]
+    if not stdout.strip() and rc in KILLED:
+        message = " ".join(filter(None, ("runner killed by SIGKILL", during, "(the kernel's OOM killer?)")))
+        return RunnerOutput("out of memory", message + (f"; stderr: {tail}" if tail else ""), EMPTY_DOCUMENT)
     if not stdout.strip():
         message = f"runner exited {rc} with no output" + (f"; stderr: {tail}" if tail else "")
         return RunnerOutput(_undocumented_status(rc, tail), message, EMPTY_DOCUMENT)

@@ -130,6 +130,11 @@ def test_10mb_file_round_trip_checksums_match(device: Device, tmp_path: Path) ->
     assert sha256(back) == sha256(src)
 
 
+def test_a_command_killed_by_a_signal_says_which(device: Device) -> None:
+    rc = device.transport.run(["sh", "-c", "kill -9 $$"], timeout=10).rc
+    assert rc in (-9, 128 + 9)  # a local wait gives -9; a device's shell 128 + 9
+
+
 def test_timeout_stops_the_command_and_the_transport_stays_usable(device: Device) -> None:
     device.transport.run(["true"], timeout=10)  # connect outside the timed part
     start = time.monotonic()

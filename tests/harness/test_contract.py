@@ -24,6 +24,12 @@ def test_parse_output_statuses() -> None:
     crashed = contract.parse_output(1, "Traceback ...", "boom")
     assert crashed.status == "runner error" and "boom" in crashed.message and crashed.document == EMPTY_DOCUMENT
     assert contract.parse_output(3, "", "").status == "runner error"  # no document: runner error whatever the code
+    for killed in (-9, 137):  # SIGKILL, as the OOM killer sends it: locally, and through a device's shell
+        oom_killed = contract.parse_output(killed, "", "Killed")
+        assert oom_killed.status == "out of memory" and oom_killed.message.startswith("runner killed by SIGKILL")
+        assert oom_killed.message.endswith("; stderr: Killed")
+    assert contract.parse_output(-15, "", "").status == "runner error"  # SIGTERM is no memory limit
+    assert contract.parse_output(137, json.dumps({"status": "ok"}), "").status == "runner error"  # a document decides
     assert contract.parse_output(4, json.dumps({"mode": "bench"}), "").status == "out of memory"  # exit code decides
     # an "ok" document with a failing exit status is not ok
     assert contract.parse_output(3, json.dumps({"status": "ok"}), "").status == "missing runtime"

@@ -48,6 +48,8 @@ def test_only_devices_a_cpu_quota_throttles_time_blocks_of_steps() -> None:
             "import json, sys; print(json.dumps({'status': 'out of memory', 'error': 'MemoryError'})); sys.exit(4)",
             "out of memory",
         ),
+        # what the kernel's OOM killer does to a runner over the device's memory limit
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "out of memory"),
     ],
 )
 def test_runner_failures_become_statuses(
