@@ -43,6 +43,11 @@ the work being whole again), and the error the user saw. The faults:
     a device's work directory on a filesystem too small for its artifacts: its cells are
     recorded as out of space with the reason, the other device's cells are measured, and
     ``--resume`` completes once the device has room again.
+``device-memory``
+    a device's memory limit (its cgroup; root only) lowered between what a quarter width
+    and the full width of a wide batch need, measured first: the full width's cell is
+    recorded as out of memory, the quarter width and the other device are measured, and
+    ``--resume`` completes once the limit is back.
 
 A fault is survived when its checks hold; the table's last column is the first line the user
 saw about it (the cell's or client's reason, or the command's own error).
@@ -82,7 +87,11 @@ PROFILE = ("--model", "fjord-cnn", "--batch", "4", "--steps", "3", "--warmup", "
 #: The FL run the kill and resume is compared on (in-process clients: the fault is the host's).
 FL_RUN = ("--strategy", "fjord", "--model", "fjord-cnn", "--dataset", "digits", "--clients", "4", "--seed", "3")
 DEVICES = ("fast", "mid")
-FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown", "host-disk", "device-disk")
+FAULTS = ("sshd", "link", "kill-campaign", "kill-fl", "concurrent", "resident", "updown", "host-disk", "device-disk",
+          "device-memory")  # fmt: skip
+#: The memory fault's cells: a batch at which the full width needs some 100 MiB more than a quarter
+#: (the runtime's own share is the same), one step each (the first step reaches the peak).
+MEMORY_CELLS = ("--batch", "1024", "--widths", "0.25,1", "--steps", "1", "--warmup", "1")
 #: What a campaign prints once its store is open and its devices are about to be measured.
 CAMPAIGN_STARTED = r"^isolation plan"
 CELL_OK = re.compile(r"^\[(\S+)\] \d+/\d+ w(\d\.\d\d) b\d+ \S+ ok\b", re.M)
@@ -159,6 +168,7 @@ class Bench:
     pace: Pace = Pace()
     counter: int = 0
     uninterrupted: dict[str, np.ndarray] = field(default_factory=dict)
+    memory_peaks: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
 
     def fresh(self, stem: str) -> Path:
         """A new directory for one injection."""
@@ -509,6 +519,59 @@ def device_disk_full(bench: Bench) -> Outcome:
                    "" if survived else f"out of space cells {len(spaced)}, others ok {others_ok}, resumed {whole}")
 
 
+def memory_limit_file(bench: Bench, name: str) -> Path:
+    """The cgroup file holding the emulated device's memory limit (v1 or v2)."""
+    for directory in device_state(bench, name).cgroups:
+        for knob in ("memory.limit_in_bytes", "memory.max"):
+            if (Path(directory) / knob).exists():
+                return Path(directory) / knob
+    raise RuntimeError(f"{name} has no memory cgroup: the memory fault needs root")
+
+
+def cells(db: Path) -> dict[tuple[str, float], tuple[str, str, int | None]]:
+    """(device, width) -> (status, message, peak memory bytes) of each latest cell in ``db``."""
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        rows = con.execute(
+            "SELECT device, width, status, message, peak_memory_bytes FROM cells "
+            "WHERE id IN (SELECT max(id) FROM cells GROUP BY cell_key)"
+        ).fetchall()
+    return {(d, round(w, 2)): (status, message or "", peak) for d, w, status, message, peak in rows}
+
+
+def device_memory_hit(bench: Bench) -> Outcome:
+    """A device's memory limit between what its quarter and its full width need: the full width is out of memory."""
+    cwd, victim = bench.fresh("device-memory"), bench.rng.choice(DEVICES)
+    start = time.monotonic()
+    if victim not in bench.memory_peaks:  # measured once per device: what each width needs
+        ran = fleetbench(*profile(bench, cwd / "calibrate.db", *MEMORY_CELLS), cwd=cwd).returncode == 0
+        measured = cells(cwd / "calibrate.db") if ran else {}
+        for device in DEVICES:
+            bench.memory_peaks[device] = (measured.get((device, 0.25), ("", "", None))[2],
+                                          measured.get((device, 1.0), ("", "", None))[2])  # fmt: skip
+    small, wide = bench.memory_peaks[victim]
+    if not small or not wide or wide - small < 64 << 20:
+        return Outcome(False, 0, time.monotonic() - start, why=f"peaks {small} and {wide} bytes: too close to part")
+    knob = memory_limit_file(bench, victim)
+    before = knob.read_text().strip()
+    db = cwd / "fleetbench.db"
+    knob.write_text(str((small + wide) // 2))  # the cgroup also holds the device's sshd and shells: a few MiB
+    try:
+        start = time.monotonic()
+        fleetbench(*profile(bench, db, *MEMORY_CELLS), cwd=cwd)
+    finally:
+        knob.write_text(before)
+    after = cells(db)
+    status, message, _ = after.get((victim, 1.0), ("missing", "", None))
+    others = [after.get(key, ("missing",))[0] for key in ((victim, 0.25), *((d, w) for d in DEVICES if d != victim
+                                                                           for w in (0.25, 1.0)))]  # fmt: skip
+    done = fleetbench(*profile(bench, db, *MEMORY_CELLS, "--resume"), cwd=cwd)
+    whole = done.returncode == 0 and all(status == "ok" for status, _, _ in cells(db).values()) and len(cells(db)) == 4
+    survived = status == "out of memory" and all(o == "ok" for o in others) and whole and integrity(db) == "ok"
+    lost = sum(o != "ok" for o in others)
+    why = "" if survived else f"full width {status!r}, others {others}, resumed {whole}"
+    return Outcome(survived, lost, time.monotonic() - start, f"[{victim}] w1.00 {status}: {message}", why)
+
+
 def fleet_processes(bench: Bench) -> list[int]:
     """Live processes whose command line names the fleet's state directory."""
     marker = str(bench.fleet.state_dir)
@@ -541,6 +604,7 @@ INJECT: dict[str, Callable[[Bench], Outcome]] = {
     "updown": down_then_up,
     "host-disk": host_disk_full,
     "device-disk": device_disk_full,
+    "device-memory": device_memory_hit,
 }
 
 
