@@ -40,8 +40,9 @@ Decisions:
   the clients it held with ``unreachable`` and the reason Ray gives (``out_of_memory``
   when Ray's memory monitor killed it); it is replaced and the round goes on without
   those clients.
-- **Lifecycle.** Without ``address`` the executor starts a local Ray instance (on the
-  loopback address, no dashboard) and `close` stops it: ``ray.shutdown()``, then every
+- **Lifecycle.** Without ``address`` the executor starts a local Ray instance (no dashboard;
+  asked for the loopback address, though Ray's services still listen on every interface of
+  the host and name its first address) and `close` stops it: ``ray.shutdown()``, then every
   process the instance started, found by a marker in their environment
   (`devices.processes.marked`), is stopped by pid and waited for
   (`devices.processes.stop`). With ``address`` it joins that cluster and `close` only
