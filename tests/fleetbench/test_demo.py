@@ -66,7 +66,7 @@ def _check_outputs(out: Path, devices: set[str], rounds: int) -> None:
 
 #: A short demo: fixed-length cells in one pass each (the pass machinery and the precision target
 #: are `tests/harness/test_device_run.py`'s and `tests/harness/test_runner.py`'s), two short rounds per run.
-QUICK = ("--rounds", "2", "--examples", "2000", "--steps", "3", "--precision", "0", "--passes", "1")
+QUICK = ("--rounds", "2", "--examples", "1000", "--steps", "3", "--precision", "0", "--passes", "1")
 
 #: The example fleet's devices (`devices/fleets/emulated.yaml`).
 EMULATED = {"fast", "mid", "slow", "fresh", "phone"}
@@ -108,7 +108,7 @@ def test_demo_on_the_emulated_fleet(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 #: The arguments of the local demo run (`tests/fleetbench/test_package.py` runs it from the installed wheel).
 LOCAL_DEMO = (
-    "demo", "--local", "--rounds", "1", "--examples", "600", "--steps", "2", "--precision", "0", "--passes", "1"
+    "demo", "--local", "--rounds", "1", "--examples", "300", "--steps", "2", "--precision", "0", "--passes", "1"
 )
 
 
