@@ -317,20 +317,16 @@ class SSHTransport:
         start = time.monotonic()
         deadline = start + timeout
         (out, err), readers, ended = read_capped([chan.recv, chan.recv_stderr], deadline)
-        if out.over or err.over:
-            self._kill_group(_split_pid(err.data(), tag)[0])
-            chan.close()
-            for reader in readers:
-                reader.join(1.0)
-            raise too_large((out, err), ("stdout", "stderr"), self.address, argv[0])
         finished = ended and chan.status_event.wait(max(0.0, deadline - time.monotonic()))
-        if not finished:
+        if not finished:  # over the output cap, past the deadline, or the connection gone
             lost = self._active() is None
             if not lost:
                 self._kill_group(_split_pid(err.data(), tag)[0])
             chan.close()
             for reader in readers:
                 reader.join(1.0)
+            if out.over or err.over:
+                raise too_large((out, err), ("stdout", "stderr"), self.address, argv[0])
             if lost:
                 self.close()
                 raise ConnectionLost(f"{self.address}: connection dropped while running {argv[0]!r}")
