@@ -560,12 +560,13 @@ def device_memory_hit(bench: Bench) -> Outcome:
         fleetbench(*profile(bench, db, *MEMORY_CELLS), cwd=cwd)
     finally:
         knob.write_text(before)
+    measured = {(d, w) for d in DEVICES for w in (0.25, 1.0)}
     after = cells(db)
     status, message, _ = after.get((victim, 1.0), ("missing", "", None))
-    others = [after.get(key, ("missing",))[0] for key in ((victim, 0.25), *((d, w) for d in DEVICES if d != victim
-                                                                           for w in (0.25, 1.0)))]  # fmt: skip
+    others = [after.get(key, ("missing", "", None))[0] for key in sorted(measured - {(victim, 1.0)})]
     done = fleetbench(*profile(bench, db, *MEMORY_CELLS, "--resume"), cwd=cwd)
-    whole = done.returncode == 0 and all(status == "ok" for status, _, _ in cells(db).values()) and len(cells(db)) == 4
+    resumed = cells(db)
+    whole = done.returncode == 0 and set(resumed) == measured and all(c[0] == "ok" for c in resumed.values())
     survived = status == "out of memory" and all(o == "ok" for o in others) and whole and integrity(db) == "ok"
     lost = sum(o != "ok" for o in others)
     why = "" if survived else f"full width {status!r}, others {others}, resumed {whole}"
