@@ -190,7 +190,7 @@ def ensure(version: str | None = None, say: Callable[[str], None] = print) -> tu
             say(f"onnx-latest: no answer from the index; using the cached onnxruntime {have}")
             return python, have
     if have is None or wanted != have:
-        say(f"onnx-latest: installing onnxruntime {wanted or '(newest)'} and numpy into {target} (once)")
+        say(f"onnx-latest: installing onnxruntime {wanted or '(newest)'} and numpy into {target}")
         _install(python, wanted, say)
         have = installed_version(python)
         if have is None:

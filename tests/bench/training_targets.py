@@ -263,7 +263,8 @@ def verdicts(result: ModelResult) -> list[Verdict]:
 def verdict_line(checks: Sequence[Verdict]) -> str:
     """Summarise a model's verdicts: ``ok``, or ``not met:`` and each target missed with its value.
 
-    Targets that could not be checked (a backend not run, width 1 not measured) are named after.
+    Targets that could not be checked (a backend not run, width 1 not measured) are named after;
+    with none checked, the line says only ``not measured:`` and names them.
 
     Parameters
     ----------
@@ -275,6 +276,8 @@ def verdict_line(checks: Sequence[Verdict]) -> str:
     """
     missed = [f"{c.target} (is {c.measured})" for c in checks if c.met is False]
     unmeasured = [c.target for c in checks if c.met is None]
+    if len(unmeasured) == len(checks):
+        return "not measured: " + ", ".join(unmeasured)
     line = "ok" if not missed else "not met: " + ", ".join(missed)
     if unmeasured:
         line += "; not measured: " + ", ".join(unmeasured)

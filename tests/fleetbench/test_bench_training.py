@@ -75,6 +75,8 @@ def test_verdicts_per_model() -> None:
     assert verdict_line(verdicts(lstm)) == "ok"
     unmeasured = ModelResult("fluid-cnn", True, {(BEST, "torch"): 0.5, ("onnx", "ort"): 0.9}, None)
     assert verdict_line(verdicts(unmeasured)) == "ok; not measured: matmul share at width 1 >= 30%"
+    torch_only = ModelResult("fluid-lstm", False, {}, None)
+    assert verdict_line(verdicts(torch_only)) == "not measured: best/torch <= 1.00, onnx/ort <= 1.00"
 
 
 def test_newest_version_is_read_from_pip_index() -> None:
