@@ -3,18 +3,24 @@
 Run from the repository root: ``python -m tests.bench [--models a,b] [--widths ...]``
 (or ``tox -e bench``). Training time is measured for the ORT training build (``ort``),
 the portable step model on the same ONNX Runtime (``onnx``, through the runner's own
-backend) and PyTorch eager (``torch``), each in a process of its own, the processes
-alternated (ort, onnx, torch, ort, onnx, torch, ...); each ratio is taken round by round,
-then its median reported: timing two runtimes in one process is wrong because their thread
-pools contend. Per model, the median over widths of the portable model's time over the
-training build's is checked against `PORTABLE_TARGET`.
+backend), the portable step model on the newest ``onnxruntime`` (``onnx-latest``, from an
+environment of its own: `tests.bench.ort_latest`) and PyTorch eager (``torch``), each in a
+process of its own, the processes alternated (ort, onnx, onnx-latest, torch, ort, ...); each
+ratio is taken round by round, then its median reported: timing two runtimes in one process is
+wrong because their thread pools contend. Next to the times it prints each backend's achieved
+GFLOP/s (`exporters.flops`) and its share of the host's float32 matmul rate (measured once, in a
+process of its own, at the backends' thread count: `tests.bench.matmul_rate`), and each
+process's peak memory split into the runtime's baseline and the model's share. Per model, the
+targets of `tests.bench.training_targets` are checked.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,19 +31,36 @@ from pathlib import Path
 
 import numpy as np
 
+from exporters import flops
 from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
 from exporters.step_model import write_step_model
 from exporters.zoo import get_model, model_names
+from tests.bench import ort_latest
+from tests.bench.matmul_rate import thread_environment
+from tests.bench.training_targets import (
+    BEST,
+    MATMUL_SHARE_WIDTH,
+    ONNX_FORMS,
+    ModelResult,
+    WorkerRun,
+    gflops,
+    memory_mib,
+    parse_worker_output,
+    ratio_pairs,
+    round_ratio,
+    verdict_line,
+    verdicts,
+    with_best,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Backends of the training-time benchmark, in the order their processes alternate.
-BACKENDS = ("ort", "onnx", "torch")
+BACKENDS = ("ort", "onnx", "onnx-latest", "torch")
 
-#: The portable step model may be at most this much slower than the training build
-#: (median over a model's widths of the per-image time ratio).
-PORTABLE_TARGET = 1.20
+#: Seconds of the matmul-rate probe (`tests.bench.matmul_rate`).
+MATMUL_SECONDS = 1.0
 
 
 def bench_export(models: list[str], widths: tuple[float, ...], batch: int) -> None:
@@ -86,11 +109,17 @@ def _step_model_seconds(directory: Path, scratch: Path) -> float:
 
 
 def run_worker(
-    backend: str, name: str, width: float, artifact_dir: Path, data_dir: Path, args: argparse.Namespace
-) -> list[float]:
-    """Run one timing process and return its per-step seconds."""
+    backend: str,
+    name: str,
+    width: float,
+    artifact_dir: Path,
+    data_dir: Path,
+    args: argparse.Namespace,
+    python: str = sys.executable,
+) -> WorkerRun:
+    """Run one timing process (``python -m tests.bench.worker``, at ``--threads`` threads) and return its result."""
     argv = [
-        sys.executable,
+        python,
         "-m",
         "tests.bench.worker",
         backend,
@@ -102,10 +131,35 @@ def run_worker(
         str(args.warmup),
         str(args.threads),
     ]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    env = {**os.environ, **thread_environment(args.threads)}
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{backend} worker failed for {name} at {width}: {done.stderr.strip()[-2000:]}")
-    return list(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+    return parse_worker_output(done.stdout)
+
+
+def measure_matmul_rate(threads: int) -> tuple[float, int]:
+    """Measure the host's float32 matmul rate at ``threads`` threads in a process of its own.
+
+    Returns
+    -------
+    gflops : float
+    size : int
+        The matrix size of the best rate.
+    """
+    argv = [sys.executable, "-m", "tests.bench.matmul_rate", str(threads), str(MATMUL_SECONDS)]
+    env = {**os.environ, **thread_environment(threads)}
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True)
+    document = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(document["gflops"]), int(document["size"])
+
+
+def training_runtime_version() -> str:
+    """Return the version of this environment's onnxruntime (the training build, else the plain package)."""
+    for dist in ("onnxruntime-training", "onnxruntime"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    return "not installed"
 
 
 @contextlib.contextmanager
@@ -120,41 +174,136 @@ def prepared(name: str, width: float, batch: int, artifact_root: Path) -> Iterat
         yield result.directory, Path(data_dir)
 
 
+def step_flops(name: str, width: float, batch: int) -> tuple[int, bool]:
+    """Return the FLOPs of one AdamW training step over ``batch`` examples, and whether the model convolves.
+
+    Returns
+    -------
+    flops : int
+        ``train_flops * batch`` plus the optimizer's FLOPs (`exporters.flops`).
+    convolutional : bool
+        Whether the model has a convolution layer.
+    """
+    model = get_model(name)
+    counts = flops.count(model, model.arch(width))
+    total = counts.train_flops * batch + flops.optimizer_flops(counts.params, "adamw")
+    return total, any(layer.kind == "conv" for layer in counts.layers)
+
+
+def _cell(value: float | None, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def _width(label: str) -> int:
+    """Return a column's width for its ``label`` (values need 8 characters)."""
+    return max(len(label), 8)
+
+
+def measure_width(
+    name: str, width: float, python_of: dict[str, str], args: argparse.Namespace, artifact_root: Path
+) -> dict[str, list[WorkerRun]]:
+    """Run ``args.pairs`` rounds of alternated processes, one per backend of ``python_of``; return them per backend."""
+    runs: dict[str, list[WorkerRun]] = {b: [] for b in python_of}
+    with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
+        for _ in range(args.pairs):  # alternated: ort, onnx, onnx-latest, torch, ort, ...
+            for backend, python in python_of.items():
+                worker = "onnx" if backend == "onnx-latest" else backend
+                runs[backend].append(run_worker(worker, name, width, artifact_dir, data_dir, args, python))
+    return runs
+
+
+def backend_pythons(backends: tuple[str, ...], version: str | None) -> tuple[dict[str, str], str]:
+    """Return the interpreter of every backend, in ``backends``' order, and onnx-latest's onnxruntime version.
+
+    ``onnx-latest`` runs from `tests.bench.ort_latest`'s environment (made or updated here, holding
+    ``version`` or the newest release); the others from this interpreter.
+    """
+    python_of = {b: sys.executable for b in backends}
+    latest = "not measured"
+    if "onnx-latest" in backends:
+        try:
+            python, latest = ort_latest.ensure(version)
+        except ort_latest.EnvironmentFailure as exc:
+            raise SystemExit(f"onnx-latest: {exc}") from None
+        python_of["onnx-latest"] = str(python)
+    return python_of, latest
+
+
 def bench_training(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
-    """Print per-image training time of every backend and their ratios per model and width."""
+    """Print per-image training time of every backend, their ratios, rates and memory per model and width."""
     backends = tuple(b for b in BACKENDS if b in args.backends.split(","))
+    python_of, latest = backend_pythons(backends, args.ort_latest)
+    matmul, size = measure_matmul_rate(args.threads)
     print(
         f"\n== Training step, per image, batch {args.batch}, AdamW, {args.threads} threads, median of {args.steps} "
         f"steps after {args.warmup} warm-up, {args.pairs} rounds of alternated processes ({', '.join(backends)}) =="
     )
-    ratios_of = [(a, b) for a, b in (("onnx", "ort"), ("ort", "torch"), ("onnx", "torch")) if {a, b} <= set(backends)]
-    head = " ".join(f"{b + ' us':>10}" for b in backends) + " " + " ".join(f"{a + '/' + b:>11}" for a, b in ratios_of)
-    print(f"{'model':<20} {'width':>6} {head}   round ratios (first pair)")
-    summary = []
+    print(f"onnxruntime {training_runtime_version()} (ort, onnx) | onnxruntime {latest} (onnx-latest)")
+    print(f"host matmul rate: {matmul:.1f} GFLOP/s (numpy float32, {size}x{size}, {args.threads} threads)")
+    pairs = ratio_pairs(backends)
+    labels = [f"{a}/{b}" for a, b in pairs]
+    rate_columns = [*backends, BEST] if set(ONNX_FORMS) & set(backends) else list(backends)
+    head = " ".join(f"{b + ' us':>{_width(b + ' us')}}" for b in backends)
+    head += " " + " ".join(f"{label:>{_width(label)}}" for label in labels)
+    print(f"{'model':<20} {'width':>6} {head}   {labels[0] + ' by round' if labels else ''}")
+    results: list[ModelResult] = []
+    rate_rows: list[str] = []
+    memory_rows: list[str] = []
     for name in models:
-        per_width: dict[tuple[str, str], list[float]] = {pair: [] for pair in ratios_of}
+        per_width: dict[tuple[str, str], list[float]] = {pair: [] for pair in pairs}
+        full_width_share = None
+        convolutional = False
         for width in widths:
-            with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
-                medians: dict[str, list[float]] = {b: [] for b in backends}
-                for _ in range(args.pairs):  # alternated: ort, onnx, torch, ort, onnx, torch, ...
-                    for backend in backends:
-                        seconds = run_worker(backend, name, width, artifact_dir, data_dir, args)
-                        medians[backend].append(statistics.median(seconds))
-            us = {b: statistics.median(v) / args.batch * 1e6 for b, v in medians.items()}
-            ratios = {(a, b): [x / y for x, y in zip(medians[a], medians[b], strict=True)] for a, b in ratios_of}
+            work, convolutional = step_flops(name, width, args.batch)
+            runs = measure_width(name, width, python_of, args, artifact_root)
+            rounds = with_best({b: [r.step_seconds for r in v] for b, v in runs.items()})
+            ratios = {pair: round_ratio(rounds, pair) for pair in pairs}
             for pair, values in ratios.items():
                 per_width[pair].append(statistics.median(values))
-            shown = " ".join(f"{r:.2f}" for r in ratios[ratios_of[0]]) if ratios_of else ""
-            cells = " ".join(f"{us[b]:>10.1f}" for b in backends) + " "
-            cells += " ".join(f"{statistics.median(v):>10.2f}x" for v in ratios.values())
+            rate = {b: gflops(work, statistics.median(v)) for b, v in rounds.items()}
+            if BEST in rate and width == MATMUL_SHARE_WIDTH:
+                full_width_share = rate[BEST] / matmul
+            cells = " ".join(
+                f"{statistics.median(rounds[b]) / args.batch * 1e6:>{_width(b + ' us')}.1f}" for b in backends
+            )
+            cells += " " + " ".join(
+                f"{statistics.median(v):>{_width(label) - 1}.2f}x"
+                for label, v in zip(labels, ratios.values(), strict=True)
+            )
+            shown = " ".join(f"{r:.2f}" for r in ratios[pairs[0]]) if pairs else ""
             print(f"{name:<20} {width:>6.2f} {cells}   {shown}", flush=True)
-        summary.append((name, {pair: statistics.median(v) for pair, v in per_width.items() if v}))
-    if ("onnx", "ort") in ratios_of:
-        print(f"\n== Median over widths per model (target: portable / training build <= {PORTABLE_TARGET:.2f}) ==")
-        print(f"{'model':<20} " + " ".join(f"{a + '/' + b:>11}" for a, b in ratios_of) + "  verdict")
-        for name, medians_of in summary:
-            verdict = "ok" if medians_of[("onnx", "ort")] <= PORTABLE_TARGET else "SLOWER THAN TARGET"
-            print(f"{name:<20} " + " ".join(f"{medians_of[p]:>10.2f}x" for p in ratios_of) + f"  {verdict}")
+            rate_cells = " ".join(f"{rate[b]:>{_width(b) + 1}.2f} {rate[b] / matmul:>4.0%}" for b in rate_columns)
+            rate_rows.append(f"{name:<20} {width:>6.2f} {work / args.batch / 1e6:>10.2f} {rate_cells}")
+            mib_cells = " ".join(
+                f"{_cell(base, '.0f', _width(b + ' base'))} {_cell(share, '.1f', 8)}"
+                for b, (base, share) in ((b, memory_mib(runs[b])) for b in backends)
+            )
+            memory_rows.append(f"{name:<20} {width:>6.2f} {mib_cells}")
+        ratio_medians = {pair: statistics.median(v) for pair, v in per_width.items() if v}
+        results.append(ModelResult(name, convolutional, ratio_medians, full_width_share))
+    print(f"\n== Achieved training GFLOP/s per backend and its share of the matmul rate ({matmul:.1f} GFLOP/s) ==")
+    print(f"{'model':<20} {'width':>6} {'MFLOP/img':>10} " + " ".join(f"{b:>{_width(b) + 6}}" for b in rate_columns))
+    print("\n".join(rate_rows))
+    print(
+        "\n== Peak resident memory per process, MiB: the runtime's baseline (runtime, numpy, batch loaded) "
+        "and the model's share (peak - baseline) =="
+    )
+    print(
+        f"{'model':<20} {'width':>6} "
+        + " ".join(f"{b + ' base':>{_width(b + ' base')}} {'+model':>8}" for b in backends)
+    )
+    print("\n".join(memory_rows))
+    print(
+        "\n== Targets per model (ratios: median over widths; share@1: the best ONNX form's share of the matmul rate "
+        "at width 1) =="
+    )
+    print(f"{'model':<20} " + " ".join(f"{label:>{_width(label)}}" for label in labels) + f" {'share@1':>8}  verdict")
+    for result in results:
+        ratio_cells = " ".join(
+            f"{result.ratios[p]:>{_width(label) - 1}.2f}x" for p, label in zip(pairs, labels, strict=True)
+        )
+        share = _cell(result.full_width_share, ".0%", 8)
+        print(f"{result.name:<20} {ratio_cells} {share}  {verdict_line(verdicts(result))}")
 
 
 def read_trace_events(directory: Path) -> list[dict]:
@@ -204,10 +353,8 @@ def bench_knobs(models: list[str], widths: tuple[float, ...], args: argparse.Nam
                 medians: dict[str, list[float]] = {v: [] for v in ORT_VARIANTS}
                 for _ in range(args.pairs):
                     for variant in ORT_VARIANTS:
-                        seconds = run_worker(
-                            f"{args.knob_backend}:{variant}", name, width, artifact_dir, data_dir, args
-                        )
-                        medians[variant].append(statistics.median(seconds))
+                        run = run_worker(f"{args.knob_backend}:{variant}", name, width, artifact_dir, data_dir, args)
+                        medians[variant].append(run.step_seconds)
             base = statistics.median(medians["default"])
             shown = " ".join(f"{statistics.median(medians[v]) / base:>12.2f}x" for v in ORT_VARIANTS[1:])
             print(f"{name:<20} {width:>6.2f} {base * 1e3:>11.2f}  {shown}", flush=True)
@@ -237,8 +384,8 @@ def bench_fusion(models: list[str], widths: tuple[float, ...], args: argparse.Na
                 for _ in range(args.pairs):
                     for backend in backends:
                         for form, directory in (("fused", fused_dir), ("unfused", unfused.directory)):
-                            seconds = run_worker(backend, name, width, directory, data_dir, args)
-                            medians.setdefault((backend, form), []).append(statistics.median(seconds))
+                            run = run_worker(backend, name, width, directory, data_dir, args)
+                            medians.setdefault((backend, form), []).append(run.step_seconds)
             cells = []
             for backend in backends:
                 fused, slow = medians[(backend, "fused")], medians[(backend, "unfused")]
@@ -258,6 +405,12 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5, help="rounds of alternated backend processes")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="backends of the training benchmark")
     parser.add_argument("--knob-backend", default="ort", choices=("ort", "onnx"), help="backend of --only knobs")
+    parser.add_argument(
+        "--ort-latest",
+        default=None,
+        metavar="VERSION",
+        help="onnxruntime of the onnx-latest backend (default: the newest)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--only",

@@ -4,9 +4,16 @@ Usage: ``python -m tests.bench.worker BACKEND MODEL WIDTH ARTIFACT_DIR DATA_DIR 
 with BACKEND one of ``ort``, ``ort:VARIANT`` (see `ORT_VARIANTS`), ``ort-profile``, ``onnx`` (the
 portable step model through the runner's own `harness.runner.backends.OnnxBackend`), ``onnx:VARIANT``
 (see `ONNX_VARIANTS`), ``onnx-profile`` and ``torch``, where DATA_DIR holds the batch as ``x.npy`` and
-``y.npy``.
-Prints one JSON document: ``{"backend", "seconds": [per timed step], "loss": last loss}``.
-Only one runtime is imported per process: two runtimes in one process contend for threads.
+``y.npy``. The ``onnx`` backends need only numpy and plain ``onnxruntime`` (this module and
+`harness.runner` import neither PyTorch nor ``exporters`` on their path), so the training benchmark
+also runs them from an environment holding the newest onnxruntime (`tests.bench.ort_latest`).
+Prints one JSON document: ``{"backend", "seconds": [per timed step], "loss": last loss, "runtime":
+the runtime's version, "baseline_bytes", "peak_bytes", "memory_source"}``: the process's peak
+resident set (`harness.runner.probes.peak_memory`) at the end, and the same reading once the runtime
+and numpy are imported and the batch loaded, before any model or session exists (`load_runtime`).
+Only one runtime is imported per process: two runtimes in one process contend for threads; the
+``ort`` backend imports the training build without PyTorch, as the runner does
+(`harness.runner.runtimes.import_ort_training`).
 """
 
 from __future__ import annotations
@@ -62,9 +69,9 @@ def time_ort(
     ``profile_dir``, ORT's profiler writes its per-kernel trace there (timings then include
     the profiler's overhead, so use them for shares, not for the ratio).
     """
-    import onnxruntime as ort
-    from onnxruntime.training import api
+    from harness.runner.runtimes import import_ort_training
 
+    ort, api = import_ort_training()
     options = ort_session_options(threads, variant, profile_dir)
     state = api.CheckpointState.load_checkpoint(str(artifact_dir / "checkpoint"))
     module = api.Module(str(artifact_dir / "training_model.onnx"), state, session_options=options)
@@ -159,13 +166,48 @@ def time_torch(model_name: str, width: float, x, y, steps: int, warmup: int, thr
     return seconds, loss
 
 
+def load_runtime(backend: str, threads: int) -> str:
+    """Import ``backend``'s runtime and numpy the way the runner does; return the runtime's version.
+
+    For ``torch`` the zoo's model code is imported too (`time_torch` builds the module from it),
+    so that the baseline reading taken next holds everything but the model itself.
+
+    Parameters
+    ----------
+    backend : str
+        A backend of the usage line (``ort``, ``onnx:VARIANT``, ``torch``, ...).
+    threads : int
+        numpy's BLAS threads, unless the caller's environment sets them.
+
+    Returns
+    -------
+    str
+    """
+    from harness.runner.runtimes import import_numpy, import_onnxruntime, import_ort_training
+
+    import_numpy(threads)
+    if backend.startswith("onnx"):
+        return str(import_onnxruntime().__version__)
+    if backend.startswith("ort"):
+        return str(import_ort_training()[0].__version__)
+    import torch
+
+    import exporters.zoo  # noqa: F401 - the model's code belongs to the baseline, the model does not
+
+    return str(torch.__version__)
+
+
 def main(argv: list[str]) -> None:
     """Parse the positional arguments, time one backend and print the JSON document."""
     backend, model_name, width_text, artifact_dir, data_dir, steps, warmup, threads = argv
+    from harness.runner.probes import peak_memory
+
+    runtime = load_runtime(backend, int(threads))
     import numpy as np
 
     x = np.load(Path(data_dir) / "x.npy", allow_pickle=False)
     y = np.load(Path(data_dir) / "y.npy", allow_pickle=False)
+    baseline, _ = peak_memory()
     if backend.startswith("onnx"):
         variant = backend.partition(":")[2] or "default"
         profile_dir = Path(data_dir) if backend == "onnx-profile" else None
@@ -177,7 +219,10 @@ def main(argv: list[str]) -> None:
         seconds, loss = time_ort(Path(artifact_dir), x, y, int(steps), int(warmup), int(threads), variant, profile_dir)
     else:
         seconds, loss = time_torch(model_name, float(width_text), x, y, int(steps), int(warmup), int(threads))
-    print(json.dumps({"backend": backend, "seconds": seconds, "loss": loss}))
+    peak, source = peak_memory()
+    document = {"backend": backend, "seconds": seconds, "loss": loss, "runtime": runtime}
+    document.update(baseline_bytes=baseline, peak_bytes=peak, memory_source=source)
+    print(json.dumps(document))
 
 
 if __name__ == "__main__":
