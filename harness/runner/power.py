@@ -51,7 +51,7 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: The kinds of sensor, as `Sensor.kind` names them.
 KINDS = ("ina3221-hwmon", "ina3221-iio", "pmic-adc", "power-supply", "rapl")
@@ -69,6 +69,8 @@ PMIC_ARGUMENT = "pmic_read_adc"
 INA3221_SHUNT_LSB_V = 40e-6
 #: Battery statuses that mean a charger is connected.
 EXTERNAL_STATUSES = ("Charging", "Full", "Not charging")
+#: The file, in the root, that says the sensors below it are an emulated device's (`devices.emulation.sensors`).
+EMULATED_MARK = "fleetbench-emulated"
 #: Seconds `run_vcgencmd` waits for the command.
 VCGENCMD_TIMEOUT_S = 5.0
 
@@ -99,6 +101,8 @@ class Sensor:
         Step of one reading: W for a power sensor, J for a counter.
     update_interval_s : float or None
         How often the sensor updates its readings, where it says (hwmon ``update_interval``).
+    emulated : bool
+        Its files were written by an emulated device's driver (`EMULATED_MARK` in the root).
     """
 
     kind: str
@@ -108,6 +112,7 @@ class Sensor:
     total: tuple = ()
     resolution: float = 0.0
     update_interval_s: float | None = None
+    emulated: bool = False
 
     @property
     def counter(self) -> bool:
@@ -171,6 +176,8 @@ class EnergySample:
         Every rail's energy.
     external_power : bool
         Some reading was taken on external power: ``joules`` is not the device's draw.
+    emulated : bool
+        The sensor is an emulated device's (`Sensor.emulated`): ``joules`` is a model's.
     """
 
     kind: str
@@ -181,6 +188,7 @@ class EnergySample:
     readings: int
     per_rail_j: dict = field(default_factory=dict)
     external_power: bool = False
+    emulated: bool = False
 
 
 # ---------------------------------------------------------------------------- pure parsers
@@ -631,14 +639,16 @@ def discover(root: str = "/", which=shutil.which) -> tuple:  # noqa: ANN001 - sh
     Returns
     -------
     tuple of Sensor
-        In the order of `KINDS`; empty where the device has none.
+        In the order of `KINDS`; empty where the device has none. Those below a root
+        holding `EMULATED_MARK` are marked emulated (not the PMIC: it is a command's).
     """
+    emulated = os.path.isfile(os.path.join(root, EMULATED_MARK))
+    files = _discover_hwmon(root) + _discover_iio(root)
+    files_after = _discover_power_supply(root) + _discover_rapl(root)
     return tuple(
-        _discover_hwmon(root)
-        + _discover_iio(root)
+        [replace(s, emulated=emulated) for s in files]
         + _discover_pmic(which)
-        + _discover_power_supply(root)
-        + _discover_rapl(root)
+        + [replace(s, emulated=emulated) for s in files_after]
     )
 
 
@@ -803,4 +813,4 @@ def sample(
         joules = sum(per_rail[r] for r in chosen)
         summed = [sum(r[rail] for rail in chosen) for r in readings]
         uncertainty = power_uncertainty_j(summed, span, interval, sensor, len(chosen))
-    return EnergySample(sensor.kind, chosen, joules, uncertainty, span, len(times), per_rail, external)
+    return EnergySample(sensor.kind, chosen, joules, uncertainty, span, len(times), per_rail, external, sensor.emulated)

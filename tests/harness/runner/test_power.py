@@ -379,3 +379,11 @@ def test_a_counter_is_not_read_as_power_nor_power_as_a_counter(tmp_path: Path) -
         read_power(rapl)
     with pytest.raises(PowerError, match="read it with read_power"):
         read_energy(hwmon)
+
+
+def test_sensors_below_an_emulated_devices_root_are_marked(tmp_path: Path) -> None:
+    rapl_tree(tmp_path, 1, 1)
+    assert [s.emulated for s in discover(str(tmp_path), which=no_vcgencmd)] == [False]
+    write(tmp_path / "fleetbench-emulated", "rapl idle_w=2 busy_core_w=1.5")
+    (sensor,) = discover(str(tmp_path), which=no_vcgencmd)
+    assert sensor.emulated and sample(sensor, 0.02, 0.01).emulated
