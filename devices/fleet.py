@@ -14,6 +14,8 @@ from typing import Literal
 DeviceKind = Literal["local", "ssh", "adb"]
 
 
+#: The directory, under an emulated device's ``<state_dir>/<name>/``, of its power sensor's files.
+POWER_DIR = "power"
 #: Formats an emulated power sensor may be written in (`devices.emulation.sensors`).
 POWER_FORMATS = ("ina3221-hwmon", "power-supply", "rapl")
 

@@ -135,7 +135,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from devices.emulation.limits import format_cpu_list, parse_cpu_list
 from devices.errors import FleetFileError
-from devices.fleet import POWER_FORMATS, Device, DeviceKind, EmulatedPower, Emulation, Fleet
+from devices.fleet import POWER_DIR, POWER_FORMATS, Device, DeviceKind, EmulatedPower, Emulation, Fleet
 
 #: Emulation presets a fleet file may name (their values live in `devices.emulation.presets`).
 PRESETS: tuple[str, ...] = ("pi3", "pi4", "jetson-nano", "phone-midrange")
@@ -654,7 +654,7 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
         emulate=emulate,
         line=_line(node),
         state_dir=state_dir if emulate is not None else None,
-        power_root=str(state_dir / name / "power") if emulate is not None and emulate.power is not None else "/",
+        power_root=str(state_dir / name / POWER_DIR) if emulate is not None and emulate.power is not None else "/",
     )
 
 
