@@ -1126,6 +1126,8 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
                 answers, why = _answers(device, 5.0)
                 say(f"{device.name}: already up at {old.address}"
                     + ("" if answers else f" (busy: no answer within 5 s: {why}; `fleet down` stops it)"))
+                if device.emulate.power is not None and all(r.role != "power-sensor" for r in old.processes):
+                    say(f"  {device.name}: up without its power sensor; `fleet down` and `fleet up` start it")
                 already.append(device.name)
                 continue
             say(f"{device.name}: cleaning a stale entry")

@@ -582,6 +582,25 @@ def test_probe_through_real_adb_to_the_emulated_phone(adb_server: tuple[str, int
     assert facts.python == platform.python_version()
 
 
+def test_the_emulated_phone_lists_a_battery_below_its_power_root(adb_server: tuple[str, int], tmp_path: Path) -> None:
+    from devices.adb import ADBTransport
+    from devices.emulation.adb_endpoint import AdbEndpoint
+    from tests.harness.runner.test_power import android_battery
+
+    root = tmp_path / "power"  # a host path: the phone's shell sees this machine's files
+    android_battery(root, on_usb=False)
+    endpoint = AdbEndpoint(0, tmp_path / "phone").start()
+    try:
+        transport = ADBTransport(f"127.0.0.1:{endpoint.port}", server_port=adb_server[1])
+        try:
+            facts = probe_device(transport, python=sys.executable, timeout=60, power_root=str(root))
+        finally:
+            transport.close()
+    finally:
+        endpoint.stop()
+    assert facts.power == (PowerSensor("power-supply", ("battery",), pytest.approx(3.861e-6), "W"),)
+
+
 # ----------------------------------------------------------------------------- emulated ISA
 
 

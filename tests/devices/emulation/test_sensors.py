@@ -179,3 +179,21 @@ def test_a_busy_command_costs_about_busy_core_w_per_cpu_second_above_idle(
     assert emulate.down(fleet, say=lambda line: None) == []
     assert not Path(device.power_root).exists()
     assert all(not processes.running(rec) for rec in state.processes)
+
+
+def test_a_device_up_before_its_power_block_was_written_is_told_how_to_get_its_sensor(
+    tmp_path: Path, brought_down: list[Fleet]
+) -> None:
+    name = f"late-{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"state_dir: state\ndevices:\n  - name: {name}\n    kind: local\n    emulate: {{}}\n")
+    fleet = load_fleet(path)
+    brought_down.append(fleet)
+    assert emulate.up(fleet, say=lambda line: None).ok
+    path.write_text(
+        path.read_text().replace("emulate: {}", "emulate: {power: {format: rapl, idle_w: 1, busy_core_w: 1}}")
+    )
+    said: list[str] = []
+    result = emulate.up(load_fleet(path), say=said.append)
+    assert result.already_up == (name,)
+    assert said[-1] == f"  {name}: up without its power sensor; `fleet down` and `fleet up` start it"
