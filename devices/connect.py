@@ -17,7 +17,9 @@ def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
         ``local`` gives a `LocalTransport` (commands run in the current directory,
         as an SSH command runs in the home directory; with an ``emulate`` block that asks
         for a CPU share, memory or cpus, each starts under the limits ``fleet up`` put in place,
-        `devices.emulation.emulate.local_confinement`); ``ssh`` an `SSHTransport`; ``adb`` a
+        `devices.emulation.emulate.local_confinement`, and with one that asks for a power
+        sensor each carries the device's marker, by which the sensor's driver counts its
+        cpu use, `devices.emulation.sensors`); ``ssh`` an `SSHTransport`; ``adb`` a
         ``devices.adb.ADBTransport``.
     connect_timeout : float
         Seconds to reach an SSH device.
@@ -35,7 +37,8 @@ def connect(device: Device, connect_timeout: float = 10.0) -> Transport:
         from devices.emulation import presets
 
         limits = None if device.emulate is None else presets.resolve(device.emulate)
-        if limits is None or (limits.cpu_share, limits.memory_mb, limits.cpus) == (None, None, None):
+        unlimited = limits is None or (limits.cpu_share, limits.memory_mb, limits.cpus) == (None, None, None)
+        if unlimited and (limits is None or limits.power is None):
             return LocalTransport()  # no limits to start under (a modelled link only)
         from devices.emulation.emulate import local_confinement
 

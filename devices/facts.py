@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from devices.errors import TransportError
@@ -636,6 +636,220 @@ def parse_thermal_status(text: str) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------
+# Power sensors: the probe's listing of sensor files, vcgencmd pmic_read_adc
+# --------------------------------------------------------------------------------------
+
+# The device reads these sensors itself (`harness.runner.power`, which the layers keep out
+# of reach of this package); the host only lists what is there from the probe's listing.
+
+_HWMON_FILE = re.compile(r"/sys/bus/i2c/drivers/ina3221/[^/]+/hwmon/hwmon\d+/(?P<file>[^/]+)$")
+_IIO_FILE = re.compile(r"/sys/bus/i2c/drivers/ina3221x/[^/]+/iio:device\d+/(?P<file>[^/]+)$")
+_SUPPLY_FILE = re.compile(r"/sys/class/power_supply/(?P<supply>[^/]+)/(?P<file>[^/]+)$")
+_RAPL_FILE = re.compile(r"/sys/class/powercap/(?P<zone>intel-rapl:[\d:]+)/(?P<file>[^/]+)$")
+_PMIC_LINE = re.compile(r"^\s*(\S+)_([AV])\s+(current|volt)\(\d+\)=\s*([-+0-9.eE]+)\s*[AV]\s*$")
+#: INA3221 shunt-voltage step (V): one count of current is this over the shunt resistor.
+_INA3221_SHUNT_LSB_V = 40e-6
+#: The file an emulated device's sensor driver writes beside the sensors (`devices.emulation.sensors`).
+EMULATED_MARK = "fleetbench-emulated"
+
+
+@dataclass(frozen=True)
+class PowerSensor:
+    """One power sensor a device has, as the probe lists it.
+
+    Attributes
+    ----------
+    kind : {"ina3221-hwmon", "ina3221-iio", "pmic-adc", "power-supply", "rapl"}
+        The format, as `harness.runner.power` reads it.
+    rails : tuple of str
+        Rail names (INA3221 labels, PMIC rails, the battery, RAPL zone names).
+    resolution : float or None
+        Step of one reading: W for a power sensor (one count of current at the rail's
+        voltage, the largest over its rails; one count of the power file for
+        ``ina3221-iio``), J for a counter (``rapl``). None where the listing cannot say.
+    unit : {"W", "J"}
+        What it reads: power or an energy counter.
+    update_interval_ms : int or None
+        How often it updates (hwmon ``update_interval``), where it says.
+    emulated : bool
+        Written by an emulated device's driver, not a device's sensor.
+    note : str
+        What keeps it from being read (e.g. a RAPL counter only root may read).
+    """
+
+    kind: str
+    rails: tuple[str, ...]
+    resolution: float | None
+    unit: str = "W"
+    update_interval_ms: int | None = None
+    emulated: bool = False
+    note: str = ""
+
+
+def _float_or_none(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _listing(text: str) -> tuple[dict[str, str], set[str]]:
+    """Split the probe's ``power`` section into ``{path: first line}`` and the unreadable paths."""
+    values: dict[str, str] = {}
+    unreadable: set[str] = set()
+    for line in text.splitlines():
+        path, _, rest = line.partition("\t")
+        value, _, flag = rest.partition("\t")
+        if not path:
+            continue
+        if flag.strip() == "unreadable":
+            unreadable.add(path)
+        else:
+            values[path] = value.strip()
+    return values, unreadable
+
+
+def _grouped(values: Mapping[str, str], pattern: re.Pattern[str], key: str) -> dict[str, dict[str, str]]:
+    groups: dict[str, dict[str, str]] = {}
+    for path, value in values.items():
+        match = pattern.search(path)
+        if match:
+            group = path[: match.start("file")] if key == "dir" else match.group(key)
+            groups.setdefault(group, {})[match.group("file")] = value
+    return dict(sorted(groups.items()))
+
+
+def _channel_order(name: str) -> int:
+    digits = re.findall(r"\d+", name)
+    return int(digits[0]) if digits else 0
+
+
+def parse_pmic_adc(text: str) -> dict[str, tuple[float, float]]:
+    """Parse ``vcgencmd pmic_read_adc`` into ``{rail: (amperes, volts)}`` (Raspberry Pi 5).
+
+    Format: one line per rail and quantity, ``3V7_WL_SW_A current(0)=0.00390372A`` (a
+    rail's current) and ``3V7_WL_SW_V volt(8)=3.70323000V`` (its voltage); a rail with
+    only a voltage line (``EXT5V_V``, ``BATT_V``) is left out.
+
+    Parameters
+    ----------
+    text : str
+        The command's output.
+
+    Returns
+    -------
+    dict of str to tuple of float
+    """
+    amps: dict[str, float] = {}
+    volts: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _PMIC_LINE.match(line)
+        if match:
+            name, _, quantity, value = match.groups()
+            (amps if quantity == "current" else volts)[name] = float(value)
+    return {rail: (current, volts[rail]) for rail, current in amps.items() if rail in volts}
+
+
+def parse_power(listing: str, pmic: str = "") -> tuple[PowerSensor, ...]:
+    """Parse the probe's ``power`` and ``pmic`` sections into the device's power sensors (pure).
+
+    Formats: INA3221 under hwmon (JetPack 5-6: ``inN_label``, ``inN_input`` mV,
+    ``currN_input`` mA, ``shuntN_resistor`` µΩ, ``update_interval`` ms) and under iio (older
+    JetPacks: ``rail_name_N``, ``in_powerN_input`` mW); ``power_supply`` batteries
+    (``type``, ``current_now`` µA, ``voltage_now`` µV); powercap RAPL zones (``name``,
+    ``energy_uj``); ``vcgencmd pmic_read_adc`` (`parse_pmic_adc`). An unlabelled INA3221
+    channel, or one labelled ``NC``, and a battery without ``current_now`` are no sensor.
+
+    Parameters
+    ----------
+    listing : str
+        ``path<TAB>first line`` lines (``path<TAB><TAB>unreadable`` for a file the probe
+        could not read).
+    pmic : str
+        The ``pmic_read_adc`` printout (empty where there is none).
+
+    Returns
+    -------
+    tuple of PowerSensor
+        In the order hwmon, iio, PMIC, battery, RAPL; empty: no power sensor.
+    """
+    values, unreadable = _listing(listing)
+    emulated = any(path.rstrip("/").endswith("/" + EMULATED_MARK) for path in values)
+    sensors: list[PowerSensor] = []
+    for files in _grouped(values, _HWMON_FILE, "dir").values():
+        rails: list[str] = []
+        resolution = 0.0
+        labels = sorted((f for f in files if re.fullmatch(r"in\d+_label", f)), key=_channel_order)
+        for label_file in labels:
+            channel = label_file[2 : -len("_label")]
+            label = files[label_file]
+            if not label or label == "NC" or f"curr{channel}_input" not in files:
+                continue
+            rails.append(label)
+            volts = (_float_or_none(files.get(f"in{channel}_input")) or 0.0) / 1e3
+            shunt = _int_or_none(files.get(f"shunt{channel}_resistor"))
+            amps_step = max(1e-3, _INA3221_SHUNT_LSB_V / (shunt / 1e6)) if shunt else 1e-3
+            resolution = max(resolution, amps_step * volts)
+        if rails:
+            interval = _int_or_none(files.get("update_interval"))
+            sensors.append(PowerSensor("ina3221-hwmon", tuple(rails), resolution, "W", interval, emulated))
+    for files in _grouped(values, _IIO_FILE, "dir").values():
+        names = sorted((f for f in files if f.startswith("rail_name_")), key=_channel_order)
+        rails = [files[n] for n in names if files[n] and f"in_power{n.rsplit('_', 1)[1]}_input" in files]
+        if rails:
+            sensors.append(PowerSensor("ina3221-iio", tuple(rails), 1e-3, "W", None, emulated))
+    rails_pmic = parse_pmic_adc(pmic)
+    if rails_pmic:
+        decimals = max((len(d) for d in re.findall(r"current\(\d+\)=\s*[-+]?\d*\.(\d+)A", pmic)), default=0)
+        step = 10.0**-decimals * max(volts for _, volts in rails_pmic.values())
+        sensors.append(PowerSensor("pmic-adc", tuple(rails_pmic), step, "W"))
+    batteries: list[str] = []
+    resolution = 0.0
+    for supply, files in _grouped(values, _SUPPLY_FILE, "supply").items():
+        if (files.get("type") == "Battery" or supply == "battery") and "current_now" in files:
+            batteries.append(supply)
+            resolution = max(resolution, 1e-6 * abs(_float_or_none(files.get("voltage_now")) or 0.0) / 1e6)
+    if batteries:
+        sensors.append(PowerSensor("power-supply", tuple(batteries), resolution, "W", None, emulated))
+    zones = _grouped({**values, **dict.fromkeys(unreadable, "")}, _RAPL_FILE, "zone")
+    zones = {zone: files for zone, files in zones.items() if "energy_uj" in files}
+    if zones:
+        order = sorted(zones, key=lambda z: [int(n) for n in re.findall(r"\d+", z)])
+        locked = [z for z in order if any(p.endswith(f"/{z}/energy_uj") for p in unreadable)]
+        note = "energy_uj readable by root only" if locked else ""
+        rails = [zones[z].get("name") or z for z in order]
+        sensors.append(PowerSensor("rapl", tuple(rails), 1e-6, "J", None, emulated, note))
+    return tuple(sensors)
+
+
+def describe_power(sensors: Sequence[PowerSensor]) -> str:
+    """Say in one line what power sensors a device has (``no power sensor`` when none).
+
+    Parameters
+    ----------
+    sensors : sequence of PowerSensor
+
+    Returns
+    -------
+    str
+        ``kind: rails, step X W|J[, every N ms][ (emulated)][ (note)]`` per sensor, joined by ``; ``.
+    """
+    if not sensors:
+        return "no power sensor"
+    parts = []
+    for sensor in sensors:
+        text = f"{sensor.kind}: {', '.join(sensor.rails)}"
+        if sensor.resolution is not None:
+            text += f", step {sensor.resolution:.3g} {sensor.unit}"
+        if sensor.update_interval_ms is not None:
+            text += f", every {sensor.update_interval_ms} ms"
+        text += " (emulated)" if sensor.emulated else ""
+        text += f" ({sensor.note})" if sensor.note else ""
+        parts.append(text)
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------
 # Facts
 # --------------------------------------------------------------------------------------
 
@@ -680,6 +894,8 @@ class DeviceFacts:
     emulated_isa : bool
         The device's instructions are translated by an emulator (qemu-user), so its
         timings are not those of a device of its architecture (`emulated_isa`).
+    power : tuple of PowerSensor
+        Its power sensors (`parse_power`); empty: no power sensor.
     """
 
     arch: str
@@ -702,6 +918,7 @@ class DeviceFacts:
     throttle: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     emulated_isa: bool = False
+    power: tuple[PowerSensor, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return the facts as a JSON-ready dict (field order kept).
@@ -710,7 +927,7 @@ class DeviceFacts:
         -------
         dict
         """
-        return json.loads(json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__}))
+        return json.loads(json.dumps(asdict(self)))
 
 
 class ProbeError(TransportError):
@@ -879,6 +1096,7 @@ def facts_from_probe(text: str) -> DeviceFacts:
         throttle=throttle,
         details=details,
         emulated_isa=emulated_isa(arch, sections.get("cpuinfo", ""), sections.get("exe", "")),
+        power=parse_power(sections.get("power", ""), sections.get("pmic", "")),
     )
 
 
@@ -887,7 +1105,9 @@ def facts_from_probe(text: str) -> DeviceFacts:
 # --------------------------------------------------------------------------------------
 
 
-def probe_device(transport: Transport, python: str | Sequence[str] = "python3", timeout: float = 20.0) -> DeviceFacts:
+def probe_device(
+    transport: Transport, python: str | Sequence[str] = "python3", timeout: float = 20.0, power_root: str = "/"
+) -> DeviceFacts:
     """Run the probe on one device (one command) and parse its output.
 
     Parameters
@@ -900,6 +1120,8 @@ def probe_device(transport: Transport, python: str | Sequence[str] = "python3", 
         probe then reports the packages that Python sees.
     timeout : float
         Seconds the probe may take.
+    power_root : str
+        Where the device's power-sensor files lie (``Device.power_root``).
 
     Returns
     -------
@@ -911,7 +1133,7 @@ def probe_device(transport: Transport, python: str | Sequence[str] = "python3", 
         From the transport (e.g. `CommandTimeout`), or `ProbeError` when the probe's
         output is unusable.
     """
-    result = transport.run(probe_argv(python), timeout=timeout)
+    result = transport.run(probe_argv(python, power_root), timeout=timeout)
     try:
         return facts_from_probe(result.stdout)
     except ProbeError as exc:
@@ -970,11 +1192,13 @@ def collect_facts(
     def action(device: Device) -> DeviceFacts:
         transport = opener(device)
         try:
-            facts = probe_device(transport, starter(transport, device), timeout)
+            facts = probe_device(transport, starter(transport, device), timeout, device.power_root)
         finally:
             transport.close()
         if device.emulate is not None and device.emulate.arch is not None and not facts.emulated_isa:
             facts = replace(facts, emulated_isa=True)  # the fleet file says so even if the probe cannot tell
+        if device.emulate is not None and device.emulate.power is not None:
+            facts = replace(facts, power=tuple(replace(sensor, emulated=True) for sensor in facts.power))
         return facts
 
     # Backstop for a device that hangs outside the probe's own timeout (connecting,
@@ -1037,6 +1261,7 @@ def format_facts(name: str, facts: DeviceFacts) -> str:
         ("torch", facts.torch),
         ("thermal", thermal or "-"),
         ("throttle", f"{facts.throttle['source']}: {throttle}" if facts.throttle else "-"),
+        ("power", describe_power(facts.power)),
     ]
     return "\n".join([f"{name} ({facts.platform})"] + [f"  {key:<12} {value}" for key, value in rows])
 

@@ -29,6 +29,13 @@ Sections
 ``getprop``          ``getprop`` (Android)
 ``dumpsys-meminfo``  the ``... RAM:`` summary lines of ``dumpsys meminfo`` (Android)
 ``thermalservice``   the ``Thermal Status`` line of ``dumpsys thermalservice`` (Android 10+)
+``power``            ``path<TAB>first line`` per power-sensor file below the power root
+                     (INA3221 hwmon and iio, ``power_supply``, RAPL; `POWER_FILES` says which
+                     names), paths relative to that root; ``path<TAB><TAB>unreadable`` for a
+                     file the probe may not read (RAPL's ``energy_uj`` is root's on recent
+                     kernels); ``fleetbench-emulated`` when an emulated device's driver
+                     wrote the files (`devices.emulation.sensors`)
+``pmic``             ``vcgencmd pmic_read_adc`` (Raspberry Pi 5)
 ``exe``              ``readlink /proc/$$/exe``: the binary the kernel runs the probe's shell
                      with; under qemu-user (binfmt_misc) that is the qemu interpreter, not
                      the shell (a child reads it: qemu fakes only its own process's links)
@@ -67,6 +74,8 @@ SECTIONS = (
     "getprop",
     "dumpsys-meminfo",
     "thermalservice",
+    "power",
+    "pmic",
     "exe",
     "end",
 )
@@ -106,9 +115,39 @@ for name, dists in (("numpy", ("numpy",)),
 
 assert "'" not in _PYTHON_VERSIONS
 
-#: The probe (POSIX sh). ``"$@"`` starts the device's Python (``~/`` expanded; status 127: none).
+#: The sysfs directories, below the power root, whose power-sensor files the probe lists.
+POWER_GLOBS = (
+    "sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*/*",
+    "sys/bus/i2c/drivers/ina3221x/*/iio:device*/*",
+    "sys/class/power_supply/*/*",
+    "sys/class/powercap/intel-rapl:*/*",
+)
+#: The file names the probe lists from `POWER_GLOBS` (sh ``case`` patterns), and the emulation mark.
+POWER_FILES = (
+    "in*_label",
+    "in*_input",
+    "curr*_input",
+    "shunt*_resistor",
+    "update_interval",
+    "rail_name_*",
+    "type",
+    "status",
+    "online",
+    "current_now",
+    "voltage_now",
+    "energy_uj",
+    "max_energy_range_uj",
+    "name",
+    "fleetbench-emulated",
+)
+
+#: The probe (POSIX sh). An optional first argument ``--power-root=DIR`` names where the
+#: power-sensor files lie (default ``/``); the rest starts the device's Python (``~/``
+#: expanded; status 127: none).
 PROBE_SCRIPT = (
     """\
+r=
+case "${1:-}" in --power-root=*) r="${1#--power-root=}"; r="${r%/}"; shift ;; esac
 [ $# -gt 0 ] || set -- python3
 case "$1" in "~/"*) p="$HOME/${1#??}"; shift; set -- "$p" "$@" ;; esac
 has() { command -v "$1" >/dev/null 2>&1; }
@@ -144,6 +183,18 @@ m tegrastats; has tegrastats && has timeout && timeout 2 tegrastats --interval 5
 m getprop; has getprop && getprop 2>/dev/null
 m dumpsys-meminfo; has dumpsys && dumpsys meminfo 2>/dev/null | grep 'RAM:'
 m thermalservice; has dumpsys && dumpsys thermalservice 2>/dev/null | grep 'Thermal Status'
+m power
+for f in """
+    + " ".join(f'"$r"/{pattern}' for pattern in POWER_GLOBS)
+    + """ "$r"/fleetbench-emulated; do
+  case "${f##*/}" in """
+    + "|".join(POWER_FILES)
+    + """) ;; *) continue ;; esac
+  [ -f "$f" ] || continue
+  if [ -r "$f" ]; then l=; IFS= read -r l <"$f" 2>/dev/null; printf '%s\\t%s\\n' "${f#"$r"}" "$l"
+  else printf '%s\\t\\tunreadable\\n' "${f#"$r"}"; fi
+done
+m pmic; has vcgencmd && vcgencmd pmic_read_adc 2>/dev/null
 m exe; readlink "/proc/$$/exe" 2>/dev/null
 m end
 exit 0
@@ -151,7 +202,7 @@ exit 0
 )
 
 
-def probe_argv(python: str | Sequence[str]) -> list[str]:
+def probe_argv(python: str | Sequence[str], power_root: str = "/") -> list[str]:
     """Return the argv that runs the probe with the device's Python.
 
     Parameters
@@ -160,14 +211,19 @@ def probe_argv(python: str | Sequence[str]) -> list[str]:
         Interpreter path or name on the device (``Device.python``), or the whole command
         that starts it (`devices.site.python_argv`); passed as arguments, never pasted
         into the script.
+    power_root : str
+        Where the device's power-sensor files lie (``Device.power_root``): ``/`` on a
+        real device.
 
     Returns
     -------
     list of str
-        ``["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", *python]``.
+        ``["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", *python]``, with
+        ``--power-root=DIR`` before the Python command when ``power_root`` is not ``/``.
     """
     start = [python] if isinstance(python, str) else list(python)
-    return ["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", *start]
+    root = [] if power_root.rstrip("/") == "" else [f"--power-root={power_root}"]
+    return ["sh", "-c", PROBE_SCRIPT, "fleetbench-probe", *root, *start]
 
 
 def split_sections(text: str) -> dict[str, str]:

@@ -14,6 +14,31 @@ from typing import Literal
 DeviceKind = Literal["local", "ssh", "adb"]
 
 
+#: The directory, under an emulated device's ``<state_dir>/<name>/``, of its power sensor's files.
+POWER_DIR = "power"
+#: Formats an emulated power sensor may be written in (`devices.emulation.sensors`).
+POWER_FORMATS = ("ina3221-hwmon", "power-supply", "rapl")
+
+
+@dataclass(frozen=True)
+class EmulatedPower:
+    """An emulated device's power sensor (``emulate: {power: ...}``).
+
+    Attributes
+    ----------
+    format : {"ina3221-hwmon", "power-supply", "rapl"}
+        The real format its files are written in (`POWER_FORMATS`).
+    idle_w : float
+        Watts the device draws with no busy cpu.
+    busy_core_w : float
+        Watts each fully busy core adds: the device draws ``idle_w + busy_core_w * busy cores``.
+    """
+
+    format: str
+    idle_w: float
+    busy_core_w: float
+
+
 @dataclass(frozen=True)
 class Emulation:
     """How an emulated device is held back on this machine (``emulate:`` block).
@@ -39,6 +64,9 @@ class Emulation:
         (``"0"``, ``"2-3"``, ``"0,2"``; normalised by `devices.emulation.limits.format_cpu_list`):
         a cpuset cgroup when permitted, else the processes' cpu affinity. Devices pinned
         to disjoint cpus may be measured at the same time; None: every cpu of the host.
+    power : EmulatedPower or None
+        A power sensor whose files ``fleet up`` keeps written from the device's cpu use
+        (`devices.emulation.sensors`); None: the device has no emulated sensor.
     """
 
     preset: str | None = None
@@ -48,6 +76,7 @@ class Emulation:
     rate_kbit: int | None = None
     arch: str | None = None
     cpus: str | None = None
+    power: EmulatedPower | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +117,11 @@ class Device:
     state_dir : pathlib.Path or None
         The fleet's state dir for a device with an ``emulate`` block (where ``fleet up``
         records what it applied, `devices.emulation.emulate`); None for other devices.
+    power_root : str
+        The directory, on the device, below which its power-sensor files lie (sysfs paths
+        such as ``sys/class/powercap/...``): ``/`` on a real device; for a device with an
+        emulated power sensor (``emulate: {power: ...}``) the directory its driver writes
+        (`devices.emulation.sensors`).
     """
 
     name: str
@@ -106,6 +140,7 @@ class Device:
     emulate: Emulation | None = None
     line: int = 0
     state_dir: Path | None = None
+    power_root: str = "/"
 
 
 @dataclass(frozen=True)

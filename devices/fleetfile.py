@@ -27,6 +27,10 @@ A fleet file is one YAML mapping::
           rate_kbit: 20000              # > 0  (tc netem, root only)
           arch: aarch64                 # arm64 userland (ssh) or shell (adb) under qemu-user
           cpus: "0"                     # host cpus to pin it to (a Linux cpu list: 0, 2-3, 0,2)
+          power:                        # an emulated power sensor (`devices.emulation.sensors`)
+            format: power-supply        # ina3221-hwmon | power-supply | rapl
+            idle_w: 1.2                 # >= 0, watts with no busy cpu
+            busy_core_w: 0.9            # >= 0, watts each busy core adds
       - name: slow
         kind: local                     # this machine, through subprocesses
         emulate: {preset: pi3, cpus: "1"}   # its commands run under these limits
@@ -99,6 +103,12 @@ as given):
   runs on it starts inside them (`devices.emulation.emulate.local_confinement`).  Every device with
   an ``emulate`` block carries the fleet's ``state_dir`` (`devices.fleet.Device.state_dir`),
   where ``fleet up`` records what it applied.
+* ``emulate.power`` (an emulated power sensor) needs all three of ``format``, ``idle_w``
+  and ``busy_core_w``. The device's ``power_root`` (`devices.fleet.Device.power_root`) is
+  then ``<state_dir>/<name>/power``, where ``fleet up``'s driver writes the sensor's files
+  and where the device's facts probe and runner look for them (``/`` for every other
+  device). An aarch64 SSH device refuses it: its sshd is chrooted into the arm64 tree and
+  does not see that directory (`POWER_REFUSED`).
 * An ``emulate`` block keeps its ``preset`` by name; the preset's values (CPU share, memory)
   are filled in by `devices.emulation.presets` for the fields the block leaves out.
 
@@ -125,7 +135,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from devices.emulation.limits import format_cpu_list, parse_cpu_list
 from devices.errors import FleetFileError
-from devices.fleet import Device, DeviceKind, Emulation, Fleet
+from devices.fleet import POWER_DIR, POWER_FORMATS, Device, DeviceKind, EmulatedPower, Emulation, Fleet
 
 #: Emulation presets a fleet file may name (their values live in `devices.emulation.presets`).
 PRESETS: tuple[str, ...] = ("pi3", "pi4", "jetson-nano", "phone-midrange")
@@ -168,7 +178,25 @@ KIND_KEYS: Mapping[str, frozenset[str]] = {
 }
 
 #: Keys of an ``emulate`` block.
-EMULATE_KEYS: tuple[str, ...] = ("preset", "cpu_share", "memory_mb", "delay_ms", "rate_kbit", "arch", "cpus")
+EMULATE_KEYS: tuple[str, ...] = (
+    "preset",
+    "cpu_share",
+    "memory_mb",
+    "delay_ms",
+    "rate_kbit",
+    "arch",
+    "cpus",
+    "power",
+)
+
+#: Keys of an ``emulate.power`` block, all required.
+POWER_KEYS: tuple[str, ...] = ("format", "idle_w", "busy_core_w")
+
+#: Why an aarch64 SSH device refuses ``emulate.power``.
+POWER_REFUSED = (
+    "does not apply to an aarch64 ssh device (its sshd is chrooted into the arm64 tree and does not "
+    "see the directory the sensor's driver writes); use a local, ssh or adb device of this machine's architecture"
+)
 
 #: Keys of an ``emulate`` block that a local device refuses, with the reason.
 LOCAL_EMULATE_REFUSED: Mapping[str, str] = {
@@ -443,9 +471,27 @@ def _emulation(ctx: _Context, field: str, node: Node) -> Emulation:
             values[key] = _choice(ctx, sub, value, ARCHES)
         elif key == "cpus":
             values[key] = _cpus(ctx, sub, value)
+        elif key == "power":
+            values[key] = _power(ctx, sub, value)
         else:  # memory_mb, rate_kbit
             values[key] = _int(ctx, sub, value, 1)
     return Emulation(**values)  # type: ignore[arg-type]
+
+
+def _power(ctx: _Context, field: str, node: Node) -> EmulatedPower:
+    _not_null(ctx, field, node, "a mapping with format, idle_w and busy_core_w")
+    entries = _entries(ctx, field, node)
+    _check_keys(ctx, field, entries, POWER_KEYS)
+    for key in POWER_KEYS:
+        if key not in entries:
+            raise ctx.error(
+                node, _join(field, key), "missing (an emulated power sensor needs format, idle_w and busy_core_w)"
+            )
+    return EmulatedPower(
+        format=_choice(ctx, _join(field, "format"), entries["format"][1], POWER_FORMATS),
+        idle_w=_float(ctx, _join(field, "idle_w"), entries["idle_w"][1], positive=False),
+        busy_core_w=_float(ctx, _join(field, "busy_core_w"), entries["busy_core_w"][1], positive=False),
+    )
 
 
 def _cpus(ctx: _Context, field: str, node: Node) -> str:
@@ -512,6 +558,9 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
             if key in LOCAL_EMULATE_REFUSED:
                 raise ctx.error(key_node, f"{field}.emulate.{key}", LOCAL_EMULATE_REFUSED[key])
     foreign = emulate is not None and emulate.arch is not None
+    if emulate_node is not None and emulate is not None and emulate.power is not None and foreign and kind == "ssh":
+        key_node = _entries(ctx, f"{field}.emulate", emulate_node)["power"][0]
+        raise ctx.error(key_node, f"{field}.emulate.power", POWER_REFUSED)
     on_this_machine = kind == "local" or (kind == "ssh" and emulate is not None and not foreign)
 
     host = port = user = key_file = known_hosts = serial = None
@@ -605,6 +654,7 @@ def _device(ctx: _Context, index: int, node: Node, state_dir: Path) -> Device:
         emulate=emulate,
         line=_line(node),
         state_dir=state_dir if emulate is not None else None,
+        power_root=str(state_dir / name / POWER_DIR) if emulate is not None and emulate.power is not None else "/",
     )
 
 
@@ -803,6 +853,9 @@ def describe_emulation(emulate: Emulation | None) -> str:
         parts.append(f"{emulate.arch} (qemu-user)")
     if emulate.cpus is not None:
         parts.append(f"cpus {emulate.cpus}")
+    if emulate.power is not None:
+        power = emulate.power
+        parts.append(f"{power.format} sensor {power.idle_w:g} W + {power.busy_core_w:g} W/core")
     return ", ".join(parts) if parts else "no limits"
 
 

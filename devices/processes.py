@@ -86,12 +86,15 @@ class Stat:
     start_time : int
         Clock ticks since boot.
     threads : int
+    cpu_ticks : int
+        CPU time the process has used (``utime + stime``), in clock ticks.
     """
 
     state: str
     ppid: int
     start_time: int
     threads: int
+    cpu_ticks: int = 0
 
 
 def parse_stat(text: str) -> Stat:
@@ -107,7 +110,7 @@ def parse_stat(text: str) -> Stat:
     """
     try:
         rest = text[text.rindex(")") + 2 :].split()
-        return Stat(rest[0], int(rest[1]), int(rest[19]), int(rest[17]))
+        return Stat(rest[0], int(rest[1]), int(rest[19]), int(rest[17]), int(rest[11]) + int(rest[12]))
     except IndexError:
         raise ValueError(f"not a /proc/PID/stat line: {text[:80]!r}") from None
 

@@ -364,7 +364,8 @@ class DeviceRun:
 
             self.start = runner_start(transport, self.device, timeout=self.campaign.timeout, say=print)
         if self.facts is None:  # what the runner's Python sees
-            facts = probe_device(transport, self.start.argv, timeout=min(FACTS_TIMEOUT_S, self.campaign.timeout))
+            timeout = min(FACTS_TIMEOUT_S, self.campaign.timeout)
+            facts = probe_device(transport, self.start.argv, timeout=timeout, power_root=self.device.power_root)
             self.facts = facts.to_dict()
         if not self.start.offers(backend):
             raise MissingBackend(f"{self.device.name}: the {backend} backend does not run on {self.start.detail}")

@@ -33,6 +33,14 @@ builds the tree (about 10 minutes, with progress), later ones reuse it. The devi
 mount namespace is recorded, and ``down`` stops every process left in it, so its mounts
 end with it.
 
+A device whose ``emulate`` block has a ``power`` block gets a power sensor: a driver
+process (``python -m devices.emulation.sensors``, role ``power-sensor``) that keeps the
+sensor's files written in their real format below the device's ``power_root`` from the
+device's cpu use; ``up`` returns once the first files are there, ``down`` stops it and
+removes them. A local device with such a block has its commands carry its marker
+(`devices.connect.connect`), by which the driver counts their cpu time where no cgroup
+says it.
+
 Every started process is recorded in ``<state_dir>/state.json`` (written atomically)
 with its pid and its start time from ``/proc/PID/stat``, so ``down`` never signals a
 reused pid; cgroup directories and namespaces are recorded too. ``up`` twice is
@@ -74,14 +82,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from devices import processes
-from devices.emulation import limits, presets, qemu
+from devices.emulation import limits, presets, qemu, sensors
 from devices.errors import EmulationError, TransportError, Unreachable
 from devices.files import atomic_write
-from devices.fleet import Device, Emulation, Fleet
+from devices.fleet import POWER_DIR, Device, EmulatedPower, Emulation, Fleet
 from devices.local import Confinement, LocalTransport
 from devices.processes import ProcessRecord
 
@@ -753,6 +761,44 @@ def _start_local(fleet: Fleet, device: Device, emulation: Emulation, plan: limit
     )
 
 
+def _start_sensor(fleet: Fleet, device: Device, power: EmulatedPower, dev: DeviceState, say: Printer) -> DeviceState:
+    """Start the driver of ``device``'s emulated power sensor (`devices.emulation.sensors`) and record it in ``dev``.
+
+    Returns once the driver has written the sensor's files (below ``device.power_root``), so
+    a probe right after ``up`` finds them. The driver runs beside the device, outside its
+    limits, and carries its marker (so ``down`` finds it whatever the state file says).
+    """
+    unit = limits.unit_name(device.name, fleet.state_dir)
+    root = Path(device.power_root)
+    shutil.rmtree(root, ignore_errors=True)  # values an earlier driver left
+    log = fleet.state_dir / device.name / "power-sensor.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "devices.emulation.sensors"]
+    argv += sensors.driver_argv(root, power, MARKER, unit, dev.cgroups)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=_child_env(unit),
+            cwd=str(PACKAGE_ROOT),
+        )
+    rec = processes.record("power-sensor", proc.pid)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (root / sensors.EMULATED_MARK).is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            processes.stop([rec])
+            raise EmulationError(f"its power sensor's driver wrote no files within {START_TIMEOUT:g} s; log: {log}")
+        time.sleep(0.05)
+    say(
+        f"  {device.name}: emulated {power.format} power sensor in {root} (pid {proc.pid}): "
+        f"{power.idle_w:g} W idle + {power.busy_core_w:g} W per busy core"
+    )
+    return replace(dev, processes=(*dev.processes, rec))
+
+
 def _local_limits_live(dev: DeviceState) -> bool:
     """Whether a local device's recorded limits are all in place (cgroups present, helpers running)."""
     return all(Path(d).is_dir() for d in dev.cgroups) and all(processes.running(r) for r in dev.processes)
@@ -847,6 +893,8 @@ def _cleanup_device(dev: DeviceState, state_dir: Path, adb_port: int | None) -> 
         problems += [f"pid {pid} still runs in {dev.mount_ns}" for pid in qemu.stop_namespace(dev.mount_ns)]
         problems += [f"mount {m} is visible here" for m in dev.mounts if m in qemu.host_mounts_under(Path(m))]
     problems += limits.remove_cgroups(dev.cgroups)
+    if any(rec.role == "power-sensor" for rec in dev.processes):
+        shutil.rmtree(Path(state_dir) / dev.name / POWER_DIR, ignore_errors=True)  # no stale readings after it
     if dev.netns:
         limits.netns_down(dev.netns, dev.host_if)
         if limits.netns_exists(dev.netns):
@@ -1078,6 +1126,8 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
                 answers, why = _answers(device, 5.0)
                 say(f"{device.name}: already up at {old.address}"
                     + ("" if answers else f" (busy: no answer within 5 s: {why}; `fleet down` stops it)"))
+                if device.emulate.power is not None and all(r.role != "power-sensor" for r in old.processes):
+                    say(f"  {device.name}: up without its power sensor; `fleet down` and `fleet up` start it")
                 already.append(device.name)
                 continue
             say(f"{device.name}: cleaning a stale entry")
@@ -1105,6 +1155,12 @@ def up(fleet: Fleet, say: Printer = print) -> UpResult:
             except BaseException:
                 limits.remove_cgroups(plan.cgroup_dirs)
                 raise
+            if emulation.power is not None:
+                try:
+                    dev = _start_sensor(fleet, device, emulation.power, dev, say)
+                except BaseException:
+                    _cleanup_device(dev, fleet.state_dir, state.adb_server_port)
+                    raise
             state = state.with_device(dev)
             save_state(fleet.state_dir, state)
             if device.kind == "adb" and shutil.which("adb"):

@@ -20,9 +20,11 @@ from devices.emulation.sshd import free_port
 from devices.errors import CommandTimeout
 from devices.facts import (
     DeviceFacts,
+    PowerSensor,
     ProbeError,
     collect_facts,
     decode_throttled,
+    describe_power,
     emulated_isa,
     facts_from_probe,
     format_facts,
@@ -33,6 +35,7 @@ from devices.facts import (
     parse_meminfo,
     parse_nvpmodel,
     parse_os_release,
+    parse_power,
     parse_tegrastats,
     parse_thermal,
     parse_thermal_status,
@@ -41,7 +44,7 @@ from devices.facts import (
     probe_device,
 )
 from devices.facts_probe import MARKER, PROBE_SCRIPT, SECTIONS, probe_argv, split_sections
-from devices.fleet import Device, Emulation, Fleet
+from devices.fleet import Device, EmulatedPower, Emulation, Fleet
 from devices.local import LocalTransport
 from devices.transport import RunResult
 
@@ -579,6 +582,25 @@ def test_probe_through_real_adb_to_the_emulated_phone(adb_server: tuple[str, int
     assert facts.python == platform.python_version()
 
 
+def test_the_emulated_phone_lists_a_battery_below_its_power_root(adb_server: tuple[str, int], tmp_path: Path) -> None:
+    from devices.adb import ADBTransport
+    from devices.emulation.adb_endpoint import AdbEndpoint
+    from tests.harness.runner.test_power import android_battery
+
+    root = tmp_path / "power"  # a host path: the phone's shell sees this machine's files
+    android_battery(root, on_usb=False)
+    endpoint = AdbEndpoint(0, tmp_path / "phone").start()
+    try:
+        transport = ADBTransport(f"127.0.0.1:{endpoint.port}", server_port=adb_server[1])
+        try:
+            facts = probe_device(transport, python=sys.executable, timeout=60, power_root=str(root))
+        finally:
+            transport.close()
+    finally:
+        endpoint.stop()
+    assert facts.power == (PowerSensor("power-supply", ("battery",), pytest.approx(3.861e-6), "W"),)
+
+
 # ----------------------------------------------------------------------------- emulated ISA
 
 
@@ -628,3 +650,124 @@ def test_collect_facts_marks_a_fleet_file_aarch64_device_even_when_the_probe_can
     result = collect_facts(fleet, connect=lambda device: transports[device.name], timeout=1)
     assert result.successes["pi"].emulated_isa is True
     assert result.successes["board"].emulated_isa is False
+
+
+# ----------------------------------------------------------------------------- power sensors
+
+
+def test_power_listing_of_a_jetson_hwmon_tree_and_an_older_iio_one() -> None:
+    listing = "\n".join(
+        [
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/name\tina3221",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/in1_label\tVDD_IN",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/in1_input\t5072",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/curr1_input\t1432",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/shunt1_resistor\t5000",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/in2_label\tNC",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/curr2_input\t0",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/in10_label\tVDD_SOC",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/in10_input\t5000",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/curr10_input\t700",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/in7_label\tsum of shunt voltages",
+            "/sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1/update_interval\t140",
+            "/sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0/rail_name_0\tPOM_5V_IN",
+            "/sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0/in_power0_input\t1962",
+            "/sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0/rail_name_1\tPOM_5V_GPU",
+        ]
+    )
+    hwmon, iio = parse_power(listing)
+    # 8 mA per count (40 uV over 5 mOhm) at 5.072 V; VDD_SOC: 1 mA at 5 V
+    assert hwmon == PowerSensor("ina3221-hwmon", ("VDD_IN", "VDD_SOC"), pytest.approx(0.040576), "W", 140)
+    assert iio == PowerSensor("ina3221-iio", ("POM_5V_IN",), 0.001, "W")  # rail 1 has no power file
+
+
+def test_power_listing_of_a_battery_a_locked_rapl_and_a_pi_5_pmic() -> None:
+    listing = "\n".join(
+        [
+            "/sys/class/power_supply/battery/type\tBattery",
+            "/sys/class/power_supply/battery/current_now\t-431250",
+            "/sys/class/power_supply/battery/voltage_now\t3861000",
+            "/sys/class/power_supply/usb/type\tUSB",
+            "/sys/class/power_supply/usb/online\t0",
+            "/sys/class/power_supply/BAT1/type\tBattery",  # a laptop battery without current_now
+            "/sys/class/power_supply/BAT1/voltage_now\t12000000",
+            "/sys/class/powercap/intel-rapl:0/name\tpackage-0",
+            "/sys/class/powercap/intel-rapl:0/energy_uj\t\tunreadable",
+            "/sys/class/powercap/intel-rapl:0:0/name\tcore",
+            "/sys/class/powercap/intel-rapl:0:0/energy_uj\t\tunreadable",
+        ]
+    )
+    pmic = "  VDD_CORE_A current(7)=0.73770000A\n  VDD_CORE_V volt(15)=0.88182000V\n  EXT5V_V volt(24)=5.14956000V\n"
+    pmic_sensor, battery, rapl = parse_power(listing, pmic)
+    assert pmic_sensor == PowerSensor("pmic-adc", ("VDD_CORE",), pytest.approx(0.88182e-8), "W")
+    assert battery == PowerSensor("power-supply", ("battery",), pytest.approx(3.861e-6), "W")
+    assert rapl == PowerSensor("rapl", ("package-0", "core"), 1e-6, "J", note="energy_uj readable by root only")
+    assert describe_power([rapl]) == "rapl: package-0, core, step 1e-06 J (energy_uj readable by root only)"
+
+
+def test_no_power_sensor() -> None:
+    assert parse_power("") == () and parse_power("/sys/class/power_supply/usb/online\t1") == ()
+    facts = facts_from_probe(probe_output(uname="x86_64"))
+    assert facts.power == () and facts.to_dict()["power"] == []
+    assert "  power        no power sensor" in format_facts("box", facts)
+
+
+def test_facts_list_the_power_sensors_and_mark_emulated_ones() -> None:
+    listing = (
+        "/sys/class/powercap/intel-rapl:0/name\tpackage-0\n"
+        "/sys/class/powercap/intel-rapl:0/energy_uj\t123\n"
+        "/fleetbench-emulated\trapl idle_w=2 busy_core_w=1.5\n"
+    )
+    facts = facts_from_probe(probe_output(uname="x86_64", power=listing))
+    assert facts.power == (PowerSensor("rapl", ("package-0",), 1e-6, "J", None, emulated=True),)
+    assert facts.to_dict()["power"] == [
+        {
+            "kind": "rapl",
+            "rails": ["package-0"],
+            "resolution": 1e-6,
+            "unit": "J",
+            "update_interval_ms": None,
+            "emulated": True,
+            "note": "",
+        }
+    ]
+    assert "  power        rapl: package-0, step 1e-06 J (emulated)" in format_facts("box", facts)
+
+
+def test_the_probe_lists_sensor_files_below_its_power_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.harness.runner.test_power import PI5_PMIC, android_battery, fake_vcgencmd, jetpack_hwmon, rapl_tree
+
+    root = tmp_path / "power root"  # a space: the root is an argument, never script text
+    jetpack_hwmon(root)
+    android_battery(root, on_usb=False)
+    rapl_tree(root, 262143000000, 1000)
+    fake_vcgencmd(tmp_path, monkeypatch, PI5_PMIC)
+    argv = probe_argv(sys.executable, str(root))
+    assert argv[4] == f"--power-root={root}" and argv[5] == sys.executable
+    facts = probe_device(LocalTransport(), python=sys.executable, timeout=60, power_root=str(root))
+    assert facts.python == platform.python_version()  # the root argument did not become the interpreter
+    kinds = {sensor.kind: sensor for sensor in facts.power}
+    assert list(kinds) == ["ina3221-hwmon", "pmic-adc", "power-supply", "rapl"]
+    assert kinds["ina3221-hwmon"].rails == ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")
+    assert kinds["ina3221-hwmon"].update_interval_ms == 140
+    assert len(kinds["pmic-adc"].rails) == 12
+    assert kinds["power-supply"].rails == ("battery",)
+    assert kinds["rapl"].rails == ("package-0", "core")
+    assert not any(sensor.emulated for sensor in facts.power)
+
+
+def test_collect_facts_marks_the_sensors_of_a_device_with_an_emulated_power_block() -> None:
+    listing = "/sys/class/powercap/intel-rapl:0/name\tpackage-0\n/sys/class/powercap/intel-rapl:0/energy_uj\t1\n"
+    text = probe_output(uname="x86_64", power=listing)
+    power = EmulatedPower("rapl", 2.0, 1.5)
+    fleet = Fleet(
+        path=Path("fleet.yaml"),
+        devices=(
+            Device(name="emulated", kind="ssh", host="a", emulate=Emulation(power=power)),
+            Device(name="board", kind="ssh", host="b"),
+        ),
+    )
+    transports = {name: _Scripted(RunResult(0, text, "", 0.1)) for name in ("emulated", "board")}
+    result = collect_facts(fleet, connect=lambda device: transports[device.name], timeout=1)
+    assert [s.emulated for s in result.successes["emulated"].power] == [True]
+    assert [s.emulated for s in result.successes["board"].power] == [False]

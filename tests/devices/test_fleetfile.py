@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from devices.emulation.presets import resolve
 from devices.errors import FleetFileError
-from devices.fleet import Emulation
+from devices.fleet import EmulatedPower, Emulation
 from devices.fleetfile import ADB_WORKDIR, SSH_CONFIG_ENV, describe_emulation, load_fleet, parse_fleet
 from fleetbench.cli import main
 
@@ -618,6 +618,45 @@ MALFORMED = {
         "devices[0].emulate.cpus",
         "ends below its start",
     ),
+    "power format unknown": (
+        "devices:\n  - name: e\n    kind: local\n    emulate:\n"
+        "      power: {format: ina3221, idle_w: 2, busy_core_w: 1}\n",
+        "power",
+        1,
+        "devices[0].emulate.power.format",
+        "expected one of ina3221-hwmon | power-supply | rapl, got 'ina3221' (did you mean 'ina3221-hwmon'?)",
+    ),
+    "power idle_w missing": (
+        "devices:\n  - name: e\n    kind: local\n    emulate:\n      power: {format: rapl, busy_core_w: 1}\n",
+        "power",
+        1,
+        "devices[0].emulate.power.idle_w",
+        "missing (an emulated power sensor needs format, idle_w and busy_core_w)",
+    ),
+    "power busy_core_w negative": (
+        "devices:\n  - name: e\n    kind: local\n    emulate:\n"
+        "      power: {format: rapl, idle_w: 2, busy_core_w: -1}\n",
+        "power",
+        1,
+        "devices[0].emulate.power.busy_core_w",
+        "expected a number >= 0, got -1",
+    ),
+    "power unknown key": (
+        "devices:\n  - name: e\n    kind: local\n    emulate:\n"
+        "      power: {format: rapl, idle_w: 2, busy_core_w: 1, busy_w: 3}\n",
+        "power",
+        1,
+        "devices[0].emulate.power.busy_w",
+        "unknown key; did you mean 'busy_core_w'?",
+    ),
+    "power on an aarch64 ssh device": (
+        "devices:\n  - name: e\n    kind: ssh\n    host: 127.0.0.1\n    emulate:\n      arch: aarch64\n"
+        "      power: {format: rapl, idle_w: 2, busy_core_w: 1}\n",
+        "power",
+        1,
+        "devices[0].emulate.power",
+        "does not apply to an aarch64 ssh device",
+    ),
     "empty file": ("", None, 1, "file", "empty fleet file"),
     "comments only": ("# nothing here\n", None, 1, "file", "empty fleet file"),
 }
@@ -790,6 +829,21 @@ def test_cpus_pins_are_normalised_cpu_lists(tmp_path: Path) -> None:
     a, b = load_fleet(write(tmp_path, text)).devices
     assert (a.emulate.cpus, b.emulate.cpus) == ("0", "1-3")  # type: ignore[union-attr]
     assert describe_emulation(b.emulate) == "cpus 1-3"
+
+
+def test_an_emulated_power_sensor_sets_the_devices_power_root(tmp_path: Path) -> None:
+    text = (
+        "state_dir: state\ndevices:\n"
+        "  - name: a\n    kind: local\n    emulate: {power: {format: ina3221-hwmon, idle_w: 2, busy_core_w: 1.5}}\n"
+        "  - name: b\n    kind: local\n    emulate: {}\n"
+        "  - name: c\n    kind: adb\n    serial: 127.0.0.1:5555\n"
+        "    emulate: {power: {format: power-supply, idle_w: 0.8, busy_core_w: 0}}\n"
+    )
+    a, b, c = load_fleet(write(tmp_path, text)).devices
+    assert a.emulate is not None and a.emulate.power == EmulatedPower("ina3221-hwmon", 2.0, 1.5)
+    assert a.power_root == str(tmp_path / "state" / "a" / "power")
+    assert (b.power_root, c.power_root) == ("/", str(tmp_path / "state" / "c" / "power"))
+    assert describe_emulation(a.emulate) == "ina3221-hwmon sensor 2 W + 1.5 W/core"
 
 
 def test_relative_paths_resolve_against_the_fleet_file(tmp_path: Path, _isolated: Path) -> None:
