@@ -325,17 +325,40 @@ def kernel_time_by_op(events: list[dict]) -> dict[str, float]:
 
 
 def bench_profile(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:
-    """Print where ORT's training step spends its kernel time, per model and width."""
-    print(f"\n== Where ORT's training time goes (kernel time share per op type, batch {args.batch}) ==")
+    """Print where each runtime's training step spends its time, per operator kind, side by side.
+
+    ``onnx`` (the portable step model) is read from ONNX Runtime's profiler (kernel time per
+    node), ``ort`` likewise, and ``torch`` from PyTorch's profiler (self CPU time per operator);
+    `tests.bench.op_kinds` maps both to common kinds. Times are per step, under the profilers
+    (so they compare kinds, not whole steps: use ``--only training`` for those).
+    """
+    from tests.bench.op_kinds import KINDS, by_kind, onnx_kind, torch_kind
+    from tests.bench.worker import TORCH_PROFILE
+
+    backends = [b for b in ("onnx", "ort", "torch") if b in args.backends.split(",")]
+    print(
+        f"\n== Where the training step's time goes: ms per step by operator kind (profilers; batch {args.batch}, "
+        f"{args.threads} threads, {args.steps} steps after {args.warmup} warm-up) =="
+    )
+    print(f"{'model':<20} {'width':>5} {'backend':<7} " + " ".join(f"{k:>11}" for k in KINDS) + f" {'total':>9}")
     for name in models:
         for width in widths:
             with prepared(name, width, args.batch, artifact_root) as (artifact_dir, data_dir):
-                run_worker("ort-profile", name, width, artifact_dir, data_dir, args)
-                totals = kernel_time_by_op(read_trace_events(data_dir))
-            whole = sum(totals.values()) or 1.0
-            top = sorted(totals.items(), key=lambda item: -item[1])[:6]
-            shares = ", ".join(f"{op} {100 * us / whole:.0f}%" for op, us in top)
-            print(f"{name:<20} {width:>5.2f}  {shares}", flush=True)
+                rows = {}
+                for backend in backends:
+                    for stale in (*data_dir.glob("ort*.json"), data_dir / TORCH_PROFILE):
+                        stale.unlink(missing_ok=True)
+                    run_worker(f"{backend}-profile", name, width, artifact_dir, data_dir, args)
+                    if backend == "torch":
+                        totals = json.loads((data_dir / TORCH_PROFILE).read_text())
+                        rows[backend] = {k: v / args.steps for k, v in by_kind(totals, torch_kind).items()}
+                    else:  # ORT traces every step, warm-up included
+                        totals = kernel_time_by_op(read_trace_events(data_dir))
+                        per_step = args.steps + args.warmup
+                        rows[backend] = {k: v / per_step for k, v in by_kind(totals, onnx_kind).items()}
+            for backend, row in rows.items():
+                cells = " ".join(f"{row[k] / 1e3:>11.2f}" for k in KINDS)
+                print(f"{name:<20} {width:>5.2f} {backend:<7} {cells} {sum(row.values()) / 1e3:>9.2f}", flush=True)
 
 
 def bench_knobs(models: list[str], widths: tuple[float, ...], args: argparse.Namespace, artifact_root: Path) -> None:

@@ -3,8 +3,8 @@
 Usage: ``python -m tests.bench.worker BACKEND MODEL WIDTH ARTIFACT_DIR DATA_DIR STEPS WARMUP THREADS``
 with BACKEND one of ``ort``, ``ort:VARIANT`` (see `ORT_VARIANTS`), ``ort-profile``, ``onnx`` (the
 portable step model through the runner's own `harness.runner.backends.OnnxBackend`), ``onnx:VARIANT``
-(see `ONNX_VARIANTS`), ``onnx-profile`` and ``torch``, where DATA_DIR holds the batch as ``x.npy`` and
-``y.npy``. The ``onnx`` backends need only numpy and plain ``onnxruntime`` (this module and
+(see `ONNX_VARIANTS`), ``onnx-profile``, ``torch`` and ``torch-profile``, where DATA_DIR holds the
+batch as ``x.npy`` and ``y.npy``. The ``onnx`` backends need only numpy and plain ``onnxruntime`` (this module and
 `harness.runner` import neither PyTorch nor ``exporters`` on their path), so the training benchmark
 also runs them from an environment holding the newest onnxruntime (`tests.bench.ort_latest`).
 Prints one JSON document: ``{"backend", "seconds": [per timed step], "loss": last loss, "runtime":
@@ -22,6 +22,9 @@ import json
 import sys
 import time
 from pathlib import Path
+
+#: File (in DATA_DIR) of ``torch-profile``'s per-operator self CPU microseconds.
+TORCH_PROFILE = "torch_profile.json"
 
 #: ORT session variants the knob benchmark compares with the default settings.
 ORT_VARIANTS = (
@@ -137,8 +140,17 @@ def time_onnx(
     return seconds, loss
 
 
-def time_torch(model_name: str, width: float, x, y, steps: int, warmup: int, threads: int) -> tuple[list[float], float]:
-    """Time ``steps`` PyTorch eager training steps with AdamW (ORT's defaults) after ``warmup``."""
+def time_torch(
+    model_name: str, width: float, x, y, steps: int, warmup: int, threads: int, profile_dir: Path | None = None
+) -> tuple[list[float], float]:
+    """Time ``steps`` PyTorch eager training steps with AdamW (ORT's defaults) after ``warmup``.
+
+    With ``profile_dir``, the timed steps run under PyTorch's profiler and each operator's
+    self CPU time (microseconds, summed over the timed steps) is written to
+    ``profile_dir / TORCH_PROFILE`` as a JSON object.
+    """
+    import contextlib
+
     import torch
 
     from exporters.zoo import get_model
@@ -151,18 +163,27 @@ def time_torch(model_name: str, width: float, x, y, steps: int, warmup: int, thr
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0)
     loss_fn = torch.nn.CrossEntropyLoss()
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    seconds: list[float] = []
     loss = float("nan")
-    for step in range(warmup + steps):
+
+    def one_step() -> float:
+        nonlocal loss
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         out = loss_fn(module(xt), yt)
         out.backward()
         optimizer.step()
         elapsed = time.perf_counter() - start
-        if step >= warmup:
-            seconds.append(elapsed)
         loss = float(out.detach())
+        return elapsed
+
+    for _ in range(warmup):
+        one_step()
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile_dir else None
+    with profiler if profiler is not None else contextlib.nullcontext():
+        seconds = [one_step() for _ in range(steps)]
+    if profiler is not None and profile_dir is not None:
+        totals = {e.key: float(e.self_cpu_time_total) for e in profiler.key_averages() if e.self_cpu_time_total > 0}
+        (profile_dir / TORCH_PROFILE).write_text(json.dumps(totals))
     return seconds, loss
 
 
@@ -218,7 +239,10 @@ def main(argv: list[str]) -> None:
         profile_dir = Path(data_dir) if backend == "ort-profile" else None
         seconds, loss = time_ort(Path(artifact_dir), x, y, int(steps), int(warmup), int(threads), variant, profile_dir)
     else:
-        seconds, loss = time_torch(model_name, float(width_text), x, y, int(steps), int(warmup), int(threads))
+        profile_dir = Path(data_dir) if backend == "torch-profile" else None
+        seconds, loss = time_torch(
+            model_name, float(width_text), x, y, int(steps), int(warmup), int(threads), profile_dir
+        )
     peak, source = peak_memory()
     document = {"backend": backend, "seconds": seconds, "loss": loss, "runtime": runtime}
     document.update(baseline_bytes=baseline, peak_bytes=peak, memory_source=source)

@@ -95,3 +95,34 @@ def test_onnx_forms_load_neither_torch_nor_exporters(backend: str) -> None:
         [sys.executable, "-c", code, backend], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("op", "kind"),
+    [
+        ("aten::convolution_backward", "conv-grad"),
+        ("aten::mkldnn_convolution", "conv"),
+        ("aten::addmm", "matmul"),
+        ("aten::max_pool2d_with_indices_backward", "pool"),
+        ("aten::native_batch_norm_backward", "norm"),
+        ("aten::_foreach_addcdiv_", "optimizer"),
+        ("aten::threshold_backward", "elementwise"),
+        ("aten::t", "layout"),
+        ("aten::tanh_backward", "elementwise"),
+        ("Optimizer.step#AdamW.step", "other"),
+    ],
+)
+def test_torch_operators_map_to_their_kind(op: str, kind: str) -> None:
+    from tests.bench.op_kinds import torch_kind
+
+    assert torch_kind(op) == kind
+
+
+def test_profiles_sum_per_kind_on_both_sides() -> None:
+    from tests.bench.op_kinds import KINDS, by_kind, onnx_kind
+
+    ops = {"ConvTranspose": 5.0, "Gemm": 2.0, "Slice": 1.0, "Concat": 1.5, "Mul": 0.5, "Sqrt": 0.25}
+    totals = by_kind(ops, onnx_kind)
+    assert list(totals) == list(KINDS)
+    assert (totals["conv-grad"], totals["matmul"], totals["layout"], totals["elementwise"]) == (5.0, 2.0, 2.5, 0.75)
+    assert totals["conv"] == totals["optimizer"] == 0.0
