@@ -153,10 +153,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--plan",
         nargs="?",
-        const="auto",
+        const="default",
         metavar="DEADLINE",
         help="plan capacities, FedDrop budgets and FLuID's start on the measured profiles (--fleet: the --db store; "
-        "--population: --profiles), as `fleetbench plan` does; DEADLINE: auto (default), SECONDS or pNN",
+        "--population: --profiles), as `fleetbench plan` does; DEADLINE: auto (default; none with --energy-budget), "
+        "SECONDS, pNN or none",
     )
     add_plan_arguments(run)
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
@@ -180,7 +181,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--partition", default=DEFAULTS["partition"], help="partition (default iid)")
     plan.add_argument("--seed", type=int, default=0, help="run seed: partition and population (default 0)")
     plan.add_argument("--examples", type=positive_int, help="examples every client holds (instead of the data set)")
-    plan.add_argument("--deadline", default="auto", help="auto (the median device's full-width round), SECONDS or pNN")
+    plan.add_argument(
+        "--deadline", default="default",
+        help="auto (the median device's full-width round; the default without --energy-budget), SECONDS, pNN, or "
+        "none (the default with --energy-budget: the budget alone limits the widths)",
+    )  # fmt: skip
     plan.add_argument(
         "--backend", choices=("auto", "ort", "onnx", "torch"), default="auto",
         help="the backend whose profiles to plan with (default auto: each device's profiled one, ort > onnx > torch)",
@@ -220,6 +225,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--unprofiled", choices=UNPROFILED, default="refuse",
         help="a device without a profile of the model: refuse the plan (default), give it the smallest width, or "
         "exclude it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--energy-budget", type=positive_float, metavar="J",
+        help="energy budget per client round in joules: each device's widest width (FedDrop: keep probability) whose "
+        "predicted energy, from the profiles' energy per image, fits it; with a deadline both limits hold",
     )  # fmt: skip
 
 
@@ -509,17 +519,38 @@ def plan_request(
     deadline : str
         The deadline policy.
     args : argparse.Namespace
-        ``tiers`` and ``unprofiled``.
+        ``tiers``, ``unprofiled`` and ``energy_budget``.
     sizes : dict of str to int
         Client id -> training examples.
     """
     from fl.plan import PlanRequest, device_examples
 
+    budget = getattr(args, "energy_budget", None)
     return PlanRequest(
         model=config.model, strategy=config.strategy, batch=config.batch_size, epochs=config.epochs,
-        optimizer=config.optimizer, examples=device_examples(placement, sizes), configs=configs, deadline=deadline,
-        tiers=args.tiers, unprofiled=args.unprofiled, memory=memory, options=dict(config.options),
+        optimizer=config.optimizer, examples=device_examples(placement, sizes), configs=configs,
+        deadline=deadline_policy(deadline, budget), tiers=args.tiers, unprofiled=args.unprofiled, memory=memory,
+        options=dict(config.options), energy_budget_j=budget,
     )  # fmt: skip
+
+
+def deadline_policy(given: str, energy_budget: float | None) -> str:
+    """Return the deadline policy of ``--deadline`` / ``--plan``: ``default`` is ``none`` under a budget, else ``auto``.
+
+    Parameters
+    ----------
+    given : str
+        The option's value (``default`` when not given).
+    energy_budget : float or None
+        ``--energy-budget``.
+
+    Returns
+    -------
+    str
+    """
+    if given != "default":
+        return given
+    return "none" if energy_budget is not None else "auto"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -581,7 +612,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print("\n".join(format_plan(plan)))
     run = f"fleetbench fl run --{'fleet ' + args.fleet if args.fleet else 'population ' + args.population}"
-    print(f"train with it: {run} --strategy {args.strategy} --db {args.db} --plan {args.deadline} ...")
+    budget = "" if args.energy_budget is None else f" --energy-budget {args.energy_budget:g}"
+    print(f"train with it: {run} --strategy {args.strategy} --db {args.db} --plan {plan.deadline}{budget} ...")
     return 0
 
 
