@@ -388,7 +388,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if fleet is not None:
         summary = _run_on_fleet(args, config, fleet)
     elif virtual is not None and config.clock_only:
-        summary = run_clock_only(config, virtual, capacities=capacities)
+        summary = run_clock_only(config, virtual, capacities=capacities, profiles=profiles)
     elif config.executor == "ray":
         from exporters.zoo import get_model
         from fl.executors.ray import RayExecutor
@@ -419,10 +419,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.clock_only:
         total = sum(h.virtual_seconds or 0.0 for h in summary.history)
         kept = sum(h.clients_ok for h in summary.history)
+        joules = [h.predicted_energy_j for h in summary.history if h.predicted_energy_j is not None]
+        energy = f", {sum(joules):.4g} virtual joules" if joules else ""
         print(
             f"FL run {summary.run_id} (clock only, {config.clients} clients on {config.population}, seed "
-            f"{config.seed}): {summary.rounds} rounds, {kept} client updates kept, {total:.2f} virtual seconds; "
-            f"logged in {config.db}"
+            f"{config.seed}): {summary.rounds} rounds, {kept} client updates kept, {total:.2f} virtual seconds"
+            f"{energy}; logged in {config.db}"
         )
         return 0
     accuracy = ", ".join(f"{w:g}: {a:.4f}" for w, a in summary.accuracy.items()) or "not evaluated"
@@ -430,9 +432,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"FL run {summary.run_id} ({config.strategy}, {config.model} on {config.dataset}, {config.clients} clients, "
         f"seed {config.seed}): {summary.rounds} rounds; final global accuracy per width: {accuracy}"
     )
+    energy = energy_line(summary.history, virtual=config.population is not None)
+    if energy:
+        print(energy)
     resume = f"fleetbench fl run --resume {summary.run_id} --rounds N --db {config.db}"
     print(f"Logged in {config.db}; resume with: {resume}")
     return 0
+
+
+def energy_line(history: Sequence[Any], *, virtual: bool) -> str:
+    """Return the run's energy in one line: predicted (a population's virtual) and measured joules summed over rounds.
+
+    Parameters
+    ----------
+    history : sequence of fl.server.RoundSummary
+    virtual : bool
+        A population run: its predicted energy is its virtual energy.
+
+    Returns
+    -------
+    str
+        "" when no round has any energy.
+    """
+    parts = []
+    for name, key in (("virtual" if virtual else "predicted", "predicted_energy_j"), ("measured", "measured_energy_j")):
+        values = [getattr(h, key) for h in history if getattr(h, key) is not None]
+        if values:
+            parts.append(f"{name} {sum(values):.4g} J")
+    return f"energy over the rounds: {', '.join(parts)}" if parts else ""
 
 
 def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:

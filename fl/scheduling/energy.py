@@ -221,6 +221,7 @@ def round_energy(
     widths: Sequence[float],
     images: int,
     flops_at: Callable[[float], float],
+    shares: Sequence[float] | None = None,
 ) -> tuple[float, bool]:
     """Return a client round's predicted energy in joules: energy per image x images trained.
 
@@ -229,12 +230,14 @@ def round_energy(
     curve : EnergyCurve
         The device's.
     widths : sequence of float
-        The widths its steps train, in equal shares (one width for a static sub-model;
-        FjORD's widths at or below its capacity).
+        The widths its steps train (one width for a static sub-model; FjORD's widths at or
+        below its capacity).
     images : int
         Images trained in the round (`round_images`).
     flops_at : callable
         ``width -> training FLOPs per example``.
+    shares : sequence of float, optional
+        The steps trained at each width (default: equal shares, as a FjORD plan draws them).
 
     Returns
     -------
@@ -243,5 +246,6 @@ def round_energy(
         Whether any width lies outside the measured ones.
     """
     estimates = [curve.at(w, flops_at) for w in widths]
-    per_image = sum(e.joules_per_image for e in estimates) / len(estimates)
+    weights = [1.0] * len(estimates) if shares is None else [float(s) for s in shares]
+    per_image = sum(w * e.joules_per_image for w, e in zip(weights, estimates, strict=True)) / sum(weights)
     return per_image * int(images), any(e.extrapolated for e in estimates)
