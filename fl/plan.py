@@ -82,6 +82,8 @@ MASKED_PROFILE_WARNING = (
     "FedDrop trains the masked step model (a SyncDrop mask input per layer), and profiles measure the plain "
     "one, whose steps are faster: its rounds are predicted short until two measured rounds calibrate them"
 )
+#: Notes of a planned device that are also warnings: a profile unlike the run, stale, without round cost or energy.
+WARNED = ("differs", "profiled", "round cost", "no energy per image", "extrapolated beyond the measured widths")
 #: A device's measured / predicted rounds beyond this relative drift revise the plan.
 DRIFT_LIMIT = 0.15
 
@@ -644,7 +646,7 @@ def plan_on(
         out.append(plan)
     for plan in out:
         for note in plan.notes:
-            if plan.status != "planned" or any(k in note for k in ("differs", "profiled", "round cost", "energy")):
+            if plan.status != "planned" or any(k in note for k in WARNED):
                 say(f"{plan.device}: {note}")
     if request.strategy == "feddrop" and profiled:
         say(MASKED_PROFILE_WARNING)

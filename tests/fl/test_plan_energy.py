@@ -152,6 +152,7 @@ def test_a_device_without_energy_is_named_and_planned_on_the_deadline_alone(cell
         w.startswith("mid: no energy per image of fjord-cnn on mid: width 0.25: external-power") for w in warnings
     )
     assert "planned without the energy budget" in " ".join(mid.notes)
+    assert not any("meets the energy budget" in w for w in warnings)  # a planned device's reason is no warning
 
 
 def test_a_store_without_energy_columns_plans_as_before(cells: Any) -> None:
