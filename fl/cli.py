@@ -153,10 +153,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--plan",
         nargs="?",
-        const="auto",
+        const="default",
         metavar="DEADLINE",
         help="plan capacities, FedDrop budgets and FLuID's start on the measured profiles (--fleet: the --db store; "
-        "--population: --profiles), as `fleetbench plan` does; DEADLINE: auto (default), SECONDS or pNN",
+        "--population: --profiles), as `fleetbench plan` does; DEADLINE: auto (default; none with --energy-budget), "
+        "SECONDS, pNN or none",
     )
     add_plan_arguments(run)
     run.add_argument("--resume", type=positive_int, metavar="RUN", help="continue run RUN from its checkpoint")
@@ -180,7 +181,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--partition", default=DEFAULTS["partition"], help="partition (default iid)")
     plan.add_argument("--seed", type=int, default=0, help="run seed: partition and population (default 0)")
     plan.add_argument("--examples", type=positive_int, help="examples every client holds (instead of the data set)")
-    plan.add_argument("--deadline", default="auto", help="auto (the median device's full-width round), SECONDS or pNN")
+    plan.add_argument(
+        "--deadline", default="default",
+        help="auto (the median device's full-width round; the default without --energy-budget), SECONDS, pNN, or "
+        "none (the default with --energy-budget: the budget alone limits the widths)",
+    )  # fmt: skip
     plan.add_argument(
         "--backend", choices=("auto", "ort", "onnx", "torch"), default="auto",
         help="the backend whose profiles to plan with (default auto: each device's profiled one, ort > onnx > torch)",
@@ -220,6 +225,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--unprofiled", choices=UNPROFILED, default="refuse",
         help="a device without a profile of the model: refuse the plan (default), give it the smallest width, or "
         "exclude it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--energy-budget", type=positive_float, metavar="J",
+        help="energy budget per client round in joules: each device's widest width (FedDrop: keep probability) whose "
+        "predicted energy, from the profiles' energy per image, fits it; with a deadline both limits hold",
     )  # fmt: skip
 
 
@@ -378,7 +388,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if fleet is not None:
         summary = _run_on_fleet(args, config, fleet)
     elif virtual is not None and config.clock_only:
-        summary = run_clock_only(config, virtual, capacities=capacities)
+        summary = run_clock_only(config, virtual, capacities=capacities, profiles=profiles)
     elif config.executor == "ray":
         from exporters.zoo import get_model
         from fl.executors.ray import RayExecutor
@@ -409,10 +419,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.clock_only:
         total = sum(h.virtual_seconds or 0.0 for h in summary.history)
         kept = sum(h.clients_ok for h in summary.history)
+        joules = [h.predicted_energy_j for h in summary.history if h.predicted_energy_j is not None]
+        energy = f", {sum(joules):.4g} virtual joules" if joules else ""
         print(
             f"FL run {summary.run_id} (clock only, {config.clients} clients on {config.population}, seed "
-            f"{config.seed}): {summary.rounds} rounds, {kept} client updates kept, {total:.2f} virtual seconds; "
-            f"logged in {config.db}"
+            f"{config.seed}): {summary.rounds} rounds, {kept} client updates kept, {total:.2f} virtual seconds"
+            f"{energy}; logged in {config.db}"
         )
         return 0
     accuracy = ", ".join(f"{w:g}: {a:.4f}" for w, a in summary.accuracy.items()) or "not evaluated"
@@ -420,9 +432,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"FL run {summary.run_id} ({config.strategy}, {config.model} on {config.dataset}, {config.clients} clients, "
         f"seed {config.seed}): {summary.rounds} rounds; final global accuracy per width: {accuracy}"
     )
+    energy = energy_line(summary.history, virtual=config.population is not None)
+    if energy:
+        print(energy)
     resume = f"fleetbench fl run --resume {summary.run_id} --rounds N --db {config.db}"
     print(f"Logged in {config.db}; resume with: {resume}")
     return 0
+
+
+def energy_line(history: Sequence[Any], *, virtual: bool) -> str:
+    """Return the run's energy in one line: predicted (a population's virtual) and measured joules summed over rounds.
+
+    Parameters
+    ----------
+    history : sequence of fl.server.RoundSummary
+    virtual : bool
+        A population run: its predicted energy is its virtual energy.
+
+    Returns
+    -------
+    str
+        "" when no round has any energy.
+    """
+    parts = []
+    for name, key in (("virtual" if virtual else "predicted", "predicted_energy_j"), ("measured", "measured_energy_j")):
+        values = [getattr(h, key) for h in history if getattr(h, key) is not None]
+        if values:
+            parts.append(f"{name} {sum(values):.4g} J")
+    return f"energy over the rounds: {', '.join(parts)}" if parts else ""
 
 
 def _virtual_clock(config: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
@@ -509,17 +546,38 @@ def plan_request(
     deadline : str
         The deadline policy.
     args : argparse.Namespace
-        ``tiers`` and ``unprofiled``.
+        ``tiers``, ``unprofiled`` and ``energy_budget``.
     sizes : dict of str to int
         Client id -> training examples.
     """
     from fl.plan import PlanRequest, device_examples
 
+    budget = getattr(args, "energy_budget", None)
     return PlanRequest(
         model=config.model, strategy=config.strategy, batch=config.batch_size, epochs=config.epochs,
-        optimizer=config.optimizer, examples=device_examples(placement, sizes), configs=configs, deadline=deadline,
-        tiers=args.tiers, unprofiled=args.unprofiled, memory=memory, options=dict(config.options),
+        optimizer=config.optimizer, examples=device_examples(placement, sizes), configs=configs,
+        deadline=deadline_policy(deadline, budget), tiers=args.tiers, unprofiled=args.unprofiled, memory=memory,
+        options=dict(config.options), energy_budget_j=budget,
     )  # fmt: skip
+
+
+def deadline_policy(given: str, energy_budget: float | None) -> str:
+    """Return the deadline policy of ``--deadline`` / ``--plan``: ``default`` is ``none`` under a budget, else ``auto``.
+
+    Parameters
+    ----------
+    given : str
+        The option's value (``default`` when not given).
+    energy_budget : float or None
+        ``--energy-budget``.
+
+    Returns
+    -------
+    str
+    """
+    if given != "default":
+        return given
+    return "none" if energy_budget is not None else "auto"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -581,7 +639,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print("\n".join(format_plan(plan)))
     run = f"fleetbench fl run --{'fleet ' + args.fleet if args.fleet else 'population ' + args.population}"
-    print(f"train with it: {run} --strategy {args.strategy} --db {args.db} --plan {args.deadline} ...")
+    budget = "" if args.energy_budget is None else f" --energy-budget {args.energy_budget:g}"
+    print(f"train with it: {run} --strategy {args.strategy} --db {args.db} --plan {plan.deadline}{budget} ...")
     return 0
 
 

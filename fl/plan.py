@@ -23,9 +23,26 @@ payload its capacity's. Then, by strategy:
   other device's full round) and each straggler's sub-model width, the one whose predicted
   round is nearest the target.
 
-Deadline policies: ``auto`` (the median device's full-width round), a number of seconds, or
+Deadline policies: ``auto`` (the median device's full-width round), a number of seconds,
 ``pNN`` (the NNth-percentile device's full-width round: that share of the devices meets full
-width). The fleet's predicted round is the slowest planned device's; FedAvg's is the slowest
+width), or ``none`` (no deadline: an energy budget alone limits the widths).
+
+An energy budget per client round (``energy_budget_j``, ``fleetbench plan --energy-budget J``)
+is a second limit beside the deadline; both hold when both are given. A client round's
+predicted energy is the device's energy per image at the width (`fl.scheduling.energy`:
+the profiles' measured energy, interpolated in FLOPs between measured widths) times the
+images it trains, ``epochs * examples`` (the round's ``steps * batch``); a FjORD client's is
+the mean over the widths it draws. FjORD / HeteroFL / FedRolex take the widest level whose
+round meets the deadline, fits memory *and* whose predicted energy is within the budget;
+FedDrop's budget ratio is the smaller of the deadline's and the energy budget's, each found
+by the same FLOPs interpolation over uniform widths (`fl.scheduling.budgets`), and its keep
+probability follows. **Decision:** a device whose smallest width exceeds the energy budget
+trains at the smallest width (status ``misses``, one line saying by how many joules), as a
+device that misses the deadline does, rather than leaving the run: the run still has its
+data, and the log shows the overspend. A device without energy in its profile is named in a
+warning and planned on the deadline and memory alone.
+
+The fleet's predicted round is the slowest planned device's; FedAvg's is the slowest
 full-width round.
 
 A plan is revised from measured rounds (`revise`): each device's round cost is scaled by its
@@ -48,6 +65,7 @@ from fl.population import full_batch_steps
 from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
+from fl.scheduling.energy import EnergyCurve, energy_cells, energy_curves, missing_energy, round_energy, round_images
 from fl.scheduling.rows import width_flops
 from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers
 from harness.latency import profile_rows
@@ -64,6 +82,8 @@ MASKED_PROFILE_WARNING = (
     "FedDrop trains the masked step model (a SyncDrop mask input per layer), and profiles measure the plain "
     "one, whose steps are faster: its rounds are predicted short until two measured rounds calibrate them"
 )
+#: Notes of a planned device that are also warnings: a profile unlike the run, stale, without round cost or energy.
+WARNED = ("differs", "profiled", "round cost", "no energy per image", "extrapolated beyond the measured widths")
 #: A device's measured / predicted rounds beyond this relative drift revise the plan.
 DRIFT_LIMIT = 0.15
 
@@ -99,6 +119,9 @@ class DevicePlan:
         FLuID: planned as a straggler.
     examples : int
         Examples of the device's largest client shard the plan assumed.
+    energy_j : float or None
+        Predicted energy of its client round at ``width`` (FedDrop: at its budget ratio's
+        FLOPs), None without energy in its profile.
     config : str
         The profile's configuration (``batch 20, backend ort, ...``).
     notes : tuple of str
@@ -117,6 +140,7 @@ class DevicePlan:
     keep: float | None = None
     straggler: bool = False
     examples: int = 0
+    energy_j: float | None = None
     config: str = ""
     notes: tuple[str, ...] = ()
 
@@ -147,6 +171,8 @@ class FleetPlan:
         Why the plan was made ("" for the first), e.g. the drift that revised it.
     scale : dict of str to float
         Each device's measured / predicted factor the revision applied.
+    energy_budget_j : float or None
+        The energy budget per client round the plan holds to.
     """
 
     model: str
@@ -163,6 +189,7 @@ class FleetPlan:
     revision: int = 0
     reason: str = ""
     scale: Mapping[str, float] = field(default_factory=dict)
+    energy_budget_j: float | None = None
 
     def device(self, name: str) -> DevicePlan:
         """Return ``name``'s `DevicePlan` (KeyError when it is not in the plan)."""
@@ -225,6 +252,8 @@ class PlanRequest:
         ``straggler_fraction``).
     links : mapping of str to (kbit/s, delay ms), optional
         Modelled links of a virtual population.
+    energy_budget_j : float, optional
+        Energy budget per client round in joules (None: no energy limit).
     """
 
     model: str
@@ -240,6 +269,7 @@ class PlanRequest:
     memory: Mapping[str, int] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     links: Mapping[str, Link] | None = None
+    energy_budget_j: float | None = None
 
     def config_of(self, device: str) -> ProfileConfig:
         """Return the configuration ``device`` trains with."""
@@ -247,7 +277,7 @@ class PlanRequest:
 
 
 def parse_deadline(text: str) -> tuple[str, float | None]:
-    """Parse a deadline policy: ``auto``, a number of seconds, or ``pNN``.
+    """Parse a deadline policy: ``auto``, a number of seconds, ``pNN`` or ``none``.
 
     Parameters
     ----------
@@ -256,7 +286,7 @@ def parse_deadline(text: str) -> tuple[str, float | None]:
     Returns
     -------
     (kind, value)
-        ``("auto", None)``, ``("seconds", s)`` or ``("percentile", NN)``.
+        ``("auto", None)``, ``("seconds", s)``, ``("percentile", NN)`` or ``("none", None)``.
 
     Raises
     ------
@@ -264,13 +294,13 @@ def parse_deadline(text: str) -> tuple[str, float | None]:
         On anything else, a non-positive number or a percentile outside (0, 100].
     """
     value = str(text).strip().lower()
-    if value == "auto":
-        return "auto", None
+    if value in ("auto", "none"):
+        return value, None
     number = value[1:] if value.startswith("p") else value
     try:
         parsed = float(number)
     except ValueError:
-        raise InputError(f"--deadline {text!r}: expected auto, seconds (e.g. 12.5) or pNN (e.g. p75)") from None
+        raise InputError(f"--deadline {text!r}: expected auto, seconds (e.g. 12.5), pNN (e.g. p75) or none") from None
     if value.startswith("p"):
         if not 0 < parsed <= 100:
             raise InputError(f"--deadline {text!r}: a percentile is in (0, 100]")
@@ -294,8 +324,8 @@ def deadline_seconds(policy: str, full_rounds: Sequence[float]) -> float:
     -------
     float
         ``auto``: the median device's (the upper one of an even count); ``pNN``: the
-        smallest round that NN % of the devices meet; seconds as given. Rounding aside,
-        the device it names meets it.
+        smallest round that NN % of the devices meet; seconds as given; ``none``:
+        ``math.inf``. Rounding aside, the device it names meets it.
 
     Raises
     ------
@@ -303,6 +333,8 @@ def deadline_seconds(policy: str, full_rounds: Sequence[float]) -> float:
         When the policy needs rounds and there are none.
     """
     kind, value = parse_deadline(policy)
+    if kind == "none":
+        return math.inf
     if kind == "seconds":
         return float(value)  # type: ignore[arg-type]
     rounds = sorted(float(r) for r in full_rounds)
@@ -359,6 +391,10 @@ class ProfileFit:
         Each device's profile configuration, for the table.
     notes : mapping of str to tuple of str
         Each device's warnings about its profile.
+    energy : mapping of str to EnergyCurve
+        Each profiled device's energy per image of the model, where its cells have any.
+    energy_missing : mapping of str to str
+        Why each other profiled device has none.
     """
 
     request: PlanRequest
@@ -371,6 +407,8 @@ class ProfileFit:
     batches: Mapping[str, int | None]
     described: Mapping[str, str]
     notes: Mapping[str, tuple[str, ...]]
+    energy: Mapping[str, EnergyCurve] = field(default_factory=dict)
+    energy_missing: Mapping[str, str] = field(default_factory=dict)
 
 
 def fit_profiles(cells: Any, stored_costs: Any, request: PlanRequest, *, now: float | None = None) -> ProfileFit:
@@ -401,6 +439,10 @@ def fit_profiles(cells: Any, stored_costs: Any, request: PlanRequest, *, now: fl
     if request.tiers < 1:
         raise InputError(f"--tiers {request.tiers}: at least 1")
     parse_deadline(request.deadline)
+    if request.energy_budget_j is not None and not (
+        math.isfinite(request.energy_budget_j) and request.energy_budget_j > 0
+    ):
+        raise InputError(f"--energy-budget {request.energy_budget_j}: joules must be positive")
     now = time.time() if now is None else now
     rows = profile_rows(cells)
     matched: dict[str, list[dict[str, Any]]] = {}
@@ -453,9 +495,12 @@ def fit_profiles(cells: Any, stored_costs: Any, request: PlanRequest, *, now: fl
         all_rows, request.model, request.batch, costs={d: c for d, c in costs.items() if d in profiled},
         transfer=link_transfer(request.links), warn=None, models=models,
     )  # fmt: skip
+    energy = energy_cells(all_rows)
+    curves = energy_curves(energy, request.model, functools.partial(width_flops, request.model, rows=all_rows))
     return ProfileFit(
         request, all_rows, models, tuple(matched), profiled, cost_fn, backends, batches, described,
-        {d: tuple(n) for d, n in notes.items()},
+        {d: tuple(n) for d, n in notes.items()}, {d: c for d, c in curves.items() if d in profiled},
+        {d: missing_energy(energy, d, request.model) for d in profiled if d not in curves},
     )  # fmt: skip
 
 
@@ -537,6 +582,28 @@ def plan_on(
         drawn = [w for w in levels if w <= width + 1e-9]  # FjORD draws a width <= its capacity per step, uniformly
         return sum(round_at(device, w, width) for w in drawn) / len(drawn)
 
+    flops_at = functools.partial(width_flops, request.model, rows=all_rows)
+    budget_j = request.energy_budget_j
+
+    def energy_of(device: str, width: float) -> tuple[float, bool] | None:
+        curve = fitted.energy.get(device)
+        if curve is None:
+            return None
+        drawn = [w for w in levels if w <= width + 1e-9] if request.strategy == "fjord" else [width]
+        return round_energy(curve, drawn, round_images(request.examples[device], request.epochs), flops_at)
+
+    def client_energy(device: str, width: float) -> float | None:
+        predicted = energy_of(device, width)
+        return None if predicted is None else predicted[0]
+
+    def energy_at_flops(device: str, flops: float) -> float | None:
+        curve = fitted.energy.get(device)
+        images = round_images(request.examples[device], request.epochs)
+        return None if curve is None else curve.at_flops(flops).joules_per_image * images
+
+    if budget_j is not None:
+        for device, why in fitted.energy_missing.items():
+            notes[device].append(f"{why}: planned without the energy budget")
     full = {d: round_at(d, 1.0) for d in profiled}
     deadline = deadline_seconds(request.deadline, list(full.values())) if full else None
     checks: dict[str, tuple[WidthCheck, ...]] = {}
@@ -545,18 +612,28 @@ def plan_on(
         tier_plan = assign_tiers(
             all_rows, request.model, levels, deadline_s=deadline, round_seconds=client_round, devices=profiled,
             batch={d: batches[d] for d in profiled}, memory_budget_bytes=request.memory,
-            k=request.tiers, backend={d: backends[d] for d in profiled}, models=models,
+            k=request.tiers, backend={d: backends[d] for d in profiled}, models=models, energy=client_energy,
+            energy_budget_j=budget_j,
         )  # fmt: skip
         for choice in tier_plan.choices:
             if choice.checks:
                 checks[choice.device], tiers[choice.device] = choice.checks, choice
             else:
                 notes[choice.device].append(choice.reason)
-    plans, target = _strategy_plans(request, zoo, checks, tiers, full, deadline, round_at, client_round)
+    plans, target = _strategy_plans(
+        request, zoo, checks, tiers, full, deadline, round_at, client_round, client_energy, energy_at_flops
+    )
     out = []
     for device in request.examples:
         if device in plans:
             plan = plans[device]
+            energy = None if plan.width is None or request.strategy == "feddrop" else energy_of(device, plan.width)
+            if energy is not None:
+                plan = dataclasses.replace(plan, energy_j=energy[0])
+                if energy[1]:
+                    measured = ", ".join(f"{w:g}" for w in sorted(fitted.energy[device].widths))
+                    note = f"energy at width {plan.width:g} extrapolated beyond the measured widths ({measured})"
+                    plan = dataclasses.replace(plan, notes=(*plan.notes, note))
         elif request.unprofiled == "exclude" or (device in matched and device not in checks):
             reason = "no profile of the model" if device not in matched else "no usable profile"
             plan = DevicePlan(device, "excluded", None, notes=(reason,))
@@ -569,17 +646,18 @@ def plan_on(
         out.append(plan)
     for plan in out:
         for note in plan.notes:
-            if plan.status != "planned" or "differs" in note or "profiled" in note or "round cost" in note:
+            if plan.status != "planned" or any(k in note for k in WARNED):
                 say(f"{plan.device}: {note}")
     if request.strategy == "feddrop" and profiled:
         say(MASKED_PROFILE_WARNING)
     predicted = [d for d in out if d.round_s is not None]
     return FleetPlan(
         model=request.model, strategy=request.strategy, batch=request.batch, epochs=request.epochs,
-        optimizer=request.optimizer, deadline=str(request.deadline), deadline_s=deadline, devices=tuple(out),
+        optimizer=request.optimizer, deadline=str(request.deadline),
+        deadline_s=None if deadline is None or math.isinf(deadline) else deadline, devices=tuple(out),
         fleet_round_s=max((d.round_s for d in predicted), default=None),  # type: ignore[type-var]
         fedavg_round_s=max((d.full_round_s for d in predicted), default=None),  # type: ignore[type-var]
-        target_s=target, scale=dict(scale or {}),
+        target_s=target, scale=dict(scale or {}), energy_budget_j=budget_j,
     )  # fmt: skip
 
 
@@ -602,8 +680,11 @@ def _strategy_plans(
     deadline: float | None,
     round_at: Callable[..., float],
     client_round: Callable[[str, float], float],
+    client_energy: Callable[[str, float], float | None],
+    energy_at_flops: Callable[[str, float], float | None],
 ) -> tuple[dict[str, DevicePlan], float | None]:
     """Return the `DevicePlan` of every checked device for the request's strategy, and FLuID's target."""
+    budget_j = request.energy_budget_j
     out: dict[str, DevicePlan] = {}
 
     def base(device: str, width: float, status: str = "planned", **extra: Any) -> DevicePlan:
@@ -619,31 +700,48 @@ def _strategy_plans(
         for device, choice in tiers.items():
             if choice.tier_width is not None and choice.width is not None:
                 why = (
-                    "meets the deadline"
+                    _limits_met(deadline, budget_j, client_energy(device, choice.tier_width))
                     if choice.tier_width >= choice.width
                     else f"its tier's width (it meets {choice.width:g})"
                 )
                 out[device] = base(device, choice.tier_width, tier=choice.tier, notes=(why,))
                 continue
             smallest = checks[device][0]
-            miss = smallest.round_seconds - (deadline or 0.0)
-            reason = (
-                f"misses the deadline by {miss:.3g} s at its smallest width {smallest.width:g}"
-                if not smallest.fits_deadline
-                else f"does not fit in memory at its smallest width {smallest.width:g}: {smallest.note}"
-            )
-            out[device] = base(device, smallest.width, "misses", tier=n, notes=(reason,))
+            at = f"at its smallest width {smallest.width:g}"
+            reasons = []
+            if not smallest.fits_deadline:
+                reasons.append(f"misses the deadline by {smallest.round_seconds - (deadline or 0.0):.3g} s {at}")
+            if not smallest.fits_memory:
+                reasons.append(f"does not fit in memory {at}: {smallest.note}")
+            if not smallest.fits_energy and smallest.energy_j is not None and budget_j is not None:
+                reasons.append(f"exceeds the energy budget by {smallest.energy_j - budget_j:.3g} J {at}")
+            reasons = reasons or [f"no width fits {at}: {smallest.note}"]
+            out[device] = base(device, smallest.width, "misses", tier=n, notes=tuple(reasons))
         return out, None
     if request.strategy == "feddrop":
         top = max(zoo.arch(1.0).sizes)
+        flops_at = functools.partial(width_flops, request.model)
         for device in checks:
-            ratio, note = round_budget_ratio(
-                functools.partial(_at_payload, round_at, device), functools.partial(width_flops, request.model),
-                deadline if deadline is not None else math.inf, top,
-            )  # fmt: skip
+            ratio: float | None = 1.0
+            notes = []
+            if deadline is not None and math.isfinite(deadline):
+                ratio, note = round_budget_ratio(
+                    functools.partial(_at_payload, round_at, device), flops_at, deadline, top
+                )
+                notes.append(note)
+            if budget_j is not None and client_energy(device, 1.0) is not None:
+                energy_ratio, energy_note = round_budget_ratio(
+                    functools.partial(_energy_or_zero, client_energy, device), flops_at, budget_j, top,
+                    limit="energy budget", unit="J",
+                )  # fmt: skip
+                notes.append(energy_note)
+                ratio = None if ratio is None or energy_ratio is None else min(ratio, energy_ratio)
             keep = None if ratio is None else _keep_probability(zoo, ratio, request.options)
             status = "planned" if ratio is not None else "misses"
-            out[device] = base(device, 1.0, status, budget=ratio, keep=keep, notes=(note,) if note else ())
+            energy = None if ratio is None else energy_at_flops(device, ratio * flops_at(1.0))
+            out[device] = base(
+                device, 1.0, status, budget=ratio, keep=keep, notes=tuple(n for n in notes if n), energy_j=energy
+            )
         return out, None
     if request.strategy == "fluid":
         from fl.maths import fluid
@@ -671,6 +769,18 @@ def _strategy_plans(
 
 def _at_payload(round_at: Callable[..., float], device: str, width: float) -> float:
     return round_at(device, width, 1.0)
+
+
+def _energy_or_zero(client_energy: Callable[[str, float], float | None], device: str, width: float) -> float:
+    return client_energy(device, width) or 0.0
+
+
+def _limits_met(deadline: float | None, budget_j: float | None, joules: float | None) -> str:
+    """Return the note of a device planned at its widest fitting width: the limits it meets."""
+    limits = [] if deadline is None or math.isinf(deadline) else ["the deadline"]
+    if budget_j is not None and joules is not None:
+        limits.append("the energy budget")
+    return f"meets {' and '.join(limits)}" if limits else "fits"
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -798,11 +908,15 @@ def strategy_options(plan: FleetPlan, placement: Mapping[str, str]) -> dict[str,
 
 
 def format_plan(plan: FleetPlan) -> list[str]:
-    """Return the plan as table lines: one per device, then the fleet's deadline and rounds."""
+    """Return the plan as table lines: one per device, then the fleet's deadline, energy budget and rounds.
+
+    The ``energy J`` column is each device's predicted energy per client round (``-``
+    without energy in its profile).
+    """
     width_name = {"fjord": "capacity", "heterofl": "level", "fedrolex": "level"}.get(plan.strategy, "width")
     lines = [
         f"{'device':<12} {'status':<10} {width_name:>8} {'tier':>4} {'round s':>8} {'full s':>8} {'memory':>7} "
-        f"{'budget':>6} {'keep':>5}  notes"
+        f"{'budget':>6} {'keep':>5} {'energy J':>9}  notes"
     ]
 
     def num(value: float | None, spec: str) -> str:
@@ -812,11 +926,15 @@ def format_plan(plan: FleetPlan) -> list[str]:
         memory = "-" if d.fits_memory is None else ("fits" if d.fits_memory else "over")
         lines.append(
             f"{d.device:<12} {d.status:<10} {num(d.width, 'g'):>8} {num(d.tier, 'd'):>4} {num(d.round_s, '.3f'):>8} "
-            f"{num(d.full_round_s, '.3f'):>8} {memory:>7} {num(d.budget, '.3f'):>6} {num(d.keep, '.3f'):>5}  "
-            + "; ".join(d.notes)
+            f"{num(d.full_round_s, '.3f'):>8} {memory:>7} {num(d.budget, '.3f'):>6} {num(d.keep, '.3f'):>5} "
+            f"{num(d.energy_j, '.4g'):>9}  " + "; ".join(d.notes)
         )
     if plan.deadline_s is not None:
         lines.append(f"deadline {plan.deadline_s:.3f} s ({plan.deadline})")
+    elif plan.deadline == "none":
+        lines.append("no deadline")
+    if plan.energy_budget_j is not None:
+        lines.append(f"energy budget {plan.energy_budget_j:.4g} J per client round")
     if plan.fleet_round_s is not None and plan.fedavg_round_s is not None:
         lines.append(
             f"predicted fleet round {plan.fleet_round_s:.3f} s against FedAvg at full width {plan.fedavg_round_s:.3f} s"

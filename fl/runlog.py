@@ -149,6 +149,16 @@ FL_MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE fl_client_rounds RENAME COLUMN arch_widths TO arch_sizes;
     """,
+    # v8: energy per client round: predicted from the profiles' energy per image at the client's
+    # width x the images it trained, measured by the device's power sensor (the runner train
+    # document's ``energy``; emulated sensors marked); each round's sums beside them.
+    """
+    ALTER TABLE fl_client_rounds ADD COLUMN predicted_energy_j REAL;
+    ALTER TABLE fl_client_rounds ADD COLUMN measured_energy_j REAL;
+    ALTER TABLE fl_client_rounds ADD COLUMN energy_emulated INTEGER;
+    ALTER TABLE fl_rounds ADD COLUMN predicted_energy_j REAL;
+    ALTER TABLE fl_rounds ADD COLUMN measured_energy_j REAL;
+    """,
 )
 
 
@@ -157,6 +167,7 @@ CLIENT_ROUND_COLUMNS = (
     "run_id", "round", "cid", "device", "width", "arch_sizes", "tier", "straggler", "status", "message",
     "num_examples", "loss", "accuracy", "steps", "compute_seconds", "download_seconds", "upload_seconds",
     "wait_seconds", "train_flops", "metrics", "virtual_seconds", "backend", "predicted_seconds",
+    "predicted_energy_j", "measured_energy_j", "energy_emulated",
 )  # fmt: skip
 
 
@@ -250,7 +261,10 @@ class ClientRound:
     """One client's row of one round (``fl_client_rounds``).
 
     ``status`` is ``"ok"`` or a `fl.records.FAILURE_REASONS` value; the optional
-    fields are None for a failed client.
+    fields are None for a failed client. ``predicted_energy_j`` is the profiles' energy per
+    image at the client's width times the images it trained (a population run's virtual
+    energy); ``measured_energy_j`` the device's power sensor's joules over the round's
+    training steps, ``energy_emulated`` whether that sensor was emulated (None: not measured).
     """
 
     cid: str
@@ -274,6 +288,26 @@ class ClientRound:
     virtual_seconds: float | None = None
     backend: str | None = None
     predicted_seconds: float | None = None
+    predicted_energy_j: float | None = None
+    measured_energy_j: float | None = None
+    energy_emulated: bool | None = None
+
+
+def round_energy_totals(clients: Sequence[ClientRound]) -> tuple[float | None, float | None]:
+    """Return a round's predicted and measured energy: the sums over its client rounds.
+
+    Parameters
+    ----------
+    clients : sequence of ClientRound
+
+    Returns
+    -------
+    predicted, measured : float or None
+        The sum of the client rounds that have the value; None when none has it.
+    """
+    predicted = [c.predicted_energy_j for c in clients if c.predicted_energy_j is not None]
+    measured = [c.measured_energy_j for c in clients if c.measured_energy_j is not None]
+    return (float(sum(predicted)) if predicted else None, float(sum(measured)) if measured else None)
 
 
 class RunLog:
@@ -390,12 +424,16 @@ class RunLog:
             State to resume from after this round (see `encode_state`); replaces the run's previous one.
         virtual_seconds : float, optional
             The round's duration on the virtual clock of a population run.
+
+        The round's ``predicted_energy_j`` and ``measured_energy_j`` are its clients'
+        sums (`round_energy_totals`).
         """
         blob = encode_state(checkpoint)
+        predicted_j, measured_j = round_energy_totals(clients)
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, metrics, evaluation, "
-                "virtual_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "virtual_seconds, predicted_energy_j, measured_energy_j) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     int(rnd),
@@ -405,6 +443,8 @@ class RunLog:
                     json.dumps(_jsonable(metrics), sort_keys=True),
                     json.dumps(_jsonable(evaluation), sort_keys=True),
                     virtual_seconds,
+                    predicted_j,
+                    measured_j,
                 ),
             )
             conn.executemany(
@@ -435,6 +475,9 @@ class RunLog:
                         c.virtual_seconds,
                         c.backend,
                         c.predicted_seconds,
+                        c.predicted_energy_j,
+                        c.measured_energy_j,
+                        None if c.energy_emulated is None else int(bool(c.energy_emulated)),
                     )
                     for c in clients
                 ],
@@ -525,6 +568,7 @@ class RunLog:
         frame["arch_sizes"] = [tuple(json.loads(v)) for v in frame["arch_sizes"]]
         frame["metrics"] = [json.loads(v) for v in frame["metrics"]]
         frame["straggler"] = frame["straggler"].astype(bool)
+        frame["energy_emulated"] = [None if v is None or v != v else bool(v) for v in frame["energy_emulated"]]
         return frame
 
     def clients(self, run_id: int) -> pd.DataFrame:

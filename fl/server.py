@@ -30,6 +30,7 @@ round to round, so "2 rounds, then resume to 3" ends bit-identical to "3 rounds"
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -56,8 +57,10 @@ from fl.population import (
 from fl.records import ClientFailure, ClientSpec, TrainIns, TrainRes
 from fl.renamed_keys import current_options
 from fl.roundcost import loop_cpu_per_step, payload_bytes_of, run_predictor
-from fl.runlog import ClientRound, RunLog
+from fl.runlog import ClientRound, RunLog, round_energy_totals
 from fl.scheduling.configs import ProfileConfig, matched_profiles
+from fl.scheduling.energy import EnergyCurve, energy_cells, energy_curves, round_energy, round_images
+from fl.scheduling.rows import width_flops
 from fl.strategies import STRATEGIES, strategy_class
 from fl.strategies.base import Profiles, Strategy
 from harness.records import model_record
@@ -258,6 +261,9 @@ class RoundSummary:
         The clients that failed, with their reasons.
     virtual_seconds : float or None
         The round's duration on the virtual clock (None without a population).
+    predicted_energy_j, measured_energy_j : float or None
+        The sums of the round's client rounds' predicted and measured energy
+        (`fl.runlog.round_energy_totals`); a population run's predicted energy is its virtual energy.
     """
 
     round: int
@@ -268,6 +274,8 @@ class RoundSummary:
     seconds: float
     failures: tuple[ClientFailure, ...] = ()
     virtual_seconds: float | None = None
+    predicted_energy_j: float | None = None
+    measured_energy_j: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -328,6 +336,8 @@ class RunSummary:
                     "accuracy": {str(float(w)): a for w, a in r.accuracy.items()},
                     "seconds": r.seconds,
                     "virtual_seconds": r.virtual_seconds,
+                    "predicted_energy_j": r.predicted_energy_j,
+                    "measured_energy_j": r.measured_energy_j,
                 }
                 for r in self.history
             ],
@@ -607,6 +617,7 @@ def run_fl(
         warn = say_once(say)  # the profile lookups repeat per client and per model: one line per fallback
         if profiles is None:
             profiles = profiles_for(store, clients, config.model, device_configs, warn=warn)
+        energy = energy_curves(energy_cells(profiles), config.model, functools.partial(width_flops, config.model))
         if virtual is None:
             strategy.round_predictor = run_predictor(
                 store, config.model, config.batch_size, config.epochs, [c.device for c in clients if c.device],
@@ -633,6 +644,7 @@ def run_fl(
                     clock,
                     wall_clock,
                     virtual,
+                    energy,
                 )
                 history.append(summary)
                 if progress is not None:
@@ -674,6 +686,7 @@ def run_clock_only(
     progress: Callable[[str], None] | None = _stderr,
     clock: Callable[[], float] = time.perf_counter,
     wall_clock: Callable[[], float] = time.time,
+    profiles: Profiles | None = None,
 ) -> RunSummary:
     """Run the virtual schedule of ``config`` without training, and log it.
 
@@ -683,7 +696,9 @@ def run_clock_only(
     results, FLuID's stragglers, need training), keeps the first K to finish by the
     deadline and logs the round: kept clients ``ok``, the others ``timeout``, with
     their virtual times. A round that keeps no client is a failed round, as in training
-    (``config.max_failed_rounds``). No data are loaded when ``examples`` is given.
+    (``config.max_failed_rounds``). No data are loaded when ``examples`` is given. With
+    ``profiles`` that hold energy, every sampled client round also gets its predicted energy
+    at its width (its virtual energy, the late ones' too: they trained), summed per round.
 
     Parameters
     ----------
@@ -699,11 +714,13 @@ def run_clock_only(
         Default: ``fl.capacity.assign(config.capacities, config.clients, config.seed)``.
     progress, clock, wall_clock
         As in `run_fl`.
+    profiles : Profiles, optional
+        The population's devices' profile rows (energy per image: each client round's virtual energy).
 
     Returns
     -------
     RunSummary
-        Rounds without accuracy; ``virtual_seconds`` per round.
+        Rounds without accuracy; ``virtual_seconds`` and ``predicted_energy_j`` per round.
     """
     config.validate()
     model = get_model(config.model)
@@ -720,6 +737,7 @@ def run_clock_only(
 
         capacities = assign(config.capacities, config.clients, config.seed)
     clients = _client_specs(examples, capacities, virtual.population.placement())
+    energy = energy_curves(energy_cells(profiles or {}), config.model, functools.partial(width_flops, config.model))
     initial = initial_parameters(model, config.seed)
     timings: dict[str, Timing] = {}
 
@@ -767,6 +785,9 @@ def run_clock_only(
                     message=failed[c.cid].message if c.cid in failed else "",
                     num_examples=c.num_examples,
                     virtual_seconds=times[c.cid],
+                    predicted_energy_j=predicted_energy(
+                        energy, config.model, c.device, {c.capacity: 1.0}, c.num_examples, config.epochs
+                    ),
                 )
                 for c in sampled
             ]
@@ -783,7 +804,10 @@ def run_clock_only(
                 checkpoint={"round": rnd, "clock_only": True},
                 virtual_seconds=plan.seconds,
             )
-            summary = RoundSummary(rnd, len(plan.kept), len(failures), None, {}, seconds, tuple(failures), plan.seconds)
+            summary = RoundSummary(
+                rnd, len(plan.kept), len(failures), None, {}, seconds, tuple(failures), plan.seconds,
+                *round_energy_totals(rows),
+            )  # fmt: skip
             history.append(summary)
             if progress is not None:
                 progress(format_round(summary, config.rounds))
@@ -814,6 +838,7 @@ def _run_round(
     clock: Callable[[], float],
     wall_clock: Callable[[], float],
     virtual: VirtualClock | None = None,
+    energy: Mapping[str, EnergyCurve] | None = None,
 ) -> RoundSummary:
     start, started_at = clock(), wall_clock()
     keep = clients_per_round(len(clients), config.fraction, config.per_round)
@@ -862,8 +887,9 @@ def _run_round(
     }
     predicted, results = _predict_and_calibrate(strategy, instructions, results, by_cid)
     rows = _client_rows(
-        strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of, predicted
-    )
+        strategy.model, instructions, results, failures, by_cid, config.epochs, stragglers, virtual_of, predicted,
+        energy,
+    )  # fmt: skip
     log.log_round(
         run_id,
         rnd,
@@ -878,8 +904,9 @@ def _run_round(
     )
     accuracy = {w: v["accuracy"] for w, v in evaluation.items()}
     return RoundSummary(
-        rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures), virtual_seconds
-    )
+        rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures), virtual_seconds,
+        *round_energy_totals(rows),
+    )  # fmt: skip
 
 
 def say_once(say: Callable[[str], None]) -> Callable[[str], None]:
@@ -1148,6 +1175,11 @@ def format_round(summary: RoundSummary, rounds: int) -> str:
     accuracy = " ".join(f"{w:g}:{a:.4f}" for w, a in summary.accuracy.items()) or "-"
     head = f"round {summary.round + 1}/{rounds}: clients ok {summary.clients_ok} failed {summary.clients_failed}"
     virtual = "" if summary.virtual_seconds is None else f" (virtual {summary.virtual_seconds:.2f} s)"
+    if summary.virtual_seconds is not None and summary.predicted_energy_j is not None:
+        virtual = f" (virtual {summary.virtual_seconds:.2f} s, {summary.predicted_energy_j:.4g} J)"
+    elif summary.measured_energy_j is not None or summary.predicted_energy_j is not None:
+        joules = {"measured": summary.measured_energy_j, "predicted": summary.predicted_energy_j}
+        virtual += ", energy " + " ".join(f"{k} {v:.4g} J" for k, v in joules.items() if v is not None)
     if summary.failed:
         return f"{head}: FAILED, no client trained, {summary.seconds:.2f} s{virtual}"
     return f"{head}, loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s{virtual}"
@@ -1280,7 +1312,9 @@ def _client_rows(
     stragglers: set[str],
     virtual_of: Mapping[str, float] | None = None,
     predicted_of: Mapping[str, float] | None = None,
+    energy: Mapping[str, EnergyCurve] | None = None,
 ) -> list[ClientRound]:
+    energy = energy or {}
     virtual_of = virtual_of or {}
     predicted_of = predicted_of or {}
     rows: list[ClientRound] = []
@@ -1300,10 +1334,17 @@ def _client_rows(
             virtual_seconds=virtual_of.get(cid),
             predicted_seconds=predicted_of.get(cid),
         )
+        epochs_run = int(ins.config.get("epochs", epochs))
+        common = dataclasses.replace(
+            common,
+            predicted_energy_j=predicted_energy(
+                energy, model.name, client.device, _width_shares(common.width, result_of.get(cid)),
+                client.num_examples, epochs_run,
+            ),
+        )  # fmt: skip
         if cid in result_of:
             res = result_of[cid]
             per_example = _train_flops(model, ins)
-            epochs_run = int(ins.config.get("epochs", epochs))
             rows.append(
                 dataclasses.replace(
                     common,
@@ -1316,6 +1357,8 @@ def _client_rows(
                     upload_seconds=res.upload_seconds,
                     train_flops=None if per_example is None else per_example * res.num_examples * epochs_run,
                     metrics=_logged_metrics(res),
+                    measured_energy_j=_float_or_none(res.metrics.get("energy_j")),
+                    energy_emulated=None if "energy_j" not in res.metrics else bool(res.metrics.get("energy_emulated")),
                 )
             )
         else:
@@ -1334,6 +1377,50 @@ def _client_rows(
 
 def _speed_factors(virtual: VirtualClock) -> dict[str, float]:
     return {f"c{i}": factor for i, factor in enumerate(virtual.population.factors)}
+
+
+def predicted_energy(
+    energy: Mapping[str, EnergyCurve],
+    model: str,
+    device: str | None,
+    widths: Mapping[float, float],
+    examples: int,
+    epochs: int,
+) -> float | None:
+    """Return a client round's predicted energy in joules: its device's energy per image x the images it trained.
+
+    Parameters
+    ----------
+    energy : mapping of str to EnergyCurve
+        Each device's energy per image of the run's model (`fl.scheduling.energy`).
+    model : str
+    device : str or None
+        The client's device (None: not placed on one).
+    widths : mapping of float to float
+        The widths the round trained and the steps at each (one width for a static sub-model).
+    examples, epochs : int
+        The client's examples and the round's epochs (``epochs * examples`` images).
+
+    Returns
+    -------
+    float or None
+        None when the device has no energy per image of the model.
+    """
+    curve = None if device is None else energy.get(device)
+    if curve is None or not widths:
+        return None
+    joules, _ = round_energy(
+        curve, list(widths), round_images(examples, epochs), functools.partial(width_flops, model),
+        shares=list(widths.values()),
+    )  # fmt: skip
+    return joules
+
+
+def _width_shares(width: float, res: TrainRes | None) -> dict[float, float]:
+    """Return the widths a client round trained with their steps: FjORD's drawn widths, else its one width."""
+    if res is not None and res.steps_at_width:
+        return {float(w): float(n) for w, n in res.steps_at_width.items() if n}
+    return {float(width): 1.0}
 
 
 def _logged_metrics(res: TrainRes) -> dict[str, Any]:
@@ -1379,6 +1466,8 @@ def _history(log: RunLog, run_id: int) -> list[RoundSummary]:
                 seconds=float(row.wall_seconds),
                 failures=failures,
                 virtual_seconds=_finite_or_none(getattr(row, "virtual_seconds", None)),
+                predicted_energy_j=_finite_or_none(getattr(row, "predicted_energy_j", None)),
+                measured_energy_j=_finite_or_none(getattr(row, "measured_energy_j", None)),
             )
         )
     return out

@@ -80,7 +80,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -690,6 +690,7 @@ class DevicesExecutor(ClosingExecutor):
             metrics.update(fjord_metrics(doc))
         if job.syncdrop is not None:
             metrics.update(syncdrop_metrics(self.model, doc, int(job.manifest["batch"]), job.syncdrop))
+        metrics.update(energy_metrics(getattr(doc, "energy", None), doc.examples))
         emu = job.device.emulate
         if emu is not None:
             for key, nbytes in (("download_modelled_s", in_bytes), ("upload_modelled_s", out_bytes)):
@@ -882,6 +883,46 @@ def fjord_metrics(doc: RunnerDocument) -> dict[str, float]:
         "switch_seconds": float(sum(switches)),
     }
     return out
+
+
+class EnergyReadingLike(Protocol):
+    """What a client round's energy needs of a train document's reading (`harness.energy.EnergyReading`)."""
+
+    @property
+    def joules_per_image(self) -> float | None:
+        """Joules per image over the timed steps (None: flagged or unreadable)."""
+        ...
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the sensor was emulated."""
+        ...
+
+
+def energy_metrics(reading: EnergyReadingLike | None, images: int | None) -> dict[str, float]:
+    """Return a client round's measured energy metrics from its train document's energy reading.
+
+    The runner measures energy over the round's training steps when the host gave it the
+    device's power root; the typed document's ``energy`` (`harness.energy.EnergyReading`)
+    is read by attribute, so a document without one gives no metrics.
+
+    Parameters
+    ----------
+    reading : EnergyReadingLike or None
+        The document's ``energy``.
+    images : int or None
+        The examples the round trained (the document's ``examples``).
+
+    Returns
+    -------
+    dict of str to float
+        ``energy_j`` (joules per image x images) and ``energy_emulated`` (1.0 or 0.0);
+        empty without a reading with joules.
+    """
+    if reading is None or reading.joules_per_image is None or not images:
+        return {}
+    per_image = reading.joules_per_image
+    return {"energy_j": float(per_image) * int(images), "energy_emulated": float(bool(reading.emulated))}
 
 
 def steps_at_width(doc: RunnerDocument) -> dict[float, int]:

@@ -13,6 +13,8 @@ rows into the decisions the FL methods need, one module per responsibility:
     capacities snapped to a method's levels.
 `fl.scheduling.budgets`
     FedDrop's FLOPs-budget ratio per device.
+`fl.scheduling.energy`
+    Energy per image per width from the profiles, and a client round's predicted energy.
 `fl.scheduling.sources`
     The edge: memory budgets from a fleet.
 `fl.scheduling.checks`
@@ -26,6 +28,7 @@ defined once, in its module, and the tests import from the module they test.
 """
 
 from fl.scheduling.budgets import round_budget_ratio
+from fl.scheduling.energy import EnergyCell, EnergyCurve, energy_cells, energy_curves, round_energy
 from fl.scheduling.kmeans import kmeans_1d
 from fl.scheduling.rows import width_flops
 from fl.scheduling.sources import memory_budgets_from_fleet
@@ -45,14 +48,19 @@ __all__ = [
     "HETEROFL_LEVELS",
     "Capacities",
     "DeviceChoice",
+    "EnergyCell",
+    "EnergyCurve",
     "TierPlan",
     "WidthCheck",
     "assign_tiers",
     "capacities_for",
+    "energy_cells",
+    "energy_curves",
     "kmeans_1d",
     "memory_budgets_from_fleet",
     "profile_rows",
     "round_budget_ratio",
+    "round_energy",
     "uniform_levels",
     "width_flops",
 ]

@@ -18,7 +18,13 @@ from fl.scheduling.checks import positive
 
 
 def round_budget_ratio(
-    round_at: Callable[[float], float], flops_at: Callable[[float], float], deadline_s: float, top: int
+    round_at: Callable[[float], float],
+    flops_at: Callable[[float], float],
+    deadline_s: float,
+    top: int,
+    *,
+    limit: str = "deadline",
+    unit: str = "s",
 ) -> tuple[float | None, str]:
     """Return the FLOPs budget ratio whose predicted whole round meets ``deadline_s``, and a note.
 
@@ -37,6 +43,9 @@ def round_budget_ratio(
     deadline_s : float
     top : int
         Neurons of the model's widest layer.
+    limit, unit : str
+        What ``deadline_s`` limits and its unit, for the note: the energy budget of a round
+        is searched the same way, with ``round_at`` its predicted joules (``"energy budget"``, ``"J"``).
 
     Returns
     -------
@@ -48,9 +57,10 @@ def round_budget_ratio(
     deadline = positive(deadline_s, "deadline_s")
     dense = flops_at(1.0)
     if round_at(1.0) <= deadline:
-        return 1.0, "the dense model meets the deadline"
+        return 1.0, f"the dense model meets the {limit}"
     if round_at(1 / top) > deadline:
-        return None, f"even one neuron per layer takes {round_at(1 / top):.3g} s, over the deadline {deadline:.3g} s"
+        least = round_at(1 / top)
+        return None, f"even one neuron per layer takes {least:.3g} {unit}, over the {limit} {deadline:.3g} {unit}"
     lo, hi = 1, top  # round(lo) <= deadline < round(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2

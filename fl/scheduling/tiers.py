@@ -14,7 +14,9 @@ Tier assignment (FjORD / HeteroFL / FedRolex), `assign_tiers`
     device's fitted memory model (`harness.latency.MemoryModel`). A check says how
     uncertain the prediction is and whether it was extrapolated beyond the measured widths
     (a missed deadline's note then says so). A width whose latest
-    cell on the device failed with ``"out of memory"`` never fits. Devices with no width
+    cell on the device failed with ``"out of memory"`` never fits. Given an energy budget per
+    client round, a width must also keep the round's predicted energy within it (``energy``,
+    `fl.scheduling.energy.round_energy`); a width without a prediction is not held to it. Devices with no width
     that fits are *excluded* with the reason. The chosen widths of the remaining devices
     are then grouped into ``k`` tiers by exact 1-D k-means (`fl.scheduling.kmeans`,
     weighted by how many devices chose each width; ties go to the earlier split).
@@ -34,6 +36,7 @@ Profiles are rows in any form `fl.scheduling.rows.profile_rows` accepts.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +73,10 @@ class WidthCheck:
         The latency prediction's standard deviation as a fraction of it.
     extrapolated : bool
         The width lies outside the device's measured widths.
+    energy_j : float or None
+        Predicted energy of the client round at ``width`` (None: no energy prediction).
+    fits_energy : bool
+        True also when there is no energy budget or prediction.
     """
 
     width: float
@@ -81,11 +88,13 @@ class WidthCheck:
     note: str = ""
     relative_std: float = 0.0
     extrapolated: bool = False
+    energy_j: float | None = None
+    fits_energy: bool = True
 
     @property
     def fits(self) -> bool:
-        """Whether the width meets both the deadline and the memory budget."""
-        return self.fits_deadline and self.fits_memory
+        """Whether the width meets the deadline, the memory budget and the energy budget."""
+        return self.fits_deadline and self.fits_memory and self.fits_energy
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,8 @@ def assign_tiers(
     k: int,
     backend: str | Mapping[str, str | None] | None = "ort",
     models: Mapping[str, DeviceModels] | None = None,
+    energy: Callable[[str, float], float | None] | None = None,
+    energy_budget_j: float | None = None,
 ) -> TierPlan:
     """Choose each device's largest width that meets the deadline and memory budget; cluster into tiers.
 
@@ -197,7 +208,7 @@ def assign_tiers(
     widths : iterable of float
         Candidate widths in (0, 1].
     deadline_s : float
-        Round deadline in seconds.
+        Round deadline in seconds (``math.inf``: none).
     round_seconds : callable
         ``(device, width) -> seconds``: the round-cost model's predicted round (fixed cost,
         local steps at the width's architecture, transfers; `fl.plan`).
@@ -217,6 +228,11 @@ def assign_tiers(
         with their own best backend).
     models : mapping of str to DeviceModels, optional
         The rows' fitted models, when the caller fitted them already (a plan fits once).
+    energy : callable, optional
+        ``(device, width) -> joules``: the predicted energy of the device's client round at
+        the width, None where it cannot be predicted.
+    energy_budget_j : float, optional
+        Energy budget per client round in joules (None: no energy limit).
 
     Returns
     -------
@@ -229,7 +245,8 @@ def assign_tiers(
         On a bad width, deadline or ``k``.
     """
     candidates = tuple(sorted(set(check_widths(widths))))
-    deadline = positive(deadline_s, "deadline_s")
+    deadline = math.inf if deadline_s == math.inf else positive(deadline_s, "deadline_s")
+    budget_j = None if energy_budget_j is None else positive(energy_budget_j, "energy_budget_j")
     k = count(k, "k")
 
     def backend_of(device: str) -> str | None:
@@ -247,6 +264,7 @@ def assign_tiers(
         checks = width_checks(
             rows, models, device, model, candidates, batch_of(device), backend_of(device), deadline, budget,
             functools.partial(round_seconds, device),
+            energy=None if energy is None else functools.partial(energy, device), energy_budget_j=budget_j,
         )  # fmt: skip
         if isinstance(checks, str):
             picks[device] = (None, (), checks)
@@ -286,6 +304,9 @@ def width_checks(
     deadline_s: float,
     budget: int | None,
     round_seconds: Callable[[float], float],
+    *,
+    energy: Callable[[float], float | None] | None = None,
+    energy_budget_j: float | None = None,
 ) -> tuple[WidthCheck, ...] | str:
     """Return how every candidate width fares on one device (smallest first), or why it cannot be checked.
 
@@ -305,6 +326,10 @@ def width_checks(
         The device's memory budget in bytes (None: unconstrained).
     round_seconds : callable
         ``width -> predicted round seconds`` of this device.
+    energy : callable, optional
+        ``width -> predicted joules`` of this device's client round (None: not predicted).
+    energy_budget_j : float, optional
+        Energy budget per client round in joules.
 
     Returns
     -------
@@ -344,10 +369,14 @@ def width_checks(
         elif budget is not None and peak is not None and peak > budget:
             fits_memory = False
             notes.append(f"predicted peak memory {peak / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB")
+        joules = None if energy is None else energy(w)
+        fits_energy = energy_budget_j is None or joules is None or joules <= energy_budget_j
+        if not fits_energy:
+            notes.append(f"predicted energy {joules:.3g} J > budget {energy_budget_j:.3g} J")
         checks.append(
             WidthCheck(
                 w, flops, seconds, peak, fits_deadline, fits_memory, "; ".join(notes), estimate.relative,
-                estimate.extrapolated,
+                estimate.extrapolated, joules, fits_energy,
             )  # fmt: skip
         )
     return tuple(checks)

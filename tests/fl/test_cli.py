@@ -396,6 +396,17 @@ def test_plan_prints_each_devices_width_and_the_fleet_round(capsys, profiles):
     assert rc == 0 and "profile differs from the run in optimizer adamw (run: sgd)" in err
 
 
+def test_plan_with_an_energy_budget_names_the_devices_without_energy(capsys, profiles):
+    argv = ("--population", "fast=0.5,slow=0.5", "--db", profiles, "--strategy", "heterofl", "--clients", "4")
+    rc, out, err = plan_cli(capsys, *argv, "--examples", "400", "--optimizer", "adamw", "--energy-budget", "2.5")
+    assert rc == 0, err
+    assert "energy J" in out.splitlines()[0]
+    assert "no deadline" in out and "energy budget 2.5 J per client round" in out
+    assert "--plan none --energy-budget 2.5" in out
+    for device in ("fast", "slow"):
+        assert f"no energy per image of fjord-cnn on {device}" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
