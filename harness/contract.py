@@ -10,7 +10,8 @@ devices executor (`fl.executors.devices`):
   --library-path B/lib B/bin/python3``, `harness.phone_runtime`), and which backends
   that runtime offers;
 * `bench_argv` and `train_argv`: the command line of each mode (the Python given as a
-  path or as a `RunnerStart`);
+  path or as a `RunnerStart`); `power_options`: whether a device's runs measure energy
+  (``--power-root``) and with which sensor;
 * `serve_argv`, `bench_request`, `train_request` and `parse_reply`: the resident runner
   (``runner.pyz serve``, protocol in `harness.runner.protocol`): its command line (the
   Python again a path or a `RunnerStart`), one bench or train request (a bench request
@@ -157,6 +158,8 @@ def bench_options(
     max_seconds: float = protocol.DEFAULT_MAX_SECONDS,
     data: str | None = None,
     matmul_seconds: float | None = None,
+    power_root: str | None = None,
+    power_sensor: str | None = None,
 ) -> dict[str, Any]:
     """Return the options of one ``bench`` run, by name (what `bench_argv` and `bench_request` send).
 
@@ -180,11 +183,17 @@ def bench_options(
         (default: a random batch).
     matmul_seconds : float, optional
         Length of the runner's matmul probe (0: none; the runner's default when None).
+    power_root : str, optional
+        Measure the timed steps' energy with the power sensors below this directory on
+        the device (`devices.fleet.Device.power_root`, `power_options`).
+    power_sensor : str, optional
+        The kind of sensor the device is expected to have (its facts' first).
 
     Returns
     -------
     dict
-        Option names with ``_`` for ``-``; ``data`` and ``matmul_seconds`` only when given.
+        Option names with ``_`` for ``-``; ``data``, ``matmul_seconds``, ``power_root`` and
+        ``power_sensor`` only when given.
     """
     options: dict[str, Any] = {
         "artifacts": artifacts, "backend": backend, "warmup": int(warmup), "steps": int(steps),
@@ -195,7 +204,41 @@ def bench_options(
         options["data"] = data
     if matmul_seconds is not None:
         options["matmul_seconds"] = float(matmul_seconds)
+    options.update(_power(power_root, power_sensor))
     return options
+
+
+def _power(power_root: str | None, power_sensor: str | None) -> dict[str, str]:
+    """Return the power options that are given, by name."""
+    given = {"power_root": power_root, "power_sensor": power_sensor if power_root else None}
+    return {key: value for key, value in given.items() if value}
+
+
+def power_options(power_root: str, facts: Mapping[str, Any] | None, emulated_power: bool) -> dict[str, str]:
+    """Return the runner's power options for a device: its power root when it has a sensor to read.
+
+    Parameters
+    ----------
+    power_root : str
+        The device's power root (`devices.fleet.Device.power_root`).
+    facts : Mapping or None
+        The device's facts snapshot (`devices.facts.DeviceFacts.to_dict`): its ``power``
+        lists the sensors the probe found.
+    emulated_power : bool
+        The device's fleet entry has an emulated ``power`` block.
+
+    Returns
+    -------
+    dict
+        ``{"power_root": ..., "power_sensor": kind}`` (the facts' first sensor's kind, where
+        they list one) when the facts list a sensor or the device has an emulated one;
+        else empty: the runner then measures no energy.
+    """
+    sensors = (facts or {}).get("power") or []
+    kind = next((s.get("kind") for s in sensors if isinstance(s, Mapping) and s.get("kind")), None)
+    if kind is None and not emulated_power:
+        return {}
+    return _power(power_root, kind)
 
 
 def bench_argv(python: str | RunnerStart, runner_path: str, artifacts: str, **options: Any) -> list[str]:
@@ -255,6 +298,8 @@ def train_argv(
     lr: float,
     threads: int,
     seed: int,
+    power_root: str | None = None,
+    power_sensor: str | None = None,
 ) -> list[str]:
     """Return the command line of ``runner.pyz train``.
 
@@ -272,16 +317,21 @@ def train_argv(
     epochs : int
     lr : float
     threads, seed : int
+    power_root, power_sensor : str, optional
+        Measure the round's energy (as for `bench_options`).
 
     Returns
     -------
     list of str
     """
-    return [
+    argv = [
         *_start_argv(python), runner_path, "train", "--artifacts", artifacts, "--backend", backend,
         "--params", params, "--data", data, "--epochs", str(epochs), "--lr", repr(float(lr)),
         "--threads", str(threads), "--seed", str(seed), "--out", out,
     ]  # fmt: skip
+    for key, value in _power(power_root, power_sensor).items():
+        argv += ["--" + key.replace("_", "-"), value]
+    return argv
 
 
 def serve_argv(
@@ -336,6 +386,8 @@ def train_request(
     request_id: Any = None,
     fjord: Mapping[str, Sequence[Any]] | None = None,
     syncdrop: Mapping[str, Any] | None = None,
+    power_root: str | None = None,
+    power_sensor: str | None = None,
 ) -> dict[str, Any]:
     """Return one ``train`` request of the serve protocol (the options of `train_argv`).
 
@@ -352,6 +404,8 @@ def train_request(
         ``{"sets", "index", "widths"}``: a width per step (runner docstring).
     syncdrop : mapping, optional
         ``{"sync_seed", "scale", "groups"}``: SyncDrop masks per step (runner docstring).
+    power_root, power_sensor : str, optional
+        Measure the round's energy (as for `bench_options`).
 
     Returns
     -------
@@ -366,6 +420,7 @@ def train_request(
         request["fjord"] = {k: list(v) for k, v in fjord.items()}
     if syncdrop is not None:
         request["syncdrop"] = dict(syncdrop)
+    request.update(_power(power_root, power_sensor))
     return request
 
 

@@ -394,11 +394,17 @@ class DeviceRun:
         return self.campaign.passes if spec.precision > 0 else 1
 
     def _pass_options(self, spec: BenchSpec, passes: int) -> dict[str, Any]:
-        """Return the `harness.contract.bench_options` of one of ``spec``'s ``passes`` passes (its share of the cap)."""
+        """Return the `harness.contract.bench_options` of one of ``spec``'s ``passes`` passes (its share of the cap).
+
+        A device whose facts list a power sensor, or with an emulated one, measures each
+        pass's energy too (`harness.contract.power_options`).
+        """
+        emulated_power = self.device.emulate is not None and self.device.emulate.power is not None
         return {
             "backend": spec.backend, "warmup": spec.warmup, "steps": -(-spec.steps // passes), "threads": spec.threads,
             "sample_seconds": sample_seconds_for(self.device), "precision": spec.precision,
             "max_seconds": spec.max_seconds / passes,
+            **contract.power_options(self.device.power_root, self.facts, emulated_power),
         }  # fmt: skip
 
     def _first_pass(self, spec: BenchSpec) -> _Cell:

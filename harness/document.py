@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from harness.energy import EnergyError, EnergyReading, energy_reading
+
 T = TypeVar("T")
 
 
@@ -141,6 +143,9 @@ class RunnerDocument:
     matmul_gflops : float or None
         Achievable float32 GFLOP/s of numpy at the run's threads (bench).
     versions : Versions
+    energy : EnergyReading or None
+        The energy of the timed work per image (`harness.energy.energy_reading`); None where
+        the runner measured none.
     precision, max_seconds, sample_seconds : float or None
         Bench settings: the target half-width (a fraction of the median), the time cap and
         the least seconds per sample.
@@ -255,6 +260,7 @@ class RunnerDocument:
     throttled: bool = False
     matmul_gflops: float | None = None
     versions: Versions = Versions()
+    energy: EnergyReading | None = None
     precision: float | None = None
     max_seconds: float | None = None
     sample_seconds: float | None = None
@@ -421,6 +427,13 @@ def _sessions(key: str, value: Any) -> Sessions:
     )
 
 
+def _energy(key: str, value: Any) -> EnergyReading | None:
+    try:
+        return energy_reading(value)
+    except EnergyError as exc:
+        raise DocumentError(str(exc)) from None
+
+
 def _train_flops(raw: Mapping[str, Any]) -> float | None:
     """Return the first number of ``train_flops``, ``counts.train_flops`` and ``manifest.counts.train_flops``."""
     candidates: list[Any] = [raw.get("train_flops")]
@@ -463,6 +476,7 @@ _READERS: Mapping[str, Callable[[str, Any], Any]] = {
     "throttled": lambda key, value: bool(_flag_or_none(key, value)),
     "matmul_gflops": _duration_or_none,
     "versions": _versions,
+    "energy": _energy,
     "precision": _number_or_none,
     "max_seconds": _number_or_none,
     "sample_seconds": _number_or_none,

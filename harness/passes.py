@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.document import RunnerDocument, parse_document
+from harness.energy import merge_energy
 from harness.records import BenchSpec, Measurement
 from harness.runner.sampling import (
     DISTURBANCE_LIMIT,
@@ -175,7 +176,8 @@ def merge_passes(docs: Sequence[RunnerDocument], precision: float) -> RunnerDocu
         ``median_ci_seconds``, ``precision_achieved``, ``imprecise`` and ``stop_reason``
         (``"precision"`` when the pool reaches it, else ``"time cap"`` when a pass hit its
         cap, else ``"passes differ"``); ``throttled`` when any pass was; the last pass's
-        load average after; and ``passes`` and ``pass_medians`` (the median of each
+        load average after; the passes' ``energy`` pooled (`harness.energy.merge_energy`); and
+        ``passes`` and ``pass_medians`` (the median of each
         pass's samples that count by its own flags, seconds per step: each pass stands for
         its stretch of the host's speed, which every cell of the device went through).
     """
@@ -203,6 +205,7 @@ def merge_passes(docs: Sequence[RunnerDocument], precision: float) -> RunnerDocu
         pass_medians=[median_of_sorted(sorted(c)) if (c := counted_steps(doc)) else None for doc in docs],
     )
     merged["loadavg"] = {"before": list(first.loadavg.before), "after": list(docs[-1].loadavg.after)}
+    merged["energy"] = merge_energy([doc.raw.get("energy") for doc in docs])
     counted = sorted(_unflagged(seconds, merged["disturbed"]))
     _, low, high, half = median_interval(counted) if counted else (None, None, None, None)
     merged.pop("median_ci_seconds", None)

@@ -85,37 +85,51 @@ def summary_table(cells: Any, specs: Sequence[BenchSpec]) -> str:
     Returns
     -------
     str
-        One row per cell: median and p95 per-image latency (us), the half-width of the
-        median's 95 % interval (%), peak memory (MB), status (``ok, imprecise`` for a cell
-        that missed its precision).
+        One row per cell: median per-image latency (us), energy per image (mJ, followed by
+        ``(emulated)`` for an emulated device's sensor; the column only when some cell
+        carries energy), the half-width of the median's 95 % interval (%), p95 latency
+        (us), peak memory (MB), status (``ok, imprecise`` for a cell that missed its
+        precision; ``energy: <flag>`` after it for a cell whose energy was flagged).
     """
     import pandas as pd
+
+    def present(value: Any) -> bool:
+        return value is not None and not bool(pd.isna(value))
 
     by_key = {}
     if len(cells):
         for row in cells.to_dict("records"):
             by_key[row["cell_key"]] = row
+    rows = [by_key.get(spec.cell_key()) for spec in specs]
+    energy = any(
+        row is not None and (present(row.get("energy_j_per_image")) or present(row.get("energy_flag"))) for row in rows
+    )
     header = (
-        f"{'device':<16} {'width':>6} {'batch':>5} {'backend':<7} "
-        f"{'median us':>10} {'+-%':>5} {'p95 us':>10} {'peak MB':>8}  status"
+        f"{'device':<16} {'width':>6} {'batch':>5} {'backend':<7} {'median us':>10} "
+        + (f"{'mJ/img':>19} " if energy else "")
+        + f"{'+-%':>5} {'p95 us':>10} {'peak MB':>8}  status"
     )
     lines = [header]
-    for spec in specs:
-        row = by_key.get(spec.cell_key())
+    for spec, row in zip(specs, rows, strict=True):
 
         def num(name: str, scale: float = 1.0, row: Mapping[str, Any] | None = row) -> str:
             value = None if row is None else row.get(name)
-            if value is None or bool(pd.isna(value)):
-                return "-"
-            return f"{float(value) / scale:.0f}"
+            return f"{float(value) / scale:.0f}" if value is not None and present(value) else "-"
 
         status = "not run" if row is None else str(row.get("status"))
         if row is not None and bool(row.get("imprecise")):
             status += ", imprecise"
         achieved = None if row is None else row.get("precision_achieved")
         precision = "-" if achieved is None or bool(pd.isna(achieved)) else f"{100 * float(achieved):.1f}"
+        joules = "-"
+        if row is not None and present(row.get("energy_j_per_image")):
+            emulated = present(row.get("energy_emulated")) and bool(row.get("energy_emulated"))
+            joules = f"{1e3 * float(row['energy_j_per_image']):.3g}" + (" (emulated)" if emulated else "")
+        if row is not None and present(row.get("energy_flag")):
+            status += f", energy: {row['energy_flag']}"
         lines.append(
-            f"{spec.device:<16} {spec.width:>6.2f} {spec.batch:>5} {spec.backend:<7} "
-            f"{num('median_us'):>10} {precision:>5} {num('p95_us'):>10} {num('peak_memory_bytes', 1e6):>8}  {status}"
+            f"{spec.device:<16} {spec.width:>6.2f} {spec.batch:>5} {spec.backend:<7} {num('median_us'):>10} "
+            + (f"{joules:>19} " if energy else "")
+            + f"{precision:>5} {num('p95_us'):>10} {num('peak_memory_bytes', 1e6):>8}  {status}"
         )
     return "\n".join(lines)

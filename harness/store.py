@@ -70,6 +70,16 @@ DEFAULT_DB = "fleetbench.db"
 #: Seconds a writer waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 30.0
 
+#: The energy columns of a cell row (schema v10), as `latest_cells` gives them.
+ENERGY_COLUMNS = (
+    "energy_j_per_image",
+    "energy_above_idle_j_per_image",
+    "energy_uncertainty_j_per_image",
+    "energy_sensor",
+    "energy_flag",
+    "energy_emulated",
+)
+
 _STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "robust_cv_low")
 
 
@@ -117,6 +127,21 @@ def _float_or_none(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def _energy_values(measurement: Measurement) -> dict[str, Any]:
+    """Return the energy columns of a cell: its reading's, NULL where not measured or not ok."""
+    energy = measurement.runner.energy if measurement.ok else None
+    if energy is None:
+        return {name: None for name in ENERGY_COLUMNS}
+    return {
+        "energy_j_per_image": energy.joules_per_image,
+        "energy_above_idle_j_per_image": energy.above_idle_per_image,
+        "energy_uncertainty_j_per_image": energy.uncertainty_per_image,
+        "energy_sensor": energy.sensor or None,
+        "energy_flag": energy.flag,
+        "energy_emulated": int(energy.emulated),
+    }
 
 
 def _loads_mapping(text: str | None) -> dict[str, Any]:
@@ -415,6 +440,7 @@ class ProfileStore:
             "stop_reason": measurement.stop_reason,
             "isolation": _dumps(dict(measurement.isolation)),
             "data": spec.data,
+            **_energy_values(measurement),
         }
         columns = ", ".join(values)
         marks = ", ".join(f":{name}" for name in values)
@@ -554,7 +580,13 @@ class ProfileStore:
             ``precision_achieved`` the runner's (NaN where unknown), ``imprecise`` and
             ``stop_reason`` its verdict; ``alone``, ``concurrent_with`` (comma-separated)
             and ``isolation_reason`` state how the cell was isolated (NA / empty for
-            cells stored before the isolation plan).
+            cells stored before the isolation plan). ``energy_j_per_image``,
+            ``energy_above_idle_j_per_image`` (above the device's idle draw over the same
+            seconds) and ``energy_uncertainty_j_per_image`` are joules per training example
+            (NaN where not measured or flagged); ``energy_sensor`` the sensor's kind,
+            ``energy_emulated`` whether it was an emulated device's, ``energy_flag`` why a
+            measured cell has no energy (``external-power``, ``sensor-slower-than-cell``,
+            ``power: <reason>``); all null for a cell measured without energy.
         """
         import pandas as pd
 
@@ -597,6 +629,7 @@ class ProfileStore:
                 "alone": m.isolation.get("alone") if m.isolation else None,
                 "concurrent_with": ",".join(m.isolation.get("concurrent_with") or ()) if m.isolation else "",
                 "isolation_reason": str(m.isolation.get("reason", "")) if m.isolation else "",
+                **{name: row[name] for name in ENERGY_COLUMNS},
             }
             if m.step_seconds:
                 record.update(summarize(m.step_seconds, m.spec.batch).as_dict())
@@ -631,6 +664,10 @@ class ProfileStore:
                 "finished_at": "float64",
                 "pass_mean_us": "float64",
                 "cpu_median_us": "float64",
+                "energy_j_per_image": "float64",
+                "energy_above_idle_j_per_image": "float64",
+                "energy_uncertainty_j_per_image": "float64",
+                "energy_emulated": "boolean",
                 **{name: "float64" for name in _STAT_COLUMNS},
             }
         )

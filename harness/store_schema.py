@@ -124,6 +124,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE cells RENAME COLUMN arch_widths TO arch_sizes;
     """,
+    # v10: a cell's energy per image (`harness.energy.EnergyReading`): joules, above the idle
+    # draw, their uncertainty, the sensor's kind, whether it was emulated, and its flag. A
+    # flagged cell keeps only energy_sensor, energy_emulated and energy_flag; a cell measured
+    # without energy, and every cell stored before, NULL throughout.
+    """
+    ALTER TABLE cells ADD COLUMN energy_j_per_image REAL;
+    ALTER TABLE cells ADD COLUMN energy_above_idle_j_per_image REAL;
+    ALTER TABLE cells ADD COLUMN energy_uncertainty_j_per_image REAL;
+    ALTER TABLE cells ADD COLUMN energy_sensor TEXT;
+    ALTER TABLE cells ADD COLUMN energy_flag TEXT;
+    ALTER TABLE cells ADD COLUMN energy_emulated INTEGER;
+    """,
 )
 
 #: The schema version this code writes.
@@ -163,6 +175,12 @@ CELL_COLUMNS: tuple[str, ...] = (
     "throttled",
     "matmul_gflops",
     "train_flops",
+    "energy_j_per_image",
+    "energy_above_idle_j_per_image",
+    "energy_uncertainty_j_per_image",
+    "energy_sensor",
+    "energy_flag",
+    "energy_emulated",
     "message",
     "arch_sizes",
     "threads",

@@ -249,6 +249,75 @@ def roofline_figure(roof: pd.DataFrame) -> Figure:
     return fig
 
 
+def _marked(frame: pd.DataFrame) -> pd.DataFrame:
+    """Return ``frame`` with its devices named ``device (emulated sensor)`` where its ``emulated`` column says so."""
+    names = [f"{d} ({e})" if e else str(d) for d, e in zip(frame["device"], frame["emulated"], strict=True)]
+    return frame.assign(device=names)
+
+
+@_styled
+def energy_figure(energy: pd.DataFrame) -> Figure:
+    """Energy per image against width per device, beside the latency of the same cells.
+
+    Parameters
+    ----------
+    energy : pandas.DataFrame
+        `reports.tables.energy_table` output with some finite ``energy_mj``.
+
+    Returns
+    -------
+    Figure
+        Two panels sharing the width axis: median latency per image (µs) and energy per
+        image (mJ, bars +- its uncertainty); an emulated device's sensor is named so.
+    """
+    measured = _marked(energy[np.isfinite(energy["energy_mj"].astype(float))])
+    fig = Figure(figsize=(9.6, 3.8), layout="constrained")
+    latency_ax, energy_ax = fig.subplots(1, 2, sharex=True)
+    colours = device_colours(list(measured["device"]))
+    _width_lines(latency_ax, measured, "median_us", colours)
+    latency_ax.set_ylim(bottom=0)
+    latency_ax.set_ylabel("training latency per image (µs)")
+    latency_ax.set_title("Latency vs width")
+    for label, key, g in _configs(measured, _CONFIG):
+        spread = g["uncertainty_mj"].astype(float).fillna(0.0)
+        energy_ax.errorbar(g["width"], g["energy_mj"], yerr=spread, capsize=3, label=label, **_style(key, colours))
+    _width_axis(energy_ax, measured["width"])
+    energy_ax.set_ylim(bottom=0)
+    energy_ax.set_ylabel("training energy per image (mJ)")
+    energy_ax.set_title("Energy vs width")
+    energy_ax.legend(loc="upper left")
+    return fig
+
+
+@_styled
+def energy_flops_figure(energy: pd.DataFrame) -> Figure:
+    """Energy per image against training FLOPs per image, one line per device.
+
+    Parameters
+    ----------
+    energy : pandas.DataFrame
+        `reports.tables.energy_table` output with some finite ``energy_mj`` and ``train_mflops``.
+
+    Returns
+    -------
+    Figure
+    """
+    usable = energy[np.isfinite(energy["energy_mj"].astype(float)) & np.isfinite(energy["train_mflops"].astype(float))]
+    measured = _marked(usable)
+    fig, ax = _figure()
+    colours = device_colours(list(measured["device"]))
+    for label, key, g in _configs(measured, _CONFIG):
+        g = g.sort_values("train_mflops")
+        ax.plot(g["train_mflops"], g["energy_mj"], label=label, **_style(key, colours))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("training MFLOPs per image")
+    ax.set_ylabel("training energy per image (mJ)")
+    ax.set_title("Energy vs training FLOPs")
+    ax.legend(loc="upper left")
+    return fig
+
+
 @_styled
 def prediction_figure(errors: pd.DataFrame) -> Figure:
     """Leave-one-width-out latency-model error per width (percent of measured).

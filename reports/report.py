@@ -329,6 +329,56 @@ def _roofline(roof: pd.DataFrame) -> Draft:
     )
 
 
+def _energy(energy: pd.DataFrame, without: Mapping[str, str]) -> Draft:
+    title = "Energy vs width"
+    intro = (
+        "Energy of a training step per image, read from each device's power sensor over the timed steps "
+        "(joules over the images they trained), beside the same cells' latency; above idle subtracts the "
+        "device's idle draw over the same seconds, measured just before the steps."
+    )
+    notes = [f"{device}: no energy ({why})." for device, why in without.items()]
+    measured = energy[np.isfinite(energy["energy_mj"].astype(float))] if not energy.empty else energy
+    if measured.empty:
+        notes.insert(0, "No measured cell carries energy: run `fleetbench profile` on devices with a power sensor.")
+        tables_ = (TableBlock("energy", "Cells whose energy was flagged.", energy),) if not energy.empty else ()
+        return Draft("energy", title, paragraphs=(intro,), tables=tables_, notes=tuple(notes))
+    emulated = sorted(set(measured.loc[measured["emulated"] != "", "device"]))
+    if emulated:
+        notes.append(
+            f"{_fmt_devices(emulated)}: {tables.EMULATED_SENSOR} (a driver writes watts modelled from the "
+            "device's cpu use), so their joules are a model's, not a device's."
+        )
+    figures = [
+        PendingFigure(
+            "energy_vs_width",
+            "Per-image training latency (left) and energy (right, bars ± the sensor's uncertainty) vs width.",
+            plots.energy_figure(energy),
+        )
+    ]
+    if np.isfinite(measured["train_mflops"].astype(float)).any():
+        figures.append(
+            PendingFigure(
+                "energy_vs_flops",
+                "Per-image training energy vs the width's training FLOPs per image.",
+                plots.energy_flops_figure(energy),
+            )
+        )
+    return Draft(
+        "energy",
+        title,
+        paragraphs=(intro,),
+        figures=tuple(figures),
+        tables=(
+            TableBlock(
+                "energy",
+                "Every cell with energy: mJ per image, above idle, the uncertainty, the sensor and its flag.",
+                energy,
+            ),
+        ),
+        notes=tuple(notes),
+    )
+
+
 def _prediction(errors: pd.DataFrame, summary: pd.DataFrame, by_width: pd.DataFrame) -> Draft:
     title = "Latency-model prediction error"
     intro = (
@@ -698,6 +748,7 @@ def build_sections(src: Sources, log_scale: bool = False) -> tuple[list[Draft], 
         _memory(latency),
         _speedup(tables.speedup_table(cells)),
         _roofline(tables.roofline_table(cells)),
+        _energy(tables.energy_table(cells), tables.devices_without_energy(cells)),
         _prediction(errors, tables.prediction_summary(errors), tables.prediction_by_width(errors)),
         _backends(tables.backend_pairs_table(cells), cells),
         _measurement(cells, tables.isolation_table(cells)),

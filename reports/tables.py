@@ -25,6 +25,16 @@ qemu-user, `devices.emulation.qemu`) was timed through binary translation: its l
 device's. Such cells stay in the per-cell latency table, marked ``emulated ISA`` in its
 ``isa`` column (and in the device table), and are left out of every comparison: the
 headline, the speed-up, roofline and ORT-vs-PyTorch tables (`native_cells`).
+
+Energy
+------
+A cell measured with a power sensor (`harness.energy.EnergyReading`) carries its joules per
+training example, above the device's idle draw over the same seconds, and their
+uncertainty (`energy_table`, in millijoules). A sensor written by an emulated device's
+driver draws a model's watts, not a device's: such cells are marked ``emulated sensor``.
+A flagged cell (external power, a sensor slower than the cell, a sensor that could not be
+read) has no number, only its flag; `devices_without_energy` names the devices none of
+whose measured cells has energy, and why.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ CONFIG = ["device", "model", "batch", "backend"]
 
 #: What the tables say on a cell timed under an instruction-set emulator.
 EMULATED_ISA = "emulated ISA"
+#: What the tables say on a cell whose energy came from an emulated device's sensor.
+EMULATED_SENSOR = "emulated sensor"
 
 _MIB = 1024.0 * 1024.0
 
@@ -200,6 +212,78 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     out["train_mflops"] = ok["train_flops"] / 1e6
     out["isa"] = [EMULATED_ISA if e else "" for e in is_emulated(ok)]
     return out[columns].reset_index(drop=True)
+
+
+def energy_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Energy per training example of every measured cell that carries energy, beside its latency.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows (failed cells and cells without energy columns
+        are dropped).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``device, model, batch, backend, width, median_us, energy_mj, above_idle_mj,
+        uncertainty_mj, train_mflops, sensor, emulated, flag``: millijoules per image
+        (NaN for a flagged cell), the sensor's kind, ``emulated sensor`` where the sensor
+        was an emulated device's, and the flag of a cell whose energy was not measured.
+        Empty when no cell carries energy.
+    """
+    columns = [
+        *CONFIG, "width", "median_us", "energy_mj", "above_idle_mj", "uncertainty_mj", "train_mflops", "sensor",
+        "emulated", "flag",
+    ]  # fmt: skip
+    ok = with_flops(ok_cells(cells))
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    joules = _floats(_column(ok, "energy_j_per_image", math.nan))
+    flags = _column(ok, "energy_flag", None)
+    carries = np.isfinite(joules) | flags.notna()
+    ok, joules, flags = ok[carries], joules[carries], flags[carries]
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    out = ok[[*CONFIG, "width", "median_us"]].copy()
+    out["energy_mj"] = 1e3 * joules
+    out["above_idle_mj"] = 1e3 * _floats(_column(ok, "energy_above_idle_j_per_image", math.nan))
+    out["uncertainty_mj"] = 1e3 * _floats(_column(ok, "energy_uncertainty_j_per_image", math.nan))
+    out["train_mflops"] = ok["train_flops"] / 1e6
+    out["sensor"] = _column(ok, "energy_sensor", "").fillna("").astype(str)
+    emulated = _column(ok, "energy_emulated", False).fillna(False).astype(bool)
+    out["emulated"] = [EMULATED_SENSOR if e else "" for e in emulated]
+    out["flag"] = flags.fillna("").astype(str)
+    return out[columns].reset_index(drop=True)
+
+
+def devices_without_energy(cells: pd.DataFrame) -> dict[str, str]:
+    """Name the devices none of whose measured cells has energy, and why.
+
+    Parameters
+    ----------
+    cells : pandas.DataFrame
+        `ProfileStore.latest_cells` rows.
+
+    Returns
+    -------
+    dict of str to str
+        Device -> ``"no power sensor"`` (no cell carries energy) or its cells' first flag,
+        in device order.
+    """
+    ok = ok_cells(cells)
+    if ok.empty:
+        return {}
+    joules = _floats(_column(ok, "energy_j_per_image", math.nan))
+    flags = _column(ok, "energy_flag", None)
+    out: dict[str, str] = {}
+    for device in sorted(set(ok["device"])):
+        mine = ok["device"] == device
+        if np.isfinite(joules[mine]).any():
+            continue
+        flagged = [str(f) for f in flags[mine] if isinstance(f, str) and f]
+        out[str(device)] = flagged[0] if flagged else "no power sensor"
+    return out
 
 
 def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,7 @@ Modules, one job each:
 ``runtimes``    importing numpy and the backends' runtimes the runner's way; flushing denormals
 ``probes``      readings of the device: cpu frequencies, thermal zones, memory, load, versions
 ``power``       the device's power sensors: finding them, reading them, the energy over a stretch of time
+``metering``    the energy of a mode's timed work: an idle window, the sensor read while the steps run
 ``artifacts``   an artifact set's manifest and files, and a random batch from its shapes
 ``backends``    the training backends (``ort``, ``onnx``, ``torch``) over one artifact set
 ``data``        shards and the batches ``bench`` and ``train`` step through

@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--backend", required=True, choices=BACKENDS)
     common.add_argument("--threads", type=int, required=True, help="intra-op threads")
     common.add_argument("--seed", type=int, default=0)
+    common.add_argument(
+        "--power-root", default=None, help="measure the timed steps' energy with the power sensors below this directory"
+    )
+    common.add_argument("--power-sensor", default=None, help="the kind of power sensor the device is expected to have")
     bench = sub.add_parser("bench", parents=[common], help="time training steps")
     bench.add_argument("--warmup", type=int, required=True, help="most warm-up steps")
     bench.add_argument("--steps", type=int, required=True, help="fewest timed samples")

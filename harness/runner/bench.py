@@ -15,6 +15,10 @@ Decisions:
   (float inputs standard normal, int64 inputs and labels uniform below the model's
   ``num_classes``), seeded by ``--seed``, bound once as ``OrtValue``s; nothing but the
   artifact set needs to be on the device.
+* energy (``--power-root``, `harness.runner.metering`): an idle window between the warm-up
+  and the timed steps (its seconds count against neither ``--max-seconds`` nor
+  ``timed_seconds``), the sensor read while the timed samples run, and steps past them
+  until the sensor's window spans its updates.
 * the matmul probe runs after the timed steps and the "after" readings: BLAS threads
   spin for a while after a matmul and slow the first steps that follow it.
 """
@@ -30,6 +34,7 @@ from .artifacts import load_manifest, random_batch
 from .backends import open_backend
 from .data import BatchFeed, cached, check_shard, load_shard, shard_batches
 from .failures import bad
+from .metering import open_meter
 from .probes import cpus_available, load_average, matmul_gflops, readings_after, readings_before
 from .protocol import new_bench_keys
 from .runtimes import import_numpy
@@ -90,22 +95,33 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
     passive = readings_before(result)
     result["loadavg"]["before"] = load_average()
     result["cpus_available"] = cpus_available()
+    meter = open_meter(getattr(args, "power_root", None), getattr(args, "power_sensor", None))
     clock = time.perf_counter
     start = clock()
     warm, settled = warm_up(step, clock, args.warmup, WARMUP_SHARE * args.max_seconds)
     result.update(warmup_steps=len(warm), warmup_seconds=warm, warmup_settled=settled)
+    idle = meter.idle() if meter is not None else 0.0
+    if meter is not None:
+        meter.start()
     sampled = sample_steps(
         step,
         clock,
         min_samples=args.steps,
         precision=args.precision,
-        max_seconds=max(0.0, args.max_seconds - (clock() - start)),
+        max_seconds=max(0.0, args.max_seconds - (clock() - start - idle)),
         sample_seconds=args.sample_seconds,
         loss_of=backend.loss_value,
         cpu_clock=time.process_time,
         judge_disturbed=args.threads == 1,
     )
-    result["timed_seconds"] = clock() - start
+    result["timed_seconds"] = clock() - start - idle
+    if meter is not None:
+        # The sensor's window spans at least its updates: steps go on (not as samples) within the cap.
+        extra = 0
+        while meter.short() and clock() - start - idle < args.max_seconds:
+            step()
+            extra += 1
+        result["energy"] = meter.finish((sum(sampled["steps_per_sample"]) + extra) * result["batch"])
     result["step_seconds"], result["loss"] = sampled["seconds"], sampled["loss"]
     result["cpu_step_seconds"] = sampled["cpu_seconds"]
     result["disturbed"] = [int(flag) for flag in sampled["disturbed"]]

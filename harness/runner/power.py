@@ -741,6 +741,69 @@ def read_energy(sensor: Sensor) -> dict:
     return out
 
 
+def read_once(sensor: Sensor) -> tuple:
+    """Read every rail of a sensor once, whatever its kind.
+
+    Parameters
+    ----------
+    sensor : Sensor
+
+    Returns
+    -------
+    values : dict
+        ``{rail: watts}`` for a power sensor (`read_power`), ``{rail: (joules, wrap)}`` for
+        a counter (`read_energy`): what `integrate` takes.
+    external_power : bool
+        A charger is connected (`PowerReading.external_power`).
+
+    Raises
+    ------
+    PowerError
+        As `read_power` and `read_energy`.
+    """
+    if sensor.counter:
+        return read_energy(sensor), False
+    reading = read_power(sensor)
+    return reading.watts, reading.external_power
+
+
+def missing_reason(root: str, kind: str, which=shutil.which) -> str:  # noqa: ANN001 - shutil.which or a stand-in
+    """Say why `discover` found no sensor of ``kind`` below ``root``.
+
+    Parameters
+    ----------
+    root : str
+    kind : str
+        One of `KINDS`: the sensor the device was expected to have.
+    which : callable
+        As for `discover`.
+
+    Returns
+    -------
+    str
+        ``vcgencmd``'s own failure (not installed, no ``pmic_read_adc``, no rails); a
+        battery without ``current_now`` named by its file; else which directory holds none.
+    """
+    if kind not in KINDS:
+        return f"unknown sensor kind {kind!r} (kinds: {', '.join(KINDS)})"
+    if kind == "pmic-adc":
+        try:
+            run_vcgencmd(which(VCGENCMD))
+        except PowerError as exc:
+            return str(exc)
+        return f"{VCGENCMD} {PMIC_ARGUMENT}: no rail with both a current and a voltage in its printout"
+    if kind == "power-supply":
+        directory = os.path.join(root, POWER_SUPPLY_DIR)
+        for name in _supplies(directory):
+            supply = os.path.join(directory, name)
+            if _optional(os.path.join(supply, "type")) == "Battery" or name == "battery":
+                current = os.path.join(supply, "current_now")
+                return f"{current}: missing (no current_now: this battery reports no current)"
+        return f"{directory}: no battery"
+    where = {"ina3221-hwmon": HWMON_GLOB, "ina3221-iio": IIO_GLOB, "rapl": POWERCAP_GLOB}[kind]
+    return f"{os.path.join(root, where)}: no {kind} sensor"
+
+
 def sample(
     sensor: Sensor,
     seconds: float,
@@ -786,17 +849,49 @@ def sample(
     start = clock()
     while True:
         now = clock()
-        if sensor.counter:
-            readings.append(read_energy(sensor))
-        else:
-            reading = read_power(sensor)
-            external = external or reading.external_power
-            readings.append(reading.watts)
+        values, on_external = read_once(sensor)
+        external = external or on_external
+        readings.append(values)
         times.append(now)
         if len(times) >= 2 and now - start >= seconds:
             break
         remaining = start + seconds - now
         sleep(min(interval, remaining) if remaining > 0 else interval)
+    return integrate(sensor, times, readings, chosen, interval, external)
+
+
+def integrate(
+    sensor: Sensor, times: list, readings: list, rails: tuple, interval: float, external: bool = False
+) -> EnergySample:
+    """Return the energy of a sensor's readings over their times (see the module's decisions).
+
+    Parameters
+    ----------
+    sensor : Sensor
+    times : list of float
+        Seconds of each reading, increasing; at least two.
+    readings : list of dict
+        Per reading: ``{rail: watts}`` (`PowerReading.watts`) for a power sensor,
+        ``{rail: (joules, wrap)}`` (`read_energy`) for a counter.
+    rails : tuple of str
+        The rails summed into ``joules``.
+    interval : float
+        Seconds between readings, as asked.
+    external : bool
+        Some reading was taken on external power.
+
+    Returns
+    -------
+    EnergySample
+
+    Raises
+    ------
+    PowerError
+        Fewer than two readings, or a counter that went back without a wrap-around range.
+    """
+    if len(times) < 2:
+        raise PowerError(f"{sensor.kind} {sensor.source}: {len(times)} reading(s); energy needs two")
+    chosen = tuple(rails)
     span = times[-1] - times[0]
     per_rail: dict = {}
     if sensor.counter:

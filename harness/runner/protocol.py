@@ -8,10 +8,10 @@ Command line::
     python3 runner.pyz bench --artifacts DIR --backend ort|onnx|torch --warmup W --steps N
                              --threads T [--seed S] [--sample-seconds S]
                              [--precision P] [--max-seconds M] [--data SHARD.npz]
-                             [--matmul-seconds S]
+                             [--matmul-seconds S] [--power-root DIR [--power-sensor KIND]]
     python3 runner.pyz train --artifacts DIR --backend ort|onnx|torch --params IN.npy
                              --data SHARD.npz --epochs E --lr LR --threads T --out OUT.npy
-                             [--batch B] [--seed S]
+                             [--batch B] [--seed S] [--power-root DIR [--power-sensor KIND]]
 
     python3 runner.pyz serve [--backend ort|onnx|torch] [--threads T] [--max-sessions N] [--cwd DIR]
 
@@ -62,6 +62,17 @@ stderr while the runner works). Keys::
     matmul_gflops      achievable float32 GFLOP/s of numpy at T threads (bench only; null in train
                        and with --matmul-seconds 0)
     versions           {"python", "numpy", "onnxruntime", "torch"} (null when not installed)
+    energy             bench and train (see `harness.runner.metering`): null without --power-root,
+                       or when no sensor was found below it and --power-sensor named none; else
+                       {"sensor": kind, "rails": [summed rails], "emulated": bool,
+                        "joules": J over the timed steps (train: the step loop),
+                        "idle_joules": J of an idle window of the same length just before them,
+                        "uncertainty_j": J (of joules), "seconds": s of the energy window,
+                        "images": examples trained in it, "external_power": bool,
+                        "flag": null | "external-power" | "sensor-slower-than-cell"
+                                | "power: <reason>" (joules, idle_joules, uncertainty_j null)}
+                       --power-sensor KIND: the kind the device's facts list; none of it
+                       found is flagged with the reason (no vcgencmd, no current_now, ...)
     train only:        epochs, lr, examples (examples trained on, all epochs), step_examples (the
                        examples of every step in step_seconds), num_parameters, out,
                        loop_seconds and loop_cpu_seconds: wall and CPU time of the whole step loop
@@ -84,7 +95,8 @@ Serve protocol (version `PROTOCOL_VERSION`; a native runner speaks the same)::
                 mode        "bench" | "train" | "ping" | "exit"
                 <option>    every command-line option of the mode, "-" spelled "_"
                             (artifacts, backend, warmup, steps, threads, seed,
-                            sample_seconds, params, data, epochs, lr, out, batch);
+                            sample_seconds, params, data, epochs, lr, out, batch,
+                            power_root, power_sensor);
                             threads and backend default to serve's own
                 train only, all optional:
                 params_inline  base64 of the little-endian float32 flat vector, instead
@@ -191,6 +203,7 @@ def new_result() -> dict:
         "thermal_c": {"before": {}, "after": {}},
         "throttled": False,
         "matmul_gflops": None,
+        "energy": None,
         "versions": {"python": platform.python_version(), "numpy": None, "onnxruntime": None, "torch": None},
     }
 

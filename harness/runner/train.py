@@ -15,6 +15,9 @@ Decisions:
   was exported and profiled with (``bench`` steps on batches of that size only).
   ``--out`` is written atomically at exactly the given path (``np.save``,
   ``allow_pickle=False``).
+* energy (``--power-root``, `harness.runner.metering`): an idle window after loading, then
+  the sensor read over the whole step loop; ``images`` is ``examples``. A round is never
+  lengthened for the sensor: one shorter than its updates is flagged.
 * a serving runner's request may train FjORD widths (``fjord``) or SyncDrop masks
   (``syncdrop``) and pass the parameters inline (`harness.runner.protocol`).
 """
@@ -34,6 +37,7 @@ from .artifacts import load_manifest, variable_batch
 from .backends import open_backend
 from .data import BatchFeed, cached, check_shard, epoch_orders, load_shard
 from .failures import bad, is_oom, is_out_of_space, out_of_space
+from .metering import open_meter
 from .probes import readings_after, readings_before
 from .runtimes import import_numpy
 
@@ -251,6 +255,10 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
     current = None if fjord is not None else 0
     result["load_seconds"] = clock() - started
     passive = readings_before(result)
+    meter = open_meter(getattr(args, "power_root", None), getattr(args, "power_sensor", None))
+    if meter is not None:
+        meter.idle()
+        meter.start()
     loop_started, loop_cpu_started = clock(), time.process_time()
     for epoch in range(args.epochs):
         order = next(orders)
@@ -290,6 +298,8 @@ def run_train(args: argparse.Namespace, result: dict) -> None:
             picks.append(current)
             sizes.append(len(rows))
     result["loop_cpu_seconds"], result["loop_seconds"] = time.process_time() - loop_cpu_started, clock() - loop_started
+    if meter is not None:
+        result["energy"] = meter.finish(sum(sizes))
     readings_after(result, passive)
     start = clock()
     switch(current, None)

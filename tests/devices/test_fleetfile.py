@@ -100,6 +100,14 @@ def test_emulated_fleet_is_fast_mid_slow_and_a_phone(monkeypatch: pytest.MonkeyP
         assert not device.trust_on_first_use
         assert device.workdir == str(state / device.name / "work")
         assert device.python == (sys.executable if device.name != "fresh" else "/usr/bin/python3")
+    # fast, mid and slow carry an emulated power sensor each, in a real format of their own
+    powers = {d.name: d.emulate.power for d in ssh if d.emulate}
+    assert powers == {
+        "fast": EmulatedPower("ina3221-hwmon", 2.0, 3.0), "mid": EmulatedPower("rapl", 2.7, 1.6),
+        "slow": EmulatedPower("power-supply", 1.4, 1.2), "fresh": None,
+    }  # fmt: skip
+    for device in ssh:
+        assert device.power_root == (str(state / device.name / "power") if powers[device.name] else "/")
     phone = fleet.device("phone")
     assert (phone.kind, phone.serial, phone.workdir) == ("adb", "127.0.0.1:25555", ADB_WORKDIR)
     assert phone.python == "python3"  # its shell finds none: it runs from a pushed runtime bundle

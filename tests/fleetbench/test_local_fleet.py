@@ -46,11 +46,16 @@ def test_pins_this_machine_lacks_are_left_out(tmp_path: Path, monkeypatch: pytes
 
 
 def _medians(out: str) -> dict[str, float]:
-    """Median µs per image by device, from the table ``fleetbench profile`` prints."""
+    """Median µs per image by device, from the table ``fleetbench profile`` prints.
+
+    The status follows the peak memory: at word 8, or 10 when the devices' emulated power sensors
+    add the energy column (``1.23 (emulated)``) after the median.
+    """
     medians = {}
     for line in out.splitlines():
         words = line.split()
-        if words and words[0] in NAMES and len(words) > 8 and words[8].rstrip(",") == "ok":  # "ok" or "ok, imprecise"
+        status = 10 if "(emulated)" in words else 8
+        if words and words[0] in NAMES and len(words) > status and words[status].rstrip(",") == "ok":  # "ok, imprecise"
             medians[words[0]] = float(words[4])
     return medians
 

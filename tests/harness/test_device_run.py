@@ -39,6 +39,26 @@ def test_only_devices_a_cpu_quota_throttles_time_blocks_of_steps() -> None:
     assert seconds(Device("d", "local")) == 0.0
 
 
+def test_a_device_with_a_power_sensor_measures_each_pass_s_energy() -> None:
+    from devices.fleet import EmulatedPower
+    from harness.device_run import DeviceWork
+    from harness.records import BenchSpec
+
+    spec = BenchSpec("d", MODEL, 0.5, (8, 16), BATCH, "ort", 1, WARMUP, STEPS)
+
+    def options(device: Device, facts: dict[str, Any] | None) -> dict[str, Any]:
+        run = DeviceRun(DeviceWork(device, (spec,)), None)  # type: ignore[arg-type] - no campaign is reached
+        run.facts = facts
+        return run._pass_options(spec, 4)
+
+    power = Emulation(power=EmulatedPower("rapl", 2.0, 1.0))
+    emulated = options(Device("e", "local", emulate=power, power_root="/st/e/power"), {"power": []})
+    assert (emulated["power_root"], "power_sensor" in emulated) == ("/st/e/power", False)
+    board = options(Device("b", "ssh", host="b"), {"power": [{"kind": "ina3221-hwmon", "rails": ["VDD_IN"]}]})
+    assert (board["power_root"], board["power_sensor"]) == ("/", "ina3221-hwmon")
+    assert "power_root" not in options(Device("p", "ssh", host="p"), {"power": []})
+
+
 @pytest.mark.parametrize(
     ("script", "status"),
     [

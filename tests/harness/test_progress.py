@@ -41,3 +41,20 @@ def test_the_summary_table_has_a_row_per_planned_cell() -> None:
                               "status"]  # fmt: skip
     assert measured.split() == ["d", "0.50", "4", "ort", "812", "3.4", "900", "80", "ok,", "imprecise"]
     assert missing.split() == ["d", "1.00", "4", "ort", "-", "-", "-", "-", "not", "run"]
+
+
+def test_the_summary_table_prints_energy_per_image_beside_latency() -> None:
+    specs = plan_cells([Device("d", "local")], MODEL, [0.25, 0.5, 1.0], [BATCH], ["ort"], 6, 20)
+    cells = pd.DataFrame(
+        [{"cell_key": specs[0].cell_key(), "status": "ok", "median_us": 812.4, "p95_us": 900.0,
+          "peak_memory_bytes": 80e6, "energy_j_per_image": 0.00123, "energy_emulated": True, "energy_flag": None},
+         {"cell_key": specs[1].cell_key(), "status": "ok", "median_us": 1500.0, "p95_us": 1600.0,
+          "peak_memory_bytes": 90e6, "energy_j_per_image": float("nan"), "energy_emulated": None,
+          "energy_flag": "external-power"}]
+    )  # fmt: skip
+    header, emulated, flagged, missing = summary_table(cells, specs).splitlines()
+    assert header.split()[4:8] == ["median", "us", "mJ/img", "+-%"]
+    assert emulated.split() == ["d", "0.25", "4", "ort", "812", "1.23", "(emulated)", "-", "900", "80", "ok"]
+    assert flagged.split() == ["d", "0.50", "4", "ort", "1500", "-", "-", "1600", "90", "ok,", "energy:",
+                               "external-power"]  # fmt: skip
+    assert missing.split()[4:6] == ["-", "-"]

@@ -264,6 +264,40 @@ def test_emulated_isa_travels_from_the_facts_snapshot_to_the_cells(db: Path) -> 
     assert not rebuilt["pi4"].emulated_isa and not rebuilt["board"].emulated_isa
 
 
+def test_energy_columns_round_trip_and_stay_null_where_flagged(db: Path) -> None:
+    measured = {"sensor": "rapl", "rails": ["package-0"], "emulated": True, "joules": 2.0, "idle_joules": 0.5,
+                "uncertainty_j": 0.04, "seconds": 1.0, "images": 40, "external_power": False, "flag": None}  # fmt: skip
+    missing = "power: /sys/class/power_supply/battery/current_now: missing"
+    flagged = {**measured, "joules": None, "idle_joules": None, "uncertainty_j": None, "emulated": False,
+               "sensor": "power-supply", "flag": missing}  # fmt: skip
+    with ProfileStore(db) as store:
+        cid = store.start_campaign()
+        store.record(cid, measurement(spec("fast"), runner={"mode": "bench", "energy": measured}))
+        store.record(cid, measurement(spec("phone"), runner={"mode": "bench", "energy": flagged}))
+        store.record(cid, measurement(spec("plain")))
+        with store.transaction() as conn:
+            stored = conn.execute(
+                "SELECT device, energy_j_per_image, energy_above_idle_j_per_image, energy_uncertainty_j_per_image, "
+                "energy_sensor, energy_flag, energy_emulated FROM cells ORDER BY id"
+            ).fetchall()
+    assert stored == [
+        ("fast", 0.05, 0.0375, 0.001, "rapl", None, 1),
+        ("phone", None, None, None, "power-supply", flagged["flag"], 0),
+        ("plain", None, None, None, None, None, None),
+    ]
+    with ProfileStore(db) as store:
+        table = store.latest_cells().set_index("device")
+        [fast, phone, plain] = store.measurements()
+    assert table.loc["fast", "energy_j_per_image"] == pytest.approx(0.05)
+    assert table.loc["fast", "energy_above_idle_j_per_image"] == pytest.approx(0.0375)
+    assert table.loc["fast", "energy_uncertainty_j_per_image"] == pytest.approx(0.001)
+    assert (table.loc["fast", "energy_sensor"], bool(table.loc["fast", "energy_emulated"])) == ("rapl", True)
+    assert math.isnan(table.loc["phone", "energy_j_per_image"]) and table.loc["phone", "energy_flag"] == flagged["flag"]
+    assert math.isnan(table.loc["plain", "energy_j_per_image"]) and pd.isna(table.loc["plain", "energy_emulated"])
+    assert fast.runner.energy is not None and fast.runner.energy.joules_per_image == pytest.approx(0.05)
+    assert plain.runner.energy is None
+
+
 def test_empty_store_has_the_columns(db: Path) -> None:
     with ProfileStore(db) as store:
         table = store.latest_cells()
@@ -400,6 +434,7 @@ def test_migrates_a_v1_file_to_the_current_version(db: Path) -> None:
         assert (old.precision_achieved, old.imprecise, old.stop_reason, dict(old.isolation)) == (None, False, None, {})
         assert store.measured_keys() == {spec().cell_key()}
         assert store.latest_cells().loc[0, "median_us"] == pytest.approx(0.04 / 20 * 1e6)
+        assert math.isnan(store.latest_cells().loc[0, "energy_j_per_image"])  # stored before energy: NULL
         store.record(1, measurement(spec("pi3")))
     with ProfileStore(db) as store:  # reopening applies nothing twice
         assert store.schema_version == SCHEMA_VERSION

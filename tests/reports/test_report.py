@@ -204,6 +204,47 @@ def test_emulated_isa_device_is_marked_on_the_page_and_left_out_of_comparisons(t
     assert "pi: emulated ISA (an instruction-set emulator" in path.read_text()
 
 
+def test_energy_is_charted_against_width_beside_latency_and_against_flops(tmp_path: Path) -> None:
+    import dataclasses
+
+    from harness.document import parse_document
+    from tests.reports.fixtures import FLOPS, ok_measurement
+
+    db = tmp_path / "e.db"
+    with ProfileStore(db) as store:
+        cid = store.start_campaign(fleet="emulated.yaml", model="cnn")
+        for w in WIDTHS:
+            store.record(cid, ok_measurement("pi4", "ort", w))
+            base = ok_measurement("jetson", "ort", w)
+            energy = {
+                "sensor": "ina3221-hwmon", "rails": ["VDD_IN"], "emulated": True, "joules": 2.0 * w,
+                "idle_joules": 0.5 * w, "uncertainty_j": 0.01, "seconds": 1.0, "images": 100,
+                "external_power": False, "flag": None,
+            }  # fmt: skip
+            runner = parse_document({"mode": "bench", "counts": {"train_flops": FLOPS[w]}, "energy": energy})
+            store.record(cid, dataclasses.replace(base, runner=runner))
+            phone = ok_measurement("pi4", "ort", w)
+            flagged = {**energy, "sensor": "power-supply", "joules": None, "idle_joules": None, "uncertainty_j": None,
+                       "emulated": False, "flag": "external-power"}  # fmt: skip
+            runner = parse_document({"mode": "bench", "energy": flagged})
+            store.record(cid, dataclasses.replace(phone, spec=dataclasses.replace(phone.spec, device="phone"),
+                                                  runner=runner))  # fmt: skip
+    path, _ = write_report(load_sources(db), tmp_path / "out", now=NOW)
+    out = path.parent
+    assert {"energy_vs_width", "energy_vs_flops"} <= {p.stem for p in out.glob("*.png")}
+    page = read_page(path.read_text())
+    rows = table_dicts(page, "energy")
+    jetson = [r for r in rows if r["device"] == "jetson"]
+    assert len(jetson) == len(WIDTHS) and {r["emulated"] for r in jetson} == {"emulated sensor"}
+    assert [r["flag"] for r in rows if r["device"] == "phone"] == ["external-power"] * len(WIDTHS)
+    csv = pd.read_csv(out / "energy.csv")
+    widest = csv[(csv["device"] == "jetson") & (csv["width"] == 1.0)].iloc[0]
+    assert widest["energy_mj"] == pytest.approx(20.0) and widest["above_idle_mj"] == pytest.approx(15.0)
+    text = path.read_text()
+    assert "pi4: no energy (no power sensor)" in text and "phone: no energy (external-power)" in text
+    assert "jetson: emulated sensor" in text
+
+
 def clock_only_store(path: Path, clients: int) -> None:
     """A real clock-only population run: fast devices 10 ms a step, slow ones 100 ms, a 1.5 s deadline."""
     from fl.population import VirtualClock, draw_population
