@@ -616,6 +616,7 @@ class DevicesExecutor(ClosingExecutor):
                 backend=self.backend_of(device), params=remote_in, data=remote_shard, out=remote_out,
                 epochs=epochs, lr=lr, threads=self.threads_of(device), seed=seed,
             )  # fmt: skip
+            options.update(power_options(device))
             if self.resident:
                 resident = self._resident_runner(transport, device, runner, workdir)
                 try:
@@ -690,7 +691,7 @@ class DevicesExecutor(ClosingExecutor):
             metrics.update(fjord_metrics(doc))
         if job.syncdrop is not None:
             metrics.update(syncdrop_metrics(self.model, doc, int(job.manifest["batch"]), job.syncdrop))
-        metrics.update(energy_metrics(getattr(doc, "energy", None), doc.examples))
+        metrics.update(energy_metrics(doc.energy, doc.examples))
         emu = job.device.emulate
         if emu is not None:
             for key, nbytes in (("download_modelled_s", in_bytes), ("upload_modelled_s", out_bytes)):
@@ -897,6 +898,29 @@ class EnergyReadingLike(Protocol):
     def emulated(self) -> bool:
         """Whether the sensor was emulated."""
         ...
+
+
+def power_options(device: Device) -> dict[str, str]:
+    """Return the runner's power options for a client round on ``device``.
+
+    A device with an emulated sensor names its kind (a missing one is then a flagged
+    reading); any other device gets its power root only, so the runner measures with the
+    sensor it finds there (a Jetson's INA3221, a Pi 5's PMIC, a phone's battery, RAPL) and
+    reports no energy where there is none.
+
+    Parameters
+    ----------
+    device : devices.fleet.Device
+
+    Returns
+    -------
+    dict
+        ``power_root`` and, for an emulated sensor, ``power_sensor``.
+    """
+    from harness import contract
+
+    emulated = device.emulate is not None and device.emulate.power is not None
+    return contract.power_options(device.power_root, None, emulated) or {"power_root": device.power_root}
 
 
 def energy_metrics(reading: EnergyReadingLike | None, images: int | None) -> dict[str, float]:

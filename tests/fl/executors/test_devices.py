@@ -101,6 +101,34 @@ def test_a_second_round_pushes_only_parameters(tmp_path: Path) -> None:
     assert any(not np.array_equal(second[0].parameters[k], first[0].parameters[k]) for k in first[0].parameters)
 
 
+def test_a_client_round_on_a_device_with_a_power_sensor_logs_its_measured_energy(tmp_path: Path) -> None:
+    from tests.harness.test_runner_energy import hwmon
+
+    model = get_model("fjord-cnn")
+    g = _global("fjord-cnn")
+    root = hwmon(tmp_path / "power", interval_ms=1)  # VDD_IN: 5 V x 1 A, updated every millisecond
+    metered = Device("metered", "local", workdir=str(tmp_path / "device"), python=PY, power_root=str(root))
+    bare = Device("bare", "local", workdir=str(tmp_path / "bare"), python=PY, power_root=str(tmp_path / "none"))
+    executor = DevicesExecutor(
+        model, {"c0": metered, "c1": bare}, artifacts_dir=tmp_path / "a", work_dir=tmp_path / "w", batch=20,
+        connect=connect,
+    )  # fmt: skip
+    sub = model.static(0.25)
+    instructions = {cid: TrainIns(cid, sub, model.extract(g, sub), {"lr": 0.1}) for cid in ("c0", "c1")}
+    try:
+        results, failures = executor.run(instructions, {"c0": _shard(400, 0), "c1": _shard(40, 1)})
+    finally:
+        executor.close()
+    assert not failures
+    by_cid = {r.cid: r for r in results}
+    energy = by_cid["c0"].metrics["energy_j"]
+    # a constant 5 W over the round's metered steps, which the step loop's wall time holds
+    assert 0 < energy <= 5.0 * by_cid["c0"].metrics["loop_seconds"] * 1.05
+    assert energy >= 5.0 * by_cid["c0"].metrics["step_seconds"] * 0.5
+    assert by_cid["c0"].metrics["energy_emulated"] == 0.0
+    assert "energy_j" not in by_cid["c1"].metrics  # no sensor below its power root: no energy, and no failure
+
+
 def test_an_unknown_local_trainer_and_fjord_kd_are_refused_not_dropped(tmp_path: Path) -> None:
     model = get_model("fjord-cnn")
     device = Device("loc", "local", workdir=str(tmp_path / "device"), python=PY)
