@@ -527,6 +527,22 @@ def _devices(devices: pd.DataFrame, failures: pd.DataFrame) -> Draft:
     return Draft("devices", title, tables=tuple(blocks), notes=tuple(notes))
 
 
+def _energy_note(clients: pd.DataFrame) -> str:
+    """Say how a run's measured energy per client round compares with the predicted one."""
+    both = clients[np.isfinite(clients["measured_j"]) & np.isfinite(clients["predicted_j"])]
+    if both.empty:
+        return (
+            "Energy per client round is predicted from the profiles; no round was measured (no sensor, or the "
+            "sensor updates slower than the round's steps last)."
+        )
+    error = ((both["predicted_j"] - both["measured_j"]).abs() / both["measured_j"]).median()
+    emulated = " (emulated sensors)" if (both["sensor"] == "emulated").all() else ""
+    return (
+        f"Energy: over {len(both)} client rounds measured{emulated}, |predicted - measured| / measured is "
+        f"{error:.1%} in the median."
+    )
+
+
 def _fl(src: Sources) -> list[Draft]:
     title = "Federated learning runs"
     if src.fl_runs.empty or src.fl_rounds.empty:
@@ -550,6 +566,7 @@ def _fl(src: Sources) -> list[Draft]:
     straggler_rounds = tables.fl_straggler_table(src.fl_rounds, src.fl_client_rounds)
     feddrop = tables.fl_feddrop_time_table(src.fl_client_rounds)
     planned = tables.fl_plan_table(src.fl_plans, src.fl_client_rounds)
+    client_energy, fleet_energy = tables.fl_energy_tables(src.fl_rounds, src.fl_client_rounds)
     for _, run in src.fl_runs.iterrows():
         rid = int(run["id"])
         key = f"fl-run-{rid}"
@@ -631,6 +648,19 @@ def _fl(src: Sources) -> list[Draft]:
                     "The plan against what happened, per plan revision and device: planned width and round, the "
                     "width trained and the measured round (medians over its rounds under that revision).",
                     pl,
+                )
+            )
+        ce = client_energy[client_energy["run_id"] == rid]
+        if not ce.empty:
+            fe = fleet_energy[fleet_energy["run_id"] == rid]
+            extra.append(_energy_note(ce))
+            blocks.append(TableBlock(f"fl_run{rid}_energy_rounds", "Energy per fleet round (sums of its clients).", fe))
+            blocks.append(
+                TableBlock(
+                    f"fl_run{rid}_energy_clients",
+                    "Energy per client round: predicted (the profile's energy per image at the width trained x the "
+                    "images trained) and measured by the device's power sensor over the round's steps.",
+                    ce,
                 )
             )
         fd = feddrop[feddrop["run_id"] == rid] if not feddrop.empty else feddrop

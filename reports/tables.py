@@ -963,6 +963,48 @@ def fl_virtual_table(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> pd.Da
     return out[columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True)
 
 
+def fl_energy_tables(rounds: pd.DataFrame, client_rounds: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Energy of each client round and of each fleet round: predicted from the profiles, measured by sensors.
+
+    Parameters
+    ----------
+    rounds : pandas.DataFrame
+        ``fl_rounds`` rows.
+    client_rounds : pandas.DataFrame
+        ``fl_client_rounds`` rows.
+
+    Returns
+    -------
+    clients : pandas.DataFrame
+        ``run_id, round, cid, device, status, predicted_j, measured_j, sensor`` for every client
+        round with a predicted or a measured energy (``sensor``: "emulated", "measured" or "-").
+    fleet : pandas.DataFrame
+        ``run_id, round, predicted_j, measured_j``: the sums over each round's client rounds
+        (``fl_rounds``' own sums). Both are empty for a store that predates energy or a run without any.
+    """
+    client_columns = ["run_id", "round", "cid", "device", "status", "predicted_j", "measured_j", "sensor"]
+    fleet_columns = ["run_id", "round", "predicted_j", "measured_j"]
+    if "predicted_energy_j" not in client_rounds or "predicted_energy_j" not in rounds:
+        return pd.DataFrame(columns=client_columns), pd.DataFrame(columns=fleet_columns)
+    clients = client_rounds[["run_id", "round", "cid", "device", "status"]].copy()
+    clients["predicted_j"] = _floats(client_rounds["predicted_energy_j"])
+    clients["measured_j"] = _floats(client_rounds["measured_energy_j"])
+    emulated = client_rounds["energy_emulated"]
+    clients["sensor"] = [
+        "-" if not np.isfinite(m) else "emulated" if e else "measured"
+        for m, e in zip(clients["measured_j"], emulated, strict=True)
+    ]
+    clients = clients[np.isfinite(clients["predicted_j"]) | np.isfinite(clients["measured_j"])]
+    fleet = rounds[["run_id", "round"]].copy()
+    fleet["predicted_j"] = _floats(rounds["predicted_energy_j"])
+    fleet["measured_j"] = _floats(rounds["measured_energy_j"])
+    fleet = fleet[np.isfinite(fleet["predicted_j"]) | np.isfinite(fleet["measured_j"])]
+    return (
+        clients[client_columns].sort_values(["run_id", "round", "cid"]).reset_index(drop=True),
+        fleet[fleet_columns].sort_values(["run_id", "round"]).reset_index(drop=True),
+    )
+
+
 def fl_tier_table(client_rounds: pd.DataFrame) -> pd.DataFrame:
     """Tier membership: how many clients each tier held per round.
 

@@ -311,6 +311,41 @@ def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks
     assert set(shown) == {"pi4", "jetson"}
 
 
+def test_an_fl_run_shows_its_energy_per_client_round_and_per_fleet_round(tmp_path: Path) -> None:
+    import html
+    import json
+
+    from fl.runlog import FL_MIGRATIONS
+
+    db = build_store(tmp_path / "s.db", fl=False)
+    with ProfileStore(db) as store:
+        store.ensure_schema("fl", FL_MIGRATIONS)
+        with store.transaction() as conn:
+            run_id = conn.execute(
+                "INSERT INTO fl_runs (started_at, finished_at, strategy, model, dataset, executor, seed, rounds, "
+                "status) VALUES (1, 2, 'heterofl', 'fjord-cnn', 'mnist5k', 'devices', 0, 1, 'finished')"
+            ).lastrowid
+            conn.execute(
+                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, evaluation, "
+                "predicted_energy_j, measured_energy_j) VALUES (?, 0, 1, 2, 1.0, ?, 1.5, 1.4)",
+                (run_id, json.dumps({"1.0": {"loss": 1.0, "accuracy": 0.5}})),
+            )
+            for device, predicted, measured in (("pi5", 1.0, 0.8), ("jetson", 0.5, 0.6)):
+                conn.execute(
+                    "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, tier, straggler, status, "
+                    "compute_seconds, download_seconds, upload_seconds, metrics, predicted_energy_j, "
+                    "measured_energy_j, energy_emulated) VALUES (?, 0, ?, ?, 1.0, 0, 0, 'ok', 1, 0, 0, '{}', ?, ?, 1)",
+                    (run_id, device, device, predicted, measured),
+                )
+    path, _ = write_report(load_sources(db), tmp_path / "out", now=NOW)
+    page = read_page(path.read_text())
+    clients = {r["device"]: r for r in table_dicts(page, f"fl_run{run_id}_energy_clients")}
+    assert set(clients) == {"pi5", "jetson"} and {r["sensor"] for r in clients.values()} == {"emulated"}
+    assert [r["measured_j"] for r in table_dicts(page, f"fl_run{run_id}_energy_rounds")] == ["1.4"]
+    # |1.0 - 0.8| / 0.8 = 25 %, |0.5 - 0.6| / 0.6 = 16.7 %: the median of two is their mean
+    assert "is 20.8% in the median" in html.unescape(path.read_text())
+
+
 def test_a_users_model_is_listed_with_its_source_and_definition_hash(tmp_path: Path) -> None:
     from harness.records import ModelRecord
 

@@ -321,6 +321,28 @@ def test_fl_virtual_table_places_client_rounds_on_the_run_clock() -> None:
     assert tables.fl_virtual_table(rounds.drop(columns="virtual_seconds"), clients).empty
 
 
+def test_fl_energy_tables_give_each_client_round_and_each_fleet_round() -> None:
+    rounds = pd.DataFrame(
+        {"run_id": [1, 1, 2], "round": [0, 1, 0], "predicted_energy_j": [3.0, 2.5, None],
+         "measured_energy_j": [2.8, None, None]}
+    )  # fmt: skip
+    clients = pd.DataFrame(
+        {
+            "run_id": [1, 1, 1, 2], "round": [0, 0, 1, 0], "cid": ["c1", "c0", "c0", "c0"],
+            "device": ["b", "a", "a", "a"], "status": ["ok"] * 4, "predicted_energy_j": [1.0, 2.0, 2.5, None],
+            "measured_energy_j": [0.8, 2.0, None, None], "energy_emulated": [1, 0, None, None],
+        }
+    )  # fmt: skip
+    per_client, per_round = tables.fl_energy_tables(rounds, clients)
+    assert list(zip(per_client["round"], per_client["cid"], strict=True)) == [(0, "c0"), (0, "c1"), (1, "c0")]
+    assert list(per_client["sensor"]) == ["measured", "emulated", "-"]
+    assert list(per_client["predicted_j"]) == [2.0, 1.0, 2.5]
+    assert list(per_round["round"]) == [0, 1] and set(per_round["run_id"]) == {1}  # run 2 has no energy
+    assert per_round["measured_j"].iloc[0] == 2.8 and math.isnan(per_round["measured_j"].iloc[1])
+    old_store = tables.fl_energy_tables(rounds.drop(columns="predicted_energy_j"), clients)
+    assert old_store[0].empty and old_store[1].empty
+
+
 def test_predicted_against_measured_client_rounds_per_device() -> None:
     import math
 
