@@ -1,5 +1,7 @@
 """The energy of a mode's timed work: an idle window, then the sensor read in a thread while the steps run.
 
+Also the energy of any stretch of readings (`integrate`, `sample`).
+
 Standard library only. ``--power-root DIR`` asks for it (the host passes the device's
 power root, `harness.runner.power`); ``--power-sensor KIND`` names the kind of sensor the
 device's facts listed, so that one gone missing is said, not silently skipped. Without
@@ -26,6 +28,12 @@ Decisions:
   before they end (the precision rule stops them). ``idle_joules`` is the idle window's
   mean power times the timed window's seconds: the energy an idle window of the same
   length would hold.
+* energy from power is the trapezoid integral of the readings; its uncertainty joins
+  the standard error of the mean power (over the readings that are independent: one
+  per sensor update interval at most) and half a resolution step per rail summed,
+  times the duration. Energy from counters is the sum of the differences of consecutive
+  readings (a wrap adds the counter's range); its uncertainty is one count per rail at
+  each end.
 * a battery on external power is flagged ``external-power``, its joules kept but never
   passed off as the device's draw (the host stores none).
 * a sensor that cannot be read never fails the run: ``flag`` holds ``power: <reason>``
@@ -34,10 +42,12 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import threading
 import time
+from dataclasses import dataclass, field
 
 from . import power
 
@@ -52,6 +62,226 @@ IDLE_WINDOW_S = 0.5
 #: The flags of an energy object besides a reading's failure.
 EXTERNAL_POWER = "external-power"
 SENSOR_SLOWER = "sensor-slower-than-cell"
+
+
+@dataclass(frozen=True)
+class EnergySample:
+    """The energy a sensor saw over a stretch of time (`sample`).
+
+    Attributes
+    ----------
+    kind : str
+        The sensor's kind.
+    rails : tuple of str
+        The rails summed into ``joules``.
+    joules : float
+    uncertainty_j : float
+        See the module's decisions.
+    seconds : float
+        From the first reading to the last.
+    readings : int
+    per_rail_j : dict of str to float
+        Every rail's energy.
+    external_power : bool
+        Some reading was taken on external power: ``joules`` is not the device's draw.
+    emulated : bool
+        The sensor is an emulated device's (`Sensor.emulated`): ``joules`` is a model's.
+    """
+
+    kind: str
+    rails: tuple
+    joules: float
+    uncertainty_j: float
+    seconds: float
+    readings: int
+    per_rail_j: dict = field(default_factory=dict)
+    external_power: bool = False
+    emulated: bool = False
+
+
+# ---------------------------------------------------------------------------- pure parsers
+
+
+def counter_delta(before: float, after: float, wrap: float | None) -> float:
+    """Return the energy between two readings of a counter that wraps to 0 at ``wrap``.
+
+    Parameters
+    ----------
+    before, after : float
+        Counter values (J).
+    wrap : float or None
+        Where the counter wraps (``max_energy_range_uj`` in J); None: it never does.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    power.PowerError
+        The counter went back and no range says it wraps.
+    """
+    if after >= before:
+        return after - before
+    if not wrap:
+        raise power.PowerError(f"counter went back from {before} to {after} J and has no wrap-around range")
+    return wrap - before + after
+
+
+def trapezoid_j(times: list, watts: list) -> float:
+    """Return the trapezoid integral of power readings over their times.
+
+    Parameters
+    ----------
+    times : list of float
+        Seconds, increasing.
+    watts : list of float
+
+    Returns
+    -------
+    float
+        Joules.
+    """
+    return sum((t1 - t0) * (w0 + w1) / 2.0 for t0, t1, w0, w1 in zip(times, times[1:], watts, watts[1:]))  # noqa: B905 - zip(strict=) needs Python 3.10
+
+
+def power_uncertainty_j(watts: list, seconds: float, interval: float, sensor: power.Sensor, rails: int) -> float:
+    """Return the uncertainty of energy integrated from power readings (see the module's decisions).
+
+    Parameters
+    ----------
+    watts : list of float
+        The summed readings.
+    seconds : float
+        Their span.
+    interval : float
+        Seconds between readings.
+    sensor : power.Sensor
+        For its resolution and update interval.
+    rails : int
+        How many rails were summed.
+
+    Returns
+    -------
+    float
+        Joules.
+    """
+    n = len(watts)
+    if n < 2 or seconds <= 0:
+        return 0.0
+    mean = sum(watts) / n
+    spread = math.sqrt(sum((w - mean) ** 2 for w in watts) / (n - 1))
+    step = max(interval, sensor.update_interval_s or 0.0)
+    independent = max(1.0, min(float(n), seconds / step if step > 0 else float(n)))
+    quantisation = sensor.resolution * rails / 2.0
+    return seconds * math.sqrt((spread / math.sqrt(independent)) ** 2 + quantisation**2)
+
+
+def sample(
+    sensor: power.Sensor,
+    seconds: float,
+    interval: float,
+    rails: tuple | None = None,
+    clock=time.monotonic,  # noqa: ANN001 - injectable for tests
+    sleep=time.sleep,  # noqa: ANN001
+) -> EnergySample:
+    """Measure the energy a sensor sees over ``seconds``, reading it every ``interval``.
+
+    Power sensors are integrated over time (`trapezoid_j`); counters are differenced
+    reading to reading, so a wrap between two readings is counted once (`counter_delta`).
+
+    Parameters
+    ----------
+    sensor : power.Sensor
+    seconds : float
+        How long to sample (at least two readings are taken).
+    interval : float
+        Seconds between readings (> 0).
+    rails : tuple of str, optional
+        The rails to sum; the sensor's ``total`` when None.
+    clock, sleep : callable
+        Time source and sleep (`time.monotonic`, `time.sleep`).
+
+    Returns
+    -------
+    EnergySample
+
+    Raises
+    ------
+    power.PowerError
+        A reading failed, or a rail is not the sensor's.
+    """
+    if interval <= 0:
+        raise power.PowerError(f"sampling interval must be > 0 s, got {interval}")
+    chosen = tuple(rails) if rails is not None else sensor.total
+    for rail in chosen:
+        sensor.channel(rail)
+    times: list = []
+    readings: list = []
+    external = False
+    start = clock()
+    while True:
+        now = clock()
+        values, on_external = power.read_once(sensor)
+        external = external or on_external
+        readings.append(values)
+        times.append(now)
+        if len(times) >= 2 and now - start >= seconds:
+            break
+        remaining = start + seconds - now
+        sleep(min(interval, remaining) if remaining > 0 else interval)
+    return integrate(sensor, times, readings, chosen, interval, external)
+
+
+def integrate(
+    sensor: power.Sensor, times: list, readings: list, rails: tuple, interval: float, external: bool = False
+) -> EnergySample:
+    """Return the energy of a sensor's readings over their times (see the module's decisions).
+
+    Parameters
+    ----------
+    sensor : power.Sensor
+    times : list of float
+        Seconds of each reading, increasing; at least two.
+    readings : list of dict
+        Per reading: ``{rail: watts}`` (`PowerReading.watts`) for a power sensor,
+        ``{rail: (joules, wrap)}`` (`read_energy`) for a counter.
+    rails : tuple of str
+        The rails summed into ``joules``.
+    interval : float
+        Seconds between readings, as asked.
+    external : bool
+        Some reading was taken on external power.
+
+    Returns
+    -------
+    EnergySample
+
+    Raises
+    ------
+    power.PowerError
+        Fewer than two readings, or a counter that went back without a wrap-around range.
+    """
+    if len(times) < 2:
+        raise power.PowerError(f"{sensor.kind} {sensor.source}: {len(times)} reading(s); energy needs two")
+    chosen = tuple(rails)
+    span = times[-1] - times[0]
+    per_rail: dict = {}
+    if sensor.counter:
+        for rail in sensor.rails:
+            per_rail[rail] = sum(
+                counter_delta(a[rail][0], b[rail][0], b[rail][1])
+                for a, b in zip(readings, readings[1:])  # noqa: B905 - zip(strict=) needs Python 3.10
+            )
+        joules = sum(per_rail[r] for r in chosen)
+        uncertainty = 2.0 * sensor.resolution * len(chosen)
+    else:
+        for rail in sensor.rails:
+            per_rail[rail] = trapezoid_j(times, [r[rail] for r in readings])
+        joules = sum(per_rail[r] for r in chosen)
+        summed = [sum(r[rail] for rail in chosen) for r in readings]
+        uncertainty = power_uncertainty_j(summed, span, interval, sensor, len(chosen))
+    return EnergySample(sensor.kind, chosen, joules, uncertainty, span, len(times), per_rail, external, sensor.emulated)
 
 
 def read_interval(sensor: power.Sensor) -> float:
@@ -179,12 +409,12 @@ class Recording:
         with self._lock:
             return self.clock() - self.times[0] if self.times else 0.0
 
-    def stop(self) -> power.EnergySample:
+    def stop(self) -> EnergySample:
         """Stop the thread, take the last reading here and return the energy of the readings.
 
         Returns
         -------
-        power.EnergySample
+        EnergySample
 
         Raises
         ------
@@ -198,7 +428,7 @@ class Recording:
             self._read()
         if self.error is not None:
             raise self.error
-        return power.integrate(self.sensor, self.times, self.readings, self.sensor.total, self.interval, self.external)
+        return integrate(self.sensor, self.times, self.readings, self.sensor.total, self.interval, self.external)
 
 
 class Meter:

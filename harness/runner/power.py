@@ -1,4 +1,4 @@
-"""The device's power sensors: finding them, reading them, and the energy over a stretch of time.
+"""The device's power sensors: finding them and reading them, in the formats the devices print.
 
 Standard library only (Python >= 3.8). Five kinds of sensor, each in the format the
 device's own kernel or firmware prints:
@@ -20,8 +20,9 @@ device's own kernel or firmware prints:
 Paths are taken below a root directory (``/`` on a device; another directory for tests
 and for the sensors an emulated device's driver writes, `devices.emulation.sensors`).
 The parsers are pure functions of a file's text or a command's printout; `discover`,
-`read_power`, `read_energy` and `sample` do the I/O. Every failure is a `PowerError`
-naming the file, rail or command and why.
+`read_power`, `read_energy` and `read_once` do the I/O. Every failure is a `PowerError`
+naming the file, rail or command and why. The energy over a stretch of readings is
+`harness.runner.metering`'s.
 
 Decisions:
 
@@ -32,12 +33,6 @@ Decisions:
 * ``resolution`` is the step of one reading: for a power sensor in W (one count of the
   current file at the rail's voltage when discovered, the largest over the rails; one
   count of the power file for ``ina3221-iio``), for a counter in J (one count).
-* energy from power is the trapezoid integral of the readings; its uncertainty joins
-  the standard error of the mean power (over the readings that are independent: one
-  per sensor update interval at most) and half a resolution step per rail summed,
-  times the duration. Energy from counters is the sum of the differences of consecutive
-  readings (a wrap adds the counter's range); its uncertainty is one count per rail at
-  each end.
 * a battery on external power shows charging, not the device's draw: such a reading
   is flagged (``external_power``) and never passed off as measured.
 """
@@ -50,7 +45,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field, replace
 
 #: The kinds of sensor, as `Sensor.kind` names them.
@@ -154,44 +148,6 @@ class PowerReading:
 
     watts: dict = field(default_factory=dict)
     external_power: bool = False
-
-
-@dataclass(frozen=True)
-class EnergySample:
-    """The energy a sensor saw over a stretch of time (`sample`).
-
-    Attributes
-    ----------
-    kind : str
-        The sensor's kind.
-    rails : tuple of str
-        The rails summed into ``joules``.
-    joules : float
-    uncertainty_j : float
-        See the module's decisions.
-    seconds : float
-        From the first reading to the last.
-    readings : int
-    per_rail_j : dict of str to float
-        Every rail's energy.
-    external_power : bool
-        Some reading was taken on external power: ``joules`` is not the device's draw.
-    emulated : bool
-        The sensor is an emulated device's (`Sensor.emulated`): ``joules`` is a model's.
-    """
-
-    kind: str
-    rails: tuple
-    joules: float
-    uncertainty_j: float
-    seconds: float
-    readings: int
-    per_rail_j: dict = field(default_factory=dict)
-    external_power: bool = False
-    emulated: bool = False
-
-
-# ---------------------------------------------------------------------------- pure parsers
 
 
 def parse_number(text: str, where: str) -> float:
@@ -342,81 +298,6 @@ def on_external_power(status: str | None, online: list) -> bool:
     if any(text.strip() == "1" for text in online):
         return True
     return status is not None and status.strip() in EXTERNAL_STATUSES
-
-
-def counter_delta(before: float, after: float, wrap: float | None) -> float:
-    """Return the energy between two readings of a counter that wraps to 0 at ``wrap``.
-
-    Parameters
-    ----------
-    before, after : float
-        Counter values (J).
-    wrap : float or None
-        Where the counter wraps (``max_energy_range_uj`` in J); None: it never does.
-
-    Returns
-    -------
-    float
-
-    Raises
-    ------
-    PowerError
-        The counter went back and no range says it wraps.
-    """
-    if after >= before:
-        return after - before
-    if not wrap:
-        raise PowerError(f"counter went back from {before} to {after} J and has no wrap-around range")
-    return wrap - before + after
-
-
-def trapezoid_j(times: list, watts: list) -> float:
-    """Return the trapezoid integral of power readings over their times.
-
-    Parameters
-    ----------
-    times : list of float
-        Seconds, increasing.
-    watts : list of float
-
-    Returns
-    -------
-    float
-        Joules.
-    """
-    return sum((t1 - t0) * (w0 + w1) / 2.0 for t0, t1, w0, w1 in zip(times, times[1:], watts, watts[1:]))  # noqa: B905 - zip(strict=) needs Python 3.10
-
-
-def power_uncertainty_j(watts: list, seconds: float, interval: float, sensor: Sensor, rails: int) -> float:
-    """Return the uncertainty of energy integrated from power readings (see the module's decisions).
-
-    Parameters
-    ----------
-    watts : list of float
-        The summed readings.
-    seconds : float
-        Their span.
-    interval : float
-        Seconds between readings.
-    sensor : Sensor
-        For its resolution and update interval.
-    rails : int
-        How many rails were summed.
-
-    Returns
-    -------
-    float
-        Joules.
-    """
-    n = len(watts)
-    if n < 2 or seconds <= 0:
-        return 0.0
-    mean = sum(watts) / n
-    spread = math.sqrt(sum((w - mean) ** 2 for w in watts) / (n - 1))
-    step = max(interval, sensor.update_interval_s or 0.0)
-    independent = max(1.0, min(float(n), seconds / step if step > 0 else float(n)))
-    quantisation = sensor.resolution * rails / 2.0
-    return seconds * math.sqrt((spread / math.sqrt(independent)) ** 2 + quantisation**2)
 
 
 def total_rails(kind: str, rails: list, top_level: list | None = None) -> tuple:
@@ -804,108 +685,3 @@ def missing_reason(root: str, kind: str, which=shutil.which) -> str:  # noqa: AN
     return f"{os.path.join(root, where)}: no {kind} sensor"
 
 
-def sample(
-    sensor: Sensor,
-    seconds: float,
-    interval: float,
-    rails: tuple | None = None,
-    clock=time.monotonic,  # noqa: ANN001 - injectable for tests
-    sleep=time.sleep,  # noqa: ANN001
-) -> EnergySample:
-    """Measure the energy a sensor sees over ``seconds``, reading it every ``interval``.
-
-    Power sensors are integrated over time (`trapezoid_j`); counters are differenced
-    reading to reading, so a wrap between two readings is counted once (`counter_delta`).
-
-    Parameters
-    ----------
-    sensor : Sensor
-    seconds : float
-        How long to sample (at least two readings are taken).
-    interval : float
-        Seconds between readings (> 0).
-    rails : tuple of str, optional
-        The rails to sum; the sensor's ``total`` when None.
-    clock, sleep : callable
-        Time source and sleep (`time.monotonic`, `time.sleep`).
-
-    Returns
-    -------
-    EnergySample
-
-    Raises
-    ------
-    PowerError
-        A reading failed, or a rail is not the sensor's.
-    """
-    if interval <= 0:
-        raise PowerError(f"sampling interval must be > 0 s, got {interval}")
-    chosen = tuple(rails) if rails is not None else sensor.total
-    for rail in chosen:
-        sensor.channel(rail)
-    times: list = []
-    readings: list = []
-    external = False
-    start = clock()
-    while True:
-        now = clock()
-        values, on_external = read_once(sensor)
-        external = external or on_external
-        readings.append(values)
-        times.append(now)
-        if len(times) >= 2 and now - start >= seconds:
-            break
-        remaining = start + seconds - now
-        sleep(min(interval, remaining) if remaining > 0 else interval)
-    return integrate(sensor, times, readings, chosen, interval, external)
-
-
-def integrate(
-    sensor: Sensor, times: list, readings: list, rails: tuple, interval: float, external: bool = False
-) -> EnergySample:
-    """Return the energy of a sensor's readings over their times (see the module's decisions).
-
-    Parameters
-    ----------
-    sensor : Sensor
-    times : list of float
-        Seconds of each reading, increasing; at least two.
-    readings : list of dict
-        Per reading: ``{rail: watts}`` (`PowerReading.watts`) for a power sensor,
-        ``{rail: (joules, wrap)}`` (`read_energy`) for a counter.
-    rails : tuple of str
-        The rails summed into ``joules``.
-    interval : float
-        Seconds between readings, as asked.
-    external : bool
-        Some reading was taken on external power.
-
-    Returns
-    -------
-    EnergySample
-
-    Raises
-    ------
-    PowerError
-        Fewer than two readings, or a counter that went back without a wrap-around range.
-    """
-    if len(times) < 2:
-        raise PowerError(f"{sensor.kind} {sensor.source}: {len(times)} reading(s); energy needs two")
-    chosen = tuple(rails)
-    span = times[-1] - times[0]
-    per_rail: dict = {}
-    if sensor.counter:
-        for rail in sensor.rails:
-            per_rail[rail] = sum(
-                counter_delta(a[rail][0], b[rail][0], b[rail][1])
-                for a, b in zip(readings, readings[1:])  # noqa: B905 - zip(strict=) needs Python 3.10
-            )
-        joules = sum(per_rail[r] for r in chosen)
-        uncertainty = 2.0 * sensor.resolution * len(chosen)
-    else:
-        for rail in sensor.rails:
-            per_rail[rail] = trapezoid_j(times, [r[rail] for r in readings])
-        joules = sum(per_rail[r] for r in chosen)
-        summed = [sum(r[rail] for rail in chosen) for r in readings]
-        uncertainty = power_uncertainty_j(summed, span, interval, sensor, len(chosen))
-    return EnergySample(sensor.kind, chosen, joules, uncertainty, span, len(times), per_rail, external, sensor.emulated)

@@ -28,7 +28,8 @@ from devices.emulation.sensors import (
 from devices.facts import probe_device
 from devices.fleet import EmulatedPower, Fleet
 from devices.fleetfile import load_fleet
-from harness.runner.power import EnergySample, discover, read_energy, read_power, sample
+from harness.runner.metering import EnergySample, sample
+from harness.runner.power import discover, read_energy, read_power
 
 #: Burns about ARGV[1] seconds of cpu in one thread and prints the cpu seconds this process used.
 BUSY = (

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.runner.metering import counter_delta, sample
 from harness.runner.power import (
     PowerError,
     Sensor,
-    counter_delta,
     discover,
     parse_pmic_adc,
     read_energy,
     read_power,
     run_vcgencmd,
-    sample,
 )
 
 #: A Raspberry Pi 5's ``vcgencmd pmic_read_adc`` (12 rails with current and voltage, 2 voltage-only lines).
