@@ -29,8 +29,8 @@ from harness.runner_archive import (
 
 #: Every key of a bench document, as the single-file runner wrote it.
 BENCH_DOCUMENT_KEYS = {
-    "backend", "batch", "bench_data", "cpu_freq_khz", "cpu_step_seconds", "cpus_available", "disturbed", "error",
-    "flush_denormals", "imprecise", "loadavg", "loss", "matmul_gflops", "max_seconds", "median_ci_seconds",
+    "backend", "batch", "bench_data", "cpu_freq_khz", "cpu_step_seconds", "cpus_available", "disturbed", "energy",
+    "error", "flush_denormals", "imprecise", "loadavg", "loss", "matmul_gflops", "max_seconds", "median_ci_seconds",
     "missing", "mode", "peak_memory_bytes", "peak_memory_scope", "peak_memory_source", "precision",
     "precision_achieved", "sample_seconds", "samples", "seed", "status", "step_seconds", "steps", "steps_per_sample",
     "stop_reason", "thermal_c", "threads", "throttled", "timed_seconds", "versions", "warmup", "warmup_seconds",
@@ -38,7 +38,7 @@ BENCH_DOCUMENT_KEYS = {
 }  # fmt: skip
 #: Every key of a train document that failed before training, as the single-file runner wrote it.
 TRAIN_DOCUMENT_KEYS = {
-    "backend", "batch", "cpu_freq_khz", "epochs", "error", "examples", "flush_denormals", "loss", "lr",
+    "backend", "batch", "cpu_freq_khz", "energy", "epochs", "error", "examples", "flush_denormals", "loss", "lr",
     "matmul_gflops", "missing", "mode", "num_parameters", "out", "peak_memory_bytes", "peak_memory_scope",
     "peak_memory_source", "seed", "status", "step_examples", "step_seconds", "steps", "thermal_c", "threads",
     "throttled", "versions", "warmup",
