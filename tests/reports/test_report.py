@@ -275,8 +275,14 @@ def test_a_population_run_shows_its_virtual_clock(tmp_path: Path, clients: int) 
         assert "fl_run1_timeline" in stems
 
 
-def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks_save_none(tmp_path: Path) -> None:
-    import html
+def _insert(conn, table: str, row: dict) -> None:  # noqa: ANN001 - a sqlite3 connection
+    conn.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+
+
+def _one_round_run(
+    tmp_path: Path, strategy: str, round_columns: dict, clients: list[dict]
+) -> tuple[Path, int]:
+    """A store holding one finished FL run of one evaluated round, its client rounds ``clients`` (column values)."""
     import json
 
     from fl.runlog import FL_MIGRATIONS
@@ -287,22 +293,31 @@ def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks
         with store.transaction() as conn:
             run_id = conn.execute(
                 "INSERT INTO fl_runs (started_at, finished_at, strategy, model, dataset, executor, seed, rounds, "
-                "status) VALUES (1, 2, 'feddrop', 'fjord-cnn', 'mnist5k', 'devices', 0, 1, 'finished')"
+                "status) VALUES (1, 2, ?, 'fjord-cnn', 'mnist5k', 'devices', 0, 1, 'finished')",
+                (strategy,),
             ).lastrowid
-            conn.execute(
-                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, evaluation) "
-                "VALUES (?, 0, 1, 2, 1.0, ?)",
-                (run_id, json.dumps({"1.0": {"loss": 1.0, "accuracy": 0.5}})),
-            )
-            for device, expected, measured in (("pi4", 0.5, 1.05), ("jetson", 0.4, 0.95)):
-                metrics = {"dense_train_flops": 1e6, "expected_train_flops": expected * 1e6,
-                           "sampled_train_flops": expected * 1e6, "profile_predicted_seconds": 1.0}  # fmt: skip
-                conn.execute(
-                    "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, tier, straggler, status, "
-                    "compute_seconds, download_seconds, upload_seconds, metrics) "
-                    "VALUES (?, 0, ?, ?, 1.0, 0, 0, 'ok', ?, 0, 0, ?)",
-                    (run_id, device, device, measured, json.dumps(metrics)),
-                )
+            row = {"run_id": run_id, "round": 0, "started_at": 1, "finished_at": 2, "wall_seconds": 1.0,
+                   "evaluation": json.dumps({"1.0": {"loss": 1.0, "accuracy": 0.5}}), **round_columns}  # fmt: skip
+            _insert(conn, "fl_rounds", row)
+            for client in clients:
+                _insert(conn, "fl_client_rounds", {
+                    "run_id": run_id, "round": 0, "width": 1.0, "tier": 0, "straggler": 0, "status": "ok",
+                    "compute_seconds": 1.0, "download_seconds": 0, "upload_seconds": 0, "metrics": "{}", **client,
+                })  # fmt: skip
+    return db, int(run_id)
+
+
+def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks_save_none(tmp_path: Path) -> None:
+    import html
+    import json
+
+
+    clients = []
+    for device, expected, measured in (("pi4", 0.5, 1.05), ("jetson", 0.4, 0.95)):
+        metrics = {"dense_train_flops": 1e6, "expected_train_flops": expected * 1e6,
+                   "sampled_train_flops": expected * 1e6, "profile_predicted_seconds": 1.0}  # fmt: skip
+        clients.append({"cid": device, "device": device, "compute_seconds": measured, "metrics": json.dumps(metrics)})
+    db, run_id = _one_round_run(tmp_path, "feddrop", {}, clients)
     path, _ = write_report(load_sources(db), tmp_path / "out", now=NOW)
     text = html.unescape(path.read_text())
     assert "masks save no time without sparse kernels" in text
@@ -313,30 +328,16 @@ def test_a_feddrop_run_on_devices_shows_its_time_beside_its_flops_and_says_masks
 
 def test_an_fl_run_shows_its_energy_per_client_round_and_per_fleet_round(tmp_path: Path) -> None:
     import html
-    import json
 
-    from fl.runlog import FL_MIGRATIONS
 
-    db = build_store(tmp_path / "s.db", fl=False)
-    with ProfileStore(db) as store:
-        store.ensure_schema("fl", FL_MIGRATIONS)
-        with store.transaction() as conn:
-            run_id = conn.execute(
-                "INSERT INTO fl_runs (started_at, finished_at, strategy, model, dataset, executor, seed, rounds, "
-                "status) VALUES (1, 2, 'heterofl', 'fjord-cnn', 'mnist5k', 'devices', 0, 1, 'finished')"
-            ).lastrowid
-            conn.execute(
-                "INSERT INTO fl_rounds (run_id, round, started_at, finished_at, wall_seconds, evaluation, "
-                "predicted_energy_j, measured_energy_j) VALUES (?, 0, 1, 2, 1.0, ?, 1.5, 1.4)",
-                (run_id, json.dumps({"1.0": {"loss": 1.0, "accuracy": 0.5}})),
-            )
-            for device, predicted, measured in (("pi5", 1.0, 0.8), ("jetson", 0.5, 0.6)):
-                conn.execute(
-                    "INSERT INTO fl_client_rounds (run_id, round, cid, device, width, tier, straggler, status, "
-                    "compute_seconds, download_seconds, upload_seconds, metrics, predicted_energy_j, "
-                    "measured_energy_j, energy_emulated) VALUES (?, 0, ?, ?, 1.0, 0, 0, 'ok', 1, 0, 0, '{}', ?, ?, 1)",
-                    (run_id, device, device, predicted, measured),
-                )
+    clients = [
+        {"cid": device, "device": device, "predicted_energy_j": predicted, "measured_energy_j": measured,
+         "energy_emulated": 1}
+        for device, predicted, measured in (("pi5", 1.0, 0.8), ("jetson", 0.5, 0.6))
+    ]  # fmt: skip
+    db, run_id = _one_round_run(
+        tmp_path, "heterofl", {"predicted_energy_j": 1.5, "measured_energy_j": 1.4}, clients
+    )
     path, _ = write_report(load_sources(db), tmp_path / "out", now=NOW)
     page = read_page(path.read_text())
     clients = {r["device"]: r for r in table_dicts(page, f"fl_run{run_id}_energy_clients")}
