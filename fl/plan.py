@@ -32,8 +32,10 @@ is a second limit beside the deadline; both hold when both are given. A client r
 predicted energy is the device's energy per image at the width (`fl.scheduling.energy`:
 the profiles' measured energy, interpolated in FLOPs between measured widths) times the
 images it trains, ``epochs * examples`` (the round's ``steps * batch``); a FjORD client's is
-the mean over the widths it draws. FjORD / HeteroFL / FedRolex take the widest level whose
-round meets the deadline, fits memory *and* whose predicted energy is within the budget;
+the mean over the widths it draws, and since it draws one per step, the budget must hold that
+mean plus two spreads of the round's draw (`fl.scheduling.energy.drawn_energy_bound`), so that
+a round stays within it, not only the average round. FjORD / HeteroFL / FedRolex take the
+widest level whose round meets the deadline, fits memory *and* whose predicted energy is within the budget;
 FedDrop's budget ratio is the smaller of the deadline's and the energy budget's, each found
 by the same FLOPs interpolation over uniform widths (`fl.scheduling.budgets`), and its keep
 probability follows. **Decision:** a device whose smallest width exceeds the energy budget
@@ -65,7 +67,15 @@ from fl.population import full_batch_steps
 from fl.roundcost import Link, link_transfer, payload_bytes_of, profile_age_warning
 from fl.scheduling.budgets import round_budget_ratio
 from fl.scheduling.configs import ProfileConfig, match_profile, match_round_cost
-from fl.scheduling.energy import EnergyCurve, energy_cells, energy_curves, missing_energy, round_energy, round_images
+from fl.scheduling.energy import (
+    EnergyCurve,
+    drawn_energy_bound,
+    energy_cells,
+    energy_curves,
+    missing_energy,
+    round_energy,
+    round_images,
+)
 from fl.scheduling.rows import width_flops
 from fl.scheduling.tiers import HETEROFL_LEVELS, DeviceChoice, WidthCheck, assign_tiers
 from harness.latency import profile_rows
@@ -593,8 +603,13 @@ def plan_on(
         return round_energy(curve, drawn, round_images(request.examples[device], request.epochs), flops_at)
 
     def client_energy(device: str, width: float) -> float | None:
+        """Return the energy a budget is checked against: for FjORD, whose round draws its widths, the bound."""
         predicted = energy_of(device, width)
-        return None if predicted is None else predicted[0]
+        if predicted is None or request.strategy != "fjord":
+            return None if predicted is None else predicted[0]
+        drawn = [w for w in levels if w <= width + 1e-9]
+        images = round_images(request.examples[device], request.epochs)
+        return drawn_energy_bound(fitted.energy[device], drawn, images, int(steps[device]), flops_at)
 
     def energy_at_flops(device: str, flops: float) -> float | None:
         curve = fitted.energy.get(device)

@@ -20,6 +20,7 @@ so its predicted energy is `round_energy`: energy per image at its width times t
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -249,3 +250,50 @@ def round_energy(
     weights = [1.0] * len(estimates) if shares is None else [float(s) for s in shares]
     per_image = sum(w * e.joules_per_image for w, e in zip(weights, estimates, strict=True)) / sum(weights)
     return per_image * int(images), any(e.extrapolated for e in estimates)
+
+
+#: Standard deviations of a FjORD round's mean energy per image that an energy budget covers
+#: (`drawn_energy_bound`): about 97.7 % of rounds stay within it.
+DRAW_MARGIN_SD = 2.0
+
+
+def drawn_energy_bound(
+    curve: EnergyCurve,
+    widths: Sequence[float],
+    images: int,
+    steps: int,
+    flops_at: Callable[[float], float],
+    margin_sd: float = DRAW_MARGIN_SD,
+) -> float:
+    """Return the energy a client round that draws one of ``widths`` per step stays within.
+
+    A FjORD client draws a width uniformly per step, so its round's energy is the mean of
+    ``steps`` draws of the per-image energy, times the images: it has the expected energy
+    (`round_energy`) as its mean and ``sd / sqrt(steps)`` of the per-image energies across
+    ``widths`` as its spread. The bound is the mean plus ``margin_sd`` such spreads: an
+    energy budget that holds the bound holds for the round's draw, not only on average.
+
+    Parameters
+    ----------
+    curve : EnergyCurve
+        The device's.
+    widths : sequence of float
+        The widths the client draws from (at or below its capacity).
+    images : int
+        Images trained in the round (`round_images`).
+    steps : int
+        Steps of the round (one draw each).
+    flops_at : callable
+        ``width -> training FLOPs per example``.
+    margin_sd : float
+        Spreads of the mean added to it.
+
+    Returns
+    -------
+    float
+        Joules.
+    """
+    per_image = [curve.at(w, flops_at).joules_per_image for w in widths]
+    mean = sum(per_image) / len(per_image)
+    sd = math.sqrt(sum((e - mean) ** 2 for e in per_image) / len(per_image))
+    return (mean + margin_sd * sd / math.sqrt(max(1, int(steps)))) * int(images)

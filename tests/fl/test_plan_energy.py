@@ -69,13 +69,21 @@ def test_heterofl_takes_each_devices_widest_level_within_the_budget(cells: Any) 
 
 def test_fjord_counts_the_widths_a_client_draws(cells: Any) -> None:
     # capacity c draws every level <= c per step: fast at 1.0 averages (0.2 + 0.4 + 0.8 + 1.6) / 4 = 0.75 J,
-    # at 0.75 (0.2 + 0.4 + 0.8) / 3 = 0.467 J
-    out = plan(cells, "fjord", energy_budget_j=0.5, options={"k": 4})
+    # at 0.75 (0.2 + 0.4 + 0.8) / 3 = 0.467 J; its 10 draws' mean spreads by sd 0.2494 / sqrt(10) = 0.0789 J,
+    # so the budget must hold 0.467 + 2 x 0.0789 = 0.624 J
+    out = plan(cells, "fjord", energy_budget_j=0.65, options={"k": 4})
     fast = out.device("fast")
     assert fast.width == 0.75
     assert fast.energy_j == pytest.approx((0.2 + 0.4 + 0.8) / 3)
     assert out.device("slow").width == 0.25  # 0.8 J at 0.25 already: the smallest, over budget
     assert out.device("slow").status == "misses"
+
+
+def test_a_fjord_budget_holds_for_the_rounds_draw_not_only_on_average(cells: Any) -> None:
+    # fast at 0.75 expects 0.467 J <= 0.5, but its draw's bound is 0.624 J: 0.5 (0.3 + 2 x 0.1 / sqrt(10) = 0.363 J)
+    out = plan(cells, "fjord", energy_budget_j=0.5, options={"k": 4})
+    assert out.device("fast").width == 0.5
+    assert out.device("fast").energy_j == pytest.approx(0.3)
 
 
 def test_examples_and_epochs_count_the_rounds_images(cells: Any) -> None:
