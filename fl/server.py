@@ -264,6 +264,9 @@ class RoundSummary:
     predicted_energy_j, measured_energy_j : float or None
         The sums of the round's client rounds' predicted and measured energy
         (`fl.runlog.round_energy_totals`); a population run's predicted energy is its virtual energy.
+    energy_measured : int
+        Client rounds whose energy was measured (a round too short for its device's sensor,
+        or on a device without one, has none): the measured sum is theirs alone.
     """
 
     round: int
@@ -276,6 +279,7 @@ class RoundSummary:
     virtual_seconds: float | None = None
     predicted_energy_j: float | None = None
     measured_energy_j: float | None = None
+    energy_measured: int = 0
 
     @property
     def failed(self) -> bool:
@@ -806,7 +810,7 @@ def run_clock_only(
             )
             summary = RoundSummary(
                 rnd, len(plan.kept), len(failures), None, {}, seconds, tuple(failures), plan.seconds,
-                *round_energy_totals(rows),
+                *round_energy_totals(rows), measured_count(rows),
             )  # fmt: skip
             history.append(summary)
             if progress is not None:
@@ -905,8 +909,13 @@ def _run_round(
     accuracy = {w: v["accuracy"] for w, v in evaluation.items()}
     return RoundSummary(
         rnd, len(results), len(failures), mean_loss, accuracy, seconds, tuple(failures), virtual_seconds,
-        *round_energy_totals(rows),
+        *round_energy_totals(rows), measured_count(rows),
     )  # fmt: skip
+
+
+def measured_count(rows: Sequence[ClientRound]) -> int:
+    """Return how many of a round's client rounds carry a measured energy."""
+    return sum(1 for r in rows if r.measured_energy_j is not None)
 
 
 def say_once(say: Callable[[str], None]) -> Callable[[str], None]:
@@ -1178,8 +1187,11 @@ def format_round(summary: RoundSummary, rounds: int) -> str:
     if summary.virtual_seconds is not None and summary.predicted_energy_j is not None:
         virtual = f" (virtual {summary.virtual_seconds:.2f} s, {summary.predicted_energy_j:.4g} J)"
     elif summary.measured_energy_j is not None or summary.predicted_energy_j is not None:
-        joules = {"measured": summary.measured_energy_j, "predicted": summary.predicted_energy_j}
-        virtual += ", energy " + " ".join(f"{k} {v:.4g} J" for k, v in joules.items() if v is not None)
+        parts = [] if summary.predicted_energy_j is None else [f"predicted {summary.predicted_energy_j:.4g} J"]
+        if summary.measured_energy_j is not None:
+            of = f"{summary.energy_measured} of {summary.clients_ok + summary.clients_failed} clients"
+            parts.append(f"measured {summary.measured_energy_j:.4g} J on {of}")
+        virtual += ", energy " + ", ".join(parts)
     if summary.failed:
         return f"{head}: FAILED, no client trained, {summary.seconds:.2f} s{virtual}"
     return f"{head}, loss {loss}, accuracy {accuracy}, {summary.seconds:.2f} s{virtual}"

@@ -453,6 +453,8 @@ def test_progress_line_names_round_clients_loss_accuracy_seconds():
     assert line == "round 2/10: clients ok 4 failed 1, loss 0.2500, accuracy 1:0.9000 0.5:0.7500, 1.50 s"
     virtual = format_round(RoundSummary(1, 4, 0, 0.25, {}, 1.5, virtual_seconds=12.25), 10)
     assert virtual.endswith(", 1.50 s (virtual 12.25 s)")
+    energy = RoundSummary(1, 4, 1, 0.25, {}, 1.5, predicted_energy_j=2.0, measured_energy_j=0.75, energy_measured=2)
+    assert format_round(energy, 10).endswith(", 1.50 s, energy predicted 2 J, measured 0.75 J on 2 of 5 clients")
 
 
 # -- the real strategies on non-IID data -------------------------------------------------------
