@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from harness.campaign import run_campaign
 from harness.cells import plan_cells
 from harness.progress import print_progress
 from harness.store import ProfileStore
+from tests.bench.harness_bench import cv
 from tests.devices.conftest import copy_example_fleet
 
 MODEL = "fjord-cnn"
@@ -34,13 +34,6 @@ WIDTHS = "0.25,0.5,1"
 CAMPAIGNS = 3
 #: Most coefficient of variation of a cell's energy per image across the campaigns.
 TARGET = 0.05
-
-
-def cv(values: list[float]) -> float:
-    """Return the sample standard deviation over the mean (NaN below two values or a mean of 0)."""
-    if len(values) < 2 or not statistics.fmean(values):
-        return math.nan
-    return statistics.stdev(values) / statistics.fmean(values)
 
 
 def report(runs: list[dict[tuple[str, float], tuple[float, float, bool]]], devices: list[str]) -> bool:

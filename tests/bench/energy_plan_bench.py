@@ -29,10 +29,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +39,7 @@ from devices.emulation import emulate
 from devices.emulation.sshd import free_port
 from fl.runlog import RunLog
 from harness.store import ProfileStore
+from tests.bench.fl_hil import fleetbench
 
 MODEL = "fjord-cnn"
 WIDTHS = "0.25,0.5,0.75,1"
@@ -55,19 +53,6 @@ EPOCHS = 3
 #: Targets: median relative error of the predicted energy, and the budget's tolerance.
 ERROR_TARGET = 0.10
 BUDGET_TOLERANCE = 0.10
-
-
-def fleetbench(*argv: str, cwd: Path, env: dict[str, str]) -> str:
-    """Run one ``fleetbench`` command as a user would; return its stdout (stderr is echoed on failure)."""
-    started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "fleetbench", *argv], cwd=cwd, env=env, capture_output=True, text=True, check=False
-    )
-    print(f"  $ fleetbench {' '.join(argv)[:140]}  ({time.monotonic() - started:.0f} s, exit {run.returncode})")
-    if run.returncode != 0:
-        print(run.stdout[-2000:] + run.stderr[-4000:])
-        raise SystemExit(f"fleetbench {argv[0]} failed")
-    return run.stdout
 
 
 def with_sensors(fleet_file: Path) -> Path:

@@ -152,11 +152,11 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
         cvs, every_cvs = [], []
         for spec in specs:
             key = (passes, spec.cell_key())
-            cv = _cv(medians[key])
-            cvs.append(cv)
-            every_cvs.append(_cv(every[key]))
+            spread = cv(medians[key])
+            cvs.append(spread)
+            every_cvs.append(cv(every[key]))
             shown = ", ".join(f"{v:.0f}" for v in medians[key])
-            print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {cv:>6.1%}  {' '.join(flags[key])}")
+            print(f"{spec.device:<8} {spec.width:>6g} {shown:<44} {spread:>6.1%}  {' '.join(flags[key])}")
         print(
             f"passes {passes}: CV of a cell's median across {args.repeats} campaigns: max {max(cvs):.1%} "
             f"(target <= 5 %), median {statistics.median(cvs):.1%} (target <= 3 %); noisy flags {noisy[passes]} "
@@ -171,8 +171,11 @@ def repeat(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Na
     return ok
 
 
-def _cv(values: Sequence[float]) -> float:
-    return statistics.stdev(values) / statistics.mean(values) if len(values) >= 2 else float("nan")
+def cv(values: Sequence[float]) -> float:
+    """Return the sample standard deviation over the mean (NaN below two values or a mean of 0)."""
+    if len(values) < 2 or not statistics.fmean(values):
+        return float("nan")
+    return statistics.stdev(values) / statistics.fmean(values)
 
 
 def deploy(fleet: Fleet, store: ProfileStore, artifacts: Path, args: argparse.Namespace) -> bool:
