@@ -295,25 +295,12 @@ def read_interval(sensor: power.Sensor) -> float:
     -------
     float
         Its own update interval where it says one (reading faster only repeats values),
-        `PMIC_INTERVAL_S` for the PMIC, else `READ_INTERVAL_S`.
+        `PMIC_INTERVAL_S` for the PMIC, else `READ_INTERVAL_S`; also the length of one
+        update where the sensor does not say it.
     """
     if sensor.update_interval_s:
         return sensor.update_interval_s
     return PMIC_INTERVAL_S if sensor.kind == "pmic-adc" else READ_INTERVAL_S
-
-
-def update_seconds(sensor: power.Sensor) -> float:
-    """Return the seconds of one update of ``sensor``: its own interval, else its reading interval.
-
-    Parameters
-    ----------
-    sensor : power.Sensor
-
-    Returns
-    -------
-    float
-    """
-    return sensor.update_interval_s or read_interval(sensor)
 
 
 def energy_object(
@@ -467,7 +454,7 @@ class Meter:
     @property
     def need_seconds(self) -> float:
         """Least seconds of an energy window: `MIN_UPDATES` updates of the sensor (0 without one)."""
-        return MIN_UPDATES * update_seconds(self.sensor) if self.sensor is not None else 0.0
+        return MIN_UPDATES * read_interval(self.sensor) if self.sensor is not None else 0.0
 
     def _fail(self, exc: power.PowerError) -> None:
         self.failure = self.failure or f"power: {exc}"
@@ -483,7 +470,7 @@ class Meter:
         if self.sensor is None or self.failure is not None:
             return 0.0
         began = self.clock()
-        self.sleep(update_seconds(self.sensor))
+        self.sleep(read_interval(self.sensor))
         window = Recording(self.sensor, read_interval(self.sensor), self.clock)
         window.start()
         self.sleep(max(IDLE_WINDOW_S, self.need_seconds))
