@@ -586,10 +586,12 @@ def plan_on(
         nbytes = payload_bytes_of(arch if payload is None else zoo.arch(payload))
         return float(cost_fn(device, arch, steps[device], nbytes, nbytes))
 
+    def trained(width: float) -> list[float]:
+        """Return the widths a client at ``width`` trains: FjORD draws one <= its capacity per step."""
+        return [w for w in levels if w <= width + 1e-9] if request.strategy == "fjord" else [width]
+
     def client_round(device: str, width: float) -> float:
-        if request.strategy != "fjord":
-            return round_at(device, width)
-        drawn = [w for w in levels if w <= width + 1e-9]  # FjORD draws a width <= its capacity per step, uniformly
+        drawn = trained(width)  # the payload is the capacity's, whichever width a step trains
         return sum(round_at(device, w, width) for w in drawn) / len(drawn)
 
     flops_at = functools.partial(width_flops, request.model, rows=all_rows)
@@ -599,17 +601,15 @@ def plan_on(
         curve = fitted.energy.get(device)
         if curve is None:
             return None
-        drawn = [w for w in levels if w <= width + 1e-9] if request.strategy == "fjord" else [width]
-        return round_energy(curve, drawn, round_images(request.examples[device], request.epochs), flops_at)
+        return round_energy(curve, trained(width), round_images(request.examples[device], request.epochs), flops_at)
 
     def client_energy(device: str, width: float) -> float | None:
         """Return the energy a budget is checked against: for FjORD, whose round draws its widths, the bound."""
         predicted = energy_of(device, width)
         if predicted is None or request.strategy != "fjord":
             return None if predicted is None else predicted[0]
-        drawn = [w for w in levels if w <= width + 1e-9]
         images = round_images(request.examples[device], request.epochs)
-        return drawn_energy_bound(fitted.energy[device], drawn, images, int(steps[device]), flops_at)
+        return drawn_energy_bound(fitted.energy[device], trained(width), images, int(steps[device]), flops_at)
 
     def energy_at_flops(device: str, flops: float) -> float | None:
         curve = fitted.energy.get(device)
