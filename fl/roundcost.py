@@ -481,7 +481,7 @@ def cpu_reference_from_rows(rows: Any, model: str, batch: int) -> Callable[[str,
     """Return ``(device, arch) -> CPU seconds per step`` that the profile predicts for training ``arch``.
 
     The profile's cells carry the CPU time per image of their undisturbed samples
-    (``cpu_median_us``, `harness.store.cell_cpu_seconds`); the device's latency model
+    (``cpu_median_us``, `harness.cell_view.cell_cpu_seconds`); the device's latency model
     (`harness.latency.fit`) is fitted on those instead of the wall times, in the
     configuration a round is costed with (`harness.roundcost.config_key`). A round's own
     CPU time per step set against it shows whether the host slowed the round's cpu, for a

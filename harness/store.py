@@ -50,16 +50,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from harness.cell_view import cell_frame, view_record
 from harness.document import parse_document
-from harness.passes import undisturbed
 from harness.provenance import git_commit, host_versions
 from harness.records import BenchSpec, Measurement, ModelRecord
 from harness.roundcost import RoundCostModel
 from harness.runner.protocol import DEFAULT_MAX_SECONDS
-from harness.runner.sampling import median_of_sorted
-from harness.stats import summarize
 from harness.store_errors import StoreError, StoreUnavailable, environmental, unavailable
-from harness.store_schema import CELL_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
+from harness.store_schema import ENERGY_COLUMNS, MIGRATIONS, SCHEMA_VERSION, split_statements
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,53 +67,6 @@ DEFAULT_DB = "fleetbench.db"
 
 #: Seconds a writer waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 30.0
-
-#: The energy columns of a cell row (schema v10), as `latest_cells` gives them.
-ENERGY_COLUMNS = (
-    "energy_j_per_image",
-    "energy_above_idle_j_per_image",
-    "energy_uncertainty_j_per_image",
-    "energy_sensor",
-    "energy_flag",
-    "energy_emulated",
-)
-
-_STAT_COLUMNS = ("median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "robust_cv_low")
-
-
-def cell_cpu_seconds(measurement: Measurement) -> list[float]:
-    """Return a measured cell's CPU seconds per step, of the samples that count.
-
-    Parameters
-    ----------
-    measurement : Measurement
-        A cell whose runner document may carry ``cpu_step_seconds`` (one per sample) and
-        ``disturbed`` (the runner's or the pooled passes' flags, one per sample).
-
-    Returns
-    -------
-    list of float
-        The undisturbed samples' CPU seconds per step, as `Measurement.step_seconds` keeps
-        their wall seconds; empty for a failed cell or a runner without CPU times.
-    """
-    runner = measurement.runner
-    cpu = list(runner.cpu_step_seconds)
-    if measurement.status != "ok" or len(cpu) != len(runner.step_seconds):
-        return []
-    return undisturbed(cpu, runner)
-
-
-def _pass_mean_us(measurement: Measurement, median_us: float) -> float:
-    """Return the mean of a cell's pass medians per image (its ``median_us`` without two passes)."""
-    medians = [v for v in measurement.runner.pass_medians if v is not None]
-    if measurement.status != "ok" or len(medians) < 2:
-        return median_us
-    return sum(medians) / len(medians) / measurement.spec.batch * 1e6
-
-
-def _cpu_median_us(measurement: Measurement) -> float:
-    cpu = sorted(cell_cpu_seconds(measurement))
-    return median_of_sorted(cpu) / measurement.spec.batch * 1e6 if cpu else math.nan
 
 
 def _dumps(value: Any) -> str:
@@ -559,7 +510,8 @@ class ProfileStore:
         Returns
         -------
         pandas.DataFrame
-            Columns `CELL_COLUMNS`, in store order. Latency statistics are per image in
+            Columns `harness.store_schema.CELL_COLUMNS`, typed by its `CELL_DTYPES`, in
+            store order (built by `harness.cell_view`). Latency statistics are per image in
             microseconds, derived from the raw samples by `harness.stats.summarize`
             (NaN, and ``noisy`` / ``n`` missing, for a cell without samples);
             ``robust_cv_low`` is the lower end of the robust CV's 95 % interval (NaN below
@@ -568,7 +520,7 @@ class ProfileStore:
             weighs the same; ``median_us`` for a cell of one pass), the level the latency
             model fits (`harness.latency.cell_latency_us`).
             ``cpu_median_us`` is the median CPU time per image of the samples that count
-            (`cell_cpu_seconds`; NaN where the runner measured none).
+            (`harness.cell_view.cell_cpu_seconds`; NaN where the runner measured none).
             ``train_flops`` is per example from the runner document when it carries
             the manifest counts, else NaN. ``emulated_isa`` comes from the facts
             snapshot (`Measurement.emulated_isa`). ``arch_sizes`` is comma-separated,
@@ -588,88 +540,17 @@ class ProfileStore:
             measured cell has no energy (``external-power``, ``sensor-slower-than-cell``,
             ``power: <reason>``); all null for a cell measured without energy.
         """
-        import pandas as pd
-
-        records: list[dict[str, Any]] = []
-        for row in self._rows(campaign_id=campaign_id, latest=True):
-            m = self._measurement(row)
-            versions = dict(m.versions) or _loads_mapping(row["campaign_versions"])
-            record: dict[str, Any] = {
-                "device": m.spec.device,
-                "model": m.spec.model,
-                "width": m.spec.width,
-                "batch": m.spec.batch,
-                "backend": m.spec.backend,
-                "status": m.status,
-                "peak_memory_bytes": m.peak_memory_bytes,
-                "peak_memory_source": m.peak_memory_source,
-                "throttled": m.throttled,
-                "matmul_gflops": math.nan if m.matmul_gflops is None else m.matmul_gflops,
-                "train_flops": math.nan if m.runner.train_flops is None else m.runner.train_flops,
-                "message": m.message,
-                "arch_sizes": ",".join(str(w) for w in m.spec.arch_sizes),
-                "threads": m.spec.threads,
-                "warmup": m.spec.warmup,
-                "steps": m.spec.steps,
-                "optimizer": m.spec.optimizer,
-                "data": m.spec.data,
-                "cell_key": row["cell_key"],
-                "campaign_id": int(row["campaign_id"]),
-                "started_at": m.started_at,
-                "finished_at": m.finished_at,
-                "git_commit": m.git_commit if m.git_commit is not None else row["campaign_git_commit"],
-                "versions": _dumps(versions),
-                "export_format": str(versions.get("export_format", "")),
-                "emulated_isa": m.emulated_isa,
-                "precision": m.spec.precision,
-                "max_seconds": m.spec.max_seconds,
-                "precision_achieved": math.nan if m.precision_achieved is None else m.precision_achieved,
-                "imprecise": m.imprecise,
-                "stop_reason": m.stop_reason,
-                "alone": m.isolation.get("alone") if m.isolation else None,
-                "concurrent_with": ",".join(m.isolation.get("concurrent_with") or ()) if m.isolation else "",
-                "isolation_reason": str(m.isolation.get("reason", "")) if m.isolation else "",
-                **{name: row[name] for name in ENERGY_COLUMNS},
-            }
-            if m.step_seconds:
-                record.update(summarize(m.step_seconds, m.spec.batch).as_dict())
-            else:
-                record.update({name: math.nan for name in _STAT_COLUMNS})
-                record.update({"n": None, "noisy": None})
-            record["pass_mean_us"] = _pass_mean_us(m, record["median_us"])
-            record["cpu_median_us"] = _cpu_median_us(m)
-            records.append(record)
-        frame = pd.DataFrame.from_records(records, columns=list(CELL_COLUMNS))
-        return frame.astype(
-            {
-                "width": "float64",
-                "batch": "int64",
-                "threads": "int64",
-                "warmup": "int64",
-                "steps": "int64",
-                "campaign_id": "int64",
-                "n": "Int64",
-                "noisy": "boolean",
-                "throttled": "bool",
-                "emulated_isa": "bool",
-                "imprecise": "bool",
-                "alone": "boolean",
-                "precision": "float64",
-                "max_seconds": "float64",
-                "precision_achieved": "float64",
-                "peak_memory_bytes": "Int64",
-                "matmul_gflops": "float64",
-                "train_flops": "float64",
-                "started_at": "float64",
-                "finished_at": "float64",
-                "pass_mean_us": "float64",
-                "cpu_median_us": "float64",
-                "energy_j_per_image": "float64",
-                "energy_above_idle_j_per_image": "float64",
-                "energy_uncertainty_j_per_image": "float64",
-                "energy_emulated": "boolean",
-                **{name: "float64" for name in _STAT_COLUMNS},
-            }
+        rows = self._rows(campaign_id=campaign_id, latest=True)
+        return cell_frame(
+            view_record(
+                self._measurement(row),
+                cell_key=row["cell_key"],
+                campaign_id=int(row["campaign_id"]),
+                campaign_versions=_loads_mapping(row["campaign_versions"]),
+                campaign_git_commit=row["campaign_git_commit"],
+                energy={name: row[name] for name in ENERGY_COLUMNS},
+            )
+            for row in rows
         )
 
     def record_round_cost(

@@ -141,6 +141,16 @@ MIGRATIONS: tuple[str, ...] = (
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)
 
+#: The energy columns of a cell row (schema v10), stored and viewed as they are.
+ENERGY_COLUMNS: tuple[str, ...] = (
+    "energy_j_per_image",
+    "energy_above_idle_j_per_image",
+    "energy_uncertainty_j_per_image",
+    "energy_sensor",
+    "energy_flag",
+    "energy_emulated",
+)
+
 #: Columns of `ProfileStore.latest_cells` and of ``fleetbench profiles export``, in order.
 CELL_COLUMNS: tuple[str, ...] = (
     "device",
@@ -175,12 +185,7 @@ CELL_COLUMNS: tuple[str, ...] = (
     "throttled",
     "matmul_gflops",
     "train_flops",
-    "energy_j_per_image",
-    "energy_above_idle_j_per_image",
-    "energy_uncertainty_j_per_image",
-    "energy_sensor",
-    "energy_flag",
-    "energy_emulated",
+    *ENERGY_COLUMNS,
     "message",
     "arch_sizes",
     "threads",
@@ -197,6 +202,46 @@ CELL_COLUMNS: tuple[str, ...] = (
     "export_format",
     "emulated_isa",
 )
+
+
+#: The latency statistics per image (microseconds, or a ratio) that `harness.stats.summarize`
+#: derives from a cell's samples; NaN for a cell without samples.
+STAT_COLUMNS: tuple[str, ...] = (
+    "median_us", "p95_us", "p5_us", "iqr_us", "mean_us", "stdev_us", "cv", "robust_cv", "robust_cv_low",
+)  # fmt: skip
+
+#: The pandas dtype of each typed column of `CELL_COLUMNS` (the others are ``object``: text,
+#: or ``None`` where unknown). Nullable dtypes (``Int64``, ``boolean``) mark the columns that
+#: cells stored by older schemas or measured without the feature leave empty.
+CELL_DTYPES: dict[str, str] = {
+    "width": "float64",
+    "batch": "int64",
+    "threads": "int64",
+    "warmup": "int64",
+    "steps": "int64",
+    "campaign_id": "int64",
+    "n": "Int64",
+    "noisy": "boolean",
+    "throttled": "bool",
+    "emulated_isa": "bool",
+    "imprecise": "bool",
+    "alone": "boolean",
+    "precision": "float64",
+    "max_seconds": "float64",
+    "precision_achieved": "float64",
+    "peak_memory_bytes": "Int64",
+    "matmul_gflops": "float64",
+    "train_flops": "float64",
+    "started_at": "float64",
+    "finished_at": "float64",
+    "pass_mean_us": "float64",
+    "cpu_median_us": "float64",
+    "energy_j_per_image": "float64",
+    "energy_above_idle_j_per_image": "float64",
+    "energy_uncertainty_j_per_image": "float64",
+    "energy_emulated": "boolean",
+    **{name: "float64" for name in STAT_COLUMNS},
+}
 
 
 def split_statements(script: str) -> list[str]:
