@@ -146,28 +146,31 @@ def small_fs(tmp_path: Path) -> Iterator[SmallFileSystems]:
         file_systems.unmount_all()
 
 
-#: Modules whose tests run for minutes in all (whole demos, campaigns and FL runs on emulated
-#: fleets, the qemu arm64 board), longest first.  They start first, so that under
-#: pytest-xdist the short tests fill in around them and the workers finish together.
+#: Modules whose tests run for half a minute or more in all (whole demos, campaigns and FL runs on
+#: emulated fleets, the qemu arm64 board, every zoo model's export), longest first, as
+#: ``--durations`` and the junit report of a CI run show them.  Under pytest-xdist (``--dist
+#: loadfile --no-loadscope-reorder``, tox.ini) a worker takes whole modules in this order and the
+#: short modules fill in after them, so that the workers finish together: the longest first
+#: is what keeps the slowest worker near a third of the total.
 LONG_MODULES = (
-    "tests/fleetbench/test_real_device.py",
-    "tests/fleetbench/test_demo.py",
     "tests/fleetbench/test_faults.py",
+    "tests/fleetbench/test_real_device.py",
     "tests/exporters/test_step_model.py",
+    "tests/fleetbench/test_demo.py",
     "tests/exporters/test_artifacts.py",
-    "tests/fl/test_cli.py",
-    "tests/fleetbench/test_package.py",
     "tests/harness/test_device_run.py",
-    "tests/harness/test_campaign.py",
-    "tests/fleetbench/test_local_fleet.py",
+    "tests/fleetbench/test_package.py",
+    "tests/fl/test_cli.py",
     "tests/harness/test_phone_runtime.py",
     "tests/harness/test_profile_cli.py",
-    "tests/harness/test_provision.py",
+    "tests/harness/test_campaign.py",
     "tests/fl/executors/test_ray.py",
-    "tests/fl/test_hil.py",
     "tests/exporters/test_user_model.py",
-    "tests/exporters/test_layout_graph.py",
-    "tests/fleetbench/test_cli.py",
+    "tests/harness/test_runner.py",
+    "tests/harness/test_resident.py",
+    "tests/fl/executors/test_devices.py",
+    "tests/harness/test_deploy.py",
+    "tests/fleetbench/test_local_fleet.py",
 )
 
 

@@ -82,7 +82,9 @@ def cmdline_running(marker: str) -> bool:
     return any(marker in line for line in cmdlines().values())
 
 
-def copy_example_fleet(directory: Path, phone_python: str | None = sys.executable, fresh: bool = False) -> Path:
+def copy_example_fleet(
+    directory: Path, phone_python: str | None = sys.executable, fresh: bool = False, power: bool = True
+) -> Path:
     """Write the shipped example fleet into ``directory`` on free ports, with its own state dir.
 
     ``phone_python`` gives the phone a working Python (as Termux would), so tests of
@@ -90,11 +92,16 @@ def copy_example_fleet(directory: Path, phone_python: str | None = sys.executabl
     phone as shipped, without Python (it then runs from a pushed runtime bundle).
     ``fresh`` keeps the ``fresh`` board (the distribution's Python, nothing installed: it
     must be provisioned first); by default it is left out, as those tests are not about it.
+    ``power`` False leaves out the emulated power sensors, for tests and benches that are not
+    about energy (a powered device's runner spends an idle window on every cell).
     """
     path = emulate.write_example_fleet(directory, free_port)
     document = yaml.safe_load(path.read_text())
     if not fresh:
         document["devices"] = [d for d in document["devices"] if d["name"] != "fresh"]
+    if not power:
+        for device in document["devices"]:
+            device.get("emulate", {}).pop("power", None)
     if phone_python is not None:
         (phone,) = [d for d in document["devices"] if d["kind"] == "adb"]
         phone["python"] = phone_python
