@@ -193,11 +193,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
     progress.step("bringing up the fleet")
     fleet, emulated = prepare_fleet(out, args.local, progress)
-    progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
-    progress.detail(f"yourself: fleetbench fleet up {fleet.path} && fleetbench fleet provision {fleet.path} --install")
     status = 0
     started = fleet
-    try:
+    try:  # from here on, whatever stops the demo (an error, SIGTERM) stops the fleet it started
+        progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
+        up = f"fleetbench fleet up {fleet.path} && fleetbench fleet provision {fleet.path} --install"
+        progress.detail(f"yourself: {up}")
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
         progress.detail("yourself: " + user_command("profile", fleet, db, "", args))

@@ -165,9 +165,9 @@ def test_a_killed_demo_stops_its_fleet_and_exits_143(tmp_path: Path) -> None:
     assert proc.stdout is not None
     try:
         seen = []
-        for line in proc.stdout:  # the fleet is up once the profiling step starts
+        for line in proc.stdout:  # the fleet is up once the demo lists its devices; it then provisions them
             seen.append(line)
-            if line.startswith("[2/8]"):
+            if line.lstrip().startswith("devices: "):
                 break
         state = emulate.load_state(out / "fleet" / "state")
         started = [rec for dev in state.devices for rec in dev.processes]
