@@ -613,7 +613,7 @@ def setup(
     work: Path, seed: int, netns: bool, widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0), pace: Pace = Pace()
 ) -> Bench:
     """Write the bench's fleet (``fast`` and ``mid`` of the example fleet), start it; campaigns measure ``widths``."""
-    path = copy_example_fleet(work, power=False)  # faults, not energy: no idle window per cell
+    path = copy_example_fleet(work, powered=())  # faults, not energy: no idle window per cell
     document = yaml.safe_load(path.read_text())
     document["devices"] = [d for d in document["devices"] if d["name"] in DEVICES]
     if netns:  # a delay asks for a network namespace per device: its link can then go down

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,10 @@ def cmdline_running(marker: str) -> bool:
 
 
 def copy_example_fleet(
-    directory: Path, phone_python: str | None = sys.executable, fresh: bool = False, power: bool = True
+    directory: Path,
+    phone_python: str | None = sys.executable,
+    fresh: bool = False,
+    powered: Collection[str] | None = None,
 ) -> Path:
     """Write the shipped example fleet into ``directory`` on free ports, with its own state dir.
 
@@ -92,16 +95,18 @@ def copy_example_fleet(
     phone as shipped, without Python (it then runs from a pushed runtime bundle).
     ``fresh`` keeps the ``fresh`` board (the distribution's Python, nothing installed: it
     must be provisioned first); by default it is left out, as those tests are not about it.
-    ``power`` False leaves out the emulated power sensors, for tests and benches that are not
-    about energy (a powered device's runner spends an idle window on every cell).
+    ``powered`` names the devices that keep their emulated power sensor (None: all that have
+    one): a powered device's runner spends an idle window on every cell, which tests and benches
+    that are not about energy need not wait for.
     """
     path = emulate.write_example_fleet(directory, free_port)
     document = yaml.safe_load(path.read_text())
     if not fresh:
         document["devices"] = [d for d in document["devices"] if d["name"] != "fresh"]
-    if not power:
+    if powered is not None:
         for device in document["devices"]:
-            device.get("emulate", {}).pop("power", None)
+            if device["name"] not in powered:
+                device.get("emulate", {}).pop("power", None)
     if phone_python is not None:
         (phone,) = [d for d in document["devices"] if d["kind"] == "adb"]
         phone["python"] = phone_python
@@ -212,13 +217,14 @@ def example_fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
 
     Its ports are moved to free ones and its state to a temporary directory; the phone is
     attached to a private adb server (its own ANDROID_ADB_SERVER_PORT), so a user's adb
-    server is never touched; `emulate.down` stops it.
+    server is never touched; `emulate.down` stops it. Only ``fast`` keeps its emulated power
+    sensor (the campaign tests check its energy); the others measure without the idle windows.
     """
     from devices.fleetfile import load_fleet
 
     require_tool("sshd")
     require_tool("adb")
-    path = copy_example_fleet(tmp_path_factory.mktemp("fleet"))
+    path = copy_example_fleet(tmp_path_factory.mktemp("fleet"), powered=("fast",))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ANDROID_ADB_SERVER_PORT", str(free_port()))
         fleet = load_fleet(path)

@@ -64,11 +64,13 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     # the artifacts' export format is recorded with every cell (an FL run names a profile of another one)
     assert {json.loads(v)["export_format"] for v in cells["versions"]} == {str(EXPORT_FORMAT_VERSION)}
     assert set(cells["export_format"]) == {str(EXPORT_FORMAT_VERSION)}
-    # fast, mid and slow carry emulated power sensors: each measured cell stores its energy per image, marked so
-    powered = ok[ok["device"] != "phone"]
+    # fast keeps its emulated power sensor in the tests' fleet: each of its measured cells stores its energy per
+    # image, marked so; the devices without one store none
+    powered = ok[ok["device"] == "fast"]
     assert len(powered) and (powered["energy_j_per_image"] > 0).all(), powered[["device", "energy_flag"]]
     assert powered["energy_emulated"].all() and powered["energy_flag"].isna().all()
-    assert ok.loc[ok["device"] == "phone", "energy_sensor"].isna().all()
+    assert (powered["energy_sensor"] == "ina3221-hwmon").all()
+    assert ok.loc[ok["device"] != "fast", "energy_sensor"].isna().all()
     failed_keys = [s.cell_key() for s in specs if s.device == beta and s.width != TWO_WIDTHS[0]]
     assert store.measured_keys() == {s.cell_key() for s in specs} - set(failed_keys)
 
