@@ -325,9 +325,6 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         and the sha256 of this file (so a changed export procedure never reuses
         a stale set).
     """
-    import onnx
-    import onnxruntime
-
     exported = export_form(net)
     sources = sorted({_source_digest(type(m)) for m in (*net.modules(), *exported.modules())} - {""})
     return {
@@ -351,8 +348,34 @@ def cache_key_inputs(model: ZooModel, arch: Arch, *, batch: int, optimizer: str,
         "optimizer_defaults": OPTIMIZER_DEFAULTS[optimizer],
         "loss": LOSS,
         "opset": OPSET,
-        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+        "versions": {"torch": torch.__version__, **_installed_versions()},
     }
+
+
+#: Distributions whose versions enter the cache key, by the module they provide (the first
+#: installed candidate counts: the training build provides ``onnxruntime`` too).
+_KEY_DISTRIBUTIONS = {"onnx": ("onnx",), "onnxruntime": ("onnxruntime-training", "onnxruntime", "onnxruntime-gpu")}
+
+
+def _installed_versions() -> dict[str, str]:
+    """Return the installed versions of onnx and onnxruntime, read from their metadata.
+
+    Importing onnxruntime-training to ask its version would cost most of a second on every
+    command that only finds its sets in the cache; the metadata holds the same version.
+    """
+    from importlib import metadata
+
+    found = {}
+    for module, names in _KEY_DISTRIBUTIONS.items():
+        for name in names:
+            try:
+                found[module] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            raise ModuleNotFoundError(f"{module} is not installed: exporting needs it")
+    return found
 
 
 def cache_key(inputs: Mapping[str, Any]) -> str:

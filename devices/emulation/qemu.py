@@ -53,6 +53,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,11 +259,23 @@ def stop_namespace(namespace: str, grace: float = 3.0) -> list[int]:
     Returns
     -------
     list of int
-        Pids still there after ``grace`` (empty when the namespace is gone).
+        Pids still there after ``grace`` (empty when the namespace is gone). A process born
+        while a sweep froze the others (its fork under way) is swept again, within ``grace``.
     """
     if namespace == mount_namespace(os.getpid()):
         return []  # never signal the processes of our own namespace
-    return processes.stop((), also=lambda: processes_in(namespace), grace=0.0, kill_wait=grace)
+    deadline = time.monotonic() + grace
+    while True:
+        left = processes.stop((), also=lambda: processes_in(namespace), grace=0.0, kill_wait=grace)
+        # A process whose fork was under way when the sweep froze the others appears only now.
+        late = [pid for pid in processes_in(namespace) if _alive(pid)]
+        if left or not late or time.monotonic() >= deadline:
+            return left or late
+
+
+def _alive(pid: int) -> bool:
+    stat = processes.read_stat(pid)
+    return stat is not None and stat.state not in "ZX"
 
 
 def host_mounts_under(path: Path, mountinfo: str | None = None) -> list[str]:

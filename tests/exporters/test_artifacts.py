@@ -427,6 +427,12 @@ def test_manifest_is_plain_json_with_key_inputs(root: Path) -> None:
     inputs = manifest["cache_key_inputs"]
     assert artifacts.cache_key(inputs) == manifest["cache_key"]
     assert inputs["format_version"] == artifacts.EXPORT_FORMAT_VERSION
+    # the key's tool versions, read from the installed metadata, are the versions the modules report
+    import onnx
+    import onnxruntime
+
+    versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    assert inputs["versions"] == versions
     assert manifest["optimizer_defaults"] == {
         "lr": 1e-3,
         "betas": [0.9, 0.999],
