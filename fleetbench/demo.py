@@ -197,8 +197,8 @@ def run_demo(args: argparse.Namespace) -> int:
     started = fleet
     try:  # from here on, whatever stops the demo (an error, SIGTERM) stops the fleet it started
         progress.detail("devices: " + ", ".join(f"{d.name} ({d.kind})" for d in fleet.devices))
-        up = f"fleetbench fleet up {fleet.path} && fleetbench fleet provision {fleet.path} --install"
-        progress.detail(f"yourself: {up}")
+        yourself = f"fleetbench fleet up {fleet.path} && fleetbench fleet provision {fleet.path} --install"
+        progress.detail(f"yourself: {yourself}")
         fleet, backends = choose_backends(fleet, args.backend, progress)
         progress.step(f"exporting {model} at widths {', '.join(f'{w:g}' for w in DEMO_WIDTHS)} and profiling")
         progress.detail("yourself: " + user_command("profile", fleet, db, "", args))
