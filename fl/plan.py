@@ -597,24 +597,25 @@ def plan_on(
     flops_at = functools.partial(width_flops, request.model, rows=all_rows)
     budget_j = request.energy_budget_j
 
+    def images(device: str) -> int:
+        return round_images(request.examples[device], request.epochs)
+
     def energy_of(device: str, width: float) -> tuple[float, bool] | None:
         curve = fitted.energy.get(device)
-        if curve is None:
-            return None
-        return round_energy(curve, trained(width), round_images(request.examples[device], request.epochs), flops_at)
+        return None if curve is None else round_energy(curve, trained(width), images(device), flops_at)
 
     def client_energy(device: str, width: float) -> float | None:
         """Return the energy a budget is checked against: for FjORD, whose round draws its widths, the bound."""
-        predicted = energy_of(device, width)
-        if predicted is None or request.strategy != "fjord":
-            return None if predicted is None else predicted[0]
-        images = round_images(request.examples[device], request.epochs)
-        return drawn_energy_bound(fitted.energy[device], trained(width), images, int(steps[device]), flops_at)
+        curve = fitted.energy.get(device)
+        if curve is None:
+            return None
+        if request.strategy != "fjord":
+            return round_energy(curve, [width], images(device), flops_at)[0]
+        return drawn_energy_bound(curve, trained(width), images(device), int(steps[device]), flops_at)
 
     def energy_at_flops(device: str, flops: float) -> float | None:
         curve = fitted.energy.get(device)
-        images = round_images(request.examples[device], request.epochs)
-        return None if curve is None else curve.at_flops(flops).joules_per_image * images
+        return None if curve is None else curve.at_flops(flops).joules_per_image * images(device)
 
     if budget_j is not None:
         for device, why in fitted.energy_missing.items():

@@ -1334,9 +1334,11 @@ def _client_rows(
     failure_of = {f.cid: f for f in failures}
     for cid, ins in instructions.items():
         client = by_cid[cid]
+        width = _width_of(model, ins, client.capacity)
+        epochs_run = int(ins.config.get("epochs", epochs))
         common = ClientRound(
             cid=cid,
-            width=_width_of(model, ins, client.capacity),
+            width=width,
             status="ok",
             device=client.device,
             backend=client.backend,
@@ -1345,13 +1347,9 @@ def _client_rows(
             straggler=cid in stragglers or bool(ins.config.get("straggler", False)),
             virtual_seconds=virtual_of.get(cid),
             predicted_seconds=predicted_of.get(cid),
-        )
-        epochs_run = int(ins.config.get("epochs", epochs))
-        common = dataclasses.replace(
-            common,
             predicted_energy_j=predicted_energy(
-                energy, model.name, client.device, _width_shares(common.width, result_of.get(cid)),
-                client.num_examples, epochs_run,
+                energy, model.name, client.device, _width_shares(width, result_of.get(cid)), client.num_examples,
+                epochs_run,
             ),
         )  # fmt: skip
         if cid in result_of:

@@ -470,16 +470,14 @@ class Meter:
         if self.sensor is None or self.failure is not None:
             return 0.0
         began = self.clock()
-        self.sleep(read_interval(self.sensor))
-        window = Recording(self.sensor, read_interval(self.sensor), self.clock)
-        window.start()
-        self.sleep(max(IDLE_WINDOW_S, self.need_seconds))
+        interval = read_interval(self.sensor)
+        self.sleep(interval)
         try:
-            sample = window.stop()
+            window = sample(self.sensor, max(IDLE_WINDOW_S, self.need_seconds), interval, None, self.clock, self.sleep)
         except power.PowerError as exc:
             self._fail(exc)
         else:
-            self.idle_watts = sample.joules / sample.seconds if sample.seconds > 0 else None
+            self.idle_watts = window.joules / window.seconds if window.seconds > 0 else None
         return self.clock() - began
 
     def start(self) -> None:
