@@ -621,7 +621,7 @@ def run_fl(
         warn = say_once(say)  # the profile lookups repeat per client and per model: one line per fallback
         if profiles is None:
             profiles = profiles_for(store, clients, config.model, device_configs, warn=warn)
-        energy = energy_curves(energy_cells(profiles), config.model, functools.partial(width_flops, config.model))
+        energy = profile_energy(profiles, config.model)
         if virtual is None:
             strategy.round_predictor = run_predictor(
                 store, config.model, config.batch_size, config.epochs, [c.device for c in clients if c.device],
@@ -741,7 +741,7 @@ def run_clock_only(
 
         capacities = assign(config.capacities, config.clients, config.seed)
     clients = _client_specs(examples, capacities, virtual.population.placement())
-    energy = energy_curves(energy_cells(profiles or {}), config.model, functools.partial(width_flops, config.model))
+    energy = profile_energy(profiles or {}, config.model)
     initial = initial_parameters(model, config.seed)
     timings: dict[str, Timing] = {}
 
@@ -1387,6 +1387,22 @@ def _client_rows(
 
 def _speed_factors(virtual: VirtualClock) -> dict[str, float]:
     return {f"c{i}": factor for i, factor in enumerate(virtual.population.factors)}
+
+
+def profile_energy(profiles: Profiles, model: str) -> dict[str, EnergyCurve]:
+    """Return each profiled device's energy per image of ``model`` (devices without energy left out).
+
+    Parameters
+    ----------
+    profiles : Profiles
+        The run's devices' profile rows.
+    model : str
+
+    Returns
+    -------
+    dict of str to EnergyCurve
+    """
+    return energy_curves(energy_cells(profiles), model, functools.partial(width_flops, model))
 
 
 def predicted_energy(
