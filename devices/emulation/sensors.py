@@ -91,10 +91,11 @@ def sensor_files(power: EmulatedPower, watts: float, joules: float) -> dict[str,
     Returns
     -------
     dict of str to str
-        Path below the power root -> text (with its newline), `EMULATED_MARK` included.
+        Path below the power root -> text (with its newline), `EMULATED_MARK` last: written in
+        this order (`write_files`), the mark's presence says the sensor's files are all there,
+        which is what ``fleet up`` waits for.
     """
-    mark = f"{power.format} idle_w={power.idle_w:g} busy_core_w={power.busy_core_w:g}\n"
-    files = {EMULATED_MARK: mark}
+    files: dict[str, str] = {}
     if power.format == "ina3221-hwmon":
         busy = max(0.0, watts - power.idle_w)
         millivolts = str(round(HWMON_VOLTS * 1000))
@@ -119,6 +120,7 @@ def sensor_files(power: EmulatedPower, watts: float, joules: float) -> dict[str,
         files[f"{RAPL_DIR}/max_energy_range_uj"] = f"{RAPL_RANGE_UJ}\n"
     else:
         raise ValueError(f"power format {power.format!r} is none of {', '.join(POWER_FORMATS)}")
+    files[EMULATED_MARK] = f"{power.format} idle_w={power.idle_w:g} busy_core_w={power.busy_core_w:g}\n"
     return files
 
 

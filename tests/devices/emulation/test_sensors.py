@@ -89,6 +89,13 @@ def test_rapl_counter_accumulates_and_wraps(tmp_path: Path) -> None:
     assert wrapped == "1000000\n"
 
 
+@pytest.mark.parametrize("fmt", ["ina3221-hwmon", "power-supply", "rapl"])
+def test_the_emulated_mark_is_written_after_the_sensor_s_files(fmt: str) -> None:
+    # fleet up returns once the mark exists: a probe right after it must find the whole sensor
+    files = list(sensor_files(EmulatedPower(fmt, 2.0, 1.5), 3.0, 1.0))
+    assert files[-1] == sensors.EMULATED_MARK and files.count(sensors.EMULATED_MARK) == 1 and len(files) > 1
+
+
 def test_cgroup_usage_from_v2_and_v1_files() -> None:
     assert cgroup_usage_usec({"cpu.stat": "usage_usec 1234567\nuser_usec 1000000\n"}) == 1234567
     assert cgroup_usage_usec({"cpuacct.usage": "2500000000\n"}) == 2500000
