@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,18 @@ def cmdlines() -> dict[int, str]:
 def cmdline_running(marker: str) -> bool:
     """Whether any process on this machine has ``marker`` in its command line."""
     return any(marker in line for line in cmdlines().values())
+
+
+def wait_for(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Poll ``predicate`` until it holds, for at most ``seconds``; fail the test when it never does.
+
+    What another process does (a command started or killed over a transport) shows in ``/proc``
+    a moment later, longer on a loaded host: waited for, not slept on.
+    """
+    deadline = time.monotonic() + seconds
+    while not (reached := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reached, "condition not reached"
 
 
 def copy_example_fleet(

@@ -12,7 +12,7 @@ from devices.errors import CommandTimeout, OutOfSpace, TransportError
 from devices.local import LocalTransport
 from devices.transport import Transport
 from tests.conftest import SmallFileSystems
-from tests.devices.conftest import cmdline_running
+from tests.devices.conftest import cmdline_running, wait_for
 
 
 def test_is_a_transport() -> None:
@@ -37,10 +37,8 @@ def test_timeout_kills_whole_process_group() -> None:
     with pytest.raises(CommandTimeout):
         LocalTransport().run(["sh", "-c", f"sleep {marker}1 & sleep {marker}2; wait"], timeout=0.5)
     assert time.monotonic() - start < 10  # stopped at its timeout, not after the sleeps (slack for a loaded host)
-    deadline = time.monotonic() + 10  # the killed sleeps leave /proc when reaped: waited for, not slept on
-    while (cmdline_running(f"{marker}1") or cmdline_running(f"{marker}2")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not cmdline_running(f"{marker}1") and not cmdline_running(f"{marker}2")
+    # the killed sleeps leave /proc when reaped
+    wait_for(lambda: not cmdline_running(f"{marker}1") and not cmdline_running(f"{marker}2"))
 
 
 def test_put_get_atomic_with_parent_dirs(tmp_path: Path) -> None:

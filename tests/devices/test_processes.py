@@ -8,12 +8,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from devices import processes
 from devices.processes import ProcessRecord
-from tests.devices.conftest import cmdline_running, listening, sigkills, signals_sent
+from tests.devices.conftest import cmdline_running, listening, sigkills, signals_sent, wait_for
 
 
 def _spawn(argv: list[str], **env: str) -> tuple[subprocess.Popen[str], ProcessRecord]:
@@ -22,13 +21,6 @@ def _spawn(argv: list[str], **env: str) -> tuple[subprocess.Popen[str], ProcessR
         env={**os.environ, **env},
     )  # fmt: skip
     return proc, processes.record("test", proc.pid)
-
-
-def _wait_for(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not (reached := predicate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert reached, "condition not reached"
 
 
 def _state(pid: int) -> str | None:
@@ -52,7 +44,7 @@ def test_stop_returns_when_a_tree_that_ignores_sigterm_and_is_stopped_has_exited
     tree = processes.descendants(proc.pid, processes.process_parents())
     assert len(tree) == 3
     os.kill(tree[1], signal.SIGSTOP)  # as a duty cycle leaves it
-    _wait_for(lambda: _state(tree[1]) == "T")
+    wait_for(lambda: _state(tree[1]) == "T")
     start = time.monotonic()
     assert processes.stop([rec], grace=0.3) == []
     assert time.monotonic() - start >= 0.3  # SIGTERM was ignored: SIGKILL after the grace
@@ -98,7 +90,7 @@ def test_a_zombie_of_another_parent_counts_as_exited() -> None:
     proc, rec = _spawn([sys.executable, "-c", code])
     assert proc.stdout is not None
     grandchild = int(proc.stdout.readline())
-    _wait_for(lambda: _state(grandchild) == "Z")
+    wait_for(lambda: _state(grandchild) == "Z")
     zombie = processes.record("zombie", grandchild)
     assert not processes.running(zombie)
     with signals_sent() as sent:
@@ -111,7 +103,7 @@ def test_a_zombie_of_another_parent_counts_as_exited() -> None:
 
 def test_our_zombie_child_is_reaped() -> None:
     proc, rec = _spawn(["true"])
-    _wait_for(lambda: _state(proc.pid) in ("Z", None))
+    wait_for(lambda: _state(proc.pid) in ("Z", None))
     assert processes.exited(rec.pid, rec.start_time)
     assert processes.read_stat(proc.pid) is None
 
@@ -121,10 +113,10 @@ def test_children_forked_while_stopping_are_caught() -> None:
     # a parent that forks a long-lived child every 10 ms and leaves them behind when it ends
     proc, rec = _spawn(["sh", "-c", f"while :; do sleep {tag} & sleep 0.01; done"])
     try:
-        _wait_for(lambda: len(processes.descendants(proc.pid, processes.process_parents())) > 10)
+        wait_for(lambda: len(processes.descendants(proc.pid, processes.process_parents())) > 10)
     finally:
         assert processes.stop([rec]) == []
-    _wait_for(lambda: not cmdline_running(tag))
+    wait_for(lambda: not cmdline_running(tag))
 
 
 def test_a_threaded_program_gets_its_sigterm_in_the_main_thread() -> None:
@@ -155,7 +147,7 @@ def test_the_phone_endpoint_stops_on_sigterm(tmp_path: Path) -> None:
     endpoint = [sys.executable, "-m", "devices.emulation.adb_endpoint"]
     argv = [*endpoint, "--port", str(port), "--sandbox", str(tmp_path / "sandbox")]
     proc, rec = _spawn([*argv, "--pidfile", str(pidfile)])
-    _wait_for(lambda: listening(port))
+    wait_for(lambda: listening(port))
     assert pidfile.read_text().strip() == str(proc.pid)
     with signals_sent() as sent:
         assert processes.stop([rec], grace=5.0) == []

@@ -24,7 +24,7 @@ from devices.errors import (
     Unreachable,
 )
 from devices.ssh import LOGIN_ATTEMPTS, SSHTransport
-from tests.devices.conftest import cmdline_running
+from tests.devices.conftest import cmdline_running, wait_for
 from tests.devices.sshd_server import LoginCutter, Server
 
 
@@ -99,10 +99,7 @@ def test_timeout_raises_within_limit_and_kills_remote_command(sshd_server: Serve
     with pytest.raises(CommandTimeout, match="within 1 s"):
         t.run(["sleep", f"{marker}9"], timeout=1.0)
     assert time.monotonic() - start < 10  # stopped at its timeout, not after the sleep (slack for a loaded host)
-    deadline = time.monotonic() + 2.0
-    while cmdline_running(f"{marker}9") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not cmdline_running(f"{marker}9")
+    wait_for(lambda: not cmdline_running(f"{marker}9"), 2.0)
     assert t.run(["echo", "again"], timeout=10).stdout == "again\n"  # the connection is still usable
 
 
@@ -128,10 +125,7 @@ def test_device_killed_mid_command_is_a_clear_error(sshd_server: Server) -> None
     start = time.monotonic()
     worker = threading.Thread(target=call)
     worker.start()
-    deadline = time.monotonic() + 10  # the remote command has started
-    while not cmdline_running(marker) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert cmdline_running(marker)
+    wait_for(lambda: cmdline_running(marker))  # the remote command has started
     # kill this connection's sshd processes (the "device" dies; the listener stays)
     for pid in before:
         try:

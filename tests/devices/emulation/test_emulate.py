@@ -390,7 +390,7 @@ def test_down_stops_what_a_session_left_behind_and_up_follows_at_once(
 ) -> None:
     """Without cgroups, a command that detached itself on the device and ignores SIGTERM still goes with it."""
     from devices.ssh import SSHTransport
-    from tests.devices.conftest import cmdline_running
+    from tests.devices.conftest import cmdline_running, wait_for
 
     monkeypatch.setattr(limits, "detect", lambda *a, **k: limits.Support(reason="pretend no cgroups"))
     fleet = _load(_write_fleet(tmp_path, with_adb=False))
@@ -401,7 +401,7 @@ def test_down_stops_what_a_session_left_behind_and_up_follows_at_once(
         with SSHTransport(fleet.devices[0], connect_timeout=10) as transport:
             detach = f'trap "" TERM; setsid sleep {tag} </dev/null >/dev/null 2>&1 &'
             assert transport.run(["sh", "-c", detach], timeout=30).ok
-        assert cmdline_running(tag)
+        wait_for(lambda: cmdline_running(tag))  # the detached sleep starts a moment after its shell returns
         assert emulate.down(fleet, say=lambda line: None) == []
         assert not cmdline_running(tag)  # gone (a zombie has an empty command line)
         assert not any(processes.running(rec) for rec in _recorded(state))
