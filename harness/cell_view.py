@@ -58,6 +58,26 @@ def _cpu_median_us(measurement: Measurement) -> float:
     return median_of_sorted(cpu) / measurement.spec.batch * 1e6 if cpu else math.nan
 
 
+def model_memory(peak_bytes: int | None, runtime_bytes: int | None) -> int | None:
+    """Return what a cell's model added to its process's peak memory (pure).
+
+    Parameters
+    ----------
+    peak_bytes : int or None
+        The process's peak resident set over the cell.
+    runtime_bytes : int or None
+        Its peak before the model was opened (the runner's ``runtime_memory_bytes``).
+
+    Returns
+    -------
+    int or None
+        ``peak_bytes - runtime_bytes``, at least 0; None when either is unknown.
+    """
+    if peak_bytes is None or runtime_bytes is None:
+        return None
+    return max(0, int(peak_bytes) - int(runtime_bytes))
+
+
 def _nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -101,6 +121,8 @@ def view_record(
         "status": m.status,
         "peak_memory_bytes": m.peak_memory_bytes,
         "peak_memory_source": m.peak_memory_source,
+        "runtime_memory_bytes": m.runner.runtime_memory_bytes,
+        "model_memory_bytes": model_memory(m.peak_memory_bytes, m.runner.runtime_memory_bytes),
         "throttled": m.throttled,
         "matmul_gflops": _nan_if_none(m.matmul_gflops),
         "train_flops": _nan_if_none(m.runner.train_flops),

@@ -182,6 +182,9 @@ class RunnerDocument:
         Bench: cpus the process may run on.
     bench_data : str or None
         Bench: ``"shard"`` or ``"random"``.
+    runtime_memory_bytes : int or None
+        Bench: the peak resident set before the model was opened (numpy, the runtime and
+        the data loaded); None from runners that did not read it.
     epochs : int or None
         Train: epochs trained.
     lr : float or None
@@ -279,6 +282,7 @@ class RunnerDocument:
     loadavg: BeforeAfter = BeforeAfter()
     cpus_available: int | None = None
     bench_data: str | None = None
+    runtime_memory_bytes: int | None = None
     epochs: int | None = None
     lr: float | None = None
     examples: int | None = None
@@ -495,6 +499,7 @@ _READERS: Mapping[str, Callable[[str, Any], Any]] = {
     "loadavg": _before_after,
     "cpus_available": _count_or_none,
     "bench_data": _text_or_none,
+    "runtime_memory_bytes": _count_or_none,
     "epochs": _integer_or_none,
     "lr": _number_or_none,
     "examples": _count_or_none,

@@ -539,6 +539,9 @@ class ProfileStore:
             ``energy_emulated`` whether it was an emulated device's, ``energy_flag`` why a
             measured cell has no energy (``external-power``, ``sensor-slower-than-cell``,
             ``power: <reason>``); all null for a cell measured without energy.
+            ``runtime_memory_bytes`` is the process's peak before the model was opened
+            (numpy, the runtime, the data) and ``model_memory_bytes`` the cell's peak less
+            it (`harness.cell_view.model_memory`); NA for cells whose runner did not read it.
         """
         rows = self._rows(campaign_id=campaign_id, latest=True)
         return cell_frame(

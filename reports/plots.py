@@ -169,13 +169,16 @@ def latency_figure(latency: pd.DataFrame, log_scale: bool = False) -> Figure:
 
 
 @_styled
-def memory_figure(latency: pd.DataFrame) -> Figure:
-    """Peak resident memory of the training process against width.
+def memory_figure(latency: pd.DataFrame, column: str = "model_memory_mib") -> Figure:
+    """Memory of training against width: what the model adds to the runtime, or the whole peak.
 
     Parameters
     ----------
     latency : pandas.DataFrame
-        `reports.tables.latency_table` output with some ``peak_memory_mib``.
+        `reports.tables.latency_table` output with some finite values in ``column``.
+    column : {"model_memory_mib", "peak_memory_mib"}
+        The model's share of the peak (the peak less the runtime's memory before the model
+        opened), or the process's whole peak.
 
     Returns
     -------
@@ -183,10 +186,14 @@ def memory_figure(latency: pd.DataFrame) -> Figure:
     """
     fig, ax = _figure()
     colours = device_colours(list(latency["device"]))
-    _width_lines(ax, latency[np.isfinite(latency["peak_memory_mib"].astype(float))], "peak_memory_mib", colours)
+    _width_lines(ax, latency[np.isfinite(latency[column].astype(float))], column, colours)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("peak memory (MiB)")
-    ax.set_title("Peak memory of a training step vs width")
+    if column == "model_memory_mib":
+        ax.set_ylabel("peak less the runtime's (MiB)")
+        ax.set_title("Memory the model adds to the runtime vs width")
+    else:
+        ax.set_ylabel("peak memory (MiB)")
+        ax.set_title("Peak memory of a training step vs width")
     ax.legend(loc="best")
     return fig
 

@@ -237,18 +237,40 @@ def _latency(latency: pd.DataFrame, log_scale: bool) -> Draft:
 
 
 def _memory(latency: pd.DataFrame) -> Draft:
-    title = "Peak memory vs width"
+    title = "Memory vs width"
     has = latency[np.isfinite(latency["peak_memory_mib"].astype(float))] if not latency.empty else latency
     if has.empty:
         return Draft("memory", title, notes=("No measured cell reported its peak memory.",))
+    split = tables.memory_table(has)
+    if split.empty:
+        return Draft(
+            "memory",
+            title,
+            paragraphs=(
+                "Peak resident memory of the training process (VmHWM, else ru_maxrss) while training at each "
+                "width. It includes the runtime itself, so it does not go to zero with the model: these cells' "
+                "runner did not read the runtime's memory apart.",
+            ),
+            figures=(
+                PendingFigure("memory_vs_width", "Peak memory vs width.", plots.memory_figure(has, "peak_memory_mib")),
+            ),
+        )
+    without = int((~np.isfinite(has["model_memory_mib"].astype(float))).sum())
+    left_out = f"{without} cells stored by a runner that did not read the runtime's memory are left out."
+    notes = (left_out,) if without else ()
     return Draft(
         "memory",
         title,
         paragraphs=(
-            "Peak resident memory of the training process (VmHWM, else ru_maxrss) while training at each width. "
-            "It includes the runtime itself, so it does not go to zero with the model.",
+            "The peak resident memory of a training process (VmHWM, else ru_maxrss) is the runtime's own memory "
+            "(the interpreter, numpy and the runtime imported, the data loaded, before any model opens) plus "
+            "what the model adds: its session, parameters, gradients, optimizer state and the steps' "
+            "activations. The figure shows the model's share per width; the table, the runtime's memory and "
+            "the model's share of the peak at the widest width.",
         ),
-        figures=(PendingFigure("memory_vs_width", "Peak memory vs width.", plots.memory_figure(has)),),
+        figures=(PendingFigure("memory_vs_width", "Memory the model adds vs width.", plots.memory_figure(has)),),
+        tables=(TableBlock("memory", "The runtime's memory and the model's share of the peak.", split),),
+        notes=notes,
     )
 
 

@@ -174,10 +174,12 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
     pandas.DataFrame
         Columns ``device, model, batch, backend, width, n, median_us, precision, imprecise,
         p5_us, p95_us, iqr_us, cv, robust_cv, robust_cv_low, noisy, throttled,
-        peak_memory_mib, train_mflops, isa`` (``precision``: half-width of the median's 95 %
-        interval as a fraction of it; ``robust_cv_low``: the lower end of the robust CV's 95 %
-        interval, which ``noisy`` compares with 5 %; ``isa`` is ``"emulated ISA"`` on a cell
-        timed under qemu-user, else empty).
+        peak_memory_mib, runtime_memory_mib, model_memory_mib, train_mflops, isa``
+        (``precision``: half-width of the median's 95 % interval as a fraction of it;
+        ``robust_cv_low``: the lower end of the robust CV's 95 % interval, which ``noisy``
+        compares with 5 %; ``runtime_memory_mib``: the process's peak before the model
+        opened, ``model_memory_mib`` the peak less it, NaN where the runner did not read
+        it; ``isa`` is ``"emulated ISA"`` on a cell timed under qemu-user, else empty).
     """
     columns = [
         *CONFIG,
@@ -195,6 +197,8 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
         "noisy",
         "throttled",
         "peak_memory_mib",
+        "runtime_memory_mib",
+        "model_memory_mib",
         "train_mflops",
         "isa",
     ]
@@ -209,9 +213,46 @@ def latency_table(cells: pd.DataFrame) -> pd.DataFrame:
         if spread not in out.columns:
             out[spread] = math.nan
     out["peak_memory_mib"] = _floats(ok["peak_memory_bytes"]) / _MIB
+    for memory in ("runtime_memory", "model_memory"):
+        out[f"{memory}_mib"] = _floats(_column(ok, f"{memory}_bytes", None)) / _MIB
     out["train_mflops"] = ok["train_flops"] / 1e6
     out["isa"] = [EMULATED_ISA if e else "" for e in is_emulated(ok)]
     return out[columns].reset_index(drop=True)
+
+
+def memory_table(latency: pd.DataFrame) -> pd.DataFrame:
+    """Return the runtime's memory apart from the model's, per configuration.
+
+    Parameters
+    ----------
+    latency : pandas.DataFrame
+        `latency_table` output.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``device, model, batch, backend, runtime_mib, widest, model_mib,
+        model_share``: the median of the cells' runtime memory, and at the widest width
+        measured the model's share of the peak in MiB and as a fraction of the peak. Only
+        configurations whose cells carry the runtime's memory; empty when none does.
+    """
+    columns = [*CONFIG, "runtime_mib", "widest", "model_mib", "model_share"]
+    known = latency[np.isfinite(_floats(_column(latency, "model_memory_mib", None)))] if not latency.empty else latency
+    if known.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for key, group in known.groupby(CONFIG, sort=True):
+        widest = group.loc[group["width"].idxmax()]
+        rows.append(
+            {
+                **dict(zip(CONFIG, key, strict=True)),
+                "runtime_mib": float(group["runtime_memory_mib"].median()),
+                "widest": float(widest["width"]),
+                "model_mib": float(widest["model_memory_mib"]),
+                "model_share": float(widest["model_memory_mib"] / widest["peak_memory_mib"]),
+            }
+        )
+    return pd.DataFrame(rows, columns=columns)
 
 
 def energy_table(cells: pd.DataFrame) -> pd.DataFrame:

@@ -32,9 +32,9 @@ import os
 from typing import Any
 
 from .artifacts import check_listed
-from .failures import bad, import_failure
+from .failures import bad
 from .protocol import INITIAL_PARAMETERS_FILE, STEP_MODEL_FILE, TORCHSCRIPT_FILE
-from .runtimes import import_onnxruntime, import_ort_training
+from .runtimes import import_onnxruntime, import_ort_training, import_torch
 
 
 def session_options(onnxruntime, threads: int):
@@ -70,6 +70,7 @@ class OrtBackend:
     """
 
     name = "onnxruntime"
+    load_runtime = staticmethod(import_ort_training)
 
     def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
         onnxruntime, api = import_ort_training()
@@ -199,13 +200,10 @@ class TorchBackend:
     """
 
     name = "torch"
+    load_runtime = staticmethod(import_torch)
 
     def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
-        try:
-            import torch
-        except ImportError as exc:
-            raise import_failure("torch", exc) from None
-        self.torch = torch
+        torch = self.torch = import_torch()
         torch.set_num_threads(threads)
         try:
             torch.set_num_interop_threads(1)
@@ -389,6 +387,7 @@ class OnnxBackend:
     """
 
     name = "onnx"
+    load_runtime = staticmethod(import_onnxruntime)
 
     def __init__(self, directory: str, manifest: dict, threads: int, lr: float | None = None) -> None:
         import numpy

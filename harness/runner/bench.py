@@ -19,6 +19,12 @@ Decisions:
   and the timed steps (its seconds count against neither ``--max-seconds`` nor
   ``timed_seconds``), the sensor read while the timed samples run, and steps past them
   until the sensor's window spans its updates.
+* the runtime's memory (``runtime_memory_bytes``): the peak resident set once numpy and
+  the backend's runtime are imported and the data loaded, before the backend opens its
+  model. The cell's peak less it is what the model adds (its session, parameters,
+  gradients, optimizer state and the steps' activations): the runtime's own share does
+  not shrink with the width, and would flatten a memory-vs-width curve. In a resident
+  runner the reading also holds the sessions it keeps from earlier requests.
 * the matmul probe runs after the timed steps and the "after" readings: BLAS threads
   spin for a while after a matmul and slow the first steps that follow it.
 """
@@ -31,11 +37,11 @@ import time
 
 from .arguments import check_threads
 from .artifacts import load_manifest, random_batch
-from .backends import open_backend
+from .backends import BACKEND_CLASSES, open_backend
 from .data import BatchFeed, cached, check_shard, load_shard, shard_batches
 from .failures import bad
 from .metering import open_meter
-from .probes import cpus_available, load_average, matmul_gflops, readings_after, readings_before
+from .probes import cpus_available, load_average, matmul_gflops, peak_memory, readings_after, readings_before
 from .protocol import new_bench_keys
 from .runtimes import import_numpy
 from .sampling import WARMUP_SHARE, sample_steps, warm_up
@@ -79,6 +85,8 @@ def run_bench(args: argparse.Namespace, result: dict) -> None:
         shard = cached(args, "shard", args.data, lambda: load_shard(np, args.data, manifest))
         x, y = check_shard(args.data, shard, batch, manifest)
         feed = BatchFeed(np, x, y, batch)
+    BACKEND_CLASSES[args.backend].load_runtime()
+    result["runtime_memory_bytes"] = peak_memory()[0]
     backend = open_backend(args, manifest)
     step = backend.step
     if feed is not None:

@@ -50,6 +50,8 @@ stderr while the runner works). Keys::
       timed_seconds    wall time of warm-up plus timed samples
       loadavg          {"before": [1, 5, 15 min], "after": [...]} (os.getloadavg; [] where absent)
       cpus_available   cpus this process may run on (its affinity mask)
+      runtime_memory_bytes  peak resident set before the model is opened: numpy, the
+                       runtime and the data loaded (see `harness.runner.bench`)
       bench_data       "shard": the steps train on --data's batches as train does; "random":
                        on a random batch (see `harness.runner.bench`)
     loss               loss of every step in step_seconds (before that step's update)
@@ -234,4 +236,5 @@ def new_bench_keys() -> dict:
         "loadavg": {"before": [], "after": []},
         "cpus_available": None,
         "bench_data": None,
+        "runtime_memory_bytes": None,
     }

@@ -168,6 +168,25 @@ def torch_blocked() -> Iterator[bool]:
             del sys.modules["torch"]
 
 
+def import_torch():
+    """Import ``torch``.
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    RunnerFailure
+        "missing runtime" (``missing="torch"``) when the import fails.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise import_failure("torch", exc) from None
+    return torch
+
+
 def import_onnxruntime():
     """Import ``onnxruntime`` (plain or training build) without loading PyTorch.
 

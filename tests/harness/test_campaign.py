@@ -61,6 +61,10 @@ def test_campaign_device_dies_then_resume_then_warm_cache(fleet_file: Path, arti
     model = get_model("fjord-cnn")
     expected_flops = {w: count(model, model.arch(w)).train_flops for w in TWO_WIDTHS}
     assert all(row.train_flops == expected_flops[row.width] for row in ok.itertuples())
+    # the runtime's memory is read apart on the device: the same at every width, the model adding to it
+    assert (ok["runtime_memory_bytes"] > 20 * 2**20).all() and (ok["model_memory_bytes"] > 0).all()
+    spread = ok.groupby("device")["runtime_memory_bytes"].agg(lambda v: int(v.max() - v.min()))
+    assert (spread < 4 * 2**20).all(), spread
     # the artifacts' export format is recorded with every cell (an FL run names a profile of another one)
     assert {json.loads(v)["export_format"] for v in cells["versions"]} == {str(EXPORT_FORMAT_VERSION)}
     assert set(cells["export_format"]) == {str(EXPORT_FORMAT_VERSION)}

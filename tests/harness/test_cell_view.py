@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from harness.cell_view import cell_cpu_seconds, cell_frame, view_record
+from harness.cell_view import cell_cpu_seconds, cell_frame, model_memory, view_record
 from harness.records import Measurement
 from harness.store_schema import CELL_COLUMNS, CELL_DTYPES, ENERGY_COLUMNS
 from tests.harness.test_store import failed, measurement, spec
@@ -63,6 +63,18 @@ def test_cpu_seconds_keep_only_the_undisturbed_samples_of_an_ok_cell() -> None:
     short = measurement(spec(), steps=steps, runner={**runner, "step_seconds": [0.021, 0.031]})
     assert cell_cpu_seconds(short) == []
     assert cell_cpu_seconds(failed(spec())) == []
+
+
+def test_the_models_memory_is_the_peak_less_the_runtimes() -> None:
+    runner = {"mode": "bench", "runtime_memory_bytes": 100_000_000}
+    row = _row(measurement(spec(), runner=runner))  # peak 123_456_789
+    assert row["runtime_memory_bytes"] == 100_000_000 and row["model_memory_bytes"] == 23_456_789
+    older = _row(measurement(spec()))  # a runner that did not read it
+    assert older["runtime_memory_bytes"] is None and older["model_memory_bytes"] is None
+    assert model_memory(None, 5) is None and model_memory(5, None) is None
+    assert model_memory(90, 100) == 0  # a peak read on another scale never goes below nothing
+    frame = cell_frame([row, older])
+    assert frame["model_memory_bytes"].tolist()[0] == 23_456_789 and frame["model_memory_bytes"].isna().tolist()[1]
 
 
 def test_an_empty_frame_still_has_the_schema() -> None:

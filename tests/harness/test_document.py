@@ -150,6 +150,7 @@ def test_a_document_that_is_not_an_object_is_refused() -> None:
         ("timed_seconds", -2.0, "'timed_seconds': expected seconds"),
         ("median_ci_seconds", [-0.1, 0.1], "'median_ci_seconds[0]': expected seconds"),
         ("peak_memory_bytes", -1, "'peak_memory_bytes': expected a count (an integer >= 0)"),
+        ("runtime_memory_bytes", -5, "'runtime_memory_bytes': expected a count"),
         ("samples", -6, "'samples': expected a count"),
         ("steps_per_sample", [3, -1], "'steps_per_sample[1]': expected a count"),
         ("sessions", {"open_seconds": -0.5}, "'sessions.open_seconds': expected seconds"),

@@ -179,6 +179,10 @@ def test_bench_reports_timed_steps_memory_probe_and_versions(sets: dict[str, Pat
     assert len(doc["loss"]) == 4 and all(np.isfinite(doc["loss"]))
     assert doc["peak_memory_bytes"] > 10 * 2**20
     assert doc["peak_memory_source"] in ("VmHWM", "ru_maxrss")
+    # read once the runtime is imported, before the model opens: torch's import alone is over 150 MiB
+    runtime = doc["runtime_memory_bytes"]
+    assert 10 * 2**20 < runtime < doc["peak_memory_bytes"]
+    assert (runtime > 150 * 2**20) == (backend == "torch"), runtime
     assert doc["matmul_gflops"] > 0
     assert set(doc["cpu_freq_khz"]) == {"before", "after"} and set(doc["thermal_c"]) == {"before", "after"}
     assert isinstance(doc["throttled"], bool)

@@ -204,6 +204,35 @@ def test_emulated_isa_device_is_marked_on_the_page_and_left_out_of_comparisons(t
     assert "pi: emulated ISA (an instruction-set emulator" in path.read_text()
 
 
+def test_the_memory_section_shows_the_model_apart_from_the_runtime(full: Path) -> None:
+    from tests.reports.fixtures import peak_mib, runtime_mib
+
+    split = pd.read_csv(full.parent / "memory.csv")
+    jetson_torch = split[(split["device"] == "jetson") & (split["backend"] == "torch")].iloc[0]
+    assert jetson_torch["runtime_mib"] == pytest.approx(runtime_mib("jetson", "torch"))
+    assert jetson_torch["model_share"] == pytest.approx(50.0 / peak_mib("jetson", "torch", 1.0))
+    text = full.read_text()
+    assert "Memory the model adds vs width." in text and "did not read the runtime" not in text
+
+
+def test_cells_of_an_older_runner_keep_the_whole_peak_in_the_memory_section(tmp_path: Path) -> None:
+    import dataclasses
+
+    from harness.document import parse_document
+    from tests.reports.fixtures import ok_measurement
+
+    db = tmp_path / "m.db"
+    with ProfileStore(db) as store:
+        cid = store.start_campaign(fleet="emulated.yaml", model="cnn")
+        for w in WIDTHS:
+            base = ok_measurement("pi4", "ort", w)
+            store.record(cid, dataclasses.replace(base, runner=parse_document({"mode": "bench"})))
+    path, _ = write_report(load_sources(db), tmp_path / "out", now=NOW)
+    text = path.read_text()
+    assert "Peak memory vs width." in text and "runner did not read the runtime&#x27;s memory apart" in text
+    assert not (path.parent / "memory.csv").exists()
+
+
 def test_energy_is_charted_against_width_beside_latency_and_against_flops(tmp_path: Path) -> None:
     import dataclasses
 

@@ -11,7 +11,17 @@ import pytest
 
 from harness.store import ProfileStore
 from reports import tables
-from tests.reports.fixtures import BATCH, FLOPS, IMPRECISE, MATMUL, WIDTHS, build_store, median_us, peak_mib
+from tests.reports.fixtures import (
+    BATCH,
+    FLOPS,
+    IMPRECISE,
+    MATMUL,
+    WIDTHS,
+    build_store,
+    median_us,
+    peak_mib,
+    runtime_mib,
+)
 
 # Sorted step multipliers 0.98, 0.99, 1.00, 1.01, 1.03. NumPy's linear rule, n = 5:
 # p5: h = 4 * 0.05 = 0.2 -> 0.98 + 0.2 * (0.99 - 0.98) = 0.982
@@ -48,10 +58,30 @@ def test_latency_table_matches_the_raw_steps(cells: pd.DataFrame) -> None:
             assert r["p95_us"] == pytest.approx(P95 * m, rel=1e-9)
             assert r["iqr_us"] == pytest.approx(IQR * m, rel=1e-9)
             assert r["peak_memory_mib"] == pytest.approx(peak_mib(device, backend, w))
+            assert r["runtime_memory_mib"] == pytest.approx(runtime_mib(device, backend))
+            assert r["model_memory_mib"] == pytest.approx(10.0 + 40.0 * w)
             assert r["train_mflops"] == pytest.approx(FLOPS[w] / 1e6)
             assert r["n"] == 5 and r["batch"] == BATCH
     assert bool(row(lat, device="pi4", width=1.0)["throttled"])
     assert not bool(row(lat, device="pi4", width=0.5)["throttled"])
+
+
+def test_memory_table_parts_the_runtime_from_the_model(cells: pd.DataFrame) -> None:
+    split = tables.memory_table(tables.latency_table(cells))
+    assert len(split) == 3  # pi4 ort, jetson ort, jetson torch
+    for device, backend in (("pi4", "ort"), ("jetson", "ort"), ("jetson", "torch")):
+        r = row(split, device=device, backend=backend)
+        assert r["runtime_mib"] == pytest.approx(runtime_mib(device, backend))
+        assert r["widest"] == max(WIDTHS)
+        assert r["model_mib"] == pytest.approx(50.0)  # 10 + 40 x width 1
+        assert r["model_share"] == pytest.approx(50.0 / peak_mib(device, backend, 1.0))
+
+
+def test_memory_table_is_empty_for_cells_whose_runner_did_not_read_the_runtime(cells: pd.DataFrame) -> None:
+    older = cells.assign(runtime_memory_bytes=pd.NA, model_memory_bytes=pd.NA)
+    lat = tables.latency_table(older)
+    assert lat["model_memory_mib"].isna().all() and lat["peak_memory_mib"].notna().all()
+    assert tables.memory_table(lat).empty
 
 
 def test_speedup_is_explained_by_the_fixed_share(cells: pd.DataFrame) -> None:
