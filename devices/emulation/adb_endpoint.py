@@ -55,8 +55,10 @@ would need root for every phone.
 ``--arch aarch64 --tree T``: the toolbox links point at the arm64 binaries of the Debian
 tree ``T`` (`devices.emulation.rootfs`) and the commands run with ``QEMU_LD_PREFIX=T``, so the
 kernel hands every one of them to qemu-user through binfmt_misc and qemu finds their
-arm64 libraries in the tree: ``uname -m`` answers ``aarch64`` because qemu says so, and
-``/proc`` stays the host's, so the facts probe sees the emulation. The tree's own
+arm64 libraries in the tree, on the processor an emulated aarch64 board has
+(``QEMU_CPU``, `devices.emulation.qemu.GUEST_CPU`): ``uname -m`` answers ``aarch64``
+because qemu says so, and ``/proc`` stays the host's, so the facts probe sees the
+emulation. The tree's own
 ``/usr/bin/python3`` is not on ``PATH``. No root is needed once the binfmt entry exists.
 
 Run as ``python -m devices.emulation.adb_endpoint --port P --sandbox DIR [--pidfile F] [--arch
@@ -82,6 +84,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from devices.emulation.qemu import GUEST_CPU
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +380,7 @@ class Sandbox:
         env.update(PATH=str(self.root / "bin"), HOME=tmp, TMPDIR=tmp, ANDROID_DATA="/data",
                    EXTERNAL_STORAGE="/sdcard")
         if self.tree is not None:
-            env["QEMU_LD_PREFIX"] = str(self.tree)
+            env.update(QEMU_LD_PREFIX=str(self.tree), QEMU_CPU=GUEST_CPU)
         return env
 
     @property

@@ -482,7 +482,8 @@ def _start_ssh(
         netns, listen_host, host_if = shaping.netns, shaping.address, shaping.host_if
     try:
         inst = sshd.prepare(
-            fleet.state_dir, device.name, port, session_env={MARKER: unit}, chroot=root.tree if root else None
+            fleet.state_dir, device.name, port, chroot=root.tree if root else None,
+            session_env={MARKER: unit, **({"QEMU_CPU": qemu.GUEST_CPU} if root else {})},
         )
         sshd.authorize(inst, Path(str(key_file) + ".pub").read_text())
         config = inst.config.read_text().replace(f"ListenAddress {sshd.LOOPBACK}", f"ListenAddress {listen_host}")

@@ -42,6 +42,13 @@ Design (decided here, with the reasons):
   gets a Raspberry Pi 4's (Cortex-A72) ``/proc/cpuinfo`` with one entry per host CPU
   (`guest_cpuinfo`), written into its layer directory and bound read-only over
   ``/proc/cpuinfo``; facts still tell the emulation by the probe shell's qemu interpreter.
+* **A Cortex-A72 processor** (`GUEST_CPU`, qemu's ``QEMU_CPU`` in the environment of
+  everything the device runs: `TREE_ENV`, and every SSH session's). qemu's default CPU,
+  ``max``, offers every feature it can emulate, SVE among them, in the auxiliary vector
+  (``AT_HWCAP``) that programs read their CPU's features from. onnxruntime 1.32 then runs
+  SVE kernels, which qemu emulates several times slower than the NEON ones a Pi 4 runs:
+  a fjord-cnn training step at full width took 4 to 7 times as long. The processor the
+  device emulates agrees with its ``/proc/cpuinfo``, as on the board.
 * **Defaults of such a device** (`devices.fleetfile`): ``python`` is ``python3`` and
   ``workdir`` ``~/.fleetbench``, resolved by the device like a real board's, since host
   paths mean nothing inside the tree.
@@ -60,8 +67,12 @@ from pathlib import Path
 
 from devices import processes
 
+#: The processor qemu emulates (``QEMU_CPU``): a Raspberry Pi 4's, as `guest_cpuinfo` lists it.
+GUEST_CPU = "cortex-a72"
+
 #: Environment of commands run chrooted in the tree (the host's pip settings name host paths).
 TREE_ENV: dict[str, str] = {
+    "QEMU_CPU": GUEST_CPU,
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/root",
     "LANG": "C.UTF-8",
@@ -259,18 +270,22 @@ def stop_namespace(namespace: str, grace: float = 3.0) -> list[int]:
     Returns
     -------
     list of int
-        Pids still there after ``grace`` (empty when the namespace is gone). A process born
-        while a sweep froze the others (its fork under way) is swept again, within ``grace``.
+        Pids still running after ``grace`` (empty when the namespace is gone). A process born
+        while a sweep froze the others (its fork under way) is swept again, and the killed
+        are waited for until their parents reaped them, within ``grace``.
     """
     if namespace == mount_namespace(os.getpid()):
         return []  # never signal the processes of our own namespace
     deadline = time.monotonic() + grace
     while True:
         left = processes.stop((), also=lambda: processes_in(namespace), grace=0.0, kill_wait=grace)
+        present = processes_in(namespace)
         # A process whose fork was under way when the sweep froze the others appears only now.
-        late = [pid for pid in processes_in(namespace) if _alive(pid)]
-        if left or not late or time.monotonic() >= deadline:
+        late = [pid for pid in present if _alive(pid)]
+        if left or not present or time.monotonic() >= deadline:
             return left or late
+        if not late:  # only the dead, not yet reaped by their parents: the namespace ends with them
+            time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:

@@ -32,9 +32,9 @@ BENCH_DOCUMENT_KEYS = {
     "backend", "batch", "bench_data", "cpu_freq_khz", "cpu_step_seconds", "cpus_available", "disturbed", "energy",
     "error", "flush_denormals", "imprecise", "loadavg", "loss", "matmul_gflops", "max_seconds", "median_ci_seconds",
     "missing", "mode", "peak_memory_bytes", "peak_memory_scope", "peak_memory_source", "precision",
-    "precision_achieved", "sample_seconds", "samples", "seed", "status", "step_seconds", "steps", "steps_per_sample",
-    "stop_reason", "thermal_c", "threads", "throttled", "timed_seconds", "versions", "warmup", "warmup_seconds",
-    "warmup_settled", "warmup_steps",
+    "precision_achieved", "runtime_memory_bytes", "sample_seconds", "samples", "seed", "status", "step_seconds",
+    "steps", "steps_per_sample", "stop_reason", "thermal_c", "threads", "throttled", "timed_seconds", "versions",
+    "warmup", "warmup_seconds", "warmup_settled", "warmup_steps",
 }  # fmt: skip
 #: Every key of a train document that failed before training, as the single-file runner wrote it.
 TRAIN_DOCUMENT_KEYS = {

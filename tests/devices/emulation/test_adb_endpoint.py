@@ -299,3 +299,15 @@ def test_the_endpoint_process_fleet_up_starts_listens_on_loopback_only(tmp_path:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_an_aarch64_phones_commands_run_on_the_emulated_boards_processor(tmp_path: Path) -> None:
+    from devices.emulation.adb_endpoint import Sandbox
+    from devices.emulation.qemu import GUEST_CPU
+
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin" / "sh").touch()
+    env = Sandbox(tmp_path / "phone", arch="aarch64", tree=tree, props=None).environment()
+    assert (env["QEMU_LD_PREFIX"], env["QEMU_CPU"]) == (str(tree), GUEST_CPU)
+    assert "QEMU_CPU" not in Sandbox(tmp_path / "x86").environment()  # the host's own processor

@@ -206,6 +206,23 @@ def test_the_device_is_aarch64_over_ssh(transport: Transport) -> None:
     assert "VERSION_CODENAME=bookworm" in osrel
 
 
+#: Reads the AT_HWCAP word of the auxiliary vector (pairs of little-endian u64) and prints it.
+PRINT_HWCAP = (
+    "import struct; pairs = dict(struct.iter_unpack('<QQ', open('/proc/self/auxv', 'rb').read())); print(pairs[16])"
+)
+#: AT_HWCAP bits of an aarch64 kernel: a Cortex-A72 has FP, ASIMD and CRC32, and no SVE.
+HWCAP_FP, HWCAP_ASIMD, HWCAP_CRC32, HWCAP_SVE = 1 << 0, 1 << 1, 1 << 7, 1 << 22
+
+
+def test_the_device_emulates_the_processor_its_cpuinfo_names(transport: Transport) -> None:
+    # what programs pick their kernels by: qemu's default CPU would offer SVE, a Pi 4's has none
+    hwcap = int(transport.run(["python3", "-c", PRINT_HWCAP], timeout=120).stdout)
+    assert hwcap & (HWCAP_FP | HWCAP_ASIMD | HWCAP_CRC32) == HWCAP_FP | HWCAP_ASIMD | HWCAP_CRC32
+    assert not hwcap & HWCAP_SVE, hex(hwcap)
+    cpuinfo = transport.run(["cat", "/proc/cpuinfo"], timeout=60).stdout
+    assert "CPU part\t: 0xd08" in cpuinfo and "sve" not in cpuinfo  # 0xd08: Cortex-A72
+
+
 def tiny_model(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Write ``Y = X @ W + B`` as ONNX (opset 17, IR 8); return ``W`` and ``B``."""
     import onnx
