@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -521,7 +522,7 @@ class DeviceRun:
 
     def _measure_round_cost(self, spec: BenchSpec) -> None:
         """Measure and store the round cost of ``spec``'s configuration (`harness.roundcost`); never raises."""
-        from harness.roundcost import RoundCostError, measure_round_cost, payload_bytes
+        from harness.roundcost import RoundCostError, measure_round_cost, payload_bytes, step_counts_for
 
         name = self.device.name
         status, message = "runner error", ""
@@ -540,6 +541,7 @@ class DeviceRun:
                 threads=spec.threads, timeout=self.campaign.timeout, campaign_id=self.campaign.id,
                 measured_at=self.campaign.clock(), start=self.start,
                 data=self.campaign.data if spec.data else None, transfer_bytes=payload_bytes(model_sets),
+                step_counts=step_counts_for(self._step_seconds(spec)),
             )  # fmt: skip
         except TransportError as exc:
             status, message = exc.kind, self._reason(exc)
@@ -569,6 +571,14 @@ class DeviceRun:
         with self.campaign.lock:
             self.campaign.result.round_cost_failures.setdefault(name, []).append(reason)
         self._tell(f"{name}: {reason}")
+
+    def _step_seconds(self, spec: BenchSpec) -> float | None:
+        """Return the median step time of ``spec``'s cell measured in this campaign, None when it was not."""
+        key = spec.cell_key()
+        with self.campaign.lock:
+            measured = self.campaign.result.measurements
+            steps = next((m.step_seconds for m in measured if m.ok and m.spec.cell_key() == key), ())
+        return statistics.median(steps) if steps else None
 
     def _tell(self, line: str) -> None:
         if self.campaign.say is not None:

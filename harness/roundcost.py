@@ -35,7 +35,9 @@ Measurement (decided here)
     ``runner.pyz serve`` through the device's transport (with the cells' backend and
     threads), and `ResidentRunner.train` sends ``train`` requests at the profile's widest
     width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's bench data
-    when it has some, else synthetic), starting from the set's initial parameters. First one
+    when it has some, else synthetic), starting from the set's initial parameters; on a
+    slow device the longer request's steps are held to `LONG_REQUEST_S` of the widest
+    cell's step time (`step_counts_for`). First one
     warm-up request per shard (not fitted; kept in the samples with the runner's start): it
     opens the session and puts the shard in the runner's file cache, as a FL client's first
     round does; rounds after that find both. Then ``repeats`` requests per step count. The
@@ -85,6 +87,9 @@ if TYPE_CHECKING:
 
 #: Local step counts of the two ``train`` requests whose intercept is the fixed cost.
 DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 26)
+#: Seconds the longer request's steps may take on a device whose step time is known
+#: (`step_counts_for`): a slow board measures its fixed cost in fewer steps, not for minutes.
+LONG_REQUEST_S = 2.0
 #: Fitted requests per step count, and transfers per size and direction (their medians are fitted).
 DEFAULT_REPEATS = 3
 #: Sizes of the files pushed and pulled to fit the transfer lines (bytes).
@@ -101,6 +106,36 @@ MEASURE_LR = 0.05
 RoundCost = Callable[[str, "Arch", float, int, int], float]
 #: ``(device, nbytes) -> seconds`` or None: an override of a device's transfer time.
 TransferFn = Callable[[str, int], "float | None"]
+
+
+def step_counts_for(
+    step_seconds: float | None, counts: tuple[int, int] = DEFAULT_STEP_COUNTS, budget_s: float = LONG_REQUEST_S
+) -> tuple[int, int]:
+    """Return the step counts of the measuring requests on a device whose step takes ``step_seconds`` (pure).
+
+    The fixed cost is a request's wall time less its steps' own time, so it does not need
+    long requests; the longer one only has to differ from the shorter. Its steps are held
+    to ``budget_s`` seconds, and to at least the shorter count plus two.
+
+    Parameters
+    ----------
+    step_seconds : float or None
+        The device's median step time at the measured width (its cell's), None when unknown.
+    counts : tuple of int
+        The shorter and the longer request's steps when the step time allows.
+    budget_s : float
+        Seconds the longer request's steps may take.
+
+    Returns
+    -------
+    tuple of int
+        ``counts``, or the shorter count and fewer steps for the longer request.
+    """
+    short, long = counts
+    if step_seconds is None or not math.isfinite(step_seconds) or step_seconds <= 0:
+        return counts
+    fitting = int(budget_s / step_seconds)
+    return short, max(short + 2, min(long, fitting))
 
 
 @dataclass(frozen=True)
@@ -654,6 +689,7 @@ __all__ = [
     "DEFAULT_REPEATS",
     "DEFAULT_STEP_COUNTS",
     "DEFAULT_TRANSFER_BYTES",
+    "LONG_REQUEST_S",
     "RoundCostError",
     "RoundCostModel",
     "config_key",
@@ -664,5 +700,6 @@ __all__ = [
     "payload_bytes",
     "round_cost",
     "round_seconds",
+    "step_counts_for",
     "transfer_seconds",
 ]

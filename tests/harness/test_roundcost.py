@@ -25,6 +25,7 @@ from harness.roundcost import (
     payload_bytes,
     round_cost,
     round_seconds,
+    step_counts_for,
 )
 from harness.runner_archive import archive_path
 from tests.fl.scheduling.profiles import line_rows
@@ -70,6 +71,14 @@ def test_a_stray_request_or_transfer_does_not_set_the_round_cost() -> None:
     )
     assert cost.fixed_s == pytest.approx(0.005)
     assert cost.up_latency_s == pytest.approx(0.095 - 16384 * (0.105 - 0.095) / (1048576 - 16384))
+
+
+def test_a_slow_devices_longer_request_is_held_to_its_budget_and_stays_longer_than_the_short() -> None:
+    assert step_counts_for(None) == step_counts_for(float("nan")) == step_counts_for(0.0) == (2, 26)
+    assert step_counts_for(0.01) == (2, 26)  # 26 steps fit in 2 s: the defaults
+    assert step_counts_for(0.375) == (2, 5)  # 5 x 0.375 s = 1.9 s
+    assert step_counts_for(10.0) == (2, 4)  # never down to the short request's count
+    assert step_counts_for(0.1, counts=(3, 40), budget_s=1.0) == (3, 10)
 
 
 def test_payload_bytes_bracket_the_parameter_files_of_the_sets(tmp_path: Path) -> None:
