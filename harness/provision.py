@@ -80,7 +80,7 @@ from harness.backends import BACKEND_PACKAGES, BackendChoice, PackageStatus, Pro
 from harness.contract import RunnerStart
 from harness.deploy import deploy_files, sha256_file
 from harness.phone_runtime import RuntimeReport, device_runtime, runner_start
-from harness.runner.runtimes import import_onnxruntime, import_ort_training, torch_blocked
+from harness.runner.runtimes import import_onnxruntime, import_ort_training, import_runtime_module, torch_blocked
 from harness.wheels import Target, fetch_wheels, normalize, wanted_requirements, wheel_distribution, wheel_fits
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
@@ -204,7 +204,10 @@ print(json.dumps(out))
 #: blocked), so a device without PyTorch is not reported as missing them.
 _CHECK = _CHECK_TEMPLATE.replace(
     "#ORT_IMPORT#",
-    "".join(inspect.getsource(f) for f in (torch_blocked, import_onnxruntime, import_ort_training)))
+    "".join(
+        inspect.getsource(f) for f in (torch_blocked, import_runtime_module, import_onnxruntime, import_ort_training)
+    ),
+)
 
 
 def check_device(transport: Transport, device: Device,

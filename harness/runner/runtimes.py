@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 import types
@@ -180,11 +181,7 @@ def import_torch():
     RunnerFailure
         "missing runtime" (``missing="torch"``) when the import fails.
     """
-    try:
-        import torch
-    except ImportError as exc:
-        raise import_failure("torch", exc) from None
-    return torch
+    return import_runtime_module("torch", block_torch=False)
 
 
 def import_onnxruntime():
@@ -199,9 +196,30 @@ def import_onnxruntime():
     RunnerFailure
         "missing runtime" (``missing="onnxruntime"``) when the import fails.
     """
+    return import_runtime_module("onnxruntime", block_torch=True)
+
+
+def import_runtime_module(name: str, *, block_torch: bool):
+    """Import module ``name`` as the runner imports a runtime (shipped in provisioning's check too).
+
+    Parameters
+    ----------
+    name : str
+        The module.
+    block_torch : bool
+        Import it with ``torch`` blocked (`torch_blocked`).
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    RunnerFailure
+        "missing runtime" (``missing=name``) when the import fails.
+    """
     try:
-        with torch_blocked():
-            import onnxruntime
+        with torch_blocked() if block_torch else contextlib.nullcontext():
+            return importlib.import_module(name)
     except ImportError as exc:
-        raise import_failure("onnxruntime", exc) from None
-    return onnxruntime
+        raise import_failure(name, exc) from None
