@@ -270,22 +270,18 @@ def stop_namespace(namespace: str, grace: float = 3.0) -> list[int]:
     Returns
     -------
     list of int
-        Pids still running after ``grace`` (empty when the namespace is gone). A process born
-        while a sweep froze the others (its fork under way) is swept again, and the killed
-        are waited for until their parents reaped them, within ``grace``.
+        Pids still there after ``grace`` (empty when the namespace is gone). A process born
+        while a sweep froze the others (its fork under way) is swept again, within ``grace``.
     """
     if namespace == mount_namespace(os.getpid()):
         return []  # never signal the processes of our own namespace
     deadline = time.monotonic() + grace
     while True:
         left = processes.stop((), also=lambda: processes_in(namespace), grace=0.0, kill_wait=grace)
-        present = processes_in(namespace)
         # A process whose fork was under way when the sweep froze the others appears only now.
-        late = [pid for pid in present if _alive(pid)]
-        if left or not present or time.monotonic() >= deadline:
+        late = [pid for pid in processes_in(namespace) if _alive(pid)]
+        if left or not late or time.monotonic() >= deadline:
             return left or late
-        if not late:  # only the dead, not yet reaped by their parents: the namespace ends with them
-            time.sleep(0.02)
 
 
 def _alive(pid: int) -> bool:
