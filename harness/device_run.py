@@ -573,11 +573,17 @@ class DeviceRun:
         self._tell(f"{name}: {reason}")
 
     def _step_seconds(self, spec: BenchSpec) -> float | None:
-        """Return the median step time of ``spec``'s cell measured in this campaign, None when it was not."""
+        """Return the median step time of ``spec``'s cell: as this campaign measured it, else as stored.
+
+        A resumed campaign measures the round cost of a cell an earlier one stored; None when
+        the cell has no measured steps at all.
+        """
         key = spec.cell_key()
         with self.campaign.lock:
-            measured = self.campaign.result.measurements
-            steps = next((m.step_seconds for m in measured if m.ok and m.spec.cell_key() == key), ())
+            found = [m for m in self.campaign.result.measurements if m.spec.cell_key() == key]
+        if not found:
+            found = [m for m in self.campaign.store.measurements(latest=True) if m.spec.cell_key() == key]
+        steps = next((m.step_seconds for m in found if m.ok), ())
         return statistics.median(steps) if steps else None
 
     def _tell(self, line: str) -> None:

@@ -307,3 +307,24 @@ def test_a_failed_round_cost_is_stored_with_its_reason(artifacts: Path, tmp_path
     [row] = store.round_cost_rows()
     assert row["device"] == "broken" and row["status"] != "ok" and row["message"] and row["fixed_s"] is None
     assert store.round_costs() == []
+
+
+def test_the_round_costs_step_time_is_the_cells_this_run_else_the_stored_one(tmp_path: Path) -> None:
+    # a resumed campaign measures the round cost of a cell an earlier campaign stored
+    import threading
+    from types import SimpleNamespace
+
+    from harness.device_run import CampaignResult
+    from tests.harness.test_store import measurement, spec
+
+    widest, other = spec(width=1.0), spec(width=0.5)
+    store = ProfileStore(tmp_path / "fleetbench.db")
+    campaign_id = store.start_campaign(fleet="f.yaml", model="cnn")
+    store.record(campaign_id, measurement(widest, steps=(0.4, 0.2, 0.3)))
+    result = CampaignResult(campaign_id=campaign_id)
+    campaign = SimpleNamespace(lock=threading.Lock(), result=result, store=store)
+    run = DeviceRun(None, campaign)  # type: ignore[arg-type]
+    assert run._step_seconds(widest) == 0.3  # stored by the earlier campaign
+    assert run._step_seconds(other) is None  # never measured
+    result.measurements.append(measurement(widest, steps=(0.1, 0.1, 0.2)))
+    assert run._step_seconds(widest) == 0.1  # this campaign's own measurement
