@@ -310,7 +310,9 @@ def test_json_of_a_failed_run_carries_the_reasons_and_max_failed_rounds_is_honou
 def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tree, tmp_path, capsys):
     """One FL run over an x86 device (ort), the emulated aarch64 ``pi`` (onnx) and a device without Python.
 
-    ``pi`` is a fresh board: it is provisioned first (``fleet provision --install``).
+    ``pi`` is a fresh board: it is provisioned first (``fleet provision --install``). The clients
+    train HeteroFL's quarter-width sub-model: a full-width step takes the emulated board eight
+    times as long, and what is checked (each device trains with its backend) is the same.
     """
     import sqlite3
     import sys
@@ -334,7 +336,8 @@ def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tr
     try:
         assert emulate.up(fleet, say=lambda line: None).ok
         assert provision([fleet.device("pi")], install=True, say=lambda line: None).ok
-        rc, out, err = run(capsys, *argv, "--dataset", "digits", "--clients", "2", "--rounds", "1", "--db", db)
+        rc, out, err = run(capsys, *argv, "--strategy", "heterofl", "--capacities", "0.25", "--dataset", "digits",
+                           "--clients", "2", "--rounds", "1", "--db", db)  # fmt: skip
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
     assert rc == 0, err
@@ -345,6 +348,8 @@ def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tr
         "SELECT cid, device, backend, status, loss, steps FROM fl_client_rounds ORDER BY cid"
     ).fetchall()
     assert [row[:4] for row in rows] == [("c0", "x86", "ort", "ok"), ("c1", "pi", "onnx", "ok")]
+    widths = {w for (w,) in sqlite3.connect(db).execute("SELECT width FROM fl_client_rounds")}
+    assert widths == {0.25}
     assert all(row[4] is not None and 0 < row[4] < 10 and row[5] > 0 for row in rows)
 
 
