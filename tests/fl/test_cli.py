@@ -311,7 +311,7 @@ def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tr
     """One FL run over an x86 device (ort), the emulated aarch64 ``pi`` (onnx) and a device without Python.
 
     ``pi`` is a fresh board: it is provisioned first (``fleet provision --install``). The clients
-    train HeteroFL's quarter-width sub-model: a full-width step takes the emulated board eight
+    train HeteroFL's quarter-width sub-model: a full-width step takes the emulated board about seven
     times as long, and what is checked (each device trains with its backend) is the same.
     """
     import sqlite3
