@@ -222,12 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except INPUT_ERRORS as exc:
         _say(f"error: {describe(exc)}", exc, debug)
         return EXIT_USAGE
-    except Terminated as exc:
-        print(f"fleetbench: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
-        return 128 + exc.signum
-    except KeyboardInterrupt:
-        print("fleetbench: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP as `Terminated`
+        return _stopped(exc)
     except BrokenPipeError:
         # The reader went away (`fleetbench ... | head`): stop quietly, as shell tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -237,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"error: {describe(exc)}", exc, debug)
         return EXIT_FAILURE
     except Exception as exc:  # noqa: BLE001 - the boundary: a bug becomes one line and a log file
+        stop = interruption(exc)
+        if stop is not None:
+            return _stopped(stop)
         if debug:
             traceback.print_exception(exc, file=sys.stderr)
             return EXIT_FAILURE
@@ -247,6 +246,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+
+
+def interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """Return the Ctrl-C or termination that ``exc`` was raised from, if any.
+
+    Python wraps some exceptions in another: in 3.11, one raised by a descriptor's
+    ``__set_name__`` while a class body runs becomes a ``RuntimeError`` whose cause it is.
+    A signal that arrives while a module is being imported can therefore reach the command
+    line as such an error; it is still the user's (or the system's) request to stop.
+
+    Parameters
+    ----------
+    exc : BaseException
+
+    Returns
+    -------
+    KeyboardInterrupt or None
+        The first `KeyboardInterrupt` (`Terminated` included) along the chain of causes.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
+
+
+def _stopped(exc: KeyboardInterrupt) -> int:
+    """Say that the command was stopped, and return its exit status (130, or 128 + the signal)."""
+    if isinstance(exc, Terminated):
+        print(f"fleetbench: terminated ({signal.Signals(exc.signum).name})", file=sys.stderr)
+        return 128 + exc.signum
+    print("fleetbench: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _say(line: str, exc: BaseException, debug: bool) -> None:

@@ -81,6 +81,32 @@ def test_an_unexpected_error_is_one_line_and_a_log_holding_the_traceback(
     assert len(list((tmp_path / "logs").iterdir())) == 1  # --debug prints instead of logging
 
 
+def test_a_termination_python_wrapped_in_another_error_still_ends_the_command_as_terminated(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGTERM while a module defines a dataclass: Python 3.11 wraps what ``__set_name__`` raises."""
+    import signal
+
+    import exporters.cli
+    from devices.processes import Terminated
+
+    class SignalArrives:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise Terminated(signal.SIGTERM)
+
+    def importing(args: object) -> int:
+        class Defined:  # what importing a module runs: its class bodies
+            field = SignalArrives()
+
+        return 0
+
+    monkeypatch.setattr(exporters.cli, "cmd_models", importing)
+    monkeypatch.setenv("FLEETBENCH_LOG_DIR", str(tmp_path / "logs"))
+    rc, out, err = run(capsys, "models")
+    assert (rc, err) == (128 + signal.SIGTERM, "fleetbench: terminated (SIGTERM)\n")
+    assert not (tmp_path / "logs").exists()  # not an internal error
+
+
 def test_a_failure_of_the_environment_is_one_line_and_exit_1(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
