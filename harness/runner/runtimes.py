@@ -96,11 +96,7 @@ def import_numpy(threads: int):
     """
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, str(threads))
-    try:
-        import numpy
-    except ImportError as exc:
-        raise import_failure("numpy", exc) from None
-    return numpy
+    return import_runtime_module("numpy", block_torch=False)
 
 
 def import_ort_training() -> tuple:

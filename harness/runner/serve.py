@@ -35,11 +35,11 @@ import time
 
 from .arguments import build_parser
 from .backends import BACKEND_CLASSES
-from .failures import bad, import_failure
+from .failures import bad
 from .modes import guarded, run_mode
 from .probes import reset_peak_memory
 from .protocol import EXIT_CODES, PROTOCOL_VERSION, SERVE_KEYS, new_result
-from .runtimes import import_numpy, import_onnxruntime, import_ort_training
+from .runtimes import import_numpy
 
 
 class Lru:
@@ -268,15 +268,8 @@ def serve(argv: list, out) -> int:
                 raise bad(f"--cwd {args.cwd}: {exc.strerror or exc}") from None
         ready["cwd"] = os.getcwd()
         import_numpy(args.threads)
-        if args.backend == "ort":
-            import_ort_training()
-        elif args.backend == "onnx":
-            import_onnxruntime()
-        elif args.backend == "torch":
-            try:
-                import torch  # noqa: F401
-            except ImportError as exc:
-                raise import_failure("torch", exc) from None
+        if args.backend is not None:
+            BACKEND_CLASSES[args.backend].load_runtime()
         server = Server(args.threads, args.backend, args.max_sessions)
 
     ready = guarded(ready, work)

@@ -250,6 +250,32 @@ def test_start_up_failure_is_one_line_and_leaves_nothing_running(tmp_path: Path)
     transport.close()
 
 
+@pytest.mark.parametrize(
+    ("backend", "hidden", "missing"),
+    [
+        ("ort", "onnxruntime", "onnxruntime.training"),
+        ("onnx", "onnxruntime", "onnxruntime"),
+        ("torch", "torch", "torch"),
+    ],
+)
+def test_a_runtime_that_cannot_be_imported_is_named_in_the_ready_line(
+    tmp_path: Path, backend: str, hidden: str, missing: str
+) -> None:
+    """``serve --backend B`` imports B's runtime at start, as ``bench`` does, and names what is missing."""
+    import os
+    import subprocess
+
+    package = tmp_path / "hide" / hidden  # earlier on sys.path and failing to import: an uninstalled runtime
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"raise ImportError('{hidden} hidden by the test')\n")
+    argv = contract.serve_argv(PY, str(archive_path()), backend=backend, threads=1)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "hide")}
+    done = subprocess.run(argv, input="", capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    ready = json.loads(done.stdout.splitlines()[0])
+    assert (ready["event"], ready["status"], ready["missing"]) == ("ready", "missing runtime", missing), ready
+    assert "hidden by the test" in ready["error"] and done.returncode == 3
+
+
 def test_reply_lines_parse_to_the_one_shot_statuses() -> None:
     assert contract.parse_reply(json.dumps({"status": "ok", "loss": [1.0]})).ok
     oom = contract.parse_reply(json.dumps({"status": "out of memory", "error": "bad_alloc"}))
