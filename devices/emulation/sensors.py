@@ -276,10 +276,23 @@ def drive(
     -------
     float
         The energy (J) accounted when it stopped.
+
+    Notes
+    -----
+    Only the files whose text changed since the last update are written again: the
+    labels, voltages and the mark stay as first written, so a period costs the driver a
+    rename or two, not one per file.
     """
     joules = 0.0
+    written: dict[str, str] = {}
+
+    def update(files: Mapping[str, str]) -> None:
+        changed = {relative: text for relative, text in files.items() if written.get(relative) != text}
+        write_files(root, changed)
+        written.update(changed)
+
     last_t, last_cpu = clock(), usage()
-    write_files(root, sensor_files(power, model_watts(power, 0.0), joules))
+    update(sensor_files(power, model_watts(power, 0.0), joules))
     while running():
         sleep(period)
         now, cpu = clock(), usage()
@@ -288,7 +301,7 @@ def drive(
             continue
         watts = model_watts(power, (cpu - last_cpu) / elapsed)
         joules += watts * elapsed
-        write_files(root, sensor_files(power, watts, joules))
+        update(sensor_files(power, watts, joules))
         last_t, last_cpu = now, cpu
     return joules
 

@@ -19,6 +19,7 @@ from devices import processes
 from devices.connect import connect
 from devices.emulation import emulate, sensors
 from devices.emulation.sensors import (
+    HWMON_DIR,
     cgroup_usage_usec,
     drive,
     model_watts,
@@ -123,6 +124,26 @@ def test_the_driver_turns_cpu_use_into_energy(tmp_path: Path) -> None:
     assert joules == pytest.approx(1.0 * (2.0 + 1.5 * 2) + 1.0 * 2.0)  # 5 J, then 2 J
     (sensor,) = discover(str(tmp_path), which=no_vcgencmd)
     assert read_energy(sensor)["package-0"][0] == pytest.approx(7.0)
+
+
+def test_the_driver_rewrites_only_the_files_whose_value_changed(tmp_path: Path) -> None:
+    power = EmulatedPower("ina3221-hwmon", 2.0, 3.0)
+    now = {"t": 0.0, "cpu": 0.0, "ticks": 0}
+    inodes: list[dict[str, int]] = []
+
+    def sleep(seconds: float) -> None:  # one busy core, then idle; the files are looked at before each update
+        inodes.append({p.name: p.stat().st_ino for p in tmp_path.rglob("*") if p.is_file()})
+        now["t"] += seconds
+        now["cpu"] += seconds if now["ticks"] == 0 else 0.0
+        now["ticks"] += 1
+
+    drive(tmp_path, power, lambda: now["cpu"], 0.5, lambda: now["t"], sleep, running=lambda: now["ticks"] < 3)
+    inodes.append({p.name: p.stat().st_ino for p in tmp_path.rglob("*") if p.is_file()})
+    first, busy, idle, last = inodes
+    replaced = {name for name in first if busy[name] != idle[name]}  # the update from busy to idle
+    assert replaced == {"curr1_input", "curr2_input"}  # the draw; the labels, voltages and mark stay
+    assert all(last[name] == idle[name] for name in first)  # idle again: nothing changed, nothing written
+    assert (tmp_path / HWMON_DIR / "curr1_input").read_text() == "400\n"  # 2 W at 5 V
 
 
 # ---------------------------------------------------------------------------- a device brought up with one
