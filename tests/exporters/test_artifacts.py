@@ -22,6 +22,7 @@ import torch
 from exporters import artifacts
 from exporters.arch import DEFAULT_WIDTHS
 from exporters.artifacts import export_artifacts
+from exporters.errors import ExportError
 from exporters.flops import count
 from exporters.manifest import ARTIFACT_FILES, EXPORT_FORMAT_CHANGES, MANIFEST, load_valid_manifest
 from exporters.ort_training import OrtTrainer
@@ -269,6 +270,21 @@ def test_ort_adamw_differs_from_torch_adamw_as_documented() -> None:
 
 
 # --------------------------------------------------------------------------- flat parameter order
+
+
+def test_the_export_s_order_check_refuses_a_layout_ort_does_not_hold(root: SharedArtifacts) -> None:
+    """The check every export runs (`_verify_flat_order`) fails on a swapped pair and on a wrong total."""
+    _, result = _export(root, "fjord-cnn", 0.25)
+    params, total = result.manifest["parameters"], result.manifest["num_parameters"]
+    artifacts._verify_flat_order(result.directory, params, total)  # the set's own layout holds
+    first, second = params[0], params[2]  # two weights of different sizes, their places swapped
+    swapped = [dict(p) for p in params]
+    swapped[0] = {**first, "offset": second["offset"] + second["size"] - first["size"]}
+    swapped[2] = {**second, "offset": first["offset"]}
+    with pytest.raises(ExportError, match="flat buffer order disagrees"):
+        artifacts._verify_flat_order(result.directory, swapped, total)
+    with pytest.raises(ExportError, match=f"ORT holds {total} trainable values, the module {total + 1}"):
+        artifacts._verify_flat_order(result.directory, params, total + 1)
 
 
 @pytest.mark.parametrize("name", model_names())
