@@ -23,10 +23,13 @@ is replaced whole (written beside it, then renamed), so a reader never sees half
 
 Where the device's cpu use comes from (`usage_source`): its cgroup (v2 ``cpu.stat``
 ``usage_usec``, v1 ``cpuacct.usage`` where the cpu hierarchy carries cpuacct); else the
-cpu time of the processes carrying the device's marker (``FLEETBENCH_DEVICE=<unit>``,
-`devices.emulation.emulate.MARKER`), summed per process from ``/proc/PID/stat``. The
-fallback misses what a process used after the driver's last look before it exited (at
-most one period of it); the driver's own process is not counted.
+cpu time of the device's processes, summed per process from ``/proc/PID/stat``: those its
+cgroups list (``cgroup.procs``: a v1 cpu hierarchy without cpuacct), else those carrying
+the device's marker (``FLEETBENCH_DEVICE=<unit>``, `devices.emulation.emulate.MARKER`).
+The cgroups' list is a read of one file per period; finding the marked processes reads
+the environment of every process on the machine. Both miss what a process used after
+the driver's last look before it exited (at most one period of it); the driver's own
+process is not counted.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from devices import processes
+from devices.emulation import limits
 from devices.files import atomic_write
 from devices.fleet import POWER_FORMATS, EmulatedPower
 
@@ -186,18 +190,18 @@ class CgroupUsage:
         return None
 
 
-class MarkedUsage:
-    """A device's cpu use summed over the processes carrying its marker (see the module docstring)."""
+class ProcessUsage:
+    """A device's cpu use summed over its processes, as ``pids()`` lists them (see the module docstring)."""
 
-    def __init__(self, marker: str, unit: str, ignore: Iterable[int] = ()) -> None:
-        self.marker, self.unit, self.ignore = marker, unit, set(ignore)
+    def __init__(self, pids: Callable[[], Iterable[int]], ignore: Iterable[int] = ()) -> None:
+        self.pids, self.ignore = pids, set(ignore)
         self.ticks_per_s = float(os.sysconf("SC_CLK_TCK"))
         self.last = self._look()
         self.total = 0
 
     def _look(self) -> dict[tuple[int, int], int]:
         seen = {}
-        for pid in processes.marked(self.marker, self.unit):
+        for pid in self.pids():
             if pid in self.ignore:
                 continue
             stat = processes.read_stat(pid)
@@ -214,7 +218,7 @@ class MarkedUsage:
 
 
 def usage_source(cgroups: Sequence[Path], marker: str, unit: str) -> Callable[[], float]:
-    """Return a function giving the device's cpu seconds used so far (its cgroups, else its marked processes).
+    """Return a function giving the device's cpu seconds used so far (see the module docstring).
 
     Parameters
     ----------
@@ -231,7 +235,9 @@ def usage_source(cgroups: Sequence[Path], marker: str, unit: str) -> Callable[[]
     cgroup = CgroupUsage(cgroups)
     if cgroup.seconds() is not None:
         return lambda: cgroup.seconds() or 0.0
-    return MarkedUsage(marker, unit, ignore=(os.getpid(),)).seconds
+    if any((Path(directory) / "cgroup.procs").is_file() for directory in cgroups):
+        return ProcessUsage(lambda: limits.cgroup_pids(cgroups), ignore=(os.getpid(),)).seconds
+    return ProcessUsage(lambda: processes.marked(marker, unit), ignore=(os.getpid(),)).seconds
 
 
 # ---------------------------------------------------------------------------- the driver

@@ -7,6 +7,8 @@ ones a device uses; expected numbers are worked out by hand from the model
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -25,6 +27,7 @@ from devices.emulation.sensors import (
     model_watts,
     process_usage_delta,
     sensor_files,
+    usage_source,
 )
 from devices.facts import probe_device
 from devices.fleet import EmulatedPower, Fleet
@@ -109,6 +112,23 @@ def test_process_usage_counts_new_processes_whole_and_gone_ones_no_more() -> Non
     now = {(10, 1): 130, (12, 7): 20}  # 11 exited, 12 started
     assert process_usage_delta(before, now) == 30 + 20
     assert process_usage_delta(before, {(10, 2): 5}) == 5  # pid 10 reused by another process
+
+
+def test_a_cgroup_without_a_usage_counter_is_measured_by_the_processes_it_lists(tmp_path: Path) -> None:
+    """A v1 cpu hierarchy without cpuacct: the cgroup's own list of processes, not the marker."""
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+                             "while time.process_time() < end: pass\ntime.sleep(30)"])  # fmt: skip
+    try:
+        (tmp_path / "cgroup.procs").write_text(f"{busy.pid}\n")
+        usage = usage_source([tmp_path], "FLEETBENCH_DEVICE", f"nobody-{uuid.uuid4().hex}")  # no process carries it
+        start = usage()
+        deadline = time.monotonic() + 20
+        while usage() - start < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 0.3 <= usage() - start <= 0.6
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_the_driver_turns_cpu_use_into_energy(tmp_path: Path) -> None:
