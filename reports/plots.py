@@ -594,6 +594,9 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> bytes:
         The PNG, for embedding in the HTML page.
     """
     png = render_png(fig)
+    # The PNG's draw ran the constrained layout; the SVG keeps the axes where it placed them
+    # rather than solving the layout a second time (a third of a figure's drawing).
+    fig.set_layout_engine("none")
     svg = io.BytesIO()
     fig.savefig(svg, format="svg", facecolor="white", metadata={"Date": None})
     atomic_write(out_dir / f"{name}.png", png)
