@@ -62,6 +62,10 @@ class OrtTrainer:
         Intra-op threads.
     lr : float, optional
         Learning rate; ORT's initial 1e-3 when ``None``.
+    evaluates : bool
+        Also load the eval graph, for `eval_loss`. Building its session costs about as
+        much again as the training graph's on an unrolled LSTM; a trainer that only
+        trains can do without it.
 
     Attributes
     ----------
@@ -71,7 +75,7 @@ class OrtTrainer:
         The ORT ``CheckpointState``, ``Module`` and ``Optimizer``.
     """
 
-    def __init__(self, directory: Path, *, threads: int = 1, lr: float | None = None) -> None:
+    def __init__(self, directory: Path, *, threads: int = 1, lr: float | None = None, evaluates: bool = True) -> None:
         from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
         directory = Path(directory)
@@ -81,9 +85,10 @@ class OrtTrainer:
         self.module = Module(
             str(directory / TRAINING_MODEL),
             self.state,
-            str(directory / EVAL_MODEL),
+            str(directory / EVAL_MODEL) if evaluates else None,
             session_options=session_options(threads),
         )
+        self.evaluates = evaluates
         self.optimizer = Optimizer(str(directory / OPTIMIZER_MODEL), self.module)
         if lr is not None:
             self.optimizer.set_learning_rate(lr)
@@ -149,7 +154,14 @@ class OrtTrainer:
         Returns
         -------
         float
+
+        Raises
+        ------
+        InputError
+            If the trainer was made without the eval graph (``evaluates=False``).
         """
+        if not self.evaluates:
+            raise InputError(f"{self.directory.name}: this trainer was made without the eval graph (evaluates=False)")
         self.module.eval()
         try:
             return float(np.asarray(self.module(*self._feed(x, y))))

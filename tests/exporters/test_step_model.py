@@ -164,7 +164,7 @@ def _run(root: SharedArtifacts, name: str, width: float, optimizer: str) -> Run:
     model = get_model(name)
     result = root.export(model, model.arch(width), batch=BATCH, optimizer=optimizer)
     lr = LR[optimizer]
-    trainer = OrtTrainer(result.directory, lr=lr)
+    trainer = OrtTrainer(result.directory, lr=lr, evaluates=False)
     initial = trainer.get_parameters()
     net = model.build(model.arch(width))
     net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in initial.items()}, strict=True)
@@ -249,7 +249,7 @@ def test_a_short_batch_steps_as_the_training_build_and_pytorch(
     model, lr = get_model(name), LR[optimizer]
     x, y = model.example_batch(SHORT, seed=2)
     out = StepRunner(run.directory, run.manifest, run.initial, lr).step(x.numpy(), y.numpy())
-    trainer = OrtTrainer(run.directory, lr=lr)
+    trainer = OrtTrainer(run.directory, lr=lr, evaluates=False)
     ort_loss = trainer.train_step(x.numpy(), y.numpy())
     net = model.build(model.arch(width))
     net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in run.initial.items()}, strict=True)
@@ -333,7 +333,7 @@ def test_manifest_lists_the_step_model_and_initial_parameters(root: SharedArtifa
     state = [a for a, _ in spec["carry"][len(names) :]]
     assert state == [n + ".exp_avg" for n in names] + [n + ".exp_avg_sq" for n in names] + ["step"]
     flat = np.load(run.directory / INITIAL_PARAMETERS, allow_pickle=False)
-    fresh = OrtTrainer(run.directory).get_flat()
+    fresh = OrtTrainer(run.directory, evaluates=False).get_flat()
     np.testing.assert_array_equal(flat, fresh)  # the checkpoint's values, in the flat order
 
 
