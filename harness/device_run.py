@@ -542,6 +542,7 @@ class DeviceRun:
                 measured_at=self.campaign.clock(), start=self.start,
                 data=self.campaign.data if spec.data else None, transfer_bytes=payload_bytes(model_sets),
                 step_counts=step_counts_for(self._step_seconds(spec)),
+                resident=self.residents.get((spec.backend, spec.threads)),
             )  # fmt: skip
         except TransportError as exc:
             status, message = exc.kind, self._reason(exc)

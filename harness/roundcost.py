@@ -33,7 +33,8 @@ Measurement (decided here)
     *Fixed cost*: what a request costs FL rounds on the **resident runner**, on the code
     path the FL devices executor takes: `harness.resident.ResidentRunner.for_device` starts
     ``runner.pyz serve`` through the device's transport (with the cells' backend and
-    threads), and `ResidentRunner.train` sends ``train`` requests at the profile's widest
+    threads; a profile whose cells took later passes on that runner measures on it rather
+    than starting a second one), and `ResidentRunner.train` sends ``train`` requests at the profile's widest
     width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's bench data
     when it has some, else synthetic), starting from the set's initial parameters; on a
     slow device the longer request's steps are held to `LONG_REQUEST_S` of the widest
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from devices.transport import Transport
     from exporters.arch import Arch
     from harness.contract import RunnerStart
+    from harness.resident import ResidentRunner
 
 #: Local step counts of the two ``train`` requests whose intercept is the fixed cost.
 DEFAULT_STEP_COUNTS: tuple[int, int] = (2, 26)
@@ -560,6 +562,7 @@ def measure_round_cost(
     measured_at: float | None = None,
     start: str | RunnerStart | None = None,
     data: Path | None = None,
+    resident: ResidentRunner | None = None,
 ) -> RoundCostModel:
     """Measure one device's `RoundCostModel` through its transport (see "Measurement").
 
@@ -601,6 +604,12 @@ def measure_round_cost(
     data : pathlib.Path, optional
         The campaign's bench data (``.npz``): the requests train on its examples, as FL
         clients train on theirs (default: synthetic shards).
+    resident : harness.resident.ResidentRunner, optional
+        The device's resident runner with ``backend`` and ``threads``, already serving the
+        campaign's later passes: the requests go to it, and it is left open for its owner.
+        Default: one is started here (``start``) and closed at the end. Either way the
+        runner's start is not in the fixed cost, and an FL client's rounds, too, go to one
+        runner that has served other widths.
 
     Returns
     -------
@@ -613,7 +622,7 @@ def measure_round_cost(
         start ran past ``timeout``).
     RoundCostError
         When the resident runner does not start or a ``train`` request fails (the runner's
-        status and message). The runner is closed in every case.
+        status and message). A runner started here is closed in every case.
     """
     import json
 
@@ -628,17 +637,20 @@ def measure_round_cost(
     shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch, data) for n in step_counts]
     deployed = deploy_files(transport, device, shards, timeout=timeout)
     workdir = deployed.workdir
-    if start is None:
-        from harness.phone_runtime import runner_start
+    own = resident is None
+    if resident is None:
+        if start is None:
+            from harness.phone_runtime import runner_start
 
-        start = runner_start(transport, device, timeout=timeout)
-    resident = ResidentRunner.for_device(
-        transport, start, runner, backend=backend, threads=threads, workdir=workdir,
-        start_timeout=timeout, clock=clock,
-    )  # fmt: skip
+            start = runner_start(transport, device, timeout=timeout)
+        resident = ResidentRunner.for_device(
+            transport, start, runner, backend=backend, threads=threads, workdir=workdir,
+            start_timeout=timeout, clock=clock,
+        )  # fmt: skip
+    served = resident
 
     def request(steps: int, shard: Path) -> dict[str, float]:
-        output, seconds = resident.train(
+        output, seconds = served.train(
             remote_set, params=f"{remote_set}/initial_parameters.npy", data=deployed.remote_paths[shard.name],
             out=f"{workdir}/roundcost-out.npy", timeout=timeout, backend=backend, epochs=1, lr=MEASURE_LR,
             threads=threads, seed=0,
@@ -660,7 +672,8 @@ def measure_round_cost(
             for n, shard in zip(step_counts, shards, strict=True):
                 train.append(request(int(n), shard))
     finally:
-        resident.close()
+        if own:
+            served.close()
     down: list[dict[str, float]] = []
     up: list[dict[str, float]] = []
     for size in transfer_bytes:
@@ -677,7 +690,7 @@ def measure_round_cost(
             up.append({"bytes": float(size), "seconds": clock() - t0})
     return fit_round_cost(
         train, down, up,
-        extra={"warmup": warmup, "start": [{"seconds": s} for s in resident.start_seconds]},
+        extra={"warmup": warmup, "start": [{"seconds": s} for s in served.start_seconds]},
         device=device.name, model=str(manifest["model"]), width=float(width), batch=batch,
         backend=backend, optimizer=optimizer, threads=int(threads), campaign_id=campaign_id,
         measured_at=time.time() if measured_at is None else measured_at,

@@ -22,7 +22,7 @@ from harness.isolation import pinned_cpus, plan_isolation
 from harness.passes import DEFAULT_PASSES
 from harness.roundcost import step_counts_for
 from harness.store import ProfileStore
-from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS, Counting, load
+from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS, Counting, load, local_fleet_file
 
 
 def test_only_devices_a_cpu_quota_throttles_time_blocks_of_steps() -> None:
@@ -291,6 +291,28 @@ def test_round_cost_step_measures_each_device_through_its_transport(
     )  # fmt: skip
     assert again.round_costs == {} and again.runner_invocations == 0
     assert len(store.round_costs(latest=False)) == 2
+
+
+def test_a_round_cost_after_later_passes_measures_on_the_runner_that_served_them(
+    artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.resident import ResidentRunner
+
+    fleet = load(local_fleet_file(tmp_path))
+    specs = plan_cells(fleet, MODEL, (0.25, 0.5), [BATCH], ["ort"], STEPS, WARMUP, "sgd", precision=0.02,
+                       max_seconds=1.0)  # fmt: skip
+    started: list[int] = []
+    start = ResidentRunner.start
+    monkeypatch.setattr(ResidentRunner, "start", lambda self: started.append(1) or start(self))
+    store = ProfileStore(tmp_path / "fleetbench.db")
+    result = run_campaign(
+        fleet, specs, store, artifacts_dir=artifacts, timeout=TIMEOUT, progress=Counting(), round_cost=True, passes=2,
+    )  # fmt: skip
+    assert result.complete and result.resident_requests == 2, result.round_cost_failures
+    (cost,) = store.round_costs()
+    assert started == [1]  # one serving runner for pass 2 of both cells and the round cost's requests
+    assert len(cost.samples["start"]) == 1 and len(cost.samples["train"]) == 6
+    assert cost.fixed_s < 0.25 * cost.samples["start"][0]["seconds"], (cost.fixed_s, cost.samples["start"])
 
 
 def test_a_failed_round_cost_is_stored_with_its_reason(artifacts: Path, tmp_path: Path) -> None:
