@@ -39,7 +39,7 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     source = base / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     leftover = source / "fleetbench-demo" / "fleet"  # what `fleetbench demo` leaves in the working directory
-    leftover.mkdir(parents=True)
+    leftover.mkdir(parents=True, exist_ok=True)  # the checkout may hold a real demo's output already
     (leftover / "runner.py").write_text("print('a copy of the runner')\n")
     out = base / "dist"
     done = subprocess.run(
