@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -111,7 +112,9 @@ class LoginCutter:
     def _cut(self, conn: socket.socket) -> None:
         transport = paramiko.Transport(conn)
         transport.add_server_key(self.host_key)
-        transport.start_server(server=_CutAtAuth(conn))
+        # the cut itself ends the server's side too: its reply to the login finds the socket closed
+        with contextlib.suppress(EOFError, paramiko.SSHException):
+            transport.start_server(server=_CutAtAuth(conn))
         transport.join(30)
         transport.close()
 
