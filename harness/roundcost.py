@@ -34,9 +34,9 @@ Measurement (decided here)
     path the FL devices executor takes: `harness.resident.ResidentRunner.for_device` starts
     ``runner.pyz serve`` through the device's transport (with the cells' backend and
     threads; a profile whose cells took later passes on that runner measures on it rather
-    than starting a second one), and `ResidentRunner.train` sends ``train`` requests at the profile's widest
-    width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the campaign's bench data
-    when it has some, else synthetic), starting from the set's initial parameters; on a
+    than starting a second one), and `ResidentRunner.train` sends ``train`` requests at
+    the profile's widest width on shards of two step counts (`DEFAULT_STEP_COUNTS`: the
+    campaign's bench data when it has some, else synthetic), starting from the set's initial parameters; on a
     slow device the longer request's steps are held to `LONG_REQUEST_S` of the widest
     cell's step time (`step_counts_for`). First one
     warm-up request per shard (not fitted; kept in the samples with the runner's start): it
@@ -637,17 +637,17 @@ def measure_round_cost(
     shards = [_shard(scratch / f"roundcost-{n}x{batch}.npz", manifest, int(n) * batch, data) for n in step_counts]
     deployed = deploy_files(transport, device, shards, timeout=timeout)
     workdir = deployed.workdir
-    own = resident is None
     if resident is None:
         if start is None:
             from harness.phone_runtime import runner_start
 
             start = runner_start(transport, device, timeout=timeout)
-        resident = ResidentRunner.for_device(
+        served = ResidentRunner.for_device(
             transport, start, runner, backend=backend, threads=threads, workdir=workdir,
             start_timeout=timeout, clock=clock,
         )  # fmt: skip
-    served = resident
+    else:
+        served = resident
 
     def request(steps: int, shard: Path) -> dict[str, float]:
         output, seconds = served.train(
@@ -672,7 +672,7 @@ def measure_round_cost(
             for n, shard in zip(step_counts, shards, strict=True):
                 train.append(request(int(n), shard))
     finally:
-        if own:
+        if served is not resident:  # started here: closed here
             served.close()
     down: list[dict[str, float]] = []
     up: list[dict[str, float]] = []

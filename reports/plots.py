@@ -580,6 +580,8 @@ def render_png(fig: Figure) -> bytes:
 def save_figure(fig: Figure, out_dir: Path, name: str) -> bytes:
     """Write ``name.png`` and ``name.svg`` into ``out_dir`` atomically; return the PNG bytes.
 
+    The figure's layout is solved once, for the PNG, and left fixed afterwards.
+
     Parameters
     ----------
     fig : Figure
