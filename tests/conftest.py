@@ -151,7 +151,7 @@ def small_fs(tmp_path: Path) -> Iterator[SmallFileSystems]:
 #: ``--durations`` and the junit report of a CI run show them.  Under pytest-xdist (``--dist
 #: loadfile --no-loadscope-reorder``, tox.ini) a worker takes whole modules in this order and the
 #: short modules fill in after them, so that the workers finish together: the longest first
-#: is what keeps the slowest worker near a third of the total.
+#: is what keeps the slowest worker near a quarter of the total.
 LONG_MODULES = (
     "tests/fleetbench/test_faults.py",
     "tests/fleetbench/test_real_device.py",
