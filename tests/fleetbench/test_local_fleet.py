@@ -70,12 +70,13 @@ def test_profiled_fast_mid_slow_follow_their_cpu_shares(tmp_path: Path, capsys: 
         assert emulate.up(fleet, say=lambda line: None).ok
         state = emulate.load_state(fleet.state_dir)
         seen = []
-        for attempt in range(3):  # the machine is shared: retries when a busy moment squeezed the ratios
+        # A share is a ceiling, not a floor: when the machine's other work squeezes one device, its
+        # attempt is taken again (the order and the ratios alike), up to three attempts.
+        for attempt in range(3):
             assert main([*argv, "--db", str(tmp_path / f"profile{attempt}.db")]) == 0
             us = _medians(capsys.readouterr().out)
             seen.append(us)
             assert set(us) == set(NAMES), seen
-            assert us["fast"] < us["mid"] < us["slow"], seen
             # shares 0.6 : 0.29 : 0.14, so mid takes 2.07x fast's time and slow 2.07x mid's
             if all(1.3 < ratio < 3.2 for ratio in (us["mid"] / us["fast"], us["slow"] / us["mid"])):
                 break
