@@ -177,30 +177,73 @@ def run_campaign(
         connect=connect, clock=clock, progress=progress, say=say, stop=stop, plan=plan,
         turns=Turns(plan, by_device), activity=Activity(), result=result, lock=threading.Lock(),
     )  # fmt: skip
-    threads = []
+    finished = []
     for name, cells in by_device.items():
         work = DeviceWork(fleet.device(name), tuple(cells), tuple(costs_by_device.get(name, ())))
-        worker = DeviceRun(work, shared)
-        thread = threading.Thread(target=worker, name=f"campaign-{name}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)
-    except KeyboardInterrupt:
+        finished.append(start_device_thread(f"campaign-{name}", DeviceRun(work, shared)))
+
+    def interrupted() -> None:
         stop.set()
         result.interrupted = True
-        print(
-            "fleetbench: stopping after the cells in progress (Ctrl-C again to quit now)",
-            file=sys.stderr,
-            flush=True,
-        )
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)
+        say_now = "fleetbench: stopping after the cells in progress (Ctrl-C again to quit now)"
+        print(say_now, file=sys.stderr, flush=True)
+
+    wait_for_devices(finished, interrupted)
     if result.store_failure is not None:
         raise result.store_failure
     if stop.is_set():
         result.interrupted = True
     return result
+
+
+def start_device_thread(name: str, work: Callable[[], None]) -> threading.Event:
+    """Run ``work`` in a daemon thread called ``name``; return the event set when it has returned or raised.
+
+    Parameters
+    ----------
+    name : str
+    work : callable
+        A device's share of the campaign (`harness.device_run.DeviceRun`).
+
+    Returns
+    -------
+    threading.Event
+        Set once ``work`` is over, whichever way it ended.
+    """
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return finished
+
+
+def wait_for_devices(finished: Sequence[threading.Event], interrupted: Callable[[], None]) -> None:
+    """Wait until every device thread is over; at the first Ctrl-C call ``interrupted`` and wait on.
+
+    The wait is on each thread's own event (`start_device_thread`), not on ``Thread.join``:
+    on Python 3.11, a KeyboardInterrupt that lands inside ``join`` releases the thread's
+    state lock on its behalf and marks it stopped while it still runs, so a loop over
+    ``is_alive`` would return, and the store be closed, before that device had stored the
+    cell in progress.
+
+    Parameters
+    ----------
+    finished : sequence of threading.Event
+    interrupted : callable
+        Called once, from the waiting thread, when the first KeyboardInterrupt arrives; a
+        second one propagates (the user's "quit now").
+    """
+    try:
+        for event in finished:
+            while not event.wait(0.2):
+                pass
+    except KeyboardInterrupt:
+        interrupted()
+        for event in finished:
+            while not event.wait(0.2):
+                pass

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from devices.emulation import emulate
 from exporters.flops import count
 from exporters.manifest import EXPORT_FORMAT_VERSION
 from exporters.zoo import get_model
-from harness.campaign import run_campaign
+from harness.campaign import run_campaign, start_device_thread, wait_for_devices
 from harness.cells import plan_cells
 from harness.progress import CellEvent
 from harness.store import ProfileStore
@@ -143,3 +145,38 @@ def test_a_store_that_fills_up_stops_the_campaign_in_one_error_and_resume_comple
     assert resumed.complete and len(resumed.skipped) == 1 and len(resumed.measurements) == 2
     assert store._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     store.close()
+
+
+def _interrupt_main_after(seconds: float) -> None:
+    """Deliver a real SIGINT to the main thread after ``seconds`` (as Ctrl-C does)."""
+    main = threading.main_thread().ident
+    assert main is not None
+    threading.Timer(seconds, signal.pthread_kill, (main, signal.SIGINT)).start()
+
+
+def test_a_ctrl_c_while_waiting_still_waits_for_the_device_storing_its_cell() -> None:
+    """The first Ctrl-C stops the campaign, and the wait then lasts until the device's thread is over.
+
+    Python 3.11's ``Thread.join``, interrupted, marks a thread that still runs as stopped: a wait
+    built on it returned here at once, before the device had stored its cell.
+    """
+    assert threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    release, stored, stopped = threading.Event(), [], []
+
+    def device() -> None:  # the cell in progress, stored once the stop has been seen
+        assert release.wait(30)
+        time.sleep(0.3)
+        stored.append("cell")
+
+    def interrupted() -> None:
+        stopped.append(time.monotonic())
+        release.set()
+
+    try:
+        finished = [start_device_thread("campaign-d", device)]
+        _interrupt_main_after(0.3)
+        wait_for_devices(finished, interrupted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(stopped) == 1 and stored == ["cell"]
