@@ -238,12 +238,14 @@ def wait_for_devices(finished: Sequence[threading.Event], interrupted: Callable[
         Called once, from the waiting thread, when the first KeyboardInterrupt arrives; a
         second one propagates (the user's "quit now").
     """
-    try:
+
+    def every_one() -> None:
         for event in finished:
             while not event.wait(0.2):
                 pass
+
+    try:
+        every_one()
     except KeyboardInterrupt:
         interrupted()
-        for event in finished:
-            while not event.wait(0.2):
-                pass
+        every_one()
