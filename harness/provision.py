@@ -80,7 +80,13 @@ from harness.backends import BACKEND_PACKAGES, BackendChoice, PackageStatus, Pro
 from harness.contract import RunnerStart
 from harness.deploy import deploy_files, sha256_file
 from harness.phone_runtime import RuntimeReport, device_runtime, runner_start
-from harness.runner.runtimes import import_onnxruntime, import_ort_training, import_runtime_module, torch_blocked
+from harness.runner.runtimes import (
+    import_onnxruntime,
+    import_ort_training,
+    import_runtime_module,
+    ortmodule_check_skipped,
+    torch_blocked,
+)
 from harness.wheels import Target, fetch_wheels, normalize, wanted_requirements, wheel_distribution, wheel_fits
 
 #: Seconds for the package check (importing torch on a slow board takes a while).
@@ -205,7 +211,9 @@ print(json.dumps(out))
 _CHECK = _CHECK_TEMPLATE.replace(
     "#ORT_IMPORT#",
     "".join(
-        inspect.getsource(f) for f in (torch_blocked, import_runtime_module, import_onnxruntime, import_ort_training)
+        inspect.getsource(f)
+        for f in (torch_blocked, ortmodule_check_skipped, import_runtime_module, import_onnxruntime,
+                  import_ort_training)
     ),
 )
 

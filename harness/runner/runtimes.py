@@ -109,9 +109,12 @@ def import_ort_training() -> tuple:
     needs neither. Loading PyTorch into an ORT measurement costs about 2 s of
     start-up and 250 MB of peak memory, and would make the runner fail on devices
     without PyTorch. So ``torch`` is blocked (``sys.modules["torch"] = None``)
-    while ORT is imported, unless it is already loaded; when the training package
-    then fails on the block, ``onnxruntime.training`` is entered as a bare
-    namespace of its directory and only ``api`` is imported from it.
+    while ORT is imported, unless it is already loaded (`import_onnxruntime` then
+    skips the ORTModule check too). With torch blocked the training package's
+    ``__init__`` can only fail, after importing ``onnx`` for its artifact helpers,
+    so ``onnxruntime.training`` is entered at once as a bare namespace of its
+    directory and only ``api`` is imported from it. A process that already holds
+    the package (torch loaded) imports ``api`` from it.
 
     Returns
     -------
@@ -126,21 +129,17 @@ def import_ort_training() -> tuple:
     """
     try:
         with torch_blocked() as blocked:
-            import onnxruntime
-
-            try:
-                from onnxruntime.training import api
-            except ImportError:
-                if not blocked:
-                    raise
-                training_dir = os.path.join(os.path.dirname(onnxruntime.__file__), "training")
+            with ortmodule_check_skipped(blocked):
+                import onnxruntime
+            training_dir = os.path.join(os.path.dirname(onnxruntime.__file__), "training")
+            if blocked and "onnxruntime.training" not in sys.modules:
                 if not os.path.isfile(os.path.join(training_dir, "api", "__init__.py")):
-                    raise
+                    raise ModuleNotFoundError("No module named 'onnxruntime.training'", name="onnxruntime.training")
                 package = types.ModuleType("onnxruntime.training")
                 package.__path__ = [training_dir]
                 package.__package__ = "onnxruntime.training"
                 sys.modules["onnxruntime.training"] = package
-                from onnxruntime.training import api
+            from onnxruntime.training import api
     except ImportError as exc:
         raise import_failure("onnxruntime.training", exc) from None
     return onnxruntime, api
@@ -183,6 +182,12 @@ def import_torch():
 def import_onnxruntime():
     """Import ``onnxruntime`` (plain or training build) without loading PyTorch.
 
+    The package's ``__init__`` checks whether ORTModule, PyTorch's training wrapper, can be
+    imported; with PyTorch blocked it cannot, but the check imports the training package and
+    ``onnx`` before it finds out, about half the import's time (seconds on a slow board). So
+    while ``torch`` is blocked the check is answered at once (`ortmodule_check_skipped`): the
+    same answer, without the imports.
+
     Returns
     -------
     module
@@ -192,7 +197,32 @@ def import_onnxruntime():
     RunnerFailure
         "missing runtime" (``missing="onnxruntime"``) when the import fails.
     """
-    return import_runtime_module("onnxruntime", block_torch=True)
+    with torch_blocked() as blocked, ortmodule_check_skipped(blocked):
+        return import_runtime_module("onnxruntime", block_torch=False)
+
+
+@contextlib.contextmanager
+def ortmodule_check_skipped(blocked: bool) -> Iterator[None]:
+    """Answer onnxruntime's ORTModule check at once while PyTorch is blocked.
+
+    Parameters
+    ----------
+    blocked : bool
+        Whether `torch_blocked` blocks ``torch`` around the block; otherwise nothing changes.
+
+    Yields
+    ------
+    None
+    """
+    probe = "onnxruntime.training.ortmodule"
+    skip = blocked and probe not in sys.modules
+    if skip:
+        sys.modules[probe] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if skip and probe in sys.modules and sys.modules[probe] is None:
+            del sys.modules[probe]
 
 
 def import_runtime_module(name: str, *, block_torch: bool):
