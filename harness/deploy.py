@@ -29,10 +29,11 @@ Protocol of one deployment (four remote commands when something is missing, thre
    complete old set, briefly no set, or the complete new set -- never a half set.
 
 The device's Python (``device.python``, stdlib only: hashlib, json, os) does the
-hashing. A device without Python (Android's toybox shell) needs ``sha256sum``, ``ln``
-or ``cp``, ``mv`` and ``mkdir``: when running the Python fails with status 126/127 (or
-the local program cannot start) the same protocol runs as POSIX shell scripts over
-``sha256sum``. That fallback always rebuilds the set directory.
+hashing, started with ``-S``: without the site packages, whose start-up files (``.pth``)
+would cost more than a small step's work on every deployment. A device without Python
+(Android's toybox shell) needs ``sha256sum``, ``ln`` or ``cp``, ``mv`` and ``mkdir``: when
+running the Python fails with status 126/127 (or the local program cannot start) the same
+protocol runs as POSIX shell scripts over ``sha256sum``. That fallback always rebuilds the set directory.
 
 A full file system on the device is `devices.errors.OutOfSpace` (kind ``"out of space"``),
 one line naming the device or the path and what failed, whichever step finds it: the
@@ -556,7 +557,7 @@ def _python_missing(result: RunResult) -> bool:
 def _run_python(transport: Transport, python: str, script: str, args: Mapping[str, Any],
                 timeout: float) -> RunResult:
     payload = json.dumps({**args, "stale": STALE_TMP_S})
-    return transport.run([python, "-c", script, payload], timeout=timeout)
+    return transport.run([python, "-S", "-c", script, payload], timeout=timeout)
 
 
 def _check(transport: Transport, device: Device, python: str, want: Sequence[str],
