@@ -33,7 +33,8 @@ hashing, started with ``-S``: without the site packages, whose start-up files (`
 would cost more than a small step's work on every deployment. A device without Python
 (Android's toybox shell) needs ``sha256sum``, ``ln`` or ``cp``, ``mv`` and ``mkdir``: when
 running the Python fails with status 126/127 (or the local program cannot start) the same
-protocol runs as POSIX shell scripts over ``sha256sum``. That fallback always rebuilds the set directory.
+protocol runs as POSIX shell scripts over ``sha256sum``. That fallback always rebuilds the set
+directory.
 
 A full file system on the device is `devices.errors.OutOfSpace` (kind ``"out of space"``),
 one line naming the device or the path and what failed, whichever step finds it: the
