@@ -25,7 +25,9 @@ payload its capacity's. Then, by strategy:
 
 Deadline policies: ``auto`` (the median device's full-width round), a number of seconds,
 ``pNN`` (the NNth-percentile device's full-width round: that share of the devices meets full
-width), or ``none`` (no deadline: an energy budget alone limits the widths).
+width), or ``none`` (no deadline: an energy budget alone limits the widths). A FjORD device's
+full-width round is its client round at full capacity, the mean over the widths it draws: the
+round its capacity is checked against, so the device a policy names trains at full capacity.
 
 An energy budget per client round (``energy_budget_j``, ``fleetbench plan --energy-budget J``)
 is a second limit beside the deadline; both hold when both are given. A client round's
@@ -321,14 +323,15 @@ def parse_deadline(text: str) -> tuple[str, float | None]:
 
 
 def deadline_seconds(policy: str, full_rounds: Sequence[float]) -> float:
-    """Return the deadline of a policy over the devices' predicted full-width rounds.
+    """Return the deadline of a policy over the devices' predicted rounds at full width.
 
     Parameters
     ----------
     policy : str
         See `parse_deadline`.
     full_rounds : sequence of float
-        One per device with a prediction.
+        One per device with a prediction: its client round at full width (a FjORD client's
+        at full capacity, the mean over the widths it draws).
 
     Returns
     -------
@@ -621,7 +624,10 @@ def plan_on(
         for device, why in fitted.energy_missing.items():
             notes[device].append(f"{why}: planned without the energy budget")
     full = {d: round_at(d, 1.0) for d in profiled}
-    deadline = deadline_seconds(request.deadline, list(full.values())) if full else None
+    # a FjORD client at full capacity trains the widths it draws, not the full width alone: the
+    # deadline is set on the rounds the tiers are checked against, so the device it names meets it
+    at_full = [client_round(d, 1.0) for d in profiled]
+    deadline = deadline_seconds(request.deadline, at_full) if full else None
     checks: dict[str, tuple[WidthCheck, ...]] = {}
     tiers: dict[str, DeviceChoice] = {}
     if deadline is not None:

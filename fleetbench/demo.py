@@ -24,7 +24,7 @@ Each step prints the command that does it on a user's own fleet (``yourself: ...
    time per byte each way).
 3. **Plan, then train, per strategy** (`fl.plan`, the planner of ``fleetbench plan`` and
    ``fl run --plan``): FjORD, each device at the widest width whose predicted round meets
-   the deadline (the median device's predicted full-width round), in two tiers, then
+   the deadline (the median device's predicted round at full capacity), in two tiers, then
    hardware-in-the-loop rounds on MNIST with the ``devices`` executor, one client per
    device, and each device's predicted against measured rounds; then FLuID, planned with
    its straggler, starting target and the straggler's sub-model width, printed per round
@@ -356,7 +356,7 @@ def plan_run(
 
     One client per device; each device's profile is the one matching the configuration FL
     trains with (SGD, the device's threads and backend, the demo's batch). The deadline is
-    ``auto`` (the median device's predicted full-width round); FjORD's devices are clustered
+    ``auto`` (the median device's predicted round at full capacity); FjORD's devices are clustered
     into two tiers. The plan's table is printed.
 
     Returns
