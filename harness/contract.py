@@ -36,7 +36,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from devices.transport import MAX_LINE_BYTES
 from exporters.manifest import flatten, unflatten
 from harness.document import EMPTY_DOCUMENT, DocumentError, RunnerDocument, parse_document
 from harness.runner import protocol
+
+if TYPE_CHECKING:
+    from devices.fleet import Device
 
 #: Most bytes of one runner document or reply line the host decodes (the transports' `MAX_LINE_BYTES`,
 #: 16 MiB: a train reply of a long FjORD run is well under 1 MiB); a longer one is refused unread.
@@ -239,6 +242,29 @@ def power_options(power_root: str, facts: Mapping[str, Any] | None, emulated_pow
     if kind is None and not emulated_power:
         return {}
     return _power(power_root, kind)
+
+
+def round_power_options(device: Device) -> dict[str, str]:
+    """Return the runner's power options for a ``train`` request on ``device``: an FL client round's.
+
+    A device with an emulated sensor names its kind (a missing one is then a flagged
+    reading); any other device gets its power root only, so the runner measures with the
+    sensor it finds there (a Jetson's INA3221, a Pi 5's PMIC, a phone's battery, RAPL) and
+    reports no energy where there is none. The round-cost measurement sends its requests
+    with the same options, so the fixed cost it measures holds the energy meter's idle
+    window wherever the rounds it predicts read a sensor.
+
+    Parameters
+    ----------
+    device : devices.fleet.Device
+
+    Returns
+    -------
+    dict
+        ``power_root`` and, for an emulated sensor, ``power_sensor``.
+    """
+    emulated = device.emulate is not None and device.emulate.power is not None
+    return power_options(device.power_root, None, emulated) or {"power_root": device.power_root}
 
 
 def bench_argv(python: str | RunnerStart, runner_path: str, artifacts: str, **options: Any) -> list[str]:

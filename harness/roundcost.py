@@ -47,7 +47,9 @@ Measurement (decided here)
     as a client's compute time) less the time of its steps as the runner timed them: writing
     the request and reading the reply over the transport, loading the parameter file,
     resetting the kept session to them (the session switch of a width seen before), and
-    writing the result. (A line of wall time against step count would give it as intercept,
+    writing the result, and on a device with a power sensor the energy meter's idle window
+    before the steps: the requests carry the power options an FL round's do
+    (`harness.contract.round_power_options`). (A line of wall time against step count would give it as intercept,
     but on a throttled device the intercept inherits every wobble of the step time times the
     longer request's steps; the line is the fallback for points without step times.) The
     median step time at that width is stored beside it as a check on the latency model, not
@@ -628,6 +630,7 @@ def measure_round_cost(
 
     import numpy as np
 
+    from harness.contract import round_power_options
     from harness.deploy import deploy_files
     from harness.resident import ResidentRunner
 
@@ -649,11 +652,13 @@ def measure_round_cost(
     else:
         served = resident
 
+    power: dict[str, Any] = dict(round_power_options(device))
+
     def request(steps: int, shard: Path) -> dict[str, float]:
         output, seconds = served.train(
             remote_set, params=f"{remote_set}/initial_parameters.npy", data=deployed.remote_paths[shard.name],
             out=f"{workdir}/roundcost-out.npy", timeout=timeout, backend=backend, epochs=1, lr=MEASURE_LR,
-            threads=threads, seed=0,
+            threads=threads, seed=0, **power,
         )  # fmt: skip
         if not output.ok:
             raise RoundCostError(output.status, output.message)

@@ -95,7 +95,7 @@ from fl.executors import ClosingExecutor
 from fl.records import ClientFailure, Params, TrainIns, TrainRes
 from fl.renamed_keys import current_train_config
 from fl.roundcost import modelled_transfer_seconds
-from harness.contract import RunnerStart
+from harness.contract import RunnerStart, round_power_options
 from harness.document import RunnerDocument
 
 if TYPE_CHECKING:
@@ -616,7 +616,7 @@ class DevicesExecutor(ClosingExecutor):
                 backend=self.backend_of(device), params=remote_in, data=remote_shard, out=remote_out,
                 epochs=epochs, lr=lr, threads=self.threads_of(device), seed=seed,
             )  # fmt: skip
-            options.update(power_options(device))
+            options.update(round_power_options(device))
             if self.resident:
                 resident = self._resident_runner(transport, device, runner, workdir)
                 try:
@@ -898,29 +898,6 @@ class EnergyReadingLike(Protocol):
     def emulated(self) -> bool:
         """Whether the sensor was emulated."""
         ...
-
-
-def power_options(device: Device) -> dict[str, str]:
-    """Return the runner's power options for a client round on ``device``.
-
-    A device with an emulated sensor names its kind (a missing one is then a flagged
-    reading); any other device gets its power root only, so the runner measures with the
-    sensor it finds there (a Jetson's INA3221, a Pi 5's PMIC, a phone's battery, RAPL) and
-    reports no energy where there is none.
-
-    Parameters
-    ----------
-    device : devices.fleet.Device
-
-    Returns
-    -------
-    dict
-        ``power_root`` and, for an emulated sensor, ``power_sensor``.
-    """
-    from harness import contract
-
-    emulated = device.emulate is not None and device.emulate.power is not None
-    return contract.power_options(device.power_root, None, emulated) or {"power_root": device.power_root}
 
 
 def energy_metrics(reading: EnergyReadingLike | None, images: int | None) -> dict[str, float]:

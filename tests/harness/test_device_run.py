@@ -21,6 +21,7 @@ from harness.device_run import DeviceRun, sample_seconds_for
 from harness.isolation import pinned_cpus, plan_isolation
 from harness.passes import DEFAULT_PASSES
 from harness.roundcost import step_counts_for
+from harness.runner.metering import IDLE_WINDOW_S
 from harness.store import ProfileStore
 from tests.harness.campaigns import BATCH, MODEL, STEPS, TIMEOUT, WARMUP, WIDTHS, Counting, load, local_fleet_file
 
@@ -274,10 +275,14 @@ def test_round_cost_step_measures_each_device_through_its_transport(
         assert [p["sessions_opened"] for p in cost.samples["warmup"]] == [1, 0]
         assert all(p["sessions_opened"] == 0 for p in train)
         # the intercept is the request's time outside its steps (request, parameter load, reset, result),
-        # far below the runner's start (Python, numpy and onnxruntime on a CPU share: seconds)
+        # without a sensor far below the runner's start (Python, numpy and onnxruntime on a CPU share: seconds)
         outside = [p["seconds"] - p["step_seconds"] for p in train]
         assert 0.5 * min(outside) <= cost.fixed_s <= 1.5 * max(outside) + 0.02, (cost.fixed_s, outside)
-        assert cost.fixed_s < 0.25 * cost.samples["start"][0]["seconds"], (cost.fixed_s, cost.samples["start"])
+        if device.emulate is not None and device.emulate.power is not None:
+            # the rounds it predicts read the sensor over an idle window before their steps: so did its requests
+            assert cost.fixed_s >= IDLE_WINDOW_S, (cost.fixed_s, outside)
+        else:
+            assert cost.fixed_s < 0.25 * cost.samples["start"][0]["seconds"], (cost.fixed_s, cost.samples["start"])
         # the transfers move the model's own payloads: the parameter files of widths 0.25 and 1
         assert {p["bytes"] for p in cost.samples["down"]} == payloads
         assert {p["bytes"] for p in cost.samples["up"]} == payloads

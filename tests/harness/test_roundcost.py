@@ -207,3 +207,26 @@ def test_measure_round_cost_on_a_local_device(local_set: Path, tmp_path: Path) -
         measure_round_cost(transport, bad, **{**common, "threads": 0})
     assert len(transport.started) == 3 and not transport.started[2].alive()
     transport.close()
+
+
+def test_on_a_device_with_a_power_sensor_the_fixed_cost_holds_the_meter_s_idle_window(
+    local_set: Path, tmp_path: Path
+) -> None:
+    """An FL round on a device with a sensor reads an idle window before its steps; so does each request here."""
+    from harness.runner.metering import IDLE_WINDOW_S
+    from tests.harness.test_runner_energy import hwmon
+
+    power = hwmon(tmp_path / "power", interval_ms=100)
+    device = Device("jetson", "local", workdir=str(tmp_path / "device"), python=sys.executable, power_root=str(power))
+    transport = _Recording()
+    runner = str(deploy_runner(transport, device, archive_path()))
+    remote_set = str(deploy_artifact_set(transport, device, local_set).remote_dir)
+    cost = measure_round_cost(
+        transport, device, runner=runner, remote_set=remote_set, set_dir=local_set, width=0.5, scratch=tmp_path / "s",
+        backend="ort", optimizer="sgd", threads=1, timeout=120.0, step_counts=(1, 2), repeats=1,
+    )  # fmt: skip
+    transport.close()
+    # each request settles one sensor update (0.1 s) and reads the idle window; the steps are timed apart
+    outside = [p["seconds"] - p["step_seconds"] for p in cost.samples["train"]]
+    assert all(s >= IDLE_WINDOW_S + 0.1 for s in outside), outside
+    assert cost.fixed_s >= IDLE_WINDOW_S + 0.1, cost.fixed_s
