@@ -183,7 +183,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--examples", type=positive_int, help="examples every client holds (instead of the data set)")
     plan.add_argument(
         "--deadline", default="default",
-        help="auto (the median device's full-width round; the default without --energy-budget), SECONDS, pNN, or "
+        help="auto (the median device's round at full width, FjORD's at full capacity; the default without "
+        "--energy-budget), SECONDS, pNN, or "
         "none (the default with --energy-budget: the budget alone limits the widths)",
     )  # fmt: skip
     plan.add_argument(
