@@ -652,7 +652,7 @@ def measure_round_cost(
     else:
         served = resident
 
-    power: dict[str, Any] = dict(round_power_options(device))
+    power: dict[str, Any] = round_power_options(device)
 
     def request(steps: int, shard: Path) -> dict[str, float]:
         output, seconds = served.train(
