@@ -173,7 +173,8 @@ def test_a_server_gone_after_connecting_is_an_error_and_none_is_started(
         assert t.run(["echo", "up"], 10).stdout == "up\n"
         device = t.device()
         assert processes.stop([server]) == []
-        with pytest.raises(AdbError):
+        # refused, or reset when the connection races the server's exit: an error either way
+        with pytest.raises((AdbError, OSError)):
             device.get_state()
         with pytest.raises(Unreachable, match="no adb server"):
             t.run(["echo", "up"], 10)
