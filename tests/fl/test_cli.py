@@ -307,52 +307,6 @@ def test_json_of_a_failed_run_carries_the_reasons_and_max_failed_rounds_is_honou
     assert all(f["message"] for f in failures)
 
 
-def test_a_mixed_fleet_trains_x86_on_ort_and_aarch64_on_onnx_in_one_run(arm64_tree, tmp_path, capsys):
-    """One FL run over an x86 device (ort), the emulated aarch64 ``pi`` (onnx) and a device without Python.
-
-    ``pi`` is a fresh board: it is provisioned first (``fleet provision --install``). The clients
-    train HeteroFL's quarter-width sub-model: a full-width step takes the emulated board about seven
-    times as long, and what is checked (each device trains with its backend) is the same.
-    """
-    import sqlite3
-    import sys
-
-    from devices.emulation import emulate
-    from devices.emulation.sshd import free_port
-    from devices.fleetfile import load_fleet
-    from harness.provision import provision
-
-    fleet_path = tmp_path / "mixed.yaml"
-    fleet_path.write_text(
-        f"state_dir: {tmp_path / 'state'}\n"
-        "devices:\n"
-        f"  - {{name: x86, kind: local, python: {sys.executable}, workdir: {tmp_path / 'x86'}}}\n"
-        f"  - {{name: pi, kind: ssh, host: 127.0.0.1, port: {free_port()}, emulate: {{arch: aarch64}}}}\n"
-        f"  - {{name: nopy, kind: local, python: /nonexistent/python3, workdir: {tmp_path / 'nopy'}}}\n"
-    )
-    fleet = load_fleet(fleet_path)
-    db = str(tmp_path / "fl.db")
-    argv = ["run", "--fleet", str(fleet_path), "--artifacts", str(tmp_path / "artifacts"), "--model", "fjord-cnn"]
-    try:
-        assert emulate.up(fleet, say=lambda line: None).ok
-        assert provision([fleet.device("pi")], install=True, say=lambda line: None).ok
-        rc, out, err = run(capsys, *argv, "--strategy", "heterofl", "--capacities", "0.25", "--dataset", "digits",
-                           "--clients", "2", "--rounds", "1", "--db", db)  # fmt: skip
-    finally:
-        assert emulate.down(fleet, say=lambda line: None) == []
-    assert rc == 0, err
-    assert "fleetbench: backend of x86: ort (best available)" in err
-    assert "backend of pi: onnx (best available (ort: onnxruntime-training 1.19.2 has no wheel for aarch64))" in err
-    assert "backend of nopy: skipped: no usable backend (ort: no Python on the device" in err
-    rows = sqlite3.connect(db).execute(
-        "SELECT cid, device, backend, status, loss, steps FROM fl_client_rounds ORDER BY cid"
-    ).fetchall()
-    assert [row[:4] for row in rows] == [("c0", "x86", "ort", "ok"), ("c1", "pi", "onnx", "ok")]
-    widths = {w for (w,) in sqlite3.connect(db).execute("SELECT width FROM fl_client_rounds")}
-    assert widths == {0.25}
-    assert all(row[4] is not None and 0 < row[4] < 10 and row[5] > 0 for row in rows)
-
-
 def test_no_device_with_a_backend_is_refused_before_the_run_is_logged(tmp_path, capsys):
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(f"devices:\n  - {{name: nopy, kind: local, python: /nonexistent/python3, workdir: {tmp_path}}}\n")
