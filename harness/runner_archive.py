@@ -9,7 +9,11 @@ package `PACKAGE`; its modules import one another relatively, so the same files 
 The archive's bytes depend only on the package's sources: members in name order, a
 fixed timestamp and mode, stored uncompressed. Its sha256 is therefore stable, and the
 content-addressed directory a device keeps it in (`harness.deploy.deploy_runner`) changes
-only when the runner does. The host builds it once per process (`archive_path`) into a
+only when the runner does. The host keeps it the same way (`archive_path`): in
+``<cache>/<first 16 hex digits of its sha256>/runner.pyz`` (`RUNNER_DIR_ENV`, else
+``$XDG_CACHE_HOME/fleetbench/runner``, else ``~/.cache/fleetbench/runner``), written once by
+whichever process needs it first and read by every later one, so a process that is killed
+leaves nothing behind. Where that cache cannot be written, a process builds the archive into a
 temporary directory of its own, removed when the process ends.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import io
 import os
 import shutil
@@ -26,6 +31,8 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from devices.emulation.rootfs import fleetbench_cache
+
 #: The package's directory on the host.
 SOURCE_DIR = Path(__file__).resolve().parent / "runner"
 
@@ -34,6 +41,9 @@ PACKAGE = "runner"
 
 #: The archive's file name on the host and on devices.
 ARCHIVE_NAME = "runner.pyz"
+
+#: Environment variable naming the host's archive cache (default ``~/.cache/fleetbench/runner``).
+RUNNER_DIR_ENV = "FLEETBENCH_RUNNER_DIR"
 
 #: The archive's entry point: the package's ``main`` (relative imports need it imported as a package).
 LAUNCHER = f"import sys\nfrom {PACKAGE}.__main__ import main\nsys.exit(main())\n"
@@ -104,8 +114,11 @@ def build_archive(directory: Path, files: Iterable[Path] | None = None) -> Path:
     pathlib.Path
         The archive, written atomically.
     """
+    return _write(directory, archive_bytes(source_files() if files is None else files))
+
+
+def _write(directory: Path, data: bytes) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    data = archive_bytes(source_files() if files is None else files)
     target = directory / ARCHIVE_NAME
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".runner-", suffix=".pyz")
     try:
@@ -119,13 +132,14 @@ def build_archive(directory: Path, files: Iterable[Path] | None = None) -> Path:
 
 
 def archive_path() -> Path:
-    """Return the runner's archive, the one file pushed to devices, built once per process.
+    """Return the runner's archive, the one file pushed to devices, found or built once per process.
 
     Returns
     -------
     pathlib.Path
-        ``<temporary directory>/runner.pyz``; the directory is removed when the process
-        that built it ends.
+        ``<cache>/<sha256 prefix>/runner.pyz`` (see the module docstring), else, where the
+        cache cannot be written, ``<temporary directory>/runner.pyz``, the directory removed
+        when the process that built it ends.
     """
     with _BUILDING:
         return _built()
@@ -133,6 +147,18 @@ def archive_path() -> Path:
 
 @functools.cache
 def _built() -> Path:
+    data = archive_bytes(source_files())
+    directory = fleetbench_cache(RUNNER_DIR_ENV, "runner") / hashlib.sha256(data).hexdigest()[:16]
+    cached = directory / ARCHIVE_NAME
+    try:
+        if cached.is_file() and cached.read_bytes() == data:
+            return cached
+        return _write(directory, data)
+    except OSError:
+        return _private(data)
+
+
+def _private(data: bytes) -> Path:
     directory = Path(tempfile.mkdtemp(prefix="fleetbench-runner-"))
     owner = os.getpid()
 
@@ -141,4 +167,4 @@ def _built() -> Path:
             shutil.rmtree(directory, ignore_errors=True)
 
     atexit.register(remove)
-    return build_archive(directory)
+    return _write(directory, data)

@@ -101,3 +101,39 @@ def test_devices_deployed_concurrently_share_the_processs_one_archive() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         paths = set(pool.map(lambda _: archive_path(), range(8)))
     assert len(paths) == 1 and next(iter(paths)).is_file()
+
+
+#: A process that prints its archive's path and is then killed, as a campaign killed with SIGKILL is.
+_KILLED = "import os, signal\nfrom harness.runner_archive import archive_path\nprint(archive_path(), flush=True)\n" \
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+def _archive_of_a_killed_process(cache: Path) -> Path:
+    env = {**os.environ, "FLEETBENCH_RUNNER_DIR": str(cache)}
+    run = subprocess.run([sys.executable, "-c", _KILLED], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == -9, run.stderr
+    return Path(run.stdout.strip())
+
+
+def test_the_host_keeps_the_archive_by_content_so_a_killed_process_leaves_nothing_behind(tmp_path: Path) -> None:
+    data = archive_bytes(source_files())
+    first = _archive_of_a_killed_process(tmp_path / "cache")
+    assert first == tmp_path / "cache" / hashlib.sha256(data).hexdigest()[:16] / ARCHIVE_NAME
+    assert first.read_bytes() == data
+    assert [p.name for p in first.parent.iterdir()] == [ARCHIVE_NAME]  # no temporary file left
+    written = first.stat().st_mtime_ns
+    assert _archive_of_a_killed_process(tmp_path / "cache") == first  # found, not written again
+    assert first.stat().st_mtime_ns == written
+    first.write_bytes(b"damaged")  # a damaged copy is replaced
+    assert _archive_of_a_killed_process(tmp_path / "cache") == first and first.read_bytes() == data
+
+
+def test_where_the_cache_cannot_be_written_the_archive_lives_as_long_as_its_process(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = "from harness.runner_archive import archive_path\nprint(archive_path())\n"
+    env = {**os.environ, "FLEETBENCH_RUNNER_DIR": str(blocker / "cache")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    private = Path(run.stdout.strip())
+    assert private.name == ARCHIVE_NAME and private.parent.name.startswith("fleetbench-runner-")
+    assert not private.parent.exists()  # removed when the process ended
