@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from devices.emulation.rootfs import fleetbench_cache
+from devices.files import atomic_path
 
 #: The package's directory on the host.
 SOURCE_DIR = Path(__file__).resolve().parent / "runner"
@@ -118,16 +119,9 @@ def build_archive(directory: Path, files: Iterable[Path] | None = None) -> Path:
 
 
 def _write(directory: Path, data: bytes) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / ARCHIVE_NAME
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".runner-", suffix=".pyz")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
     return target
 
 
