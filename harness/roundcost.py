@@ -49,11 +49,11 @@ Measurement (decided here)
     resetting the kept session to them (the session switch of a width seen before), and
     writing the result, and on a device with a power sensor the energy meter's idle window
     before the steps: the requests carry the power options an FL round's do
-    (`harness.contract.round_power_options`). (A line of wall time against step count would give it as intercept,
-    but on a throttled device the intercept inherits every wobble of the step time times the
-    longer request's steps; the line is the fallback for points without step times.) The
-    median step time at that width is stored beside it as a check on the latency model, not
-    used for prediction: the latency model predicts every architecture, the step time only
+    (`harness.contract.round_power_options`). (A line of wall time against step count would
+    give it as intercept, but on a throttled device the intercept inherits every wobble of
+    the step time times the longer request's steps; the line is the fallback for points
+    without step times.) The median step time at that width is stored beside it as a check
+    on the latency model, not used for prediction: the latency model predicts every architecture, the step time only
     one. Not in the fixed cost: the runner's start (once per device and run) and opening a
     session for a width the runner has not held yet (once per width while at most
     ``--max-sessions`` widths are in use). The one-shot ``train`` mode (a process per client

@@ -241,8 +241,7 @@ def _check_mixed_fleet_run(work: Path, out: str) -> None:
     assert "fleetbench: backend of x86: ort (best available)" in out, out
     assert "backend of pi: onnx (best available (ort: onnxruntime-training 1.19.2 has no wheel for aarch64))" in out
     assert "backend of nopy: skipped: no usable backend (ort: no Python on the device" in out
-    db = sqlite3.connect(work / "mixed.db")
-    rows = db.execute("SELECT cid, device, backend, status, loss, steps, width FROM fl_client_rounds ORDER BY cid")
-    rows = rows.fetchall()
+    query = "SELECT cid, device, backend, status, loss, steps, width FROM fl_client_rounds ORDER BY cid"
+    rows = sqlite3.connect(work / "mixed.db").execute(query).fetchall()
     assert [row[:4] for row in rows] == [("c0", "x86", "ort", "ok"), ("c1", "pi", "onnx", "ok")], rows
     assert all(0 < row[4] < 10 and row[5] > 0 and row[6] == 0.25 for row in rows), rows
