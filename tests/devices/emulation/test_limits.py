@@ -225,21 +225,47 @@ def check_share(
     The limited workload never gets more than the share (the limit is enforced); it gets about
     the share unless an unlimited workload spinning beside it got less (the machine is busy):
     CFS then divides the cores among all runnable tasks, so the bar is 65 % of the smaller.
+    A cgroup quota puts the workload in ``fleetbench/<device>``, and every device of every fleet
+    up on the machine shares the weight of ``fleetbench``: the unlimited workload runs in a
+    sibling cgroup without a quota, so that it competes as the limited one does.
     A duty cycle (SIGSTOP/SIGCONT) lets the workload run a ``share`` of the time, and in that
     time it gets what the machine leaves, as the unlimited one does: the bar is 60 % of their
     product (its supervisor's own wake-ups are late on a busy machine too).
     """
+    beside = None if duty_cycle else _sibling_without_quota()
     seen = []
-    for _ in range(attempts):
-        free = subprocess.Popen([sys.executable, "-c", WORKLOAD, str(SPIN_SECONDS)], stdout=subprocess.PIPE, text=True)
-        limited = run_limited(SPIN_SECONDS)
-        out, _ = free.communicate(timeout=60)
-        seen.append((round(limited, 3), round(float(out), 3)))
-        assert limited <= share * 1.15 + 0.02, f"share {share}: the limited workload got {limited:.3f} of a core"
-        floor = 0.6 * share * float(out) if duty_cycle else 0.65 * min(share, float(out))
-        if limited >= floor:
-            return
+    try:
+        for _ in range(attempts):
+            free = subprocess.Popen(
+                [sys.executable, "-c", WORKLOAD, str(SPIN_SECONDS)],
+                stdout=subprocess.PIPE,
+                text=True,
+                preexec_fn=None if beside is None else limits.preexec(beside),
+            )
+            limited = run_limited(SPIN_SECONDS)
+            out, _ = free.communicate(timeout=60)
+            seen.append((round(limited, 3), round(float(out), 3)))
+            assert limited <= share * 1.15 + 0.02, f"share {share}: the limited workload got {limited:.3f} of a core"
+            floor = 0.6 * share * float(out) if duty_cycle else 0.65 * min(share, float(out))
+            if limited >= floor:
+                return
+    finally:
+        if beside is not None:
+            assert limits.remove_cgroups(beside.cgroup_dirs) == []
     pytest.fail(f"share {share}: (limited, unlimited) CPU shares {seen}, expected the limited one near {share}")
+
+
+def _sibling_without_quota() -> limits.Plan | None:
+    """Return a cgroup beside the devices' whose quota is the whole machine, or ``None`` without cgroups."""
+    p = limits.plan(limits.detect(), _unique("free"), float(os.cpu_count() or 1), None)
+    if p.cpu not in ("cgroup-v1", "cgroup-v2"):
+        return None
+    try:
+        limits.apply_cgroups(p)
+    except OSError:
+        limits.remove_cgroups(p.cgroup_dirs)
+        return None
+    return p
 
 
 def _unique(tag: str) -> str:
