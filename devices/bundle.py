@@ -103,6 +103,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.cache import fleetbench_cache
 from devices.files import atomic_write
 
 Printer = Callable[[str], None]
@@ -378,8 +379,6 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
     pathlib.Path
         An absolute path.
     """
-    from devices.emulation.rootfs import fleetbench_cache
-
     return fleetbench_cache(BUNDLE_ENV, "bundles", environ)
 
 

@@ -70,6 +70,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.cache import fleetbench_cache
 from devices.connect import connect
 from devices.errors import TransportError
 from devices.fleet import Device, Fleet
@@ -531,6 +532,13 @@ def provision_device(transport: Transport, device: Device, wheels: Sequence[Path
 
 #: The check set (`check_set`): the smallest zoo model at its narrowest width, batch 2, SGD.
 CHECK_SET = ("fjord-cnn", 0.25, 2, "sgd")
+#: Environment variable naming the directory the check's set is exported into (`devices.cache`).
+CHECK_SETS_ENV = "FLEETBENCH_CHECK_SETS_DIR"
+
+
+def check_set_cache() -> Path:
+    """Return the directory the check set is exported into (`devices.cache`: ``check-sets``)."""
+    return fleetbench_cache(CHECK_SETS_ENV, "check-sets")
 
 
 def check_set(cache: Path | None = None, torch: bool = False) -> Path:
@@ -539,7 +547,7 @@ def check_set(cache: Path | None = None, torch: bool = False) -> Path:
     Parameters
     ----------
     cache : pathlib.Path, optional
-        The artifact cache (default ``~/.cache/fleetbench/check-sets``).
+        The artifact cache (default `check_set_cache`).
     torch : bool
         Also write its TorchScript twin (``model.pt``) for the ``torch`` backend.
 
@@ -553,7 +561,7 @@ def check_set(cache: Path | None = None, torch: bool = False) -> Path:
 
     name, width, batch, optimizer = CHECK_SET
     model = get_model(name)
-    out = cache or Path.home() / ".cache" / "fleetbench" / "check-sets"
+    out = cache or check_set_cache()
     directory = export_artifacts(model, model.arch(width), batch=batch, optimizer=optimizer, out_dir=out).directory
     if torch and not (directory / "model.pt").exists():
         from exporters.torchscript import export_torchscript

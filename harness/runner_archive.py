@@ -31,7 +31,7 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from devices.emulation.rootfs import fleetbench_cache
+from devices.cache import fleetbench_cache
 from devices.files import atomic_path
 
 #: The package's directory on the host.

@@ -21,7 +21,6 @@ musl) gets one line naming it, its platform and its Python (`NoWheel`).
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devices.cache import fleetbench_cache
 from devices.errors import TransportError
 from harness.backends import ORT_TRAINING_LAST, ORT_TRAINING_MACHINES, ORT_TRAINING_PYTHONS
 
@@ -143,9 +143,8 @@ def wanted_requirements(target: Target, importable: Callable[[str], bool]) -> li
 
 
 def cache_dir() -> Path:
-    """Return the host's wheel cache (``$FLEETBENCH_WHEELS_DIR``, else ``~/.cache/fleetbench/wheels``)."""
-    override = os.environ.get("FLEETBENCH_WHEELS_DIR")
-    return Path(override) if override else Path.home() / ".cache" / "fleetbench" / "wheels"
+    """Return the host's wheel cache (``$FLEETBENCH_WHEELS_DIR``, else ``wheels`` in `devices.cache`'s place)."""
+    return fleetbench_cache("FLEETBENCH_WHEELS_DIR", "wheels")
 
 
 def download_argv(target: Target, requirements: Sequence[str], dest: Path, *, offline: bool,

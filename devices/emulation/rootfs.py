@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devices.cache import fleetbench_cache
 from devices.emulation.qemu import TREE_ENV, enter_argv
 from devices.files import atomic_write
 
@@ -285,31 +286,6 @@ def cache_dir(environ: dict[str, str] | None = None) -> Path:
         An absolute path.
     """
     return fleetbench_cache(ROOTFS_ENV, "rootfs", environ)
-
-
-def fleetbench_cache(variable: str, leaf: str, environ: dict[str, str] | None = None) -> Path:
-    """Return a cache directory of fleetbench's, outside the repository.
-
-    Parameters
-    ----------
-    variable : str
-        Environment variable that names the directory when set.
-    leaf : str
-        Otherwise the directory is ``$XDG_CACHE_HOME/fleetbench/<leaf>``, else
-        ``~/.cache/fleetbench/<leaf>``.
-    environ : dict, optional
-        Environment to read (default ``os.environ``).
-
-    Returns
-    -------
-    pathlib.Path
-        An absolute path.
-    """
-    env = os.environ if environ is None else environ
-    if env.get(variable):
-        return Path(os.path.abspath(os.path.expanduser(env[variable])))
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(os.path.abspath(base)) / "fleetbench" / leaf
 
 
 def tree_path(directory: Path | None = None) -> Path:
