@@ -10,11 +10,14 @@ user types them, in a directory holding ``my-fleet.yaml``, against two boards:
   pip only, run through qemu-user (`devices.emulation.rootfs`, `devices.emulation.qemu`).
   It runs the block up to ``report``: the last line, ``fl run``, is the x86 board's to run
   verbatim. The freshly provisioned board then trains in one FL run with an x86 device (ort)
-  and a device without Python (skipped): each device trains with its own backend.
+  and a device without Python (skipped): each device trains with its own backend; and its
+  provisioned onnxruntime computes a small model as numpy does on the host, while its own
+  python3 and the shared tree stay as they were.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -26,12 +29,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from devices.emulation import emulate
+from devices.connect import connect
+from devices.emulation import emulate, rootfs
 from devices.emulation.sshd import free_port, without_startup_files
+from devices.fleet import Device
 from devices.fleetfile import load_fleet
+from devices.site import python_argv
+from devices.transport import RunResult
 from tests.devices.conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,6 +201,7 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
         assert emulate.up(fleet, say=lambda line: None).ok
         check, facts, provision, facts_after, profile, plan, report = _journey(work, until="report")
         mixed = _mixed_fleet_run(work, document, tmp_path)
+        inferred, bare = _onnxruntime_on_the_board(fleet.device("pi"), tmp_path)
     finally:
         assert emulate.down(fleet, say=lambda line: None) == []
 
@@ -218,6 +227,28 @@ def test_the_readme_journey_on_the_fresh_arm64_tree(arm64_tree: Path, tmp_path: 
     assert "pi" in (work / "report" / "report.html").read_text()
     _check_plan(plan, "pi")
     _check_mixed_fleet_run(work, mixed)
+    assert (inferred["machine"], inferred["numpy"], inferred["ort"]) == ("aarch64", numpy_version, ort_version)
+    np.testing.assert_allclose(np.array(inferred["y"], dtype=np.float32), inferred["expected"], rtol=1e-6, atol=1e-6)
+    # the packages live in the board's workdir: its own python3 still has none, the shared tree is untouched
+    assert bare.rc != 0 and "No module named 'numpy'" in bare.stderr
+    assert not (rootfs.tree_path() / "root" / ".fleetbench").exists()
+
+
+def _onnxruntime_on_the_board(device: Device, tmp_path: Path) -> tuple[dict, RunResult]:
+    """A small ONNX model run by the board's provisioned onnxruntime (its JSON, with the host's answer
+    under ``expected``), and ``import numpy`` in the board's own python3."""
+    w, b = tiny_model(tmp_path / "tiny.onnx")
+    transport = connect(device)
+    try:
+        transport.put(tmp_path / "tiny.onnx", "~/.fleetbench/tiny.onnx")
+        argv = [*python_argv(device.python, device.workdir), "-c", INFER, ".fleetbench/tiny.onnx"]
+        result = transport.run(argv, timeout=300)
+        assert result.rc == 0, result.stderr
+        bare = transport.run(["python3", "-c", "import numpy"], timeout=120)
+    finally:
+        transport.close()
+    expected = np.arange(6, dtype=np.float32).reshape(2, 3) @ w + b
+    return {**json.loads(result.stdout), "expected": expected}, bare
 
 
 def _mixed_fleet_run(work: Path, document: dict, tmp_path: Path) -> str:
@@ -245,3 +276,33 @@ def _check_mixed_fleet_run(work: Path, out: str) -> None:
     rows = sqlite3.connect(work / "mixed.db").execute(query).fetchall()
     assert [row[:4] for row in rows] == [("c0", "x86", "ort", "ok"), ("c1", "pi", "onnx", "ok")], rows
     assert all(0 < row[4] < 10 and row[5] > 0 and row[6] == 0.25 for row in rows), rows
+
+
+def tiny_model(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Write ``Y = X @ W + B`` as ONNX (opset 17, IR 8); return ``W`` and ``B``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["XW"]), helper.make_node("Add", ["XW", "B"], ["Y"])],
+        "tiny",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 4])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    return w, b
+
+
+INFER = """
+import json, platform, sys
+import numpy as np, onnxruntime as ort
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+x = np.arange(6, dtype=np.float32).reshape(2, 3)
+y = session.run(None, {"X": x})[0]
+print(json.dumps({"machine": platform.machine(), "numpy": np.__version__, "ort": ort.__version__, "y": y.tolist()}))
+"""

@@ -1,13 +1,13 @@
 """The emulated aarch64 device: mounts in its own namespace, SSH into the arm64 tree, nothing left behind.
 
-The tree is a fresh board (python3 and pip only); what needs numpy and onnxruntime on it
-provisions it first, as a user would (`harness.provision`, ``--install``).
+The tree is a fresh board (python3 and pip only), and these tests keep it so. The board
+provisioned as a user does it, and its onnxruntime at work, are the real-device journey's
+(`tests/fleetbench/test_real_device.py`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from devices import processes
@@ -25,10 +24,7 @@ from devices.emulation.sshd import free_port
 from devices.facts import collect_facts, probe_device
 from devices.fleet import Fleet
 from devices.fleetfile import load_fleet
-from devices.site import python_argv
 from devices.transport import Transport
-from harness.backends import ProvisionReport
-from harness.provision import provision
 from tests.devices.conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[3]
@@ -223,65 +219,6 @@ def test_the_device_emulates_the_processor_its_cpuinfo_names(transport: Transpor
     assert "CPU part\t: 0xd08" in cpuinfo and "sve" not in cpuinfo  # 0xd08: Cortex-A72
 
 
-def tiny_model(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Write ``Y = X @ W + B`` as ONNX (opset 17, IR 8); return ``W`` and ``B``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((3, 4)).astype(np.float32)
-    b = rng.standard_normal(4).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["XW"]), helper.make_node("Add", ["XW", "B"], ["Y"])],
-        "tiny",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 4])],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.save(model, str(path))
-    return w, b
-
-
-INFER = """
-import json, platform, sys
-import numpy as np, onnxruntime as ort
-session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
-x = np.arange(6, dtype=np.float32).reshape(2, 3)
-y = session.run(None, {"X": x})[0]
-print(json.dumps({"machine": platform.machine(), "numpy": np.__version__, "ort": ort.__version__, "y": y.tolist()}))
-"""
-
-
-@pytest.fixture(scope="module")
-def provisioned(pi: Fleet) -> ProvisionReport:
-    """The board after ``fleet provision --install`` (the host's aarch64 wheels in its site)."""
-    result = provision([pi.device("pi")], install=True, say=lambda line: None)
-    assert result.ok, result.failures
-    return result.successes["pi"]
-
-
-def test_a_provisioned_board_runs_an_onnxruntime_session(
-    pi: Fleet, transport: Transport, provisioned: ProvisionReport, tmp_path: Path
-) -> None:
-    assert provisioned.machine == "aarch64" and provisioned.can_run("onnx")
-    w, b = tiny_model(tmp_path / "tiny.onnx")
-    transport.put(tmp_path / "tiny.onnx", "~/.fleetbench/tiny.onnx")
-    device = pi.device("pi")
-    result = transport.run([*python_argv(device.python, device.workdir), "-c", INFER, ".fleetbench/tiny.onnx"],
-                           timeout=300)  # fmt: skip
-    assert result.rc == 0, result.stderr
-    doc = json.loads(result.stdout)
-    versions = (provisioned.packages["numpy"].version, provisioned.packages["onnxruntime"].version)
-    assert (doc["machine"], doc["numpy"], doc["ort"]) == ("aarch64", *versions)
-    expected = np.arange(6, dtype=np.float32).reshape(2, 3) @ w + b
-    np.testing.assert_allclose(np.array(doc["y"], dtype=np.float32), expected, rtol=1e-6, atol=1e-6)
-    # they live in the board's workdir: its own python3 still has none, the shared tree is untouched
-    bare = transport.run(["python3", "-c", "import numpy"], timeout=120)
-    assert bare.rc != 0 and "No module named 'numpy'" in bare.stderr
-    assert not (rootfs.tree_path() / "root" / ".fleetbench").exists()
-
-
 def test_put_and_get_land_in_the_devices_own_layer(pi: Fleet, transport: Transport, tmp_path: Path) -> None:
     payload = os.urandom(70_000)
     (tmp_path / "blob").write_bytes(payload)
@@ -320,13 +257,20 @@ def test_the_devices_qemu_processes_are_held_to_its_limits(pi: Fleet, transport:
 def test_facts_say_aarch64_and_emulated_isa(pi: Fleet, transport: Transport) -> None:
     probed = probe_device(transport, "python3", timeout=120)  # the probe alone tells
     assert probed.arch == "aarch64" and probed.emulated_isa is True
-    # the board's own python3, without its provisioned site: as the tree was built, fresh
+    # the board's own python3: as the tree was built, fresh
     assert (probed.python.split(".")[:2], probed.numpy, probed.onnxruntime) == (["3", "11"], "missing", "missing")
     assert probed.torch == "missing"
     result = collect_facts(pi, timeout=120)
     assert result.successes["pi"].emulated_isa is True and not result.failures
     rows = emulate.status(pi, timeout=30)
     assert rows[0].up and rows[0].answers and "aarch64 under qemu-user (emulated ISA)" in rows[0].detail
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_down_leaves_no_process_and_no_mount(pi: Fleet) -> None:
@@ -340,7 +284,8 @@ def test_down_leaves_no_process_and_no_mount(pi: Fleet) -> None:
         t.close()
     assert len(qemu.processes_in(state.mount_ns)) >= 2
     assert emulate.down(pi, say=lambda line: None) == []
-    assert qemu.processes_in(state.mount_ns) == []
+    left = qemu.processes_in(state.mount_ns)
+    assert left == [], [(pid, processes.read_stat(pid), _cmdline(pid)) for pid in left]
     assert not any(processes.running(r) for r in state.processes)
     assert qemu.host_mounts_under(rootfs.tree_path()) == [] and qemu.host_mounts_under(pi.state_dir) == []
     assert emulate.load_state(pi.state_dir).devices == ()
