@@ -1,8 +1,10 @@
 """A user's own model (`exporters.user_model`): the forms of ``--model``, its name, and bad input.
 
-The command-line cases run ``fleetbench`` in a subprocess, as a user does: each bad model
-gets one line on stderr and exit status 2, and nothing is written (no artifact directory,
-no registry entry).
+The command-line cases run ``fleetbench``: each bad model gets one line on stderr and exit
+status 2, and nothing is written (no artifact directory, no registry entry). What depends on a
+fresh process (a name resolved again, a changed file, a module on ``PYTHONPATH``, an unknown
+name's exit status) runs it in a subprocess, as a user does; the bad models and the refused
+options call its ``main`` in the test's process, which handles errors as the console script does.
 """
 
 from __future__ import annotations
@@ -71,6 +73,20 @@ def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None)
         cwd=cwd,
         timeout=300,
     )
+
+
+def _main(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """Run ``fleetbench`` in this process (in ``cwd``); its exit status, stdout and stderr."""
+    from fleetbench.cli import main
+
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
 def _name_of(result: subprocess.CompletedProcess) -> str:
@@ -223,14 +239,15 @@ grouped.input_shape = (3, 8, 8)
         ),
     ],
 )
-def test_a_bad_model_gets_one_line_and_nothing_is_written(tmp_path: Path, factory: str, message: str) -> None:
+def test_a_bad_model_gets_one_line_and_nothing_is_written(
+    tmp_path: Path, factory: str, message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "bad.py").write_text(BAD)
     registry = tmp_path / "registry"
-    result = _cli(
-        "export", "--model", factory, "--out", "out", env={"FLEETBENCH_MODELS_DIR": str(registry)}, cwd=tmp_path
-    )
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+    monkeypatch.setenv("FLEETBENCH_MODELS_DIR", str(registry))
+    rc, _, err = _main(capsys, monkeypatch, "export", "--model", factory, "--out", "out", cwd=tmp_path)
+    assert rc == 2
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fleetbench: error: ")
     assert re.search(message, lines[0]), lines[0]
     assert not (tmp_path / "out").exists() and not registry.exists()
@@ -242,12 +259,16 @@ def test_an_unknown_name_lists_the_zoo_and_the_file_form() -> None:
     assert "fjord-cnn" in result.stderr and "FILE.py:FACTORY" in result.stderr
 
 
-def test_the_options_are_refused_for_a_zoo_model() -> None:
-    result = _cli("models", "--model", "fjord-cnn", "--input-shape", "1,28,28")
-    assert result.returncode == 2 and "for your own model" in result.stderr
+def test_the_options_are_refused_for_a_zoo_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc, _, err = _main(capsys, monkeypatch, "models", "--model", "fjord-cnn", "--input-shape", "1,28,28")
+    assert rc == 2 and "for your own model" in err
 
 
-def test_keep_names_the_layers_kept_full(tmp_path: Path) -> None:
+def test_keep_names_the_layers_kept_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "mixed.py"
     path.write_text(
         textwrap.dedent(
@@ -277,9 +298,9 @@ def test_keep_names_the_layers_kept_full(tmp_path: Path) -> None:
             """
         )
     )
-    refused = _cli("models", "--model", f"{path}:mixed")
-    assert refused.returncode == 2 and "a grouped convolution" in refused.stderr
-    kept = _cli("models", "--model", f"{path}:mixed", "--unsliceable", "keep")
-    assert kept.returncode == 0, kept.stderr
-    assert "1 channel groups: stem (8)" in kept.stdout
-    assert kept.stdout.count("kept at full width") == 2
+    rc, _, err = _main(capsys, monkeypatch, "models", "--model", f"{path}:mixed")
+    assert rc == 2 and "a grouped convolution" in err
+    rc, out, err = _main(capsys, monkeypatch, "models", "--model", f"{path}:mixed", "--unsliceable", "keep")
+    assert rc == 0, err
+    assert "1 channel groups: stem (8)" in out
+    assert out.count("kept at full width") == 2
