@@ -53,8 +53,9 @@ Measurement (decided here)
     give it as intercept, but on a throttled device the intercept inherits every wobble of
     the step time times the longer request's steps; the line is the fallback for points
     without step times.) The median step time at that width is stored beside it as a check
-    on the latency model, not used for prediction: the latency model predicts every architecture, the step time only
-    one. Not in the fixed cost: the runner's start (once per device and run) and opening a
+    on the latency model, not used for prediction: the latency model predicts every
+    architecture, the step time only one. Not in the fixed cost: the runner's start (once
+    per device and run) and opening a
     session for a width the runner has not held yet (once per width while at most
     ``--max-sessions`` widths are in use). The one-shot ``train`` mode (a process per client
     round, the devices executor's ``resident=False``, kept for comparison) is not measured:

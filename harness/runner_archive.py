@@ -10,8 +10,8 @@ The archive's bytes depend only on the package's sources: members in name order,
 fixed timestamp and mode, stored uncompressed. Its sha256 is therefore stable, and the
 content-addressed directory a device keeps it in (`harness.deploy.deploy_runner`) changes
 only when the runner does. The host keeps it the same way (`archive_path`): in
-``<cache>/<first 16 hex digits of its sha256>/runner.pyz`` (`RUNNER_DIR_ENV`, else
-``$XDG_CACHE_HOME/fleetbench/runner``, else ``~/.cache/fleetbench/runner``), written once by
+``<cache>/<first 16 hex digits of its sha256>/runner.pyz`` (the ``runner`` cache of
+`devices.cache`, moved by `RUNNER_DIR_ENV`), written once by
 whichever process needs it first and read by every later one, so a process that is killed
 leaves nothing behind. Where that cache cannot be written, a process builds the archive into a
 temporary directory of its own, removed when the process ends.
@@ -43,7 +43,7 @@ PACKAGE = "runner"
 #: The archive's file name on the host and on devices.
 ARCHIVE_NAME = "runner.pyz"
 
-#: Environment variable naming the host's archive cache (default ``~/.cache/fleetbench/runner``).
+#: Environment variable naming the host's archive cache (`devices.cache`).
 RUNNER_DIR_ENV = "FLEETBENCH_RUNNER_DIR"
 
 #: The archive's entry point: the package's ``main`` (relative imports need it imported as a package).

@@ -142,9 +142,13 @@ def wanted_requirements(target: Target, importable: Callable[[str], bool]) -> li
     return wanted
 
 
+#: Environment variable naming the host's wheel cache (`devices.cache`).
+WHEELS_ENV = "FLEETBENCH_WHEELS_DIR"
+
+
 def cache_dir() -> Path:
-    """Return the host's wheel cache (``$FLEETBENCH_WHEELS_DIR``, else ``wheels`` in `devices.cache`'s place)."""
-    return fleetbench_cache("FLEETBENCH_WHEELS_DIR", "wheels")
+    """Return the host's wheel cache (`WHEELS_ENV`, else ``wheels`` in `devices.cache`'s place)."""
+    return fleetbench_cache(WHEELS_ENV, "wheels")
 
 
 def download_argv(target: Target, requirements: Sequence[str], dest: Path, *, offline: bool,

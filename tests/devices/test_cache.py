@@ -29,10 +29,10 @@ def test_a_relative_or_tilde_path_becomes_absolute(tmp_path: Path, monkeypatch: 
 
 
 def test_every_host_cache_follows_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in ("FLEETBENCH_WHEELS_DIR", provision.CHECK_SETS_ENV, runner_archive.RUNNER_DIR_ENV):
+    for variable in (wheels.WHEELS_ENV, provision.CHECK_SETS_ENV, runner_archive.RUNNER_DIR_ENV):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert wheels.cache_dir() == tmp_path / "fleetbench" / "wheels"
     assert provision.check_set_cache() == tmp_path / "fleetbench" / "check-sets"
-    monkeypatch.setenv("FLEETBENCH_WHEELS_DIR", str(tmp_path / "w"))
+    monkeypatch.setenv(wheels.WHEELS_ENV, str(tmp_path / "w"))
     assert wheels.cache_dir() == tmp_path / "w"

@@ -20,6 +20,7 @@ from harness.contract import RUNNER_EXIT_CODES
 from harness.runner_archive import (
     ARCHIVE_NAME,
     PACKAGE,
+    RUNNER_DIR_ENV,
     SOURCE_DIR,
     archive_bytes,
     archive_path,
@@ -109,7 +110,7 @@ _KILLED = "import os, signal\nfrom harness.runner_archive import archive_path\np
 
 
 def _archive_of_a_killed_process(cache: Path) -> Path:
-    env = {**os.environ, "FLEETBENCH_RUNNER_DIR": str(cache)}
+    env = {**os.environ, RUNNER_DIR_ENV: str(cache)}
     run = subprocess.run([sys.executable, "-c", _KILLED], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == -9, run.stderr
     return Path(run.stdout.strip())
@@ -132,7 +133,7 @@ def test_where_the_cache_cannot_be_written_the_archive_lives_as_long_as_its_proc
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     code = "from harness.runner_archive import archive_path\nprint(archive_path())\n"
-    env = {**os.environ, "FLEETBENCH_RUNNER_DIR": str(blocker / "cache")}
+    env = {**os.environ, RUNNER_DIR_ENV: str(blocker / "cache")}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
     private = Path(run.stdout.strip())
     assert private.name == ARCHIVE_NAME and private.parent.name.startswith("fleetbench-runner-")

@@ -258,14 +258,19 @@ def check_share(
 def _sibling_without_quota() -> limits.Plan | None:
     """Return a cgroup beside the devices' whose quota is the whole machine, or ``None`` without cgroups."""
     p = limits.plan(limits.detect(), _unique("free"), float(os.cpu_count() or 1), None)
-    if p.cpu not in ("cgroup-v1", "cgroup-v2"):
-        return None
-    try:
-        limits.apply_cgroups(p)
-    except OSError:
-        limits.remove_cgroups(p.cgroup_dirs)
+    if p.cpu not in ("cgroup-v1", "cgroup-v2") or _refused(p) is not None:
         return None
     return p
+
+
+def _refused(p: limits.Plan) -> OSError | None:
+    """Create ``p``'s cgroups; on refusal remove what was made and return why (None when created)."""
+    try:
+        limits.apply_cgroups(p)
+    except OSError as exc:
+        limits.remove_cgroups(p.cgroup_dirs)
+        return exc
+    return None
 
 
 def _unique(tag: str) -> str:
@@ -300,11 +305,9 @@ def _real_plan(
     wanted = [(share is not None, p.cpu), (bool(memory_mb), p.memory), (cpus is not None, p.cpuset)]
     if any(asked and not method.startswith("cgroup") for asked, method in wanted):
         pytest.skip(f"cgroups not permitted here: {support.reason}")
-    try:
-        limits.apply_cgroups(p)
-    except OSError as exc:
-        limits.remove_cgroups(p.cgroup_dirs)
-        pytest.skip(f"cgroups not permitted here: {exc}")
+    refused = _refused(p)
+    if refused is not None:
+        pytest.skip(f"cgroups not permitted here: {refused}")
     return p
 
 
